@@ -1,0 +1,1 @@
+"""Pure functions from a `Run` to tables and findings: no printing, plotting or I/O."""

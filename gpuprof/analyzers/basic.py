@@ -1,0 +1,128 @@
+"""First-order figures of a run: per-GPU utilisation, time per phase, step times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.model import Run
+from gpuprof.phases import CANONICAL_PHASES
+
+
+def gpu_table(run: Run) -> pd.DataFrame:
+    """One row per (host, gpu): samples, mean ``util_gpu_pct`` and ``sm_active_pct`` (NaN when
+    the GPU has no GPM), peak and total memory in bytes, mean power in W, and ``lost``."""
+    cols = ["host", "gpu", "uuid", "name", "samples", "util_gpu_pct", "sm_active_pct",
+            "mem_peak_bytes", "mem_total_bytes", "power_w", "lost"]  # fmt: skip
+    inventory = {(g.get("host"), g.get("index")): g for g in run.meta.gpus}
+    frame = run.gpu
+    if frame.empty:
+        rows = [
+            {"host": h, "gpu": i, "uuid": g.get("uuid"), "name": g.get("name"), "samples": 0,
+             "lost": bool(g.get("lost"))}
+            for (h, i), g in inventory.items()
+        ]  # fmt: skip
+        return pd.DataFrame(rows, columns=cols)
+    grouped = frame.groupby(["host", "gpu"], sort=True)
+    table = grouped.agg(
+        uuid=("uuid", "first"),
+        samples=("t_ns", "size"),
+        util_gpu_pct=("util_gpu_pct", "mean"),
+        sm_active_pct=("sm_active_pct", "mean"),
+        mem_peak_bytes=("mem_used_bytes", "max"),
+        mem_total_bytes=("mem_total_bytes", "max"),
+        power_w=("power_w", "mean"),
+    ).reset_index()
+    table["name"] = [inventory.get((h, g), {}).get("name") for h, g in zip(table.host, table.gpu)]
+    lost_events = run.events[(run.events["kind"] == "nvml_fault") & (run.events["name"] == "gpu_lost")]
+    lost_gpus = {(h, a.get("gpu")) for h, a in zip(lost_events["host"], lost_events["attrs"])}
+    table["lost"] = [
+        bool(inventory.get((h, g), {}).get("lost")) or (h, g) in lost_gpus
+        for h, g in zip(table.host, table.gpu)
+    ]
+    return table[cols]
+
+
+def phase_table(run: Run) -> pd.DataFrame:
+    """One row per phase: span count, processes that ran it, total and mean seconds, and
+    ``share`` = time in the phase per process over the run's wall time (0–1)."""
+    cols = ["phase", "spans", "processes", "total_s", "mean_s", "per_process_s", "share"]
+    spans = run.spans
+    if spans.empty:
+        return pd.DataFrame(columns=cols)
+    dur_s = (spans["end_ns"] - spans["start_ns"]).clip(lower=0) / 1e9
+    frame = pd.DataFrame(
+        {"phase": spans["phase"], "dur_s": dur_s, "proc": spans["host"] + ":" + spans["pid"].astype(str)}
+    )
+    table = frame.groupby("phase").agg(
+        spans=("dur_s", "size"),
+        processes=("proc", "nunique"),
+        total_s=("dur_s", "sum"),
+        mean_s=("dur_s", "mean"),
+    )
+    table["per_process_s"] = table["total_s"] / table["processes"]
+    wall = run.duration_s or float(dur_s.sum()) or 1.0
+    table["share"] = (table["per_process_s"] / wall).clip(upper=1.0)
+    order = {name: i for i, name in enumerate(CANONICAL_PHASES)}
+    table = table.reset_index()
+    table["_order"] = [order.get(p, len(order)) for p in table["phase"]]
+    table = table.sort_values(["_order", "total_s"], ascending=[True, False])
+    return table[cols].reset_index(drop=True)
+
+
+def step_times(run: Run) -> pd.DataFrame:
+    """One row per recorded step (``step`` spans): step number, process, duration in s and
+    tokens (NaN when not reported)."""
+    spans = run.spans
+    steps = spans[spans["phase"] == "step"] if len(spans) else spans
+    if steps.empty:
+        return pd.DataFrame(columns=["step", "host", "pid", "duration_s", "tokens"])
+    tokens = [a.get("tokens") if isinstance(a, dict) else None for a in steps["attrs"]]
+    return pd.DataFrame(
+        {
+            "step": steps["step"].to_numpy(),
+            "host": steps["host"].to_numpy(),
+            "pid": steps["pid"].to_numpy(),
+            "duration_s": ((steps["end_ns"] - steps["start_ns"]) / 1e9).to_numpy(),
+            "tokens": pd.to_numeric(pd.Series(tokens, dtype=object), errors="coerce").to_numpy(),
+        }
+    )
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    """The headline figures: duration (s), GPU count, mean utilisation, step-time p50/p95 (s),
+    tokens/s, exit code, plus the per-GPU and per-phase tables as lists of dicts."""
+    gpus = gpu_table(run)
+    phases = phase_table(run)
+    steps = step_times(run)
+    durations = steps["duration_s"].to_numpy(dtype=float) if len(steps) else np.array([])
+    tokens = steps["tokens"].to_numpy(dtype=float) if len(steps) else np.array([])
+    tokens_per_s = None
+    if len(tokens) and np.isfinite(tokens).any():
+        ok = np.isfinite(tokens)
+        tokens_per_s = float(tokens[ok].sum() / durations[ok].sum()) if durations[ok].sum() else None
+    return {
+        "run_id": run.meta.run_id,
+        "command": run.meta.command,
+        "duration_s": run.duration_s,
+        "exit_code": run.meta.exit_code,
+        "n_gpus": int(len(gpus)),
+        "mean_util_gpu_pct": _nan_none(gpus["util_gpu_pct"].mean()) if len(gpus) else None,
+        "steps": int(steps["step"].nunique()) if len(steps) else 0,
+        "step_time_p50_s": _nan_none(np.percentile(durations, 50)) if len(durations) else None,
+        "step_time_p95_s": _nan_none(np.percentile(durations, 95)) if len(durations) else None,
+        "tokens_per_s": tokens_per_s,
+        "gpus": gpus.to_dict("records"),
+        "phases": phases.to_dict("records"),
+        "notices": list(run.meta.notices),
+    }
+
+
+def _nan_none(value: Any) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if np.isnan(value) else value

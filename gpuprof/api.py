@@ -1,0 +1,207 @@
+"""What the CLI and library users call: `watch`, `load_run`, `summarize`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from gpuprof import __version__, hooks, store
+from gpuprof.collectors.child import ChildProcess, CommandNotFound
+from gpuprof.model import Event, Run, RunMeta
+from gpuprof.redact import redact_command
+from gpuprof.store import RunError, load_run
+
+__all__ = ["RunError", "WatchOptions", "WatchResult", "default_run_dir", "load_run", "watch"]
+
+MAX_LOG_LINES = 200_000
+"""Output lines kept per run; later lines pass through but are counted, not stored."""
+
+
+@dataclass
+class WatchOptions:
+    """How to watch: output directory, sampling interval (s), NVML on/off, quiet."""
+
+    output: Path | None = None
+    interval_s: float = 0.1
+    nvml: bool = True
+    quiet: bool = False
+    spool_dir: Path | None = None
+    """Where to write while running when the run directory is on a network filesystem."""
+
+
+@dataclass
+class WatchResult:
+    """The outcome: the command's exit code (128+N for signal N) and the run directory."""
+
+    exit_code: int
+    run_dir: Path
+    notices: list[str] = field(default_factory=list)
+
+
+def default_run_dir(argv: list[str], now: float | None = None) -> Path:
+    """``./gpuprof-runs/<YYYYmmdd-HHMMSS>-<name>``, the name taken from the script or module."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return Path("gpuprof-runs") / f"{stamp}-{command_name(argv)}"
+
+
+def command_name(argv: list[str]) -> str:
+    """A short name for a command: the script's stem, the module's last part, or the program."""
+    name = Path(argv[0]).name if argv else "run"
+    for i, arg in enumerate(argv):
+        if arg == "-m" and i + 1 < len(argv):
+            name = argv[i + 1].rsplit(".", 1)[-1]
+            break
+        if arg.endswith(".py") and not arg.startswith("-"):
+            name = Path(arg).stem
+            break
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:40] or "run"
+
+
+def _unique_dir(path: Path) -> Path:
+    candidate, n = path, 1
+    while candidate.exists() and any(candidate.iterdir()):
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def _notify(message: str, quiet: bool, stream: TextIO | None = None) -> None:
+    if not quiet:
+        print(f"gpuprof: {message}", file=stream or sys.stderr, flush=True)
+
+
+class _LogSink:
+    """Stores the child's output lines, up to `MAX_LOG_LINES`."""
+
+    def __init__(self, writer: store.BufferedWriter, host: str) -> None:
+        self.writer, self.host = writer, host
+        self.stored = 0
+        self.dropped = 0
+
+    def __call__(self, t_ns: int, stream: str, line: str) -> None:
+        if self.stored >= MAX_LOG_LINES:
+            self.dropped += 1
+            return
+        self.stored += 1
+        self.writer.add("logs", (self.host, t_ns, stream, line))
+
+
+def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
+    """Run ``argv`` under the profiler and record it; return its exit code and the run dir.
+
+    The command runs in its own process group with stdio passed through; signals are
+    forwarded; hooks inside it record into the run found through ``GPUPROF_RUN_DIR``.
+    Raises `RunError` when the run directory cannot be created.
+    """
+    from gpuprof.collectors.host import HostCollector
+    from gpuprof.collectors.sampler import Sampler
+
+    options = options or WatchOptions()
+    run_dir = _unique_dir(Path(options.output or default_run_dir(argv))).absolute()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(f"{run_dir}: cannot create run directory ({exc.strerror})") from None
+    host = socket.gethostname()
+    final_path = store.host_file(run_dir, host)
+    db_path = final_path
+    if store.is_network_filesystem(run_dir):
+        spool = Path(options.spool_dir or tempfile.gettempdir()) / "gpuprof-spool" / run_dir.name
+        spool.mkdir(parents=True, exist_ok=True)
+        db_path = store.host_file(spool, host)
+
+    notices: list[str] = []
+    writer = store.BufferedWriter(db_path, on_error=lambda e: notices.append(f"store: {e}"))
+    meta = RunMeta(
+        run_id=run_dir.name,
+        command=redact_command(list(argv)),
+        cwd=os.getcwd(),
+        hosts=[host],
+        start_ns=time.time_ns(),
+        interval_s=options.interval_s,
+        gpuprof_version=__version__,
+    )
+    nvml = _open_nvml(host, options, meta, notices)
+    writer.set_meta("run", meta.to_dict())
+    writer.flush()  # the run file exists from the start, so an early crash leaves a readable run
+
+    env = dict(os.environ)
+    env[hooks.ENV_RUN_DIR] = str(run_dir)
+    env[hooks.ENV_DB] = str(db_path)
+    env[hooks.ENV_HOST] = host
+    sink = _LogSink(writer, host)
+    child = ChildProcess(argv, env=env, on_line=sink)
+    sampler = None
+    try:
+        pid = child.start()
+    except CommandNotFound as exc:
+        notices.append(str(exc))
+        _notify(str(exc), False)
+        exit_code = 127
+    else:
+        sampler = Sampler(
+            writer,
+            HostCollector(host, pid),
+            nvml,
+            interval_s=options.interval_s,
+        )
+        sampler.start()
+        exit_code = child.wait()
+    finally:
+        if sampler is not None:
+            sampler.stop()
+            notices.extend(sampler.errors)
+        if nvml is not None:
+            notices.extend(n for n in nvml.notices if n not in notices)
+            with contextlib.suppress(Exception):
+                nvml.close()
+
+    returncode = child.returncode
+    meta.end_ns = time.time_ns()
+    meta.exit_code = exit_code
+    meta.exit_signal = -returncode if returncode is not None and returncode < 0 else None
+    if sink.dropped:
+        notices.append(f"{sink.dropped} output lines beyond {MAX_LOG_LINES} were not stored")
+    meta.notices = notices
+    attrs = {"exit_code": exit_code, "signal": meta.exit_signal}
+    exit_event = Event(host, child.pgid or 0, None, meta.end_ns, "exit", "child", attrs)
+    writer.add_records("events", [exit_event])
+    writer.set_meta("run", meta.to_dict())
+    writer.close()
+    store.finalize_file(db_path, final_path)
+    return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices)
+
+
+def _open_nvml(host: str, options: WatchOptions, meta: RunMeta, notices: list[str]):
+    if not options.nvml:
+        notices.append("NVML sampling turned off (--no-nvml)")
+        return None
+    from gpuprof.collectors.nvml import NvmlCollector
+
+    nvml = NvmlCollector(host)
+    if not nvml.open():
+        message = nvml.notice or "NVML not available: profiling host only"
+        notices.append(message)
+        _notify(message, options.quiet)
+        return None
+    meta.gpus = nvml.inventory()
+    versions = nvml.versions()
+    meta.driver_version = versions.get("driver_version")
+    meta.nvml_version = versions.get("nvml_version")
+    meta.cuda_driver_version = versions.get("cuda_driver_version")
+    return nvml
+
+
+def summarize(run: Run) -> dict:
+    """The figures of the end-of-watch summary (see `gpuprof.analyzers.basic`)."""
+    from gpuprof.analyzers.basic import run_summary
+
+    return run_summary(run)

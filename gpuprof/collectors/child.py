@@ -1,0 +1,238 @@
+"""Run the watched command: its own process group, output passed through and kept, signals forwarded.
+
+The child's stdout and stderr go through pipes that the watcher copies byte for byte to its
+own stdout and stderr as they arrive (so progress bars and colours pass untouched) and, split
+into lines, to a callback that stores them with the time they arrived. Terminal signals the
+watcher receives (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) go to the child's whole
+process group, as they would without the watcher. When the watcher owns the terminal, the
+child's group is made the terminal's foreground group so it can read stdin and receives
+Ctrl-C directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+FORWARDED_SIGNALS = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+MAX_LINE_CHARS = 4096
+"""Longer output lines are cut when stored (they still pass through whole)."""
+_MAX_PARTIAL_BYTES = 1 << 16
+
+LineCallback = Callable[[int, str, str], None]
+"""Called with (t_ns, stream name, line without its newline)."""
+
+
+class CommandNotFound(Exception):
+    """The command could not be started (not found or not executable)."""
+
+
+def exit_code_of(returncode: int) -> int:
+    """A shell-style exit code: the child's, or 128+N when signal N killed it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class LineSplitter:
+    """Turns a byte stream into lines as a terminal would show them.
+
+    A carriage return without a newline (progress bars) overwrites the line: only the text
+    after the last ``\\r`` of a line is kept. Bytes are decoded as UTF-8 with replacement.
+    """
+
+    def __init__(self, stream: str, on_line: LineCallback) -> None:
+        self.stream = stream
+        self.on_line = on_line
+        self.partial = b""
+
+    def feed(self, data: bytes, t_ns: int) -> None:
+        buf = self.partial + data
+        *lines, self.partial = buf.split(b"\n")
+        for raw in lines:
+            self._emit(raw, t_ns)
+        if len(self.partial) > _MAX_PARTIAL_BYTES:
+            # a progress bar that never ends its line: keep only what it shows now
+            self.partial = self.partial[self.partial.rfind(b"\r") + 1 :][-_MAX_PARTIAL_BYTES:]
+
+    def close(self, t_ns: int) -> None:
+        if self.partial:
+            self._emit(self.partial, t_ns)
+            self.partial = b""
+
+    def _emit(self, raw: bytes, t_ns: int) -> None:
+        raw = raw.rstrip(b"\r")
+        if b"\r" in raw:
+            raw = raw[raw.rfind(b"\r") + 1 :]
+        if raw:
+            self.on_line(t_ns, self.stream, raw.decode("utf-8", "replace")[:MAX_LINE_CHARS])
+
+
+class ChildProcess:
+    """The watched command and the threads that copy its output."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        on_line: LineCallback | None = None,
+        stdout: int | None = None,
+        stderr: int | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.on_line = on_line
+        self.out_fd = sys.stdout.fileno() if stdout is None else stdout
+        self.err_fd = sys.stderr.fileno() if stderr is None else stderr
+        self.proc: subprocess.Popen | None = None
+        self.pgid: int | None = None
+        self.signals_received: list[int] = []
+        self._pumps: list[threading.Thread] = []
+        self._old_handlers: dict[int, object] = {}
+        self._tty_fd: int | None = None
+
+    def start(self) -> int:
+        """Start the command in its own process group; return its pid."""
+        # its own process group, so a forwarded signal reaches torchrun's workers too
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdin=None,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                close_fds=True,
+                **group,
+            )
+        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+            raise CommandNotFound(f"cannot run {self.argv[0]!r}: {exc.strerror}") from None
+        self.pgid = self.proc.pid
+        self._give_terminal()
+        self._install_signal_forwarding()
+        for pipe, fd, name in (
+            (self.proc.stdout, self.out_fd, "stdout"),
+            (self.proc.stderr, self.err_fd, "stderr"),
+        ):
+            thread = threading.Thread(
+                target=self._pump, args=(pipe, fd, name), name=f"gpuprof-{name}", daemon=True
+            )
+            thread.start()
+            self._pumps.append(thread)
+        return self.proc.pid
+
+    def _pump(self, pipe, out_fd: int, name: str) -> None:
+        splitter = LineSplitter(name, self.on_line) if self.on_line else None
+        fd = pipe.fileno()
+        writable = True
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            if writable:
+                writable = _write_all(out_fd, data)
+            if splitter is not None:
+                try:
+                    splitter.feed(data, time.time_ns())
+                except Exception:
+                    splitter = None  # storing lines is best effort; passing them through is not
+        if splitter is not None:
+            with contextlib.suppress(Exception):
+                splitter.close(time.time_ns())
+        pipe.close()
+
+    def _install_signal_forwarding(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in FORWARDED_SIGNALS:
+            with contextlib.suppress(OSError, ValueError):
+                self._old_handlers[sig] = signal.signal(sig, self._forward)
+
+    def _forward(self, signum: int, frame: object) -> None:
+        self.signals_received.append(signum)
+        if self.pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pgid, signum)
+
+    def _give_terminal(self) -> None:
+        """Make the child's group the terminal's foreground group when we hold the terminal."""
+        try:
+            fd = sys.stdin.fileno()
+            if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+                return
+            with _ignoring(signal.SIGTTOU):
+                os.tcsetpgrp(fd, self.pgid)
+            self._tty_fd = fd
+        except (OSError, ValueError, AttributeError):
+            self._tty_fd = None
+
+    def _take_terminal_back(self) -> None:
+        if self._tty_fd is None:
+            return
+        with contextlib.suppress(OSError), _ignoring(signal.SIGTTOU):
+            os.tcsetpgrp(self._tty_fd, os.getpgrp())
+        self._tty_fd = None
+
+    def wait(self) -> int:
+        """Wait for the command and its output; return its exit code (128+N for signal N)."""
+        assert self.proc is not None
+        while True:
+            try:
+                returncode = self.proc.wait()
+                break
+            except KeyboardInterrupt:  # only if a handler could not be installed
+                continue
+        for thread in self._pumps:
+            # a grandchild may hold the pipes open after the child exits: don't wait forever
+            thread.join(timeout=2.0)
+        self._take_terminal_back()
+        for sig, handler in self._old_handlers.items():
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                signal.signal(sig, handler)
+        return exit_code_of(returncode)
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.returncode
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    """Write everything to ``fd``; False once it is closed (e.g. piped into ``head``)."""
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except InterruptedError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EAGAIN:
+                time.sleep(0.001)
+                continue
+            return False
+        view = view[written:]
+    return True
+
+
+@contextlib.contextmanager
+def _ignoring(sig: int):
+    old = signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(sig, old)

@@ -1,0 +1,97 @@
+"""The watcher's sampling thread: NVML and host readings at a fixed rate into the run file.
+
+It runs in the watcher process, never in the training process, so it never holds the
+training interpreter's GIL. Ticks are scheduled on absolute times (no drift); a slow tick
+skips the ticks it overran rather than bunching them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from gpuprof.store import BufferedWriter
+
+PROCESS_INTERVAL_S = 1.0
+"""How often the processes on each GPU are listed (heavier NVML calls than metrics)."""
+
+
+class Sampler:
+    """Samples ``nvml`` (may be None) and ``host`` every ``interval_s`` seconds into ``writer``.
+
+    ``cpu_s`` after `stop` is the thread CPU time the sampling cost, in seconds.
+    """
+
+    def __init__(
+        self,
+        writer: BufferedWriter,
+        host: Any,
+        nvml: Any | None,
+        *,
+        interval_s: float = 0.1,
+        process_interval_s: float = PROCESS_INTERVAL_S,
+    ) -> None:
+        self.writer = writer
+        self.host = host
+        self.nvml = nvml
+        self.interval_s = interval_s
+        self.process_interval_s = process_interval_s
+        self.ticks = 0
+        self.cpu_s = 0.0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpuprof-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the current tick and take one last sample."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10.0)
+
+    def tick(self, t_ns: int, *, with_processes: bool) -> None:
+        """Take one sample of everything at ``t_ns`` (ns since the epoch)."""
+        writer = self.writer
+        if self.nvml is not None:
+            gpu_samples, events = self.nvml.sample(t_ns)
+            writer.add_records("gpu", gpu_samples)
+            writer.add_records("events", events)
+        if self.host is not None:
+            host_sample, procs = self.host.sample(t_ns)
+            writer.add_records("host", [host_sample])
+            writer.add_records("procs", procs)
+            if with_processes and self.nvml is not None:
+                pids = self.host.watched_pids()
+                writer.add_records("gpu_procs", self.nvml.sample_processes(t_ns, pids))
+        self.ticks += 1
+
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        start = time.monotonic()
+        next_processes = start
+        k = 0
+        while True:
+            now = time.monotonic()
+            with_processes = now >= next_processes
+            if with_processes:
+                next_processes = now + self.process_interval_s
+            try:
+                self.tick(time.time_ns(), with_processes=with_processes)
+            except Exception as exc:  # a collector bug must not end the watch
+                if len(self.errors) < 10:
+                    self.errors.append(f"sampling failed: {exc!r}")
+            if self._stop.is_set():
+                break
+            k = max(k + 1, int((time.monotonic() - start) / self.interval_s) + 1)
+            delay = start + k * self.interval_s - time.monotonic()
+            if self._stop.wait(max(0.0, delay)):
+                # one last reading so the run ends with the state at exit
+                try:
+                    self.tick(time.time_ns(), with_processes=False)
+                except Exception:
+                    pass
+                break
+        self.cpu_s = time.thread_time() - cpu0

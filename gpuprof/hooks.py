@@ -1,0 +1,487 @@
+"""The in-process API: ``phase()``, ``step()``, ``mark()``, ``init()``.
+
+Cost model: entering and leaving a phase reads the monotonic clock twice and appends one tuple
+to a deque; a daemon thread turns the tuples into rows and commits them every half second. The
+training thread never touches SQLite, never synchronises a GPU and never sees an exception from
+here: an internal error prints one warning and turns the hooks into no-ops.
+
+Under ``gpuprof watch`` the hooks find the run through ``GPUPROF_RUN_DIR`` (and write the
+watcher's host file named in ``GPUPROF_DB`` when on the watcher's host); outside any run they do
+nothing. A process without a watcher on its host (a Ray worker on another node) writes a file of
+its own, ``<run>/<host>.<pid>.sqlite``, merged when the run is loaded.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import inspect
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from gpuprof import store
+from gpuprof.phases import canonical_phase
+
+ENV_RUN_DIR = "GPUPROF_RUN_DIR"
+ENV_DB = "GPUPROF_DB"
+ENV_HOST = "GPUPROF_HOST"
+ENV_CUDA_EVENTS = "GPUPROF_CUDA_EVENTS"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_STEP, _MARK = 1, 2
+_mono = time.monotonic_ns
+_get_ident = threading.get_ident
+_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+_WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def _env_int(names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                continue
+    return None
+
+
+class _Recorder:
+    """Per-process state of an active run: the queues, the clock offset and the writer thread."""
+
+    def __init__(self, db_path: Path, *, cuda_events: bool = False) -> None:
+        self.db_path = db_path
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        # Spans are timed on the monotonic clock (immune to NTP steps) and shifted onto the
+        # epoch once, so every process on the host agrees within microseconds.
+        self.offset_ns = time.time_ns() - time.monotonic_ns()
+        self.spans: collections.deque = collections.deque()
+        """(name, attrs, start, end, tid, step[, cuda event pair]) — monotonic ns."""
+        self.other: collections.deque = collections.deque()
+        """Step boundaries and marks, tagged with ``_STEP`` / ``_MARK``."""
+        self.step = 0
+        self.step_start = time.monotonic_ns()
+        self.cuda = _CudaTimer() if cuda_events else None
+        self.pending_gpu: list[tuple] = []
+        self.conn = None
+        self.failed = False
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.announced = False
+        self.thread = threading.Thread(target=self._loop, name="gpuprof-hooks", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.wait(store.FLUSH_INTERVAL_S):
+            self.flush()
+
+    def flush(self, final: bool = False) -> None:
+        """Commit everything queued (CUDA-timed spans wait until their events completed)."""
+        with self.lock:
+            if self.failed:
+                self.spans.clear()
+                self.other.clear()
+                return
+            spans = _drain(self.spans)
+            other = _drain(self.other)
+            if not spans and not other and not self.pending_gpu:
+                return
+            try:
+                self._write(spans, other, final)
+            except Exception as exc:  # a full disk or a removed run dir must not hurt training
+                self.failed = True
+                _warn_once(f"gpuprof: recording stopped, cannot write {self.db_path}: {exc}")
+
+    def _write(self, items: list[tuple], other: list[tuple], final: bool) -> None:
+        host, pid, offset = self.host, self.pid, self.offset_ns
+        rank = _env_int(_RANK_VARS)
+        local_rank = _env_int(_LOCAL_RANK_VARS)
+        events = []
+        if not self.announced:
+            events.append(self._process_event(rank, local_rank))
+            self.announced = True
+        if self.cuda is not None:
+            items, self.pending_gpu = self._with_gpu_times(self.pending_gpu + items, final)
+        spans = [
+            (host, pid, item[4], rank, local_rank, _canonical(item[0]), item[0], item[5], 0,
+             item[2] + offset, item[3] + offset,
+             item[6] if len(item) > 6 else None, item[7] if len(item) > 7 else None,
+             _encode_attrs(item[1]))
+            for item in items
+        ]  # fmt: skip
+        for item in other:
+            if item[0] == _STEP:
+                _, n, attrs, start, end, tid = item
+                encoded = _encode_attrs(attrs)
+                spans.append(
+                    (host, pid, tid, rank, local_rank, "step", "step", n, 0,
+                     start + offset, end + offset, None, None, encoded)
+                )  # fmt: skip
+                events.append((host, pid, rank, end + offset, "step", str(n), encoded))
+            else:
+                _, name, attrs, t = item
+                events.append((host, pid, rank, t + offset, "mark", name, _encode_attrs(attrs)))
+        if self.conn is None:
+            self.db_path.parent.mkdir(parents=True, exist_ok=True)
+            self.conn = store.connect(self.db_path)
+        store.insert_encoded(self.conn, {"spans": spans, "events": events})
+
+    def _process_event(self, rank: int | None, local_rank: int | None) -> tuple:
+        attrs = {
+            "ppid": os.getppid(),
+            "local_rank": local_rank,
+            "world_size": _env_int(_WORLD_SIZE_VARS),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "executable": os.path.basename(sys.executable),
+        }
+        return (self.host, self.pid, rank, time.time_ns(), "process", "start", _encode_attrs(attrs))
+
+    def _with_gpu_times(self, items: list[tuple], final: bool) -> tuple[list[tuple], list[tuple]]:
+        """Attach GPU times to spans whose CUDA events completed; keep the rest for later."""
+        ready, waiting = [], []
+        for item in items:
+            if len(item) < 7:
+                ready.append(item)
+                continue
+            gpu_start, gpu_end = self.cuda.resolve(item[6], self.offset_ns)
+            if gpu_start is None and not final and len(waiting) < 10_000:
+                waiting.append(item)
+            else:
+                ready.append((*item[:6], gpu_start, gpu_end))
+        return ready, waiting
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5.0)
+        self.flush(final=True)
+        with self.lock:
+            if self.conn is not None:
+                try:
+                    self.conn.close()
+                except Exception:
+                    pass
+                self.conn = None
+
+
+def _drain(queue: collections.deque) -> list:
+    # popleft is atomic, so hooks may keep appending while we drain
+    n = len(queue)
+    return [queue.popleft() for _ in range(n)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical(name: str) -> str:
+    return canonical_phase(name)
+
+
+def _encode_attrs(attrs: dict[str, Any] | None) -> str:
+    if not attrs:
+        return "{}"
+    return json.dumps(attrs, default=str, separators=(",", ":"))
+
+
+class _CudaTimer:
+    """GPU-side span timing with CUDA events: record on enter/exit, read later, never wait.
+
+    Event pairs are resolved by the writer thread once ``query()`` says they completed; their
+    times are placed on the host clock relative to a reference event recorded at start-up.
+    """
+
+    def __init__(self) -> None:
+        import torch  # only imported when the user asked for CUDA timing
+
+        self.torch = torch
+        self.ref = torch.cuda.Event(enable_timing=True)
+        self.ref.record()
+        self.ref_mono_ns = time.monotonic_ns()
+
+    def start(self) -> Any:
+        if not self.torch.cuda.is_initialized():
+            return None
+        begin = self.torch.cuda.Event(enable_timing=True)
+        begin.record()
+        return [begin, None]
+
+    def stop(self) -> Any:
+        end = self.torch.cuda.Event(enable_timing=True)
+        end.record()
+        return end
+
+    def resolve(self, pair: list, offset_ns: int) -> tuple[int | None, int | None]:
+        begin, end = pair
+        if end is None or not (self.ref.query() and begin.query() and end.query()):
+            return None, None
+        base = self.ref_mono_ns + offset_ns
+        return (
+            base + int(self.ref.elapsed_time(begin) * 1e6),
+            base + int(self.ref.elapsed_time(end) * 1e6),
+        )
+
+
+# -- process-wide state ------------------------------------------------------------------------
+_recorder: _Recorder | None = None
+_checked = False
+_inherited_step = 0
+_init_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message in _warned:
+        return
+    _warned.add(message)
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    except Exception:
+        pass
+
+
+def _disable(exc: BaseException) -> None:
+    global _recorder, _checked
+    _warn_once(f"gpuprof: hooks disabled after an internal error: {exc!r}")
+    _recorder, _checked = None, True
+
+
+def _resolve_db(run_dir: Path) -> Path:
+    """The file this process writes: the watcher's host file when it runs on this host."""
+    host = socket.gethostname()
+    db = os.environ.get(ENV_DB)
+    if db and os.environ.get(ENV_HOST) == host:
+        return Path(db)
+    return store.host_file(run_dir, host, os.getpid())
+
+
+def _from_env() -> _Recorder | None:
+    global _recorder, _checked
+    with _init_lock:
+        if _checked:
+            return _recorder
+        _checked = True
+        run_dir = os.environ.get(ENV_RUN_DIR)
+        if not run_dir:
+            return None
+        try:
+            cuda = os.environ.get(ENV_CUDA_EVENTS, "") not in ("", "0")
+            _recorder = _Recorder(_resolve_db(Path(run_dir)), cuda_events=cuda)
+            _recorder.step = _inherited_step
+        except Exception as exc:
+            _disable(exc)
+        return _recorder
+
+
+def _active() -> _Recorder | None:
+    recorder = _recorder
+    if recorder is None and not _checked:
+        recorder = _from_env()
+    return recorder
+
+
+def init(run_dir: str | os.PathLike | None = None, *, cuda_events: bool = False) -> bool:
+    """Start recording into ``run_dir`` (default: the run of the enclosing ``gpuprof watch``).
+
+    Returns True when hooks record from now on. Never raises: a failure warns once and
+    leaves the hooks as no-ops.
+    """
+    global _recorder, _checked
+    try:
+        with _init_lock:
+            if _recorder is not None:
+                _recorder.close()
+            _recorder, _checked = None, True
+            target = run_dir or os.environ.get(ENV_RUN_DIR)
+            if not target:
+                return False
+            path = Path(target)
+            if run_dir is not None:
+                os.environ[ENV_RUN_DIR] = str(path.resolve())
+                path.mkdir(parents=True, exist_ok=True)
+            _recorder = _Recorder(_resolve_db(path), cuda_events=cuda_events)
+            return True
+    except Exception as exc:
+        _disable(exc)
+        return False
+
+
+def shutdown() -> None:
+    """Commit what is queued and stop recording (also runs at interpreter exit)."""
+    global _recorder
+    recorder = _recorder
+    _recorder = None
+    if recorder is not None:
+        try:
+            recorder.close()
+        except Exception as exc:
+            _warn_once(f"gpuprof: final flush failed: {exc!r}")
+
+
+def flush() -> None:
+    """Commit what is queued now (normally the writer thread does this twice a second)."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.flush()
+
+
+def enabled() -> bool:
+    """True when hooks are recording into a run."""
+    return _active() is not None
+
+
+class phase:  # noqa: N801 - used like a function: `with gpuprof.phase("rollout"):`
+    """Time a phase: ``with phase("rollout"):``, ``async with``, or ``@phase("reward")``.
+
+    ``name`` may be a framework's own name; it is stored as given and mapped to a canonical
+    phase (``rollout``, ``reward``, ``reshard``…). ``attrs`` (tokens, bytes…) are stored with
+    the span. Phases nest. Outside a run this costs one object and two attribute checks.
+    """
+
+    __slots__ = ("_gpu", "_start", "attrs", "name")
+
+
+    def __init__(self, name: str, **attrs: Any) -> None:
+        self.name = name
+        self.attrs = attrs
+        self._start = None
+        self._gpu = None
+
+    def __enter__(self) -> phase:
+        recorder = _recorder
+        if recorder is None and (_checked or (recorder := _from_env()) is None):
+            return self
+        if recorder.cuda is not None:
+            self._start_gpu(recorder)
+        self._start = _mono()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        start = self._start
+        if start is None:
+            return False
+        end = _mono()
+        recorder = _recorder
+        if recorder is None:
+            return False
+        try:
+            if exc_type is None and self._gpu is None:
+                # The whole hot path: one tuple into a deque; depth is worked out on load.
+                recorder.spans.append(
+                    (self.name, self.attrs, start, end, _get_ident(), recorder.step)
+                )
+            else:
+                self._exit_slow(recorder, exc_type, start, end)
+        except Exception as err:
+            _disable(err)
+        return False
+
+    def _start_gpu(self, recorder: _Recorder) -> None:
+        try:
+            self._gpu = recorder.cuda.start()
+        except Exception as exc:
+            _disable(exc)
+
+    def _exit_slow(self, recorder: _Recorder, exc_type: Any, start: int, end: int) -> None:
+        attrs = self.attrs
+        if exc_type is not None:
+            attrs = {**attrs, "error": exc_type.__name__}
+        item = (self.name, attrs, start, end, _get_ident(), recorder.step)
+        if self._gpu is not None and recorder.cuda is not None:
+            self._gpu[1] = recorder.cuda.stop()
+            item = (*item, self._gpu)
+            self._gpu = None
+        recorder.spans.append(item)
+
+    async def __aenter__(self) -> phase:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+    def __call__(self, fn: F) -> F:
+        """Use as a decorator; each call of ``fn`` is one span (sync or async)."""
+        name, attrs = self.name, self.attrs
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                async with phase(name, **attrs):
+                    return await fn(*args, **kwargs)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with phase(name, **attrs):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def step(n: int | None = None, tokens: int | None = None, **attrs: Any) -> None:
+    """Mark the end of training step ``n`` (default: the current step number, from 0).
+
+    Records a ``step`` span from the previous step boundary (or the first hook) to now and a
+    ``step`` event; ``tokens`` is the number of tokens the step processed or generated, used
+    for tokens/s. Later spans belong to step ``n + 1``.
+    """
+    recorder = _active()
+    if recorder is None:
+        return
+    try:
+        now = time.monotonic_ns()
+        number = recorder.step if n is None else int(n)
+        if tokens is not None:
+            attrs["tokens"] = tokens
+        recorder.other.append(
+            (_STEP, number, attrs, recorder.step_start, now, threading.get_ident())
+        )
+        recorder.step = number + 1
+        recorder.step_start = now
+    except Exception as exc:
+        _disable(exc)
+
+
+def mark(name: str, **attrs: Any) -> None:
+    """Record a point event (a checkpoint written, a config change…)."""
+    recorder = _active()
+    if recorder is None:
+        return
+    try:
+        recorder.other.append((_MARK, name, attrs, time.monotonic_ns()))
+    except Exception as exc:
+        _disable(exc)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (e.g. a DataLoader worker) starts with no recorder and no queued rows.
+
+    The parent's queued rows were copied into the child's memory: they are dropped here (the
+    parent writes its own). The child opens its own recorder on its first hook, and keeps the
+    parent's step number so worker spans line up.
+    """
+    global _recorder, _checked, _init_lock, _inherited_step
+    parent = _recorder
+    _init_lock = threading.Lock()
+    _recorder, _checked = None, False
+    _inherited_step = parent.step if parent is not None else 0
+    mp_util = sys.modules.get("multiprocessing.util")
+    if parent is not None and mp_util is not None:
+        # multiprocessing children leave through os._exit, which skips atexit
+        try:
+            mp_util.Finalize(None, shutdown, exitpriority=100)
+        except Exception:
+            pass
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(shutdown)

@@ -1,0 +1,1 @@
+"""Adapters that map training frameworks' own timers and callbacks onto gpuprof phases."""

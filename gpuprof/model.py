@@ -1,0 +1,273 @@
+"""The data model: the records collectors produce and the `Run` analyzers and renderers read.
+
+Time is integer nanoseconds since the Unix epoch (``t_ns``); units live in field names
+(``mem_used_bytes``, ``pcie_rx_bytes_s``, ``power_w``, ``util_gpu_pct``). A metric that is missing
+or unsupported is ``None`` in a record and NaN in a frame, never 0.
+
+Each record class doubles as the schema of one store table: the table's columns are the record's
+fields, in order, so the collectors, the store and the loaded frames cannot disagree.
+No I/O happens here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+"""Version of the on-disk layout; bumped whenever a table or column changes meaning."""
+
+
+@dataclass(slots=True)
+class GpuSample:
+    """One reading of one GPU.
+
+    ``util_gpu_pct`` is NVML's "a kernel was running" share of the last sample period, not
+    how busy the SMs were; ``sm_active_pct`` (GPM, Hopper and newer) is the real SM activity.
+    PCIe figures are NVML's 20 ms window, NVLink ones the difference of cumulative counters
+    over the sampling interval.
+    """
+
+    host: str
+    gpu: int
+    uuid: str | None
+    t_ns: int
+    util_gpu_pct: float | None = None
+    util_mem_pct: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    pcie_tx_bytes_s: float | None = None
+    pcie_rx_bytes_s: float | None = None
+    nvlink_tx_bytes_s: float | None = None
+    nvlink_rx_bytes_s: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    temp_c: float | None = None
+    clock_event_reasons: int | None = None
+    """Bit mask of ``nvmlClocksEventReason*`` flags (power cap, thermal slowdown, …)."""
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_active_pct: float | None = None
+
+
+@dataclass(slots=True)
+class HostSample:
+    """System-wide host reading: CPU busy share over all cores (0–100) and memory in use."""
+
+    host: str
+    t_ns: int
+    cpu_pct: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    n_cpus: int | None = None
+
+
+@dataclass(slots=True)
+class ProcSample:
+    """One watched process at one instant.
+
+    ``cpu_pct`` is percent of one core (a process using two full cores reads 200).
+    ``role`` is one of ``main``, ``trainer``, ``dataloader``, ``inference``, ``other``.
+    """
+
+    host: str
+    t_ns: int
+    pid: int
+    ppid: int | None
+    role: str
+    name: str
+    cpu_pct: float | None = None
+    rss_bytes: int | None = None
+    io_read_bytes_s: float | None = None
+    io_write_bytes_s: float | None = None
+    num_threads: int | None = None
+
+
+@dataclass(slots=True)
+class GpuProcSample:
+    """A process seen on a GPU by NVML: its device memory and, where NVML gives it, SM share."""
+
+    host: str
+    t_ns: int
+    gpu: int
+    pid: int
+    gpu_mem_bytes: int | None = None
+    sm_util_pct: float | None = None
+    watched: bool = False
+    """True when the pid belongs to the watched process tree."""
+
+
+@dataclass(slots=True)
+class Span:
+    """A timed phase of one process: ``[start_ns, end_ns)``.
+
+    ``phase`` is the canonical name (see ``gpuprof.phases``), ``name`` the name as given.
+    ``gpu_start_ns``/``gpu_end_ns`` come from CUDA events when enabled (estimates on the
+    host clock, no synchronisation). ``attrs`` holds tokens, bytes, framework name…
+    """
+
+    host: str
+    pid: int
+    tid: int
+    rank: int | None
+    local_rank: int | None
+    phase: str
+    name: str
+    step: int | None
+    depth: int
+    start_ns: int
+    end_ns: int
+    gpu_start_ns: int | None = None
+    gpu_end_ns: int | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Event:
+    """A point event: ``kind`` is ``step``, ``mark``, ``exit``, ``nvml_fault``, ``notice``…"""
+
+    host: str
+    pid: int
+    rank: int | None
+    t_ns: int
+    kind: str
+    name: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LogLine:
+    """One line the watched command wrote, stamped when the watcher read it."""
+
+    host: str
+    t_ns: int
+    stream: str
+    """``stdout`` or ``stderr``."""
+    line: str
+
+
+RECORD_TYPES: dict[str, type] = {
+    "gpu": GpuSample,
+    "host": HostSample,
+    "procs": ProcSample,
+    "gpu_procs": GpuProcSample,
+    "spans": Span,
+    "events": Event,
+    "logs": LogLine,
+}
+"""Table / frame name → record class. The store and `Run` both follow this order."""
+
+
+def columns(record_type: type) -> list[str]:
+    """Column names of a record type's table, in declaration order."""
+    return [f.name for f in dataclasses.fields(record_type)]
+
+
+def column_kinds(record_type: type) -> dict[str, str]:
+    """Map each column to ``int``, ``float``, ``str``, ``bool`` or ``json`` from its annotation."""
+    hints = typing.get_type_hints(record_type)
+    kinds = {}
+    for name, hint in hints.items():
+        text = str(hint)
+        if "dict" in text:
+            kinds[name] = "json"
+        elif "bool" in text:
+            kinds[name] = "bool"
+        elif "float" in text:
+            kinds[name] = "float"
+        elif "int" in text:
+            kinds[name] = "int"
+        else:
+            kinds[name] = "str"
+    return kinds
+
+
+def empty_frame(record_type: type) -> pd.DataFrame:
+    """A frame with the record's columns and no rows, with dtypes that keep NaN for missing."""
+    kinds = column_kinds(record_type)
+    data = {}
+    for name in columns(record_type):
+        kind = kinds[name]
+        data[name] = pd.Series(
+            [],
+            dtype={"int": "Int64", "float": "float64", "bool": "boolean"}.get(kind, "object"),
+        )
+    return pd.DataFrame(data)
+
+
+@dataclass
+class RunMeta:
+    """What a run is: its command (secrets redacted), hosts, GPUs, versions and outcome.
+
+    ``gpus`` lists one dict per GPU (host, index, uuid, name, mem_total_bytes…).
+    ``knobs`` holds framework settings parsed from the command line or config.
+    ``exit_code`` is the watched command's (128+N when signal N killed it), None while running.
+    """
+
+    run_id: str
+    command: list[str] = field(default_factory=list)
+    cwd: str | None = None
+    hosts: list[str] = field(default_factory=list)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: int | None = None
+    framework: str | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+    start_ns: int | None = None
+    end_ns: int | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    interval_s: float | None = None
+    gpuprof_version: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    notices: list[str] = field(default_factory=list)
+    """Human-readable facts about collection: "NVML not available: …", "GPU 1 lost at …"."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunMeta:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class Run:
+    """A recorded run: metadata plus one pandas frame per record type.
+
+    Frames: ``gpu``, ``host``, ``procs``, ``gpu_procs``, ``spans``, ``events``, ``logs``;
+    their columns are the fields of the matching record class. Analyzers and renderers see
+    only this.
+    """
+
+    meta: RunMeta
+    gpu: pd.DataFrame = field(default_factory=lambda: empty_frame(GpuSample))
+    host: pd.DataFrame = field(default_factory=lambda: empty_frame(HostSample))
+    procs: pd.DataFrame = field(default_factory=lambda: empty_frame(ProcSample))
+    gpu_procs: pd.DataFrame = field(default_factory=lambda: empty_frame(GpuProcSample))
+    spans: pd.DataFrame = field(default_factory=lambda: empty_frame(Span))
+    events: pd.DataFrame = field(default_factory=lambda: empty_frame(Event))
+    logs: pd.DataFrame = field(default_factory=lambda: empty_frame(LogLine))
+
+    @property
+    def duration_s(self) -> float | None:
+        """Wall time from the first to the last thing recorded, in seconds."""
+        start, end = self.meta.start_ns, self.meta.end_ns
+        if start is None or end is None:
+            starts = [f["t_ns"].min() for f in (self.gpu, self.host) if len(f)]
+            ends = [f["t_ns"].max() for f in (self.gpu, self.host) if len(f)]
+            if len(self.spans):
+                starts.append(self.spans["start_ns"].min())
+                ends.append(self.spans["end_ns"].max())
+            start = start if start is not None else (min(starts) if starts else None)
+            end = end if end is not None else (max(ends) if ends else None)
+        if start is None or end is None:
+            return None
+        return max(0.0, (int(end) - int(start)) / 1e9)

@@ -1,0 +1,107 @@
+"""The short summary printed at the end of ``gpuprof watch`` and by ``gpuprof summary``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from gpuprof.analyzers.basic import run_summary
+from gpuprof.model import Run
+
+
+def _fmt_s(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if value >= 3600:
+        return f"{value / 3600:.1f} h"
+    if value >= 60:
+        return f"{value / 60:.1f} min"
+    if value >= 1:
+        return f"{value:.2f} s"
+    return f"{value * 1000:.0f} ms"
+
+
+def _fmt_pct(value: Any) -> str:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return "n/a"
+    return "n/a" if math.isnan(value) else f"{value:.0f}%"
+
+
+def _fmt_gib(value: Any) -> str:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return "n/a"
+    return "n/a" if math.isnan(value) else f"{value / 2**30:.1f}"
+
+
+def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
+    """A rich renderable: headline, per-GPU table, per-phase table, notices."""
+    s = run_summary(run)
+    parts: list[Any] = []
+    head = Text()
+    head.append("gpuprof ", style="bold")
+    head.append(f"{s['run_id']}  ")
+    head.append(f"duration {_fmt_s(s['duration_s'])}  ")
+    head.append(f"GPUs {s['n_gpus']}  ")
+    if s["mean_util_gpu_pct"] is not None:
+        head.append(f"mean GPU util {_fmt_pct(s['mean_util_gpu_pct'])}  ")
+    if s["exit_code"] is not None:
+        head.append(f"exit {s['exit_code']}")
+    parts.append(head)
+    if s["steps"]:
+        line = f"steps {s['steps']}  step time p50 {_fmt_s(s['step_time_p50_s'])}"
+        line += f"  p95 {_fmt_s(s['step_time_p95_s'])}"
+        if s["tokens_per_s"]:
+            line += f"  {s['tokens_per_s']:.0f} tokens/s"
+        parts.append(Text(line))
+
+    if s["gpus"]:
+        table = Table(title="GPUs", title_justify="left", box=None, pad_edge=False)
+        for col, justify in (("gpu", "left"), ("name", "left"), ("util", "right"),
+                             ("SM active", "right"), ("peak mem GiB", "right"),
+                             ("power W", "right")):  # fmt: skip
+            table.add_column(col, justify=justify)
+        for g in s["gpus"]:
+            label = f"{g['host']}:{g['gpu']}" if len(run.meta.hosts) > 1 else str(g["gpu"])
+            if g.get("lost"):
+                label += " (lost)"
+            power = g.get("power_w")
+            power_txt = "n/a" if power is None or math.isnan(power) else f"{power:.0f}"
+            table.add_row(label, str(g.get("name") or ""), _fmt_pct(g.get("util_gpu_pct")),
+                          _fmt_pct(g.get("sm_active_pct")), _fmt_gib(g.get("mem_peak_bytes")),
+                          power_txt)  # fmt: skip
+        parts.append(table)
+
+    if s["phases"]:
+        table = Table(title="Phases (time per process)", title_justify="left", box=None,
+                      pad_edge=False)  # fmt: skip
+        for col, justify in (("phase", "left"), ("count", "right"), ("time", "right"),
+                             ("mean", "right"), ("share", "right")):  # fmt: skip
+            table.add_column(col, justify=justify)
+        for p in s["phases"]:
+            table.add_row(p["phase"], str(p["spans"]), _fmt_s(p["per_process_s"]),
+                          _fmt_s(p["mean_s"]), _fmt_pct(100 * p["share"]))  # fmt: skip
+        parts.append(table)
+    else:
+        parts.append(Text("no phases recorded (use gpuprof.phase() in the training loop)"))
+
+    for notice in s["notices"]:
+        parts.append(Text(f"note: {notice}", style="yellow"))
+    if run_dir:
+        parts.append(Text(f"run saved to {run_dir}"))
+    return Group(*parts)
+
+
+def render_summary(run: Run, run_dir: str | None = None, width: int = 100) -> str:
+    """The summary as plain text (for tests and non-terminal output)."""
+    console = Console(width=width, record=True, color_system=None, force_terminal=False)
+    with console.capture() as capture:
+        console.print(summary_renderable(run, run_dir))
+    return capture.get()

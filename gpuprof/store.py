@@ -1,0 +1,485 @@
+"""The run directory: SQLite files written while a run goes on, read back as one `Run`.
+
+Layout of a run directory::
+
+    <run>/<host>.sqlite        written on <host> by its watcher's sampler and every hooked
+                               process on that host (SQLite WAL mode, many writers)
+    <run>/<host>.<pid>.sqlite  written by one process that has no watcher on its host
+                               (e.g. a Ray worker started on another node), merged on load
+
+SQLite's WAL mode needs every writer of a file on one host (they share a memory-mapped index),
+so a file is only ever written from the host in its name; when the run directory sits on a
+network filesystem the watcher writes to a local spool file and moves it in when the run ends
+(see docs/STORE.md). Writers batch rows in memory and commit at least once a second, so a
+crash or SIGKILL loses at most the last second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import astuple
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.model import (
+    RECORD_TYPES,
+    SCHEMA_VERSION,
+    Run,
+    RunMeta,
+    column_kinds,
+    columns,
+    empty_frame,
+)
+
+APPLICATION_ID = 0x47505546  # "GPUF": marks a SQLite file as a gpuprof run file
+BUSY_TIMEOUT_S = 30.0
+FLUSH_INTERVAL_S = 0.5
+"""Writers commit at least this often; a crash loses no more than this (plus one commit)."""
+
+_SQL_TYPES = {"int": "INTEGER", "float": "REAL", "str": "TEXT", "bool": "INTEGER", "json": "TEXT"}
+_NETWORK_FS = {
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "glusterfs",
+    "cephfs",
+    "ceph",
+    "9p",
+    "afs",
+    "fuse.sshfs",
+    "fuse.juicefs",
+    "fuse.s3fs",
+    "fuse.gcsfuse",
+    "wekafs",
+}
+
+
+class RunError(Exception):
+    """A run directory or file that cannot be read; the message is one line naming the file."""
+
+
+def _table_sql(table: str) -> str:
+    record_type = RECORD_TYPES[table]
+    kinds = column_kinds(record_type)
+    cols = ", ".join(f"{c} {_SQL_TYPES[kinds[c]]}" for c in columns(record_type))
+    return f"CREATE TABLE IF NOT EXISTS {table} ({cols})"
+
+
+def _insert_sql(table: str) -> str:
+    cols = columns(RECORD_TYPES[table])
+    return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+
+
+_INSERT = {table: _insert_sql(table) for table in RECORD_TYPES}
+_JSON_COLUMNS = {
+    table: [i for i, c in enumerate(columns(t)) if column_kinds(t)[c] == "json"]
+    for table, t in RECORD_TYPES.items()
+}
+
+
+def host_file(run_dir: str | os.PathLike, host: str, pid: int | None = None) -> Path:
+    """Path of a host's file in a run directory (``pid`` for a process without a watcher)."""
+    name = f"{host}.sqlite" if pid is None else f"{host}.{pid}.sqlite"
+    return Path(run_dir) / name
+
+
+def filesystem_type(path: str | os.PathLike) -> str | None:
+    """The filesystem type of the mount holding ``path`` (Linux /proc/mounts), else None."""
+    try:
+        target = os.path.realpath(path)
+        best, best_type = "", None
+        with open("/proc/mounts", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mount_point = parts[1].replace("\\040", " ")
+                inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, best_type = mount_point, parts[2]
+        return best_type
+    except OSError:
+        return None
+
+
+def is_network_filesystem(path: str | os.PathLike) -> bool:
+    """True when ``path`` lies on a filesystem where SQLite's WAL mode is unsafe."""
+    fs = filesystem_type(path)
+    return fs is not None and (fs in _NETWORK_FS or fs.startswith("fuse."))
+
+
+def connect(path: str | os.PathLike, *, create: bool = True) -> sqlite3.Connection:
+    """Open (and with ``create`` initialise) a run file for writing, in WAL mode.
+
+    Raises `RunError` for a file that is not a gpuprof run file or has a newer schema.
+    """
+    path = Path(path)
+    try:
+        conn = sqlite3.connect(
+            path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        _check_header(conn, path, allow_new=create)
+        if create:
+            with contextlib.suppress(sqlite3.OperationalError):
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+                    conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                for table in RECORD_TYPES:
+                    conn.execute(_table_sql(table))
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return conn
+    except sqlite3.DatabaseError as exc:
+        raise RunError(f"{path}: not a readable gpuprof run file ({exc})") from None
+
+
+def _check_header(conn: sqlite3.Connection, path: Path, *, allow_new: bool) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    if version == 0 and app_id == 0:
+        if allow_new:
+            return
+        raise RunError(f"{path}: not a gpuprof run file (no gpuprof header)")
+    if app_id != APPLICATION_ID:
+        raise RunError(f"{path}: not a gpuprof run file (application id {app_id:#x})")
+    if version > SCHEMA_VERSION:
+        raise RunError(
+            f"{path}: written by a newer gpuprof (schema {version}, this one reads up to "
+            f"{SCHEMA_VERSION}); upgrade gpuprof to read it"
+        )
+
+
+def encode_row(table: str, row: Sequence[Any]) -> tuple:
+    """A row ready for SQLite: JSON-encode dict columns, leave the rest."""
+    idx = _JSON_COLUMNS[table]
+    if not idx:
+        return tuple(row)
+    out = list(row)
+    for i in idx:
+        out[i] = json.dumps(out[i] or {}, default=str, separators=(",", ":"))
+    return tuple(out)
+
+
+def insert_rows(conn: sqlite3.Connection, batch: dict[str, list[Sequence[Any]]]) -> None:
+    """Insert rows of several tables in one transaction (rows already in column order)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, rows in batch.items():
+            if rows:
+                conn.executemany(_INSERT[table], [encode_row(table, r) for r in rows])
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+
+
+def insert_encoded(conn: sqlite3.Connection, batch: dict[str, list[Sequence[Any]]]) -> None:
+    """Like `insert_rows` for rows whose JSON columns are already strings (the hooks' path)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, rows in batch.items():
+            if rows:
+                conn.executemany(_INSERT[table], rows)
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+
+
+def write_meta(conn: sqlite3.Connection, key: str, value: dict[str, Any]) -> None:
+    """Store one metadata document (``run`` holds the watcher's `RunMeta`)."""
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+        (key, json.dumps(value, default=str)),
+    )
+
+
+class BufferedWriter:
+    """Collects rows in memory and commits them from a background thread.
+
+    ``add`` is a list append (no lock, no I/O) so it is safe on a hot path; a daemon thread
+    commits everything gathered every ``flush_interval_s``. ``on_error`` receives the first
+    exception the thread meets; the writer then drops data rather than raise into its caller.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+        on_error: Any = None,
+        name: str = "gpuprof-writer",
+    ) -> None:
+        self.path = Path(path)
+        self.flush_interval_s = flush_interval_s
+        self._pending: list[tuple[str, Sequence[Any]]] = []
+        self._meta: dict[str, dict[str, Any]] = {}
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._on_error = on_error
+        self.failed = False
+        self.rows_written = 0
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def add(self, table: str, row: Sequence[Any]) -> None:
+        """Queue one row (a tuple in the table's column order)."""
+        self._pending.append((table, row))
+
+    def add_records(self, table: str, records: Iterable[Any]) -> None:
+        """Queue record dataclass instances of the table's type."""
+        pending = self._pending
+        for record in records:
+            pending.append((table, astuple(record)))
+
+    def set_meta(self, key: str, value: dict[str, Any]) -> None:
+        """Queue a metadata document; written with the next commit."""
+        self._meta[key] = value
+
+    def flush(self) -> None:
+        """Commit everything queued so far (called by the thread; callable from any thread)."""
+        with self._lock:
+            if self.failed:
+                self._pending.clear()
+                return
+            pending, self._pending = self._pending, []
+            meta, self._meta = self._meta, {}
+            if not pending and not meta:
+                return
+            batch: dict[str, list[Sequence[Any]]] = {}
+            for table, row in pending:
+                batch.setdefault(table, []).append(row)
+            try:
+                if self._conn is None:
+                    self._conn = connect(self.path)
+                insert_rows(self._conn, batch)
+                for key, value in meta.items():
+                    write_meta(self._conn, key, value)
+                self.rows_written += len(pending)
+            except Exception as exc:  # never raise into the process we are profiling
+                self.failed = True
+                if self._on_error is not None:
+                    self._on_error(exc)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            self.flush()
+
+    def close(self) -> None:
+        """Stop the thread, commit what is left and close the file."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        self.flush()
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.close()
+                self._conn = None
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def run_files(run_dir: str | os.PathLike) -> list[Path]:
+    """The run files of a run directory, host files first."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise RunError(f"{run_dir}: no such run directory")
+    if run_dir.is_file():
+        return [run_dir]
+    files = sorted(run_dir.glob("*.sqlite"), key=lambda p: (p.name.count("."), p.name))
+    if not files:
+        raise RunError(f"{run_dir}: not a gpuprof run directory (no .sqlite run files)")
+    return files
+
+
+def _read_file(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, pd.DataFrame]]:
+    try:
+        if path.stat().st_size == 0:
+            raise RunError(f"{path}: empty file (the run never wrote data)")
+        # read-write when we may, so closing folds away the -wal/-shm files of a finished run
+        mode = "rw" if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK) else "ro"
+        conn = sqlite3.connect(f"file:{path}?mode={mode}", uri=True, timeout=BUSY_TIMEOUT_S)
+    except (sqlite3.Error, OSError) as exc:
+        raise RunError(f"{path}: cannot open ({exc})") from None
+    try:
+        _check_header(conn, path, allow_new=False)
+        meta = {
+            key: json.loads(value)
+            for key, value in conn.execute("SELECT key, value FROM meta").fetchall()
+        }
+        frames = {}
+        for table in RECORD_TYPES:
+            cursor = conn.execute(f"SELECT * FROM {table}")
+            names = [d[0] for d in cursor.description]
+            frames[table] = pd.DataFrame.from_records(cursor.fetchall(), columns=names)
+        return meta, frames
+    except sqlite3.DatabaseError as exc:
+        raise RunError(f"{path}: damaged or not a gpuprof run file ({exc})") from None
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise RunError(f"{path}: damaged metadata ({exc})") from None
+    finally:
+        conn.close()
+
+
+def _typed(table: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """Give a raw frame the model's dtypes: numbers with gaps become float64 (NaN = missing)."""
+    record_type = RECORD_TYPES[table]
+    if frame.empty:
+        return empty_frame(record_type)
+    kinds = column_kinds(record_type)
+    out = {}
+    for name in columns(record_type):
+        col = frame[name] if name in frame else pd.Series([None] * len(frame))
+        kind = kinds[name]
+        if kind == "json":
+            out[name] = col.map(_json_or_empty)
+        elif kind == "bool":
+            out[name] = col.fillna(0).astype(bool)
+        elif kind in ("int", "float"):
+            values = pd.to_numeric(col, errors="coerce")
+            if kind == "int" and not values.isna().any():
+                out[name] = values.astype(np.int64)
+            else:
+                out[name] = values.astype(np.float64)
+        else:
+            out[name] = col.astype(object)
+    return pd.DataFrame(out)
+
+
+def _json_or_empty(value: Any) -> dict[str, Any]:
+    if not value:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except (TypeError, ValueError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def span_depths(spans: pd.DataFrame) -> np.ndarray:
+    """Nesting depth of each span within its thread (0 = outermost).
+
+    Hooks don't track nesting (it would cost the training thread); for properly nested spans
+    the depth of span i is the number of spans of its thread that started before it (ties:
+    the longer one first) minus the number that had already ended when it started.
+    """
+    depth = np.zeros(len(spans), dtype=np.int64)
+    starts_all = spans["start_ns"].to_numpy(np.int64)
+    ends_all = spans["end_ns"].to_numpy(np.int64)
+    groups = spans.groupby(["host", "pid", "tid"], sort=False).indices
+    for index in groups.values():
+        starts, ends = starts_all[index], ends_all[index]
+        order = np.lexsort((-ends, starts))
+        opened_before = np.empty(len(index), dtype=np.int64)
+        opened_before[order] = np.arange(len(index))
+        closed_before = np.searchsorted(np.sort(ends), starts, side="right")
+        depth[index] = np.maximum(opened_before - closed_before, 0)
+    return depth
+
+
+def merge_meta(metas: list[dict[str, Any]], run_dir: Path) -> RunMeta:
+    """One `RunMeta` from the watcher metadata of every host file."""
+    if not metas:
+        return RunMeta(run_id=run_dir.name)
+    base = RunMeta.from_dict(metas[0])
+    for other in map(RunMeta.from_dict, metas[1:]):
+        base.hosts = sorted(set(base.hosts) | set(other.hosts))
+        base.gpus = base.gpus + [g for g in other.gpus if g not in base.gpus]
+        base.notices = base.notices + other.notices
+        if other.start_ns is not None:
+            base.start_ns = min(filter(None, (base.start_ns, other.start_ns)))
+        if other.end_ns is not None:
+            base.end_ns = max(filter(None, (base.end_ns, other.end_ns)))
+        if base.exit_code in (None, 0) and other.exit_code:
+            base.exit_code = other.exit_code
+    return base
+
+
+def load_run(run_dir: str | os.PathLike) -> Run:
+    """Read every run file of a run directory (or one file) and merge them into a `Run`.
+
+    Works on a run that is still being written or whose writer was killed. Raises `RunError`
+    with one line naming the bad file.
+    """
+    run_dir = Path(run_dir)
+    metas: list[dict[str, Any]] = []
+    parts: dict[str, list[pd.DataFrame]] = {table: [] for table in RECORD_TYPES}
+    for path in run_files(run_dir):
+        meta, frames = _read_file(path)
+        if "run" in meta:
+            metas.append(meta["run"])
+        for table, frame in frames.items():
+            if not frame.empty:
+                parts[table].append(frame)
+    meta = merge_meta(metas, run_dir if run_dir.is_dir() else run_dir.parent)
+    tables = {}
+    for table, frames in parts.items():
+        raw = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        frame = _typed(table, raw)
+        sort_key = "start_ns" if table == "spans" else "t_ns"
+        if len(frame):
+            frame = frame.sort_values(sort_key, kind="stable", ignore_index=True)
+        if table == "spans" and len(frame):
+            frame["depth"] = span_depths(frame)
+        tables[table] = frame
+    if not meta.hosts:
+        hosts = set()
+        for frame in tables.values():
+            if "host" in frame and len(frame):
+                hosts.update(frame["host"].dropna().unique().tolist())
+        meta.hosts = sorted(hosts)
+    return Run(meta=meta, **tables)
+
+
+def finalize_file(src: Path, dest: Path) -> None:
+    """Fold the WAL into the main file and, for a spooled file, move it into the run dir."""
+    with contextlib.suppress(sqlite3.Error):
+        conn = sqlite3.connect(src, timeout=BUSY_TIMEOUT_S)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+    if src.resolve() == dest.resolve():
+        return
+    tmp = dest.with_name(dest.name + ".partial")
+    import shutil
+
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            os.unlink(f"{src}{suffix}")
+
+
+def now_ns() -> int:
+    """Wall-clock time in integer nanoseconds since the Unix epoch."""
+    return time.time_ns()
