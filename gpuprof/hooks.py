@@ -39,7 +39,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _STEP, _MARK = 1, 2
 _mono = time.monotonic_ns
-_get_ident = threading.get_ident
+_get_ident = threading.get_native_id
 _RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 _WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -81,6 +81,14 @@ class _Recorder:
         self.announced = False
         self.thread = threading.Thread(target=self._loop, name="gpuprof-hooks", daemon=True)
         self.thread.start()
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:
+            # multiprocessing children (DataLoader workers) leave through os._exit, skipping
+            # atexit; their finalizers still run
+            try:
+                mp_util.Finalize(None, shutdown, exitpriority=100)
+            except Exception:
+                pass
 
     def _loop(self) -> None:
         while not self.stop.wait(store.FLUSH_INTERVAL_S):
@@ -443,7 +451,7 @@ def step(n: int | None = None, tokens: int | None = None, **attrs: Any) -> None:
         if tokens is not None:
             attrs["tokens"] = tokens
         recorder.other.append(
-            (_STEP, number, attrs, recorder.step_start, now, threading.get_ident())
+            (_STEP, number, attrs, recorder.step_start, now, threading.get_native_id())
         )
         recorder.step = number + 1
         recorder.step_start = now
@@ -474,13 +482,6 @@ def _after_fork_in_child() -> None:
     _init_lock = threading.Lock()
     _recorder, _checked = None, False
     _inherited_step = parent.step if parent is not None else 0
-    mp_util = sys.modules.get("multiprocessing.util")
-    if parent is not None and mp_util is not None:
-        # multiprocessing children leave through os._exit, which skips atexit
-        try:
-            mp_util.Finalize(None, shutdown, exitpriority=100)
-        except Exception:
-            pass
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

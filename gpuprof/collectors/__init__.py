@@ -1,0 +1,1 @@
+"""Collectors: everything that reads NVML, psutil, torch, the watched process or files to import."""

@@ -1,0 +1,42 @@
+"""Shared test helpers: run gpuprof in a subprocess the way a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_FIXTURES = ROOT.parent / "shared" / "fixtures"
+
+
+def gpuprof_cmd(*args: str) -> list[str]:
+    """The gpuprof CLI as a subprocess command line."""
+    return [sys.executable, "-m", "gpuprof", *args]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment for a child: no inherited gpuprof run, the repo importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROF_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def run_gpuprof(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    env = kwargs.pop("env", None) or clean_env()
+    kwargs.setdefault("text", True)
+    return subprocess.run(
+        gpuprof_cmd(*args), capture_output=True, timeout=timeout, env=env, **kwargs
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_run(monkeypatch):
+    """Tests never record into a run of an enclosing `gpuprof watch`."""
+    for name in list(os.environ):
+        if name.startswith("GPUPROF_") and name != "GPUPROF_SIMNVML_SCENARIO":
+            monkeypatch.delenv(name, raising=False)

@@ -1,0 +1,198 @@
+"""The in-process hooks: no-ops outside a run, nesting, threads, fork, ranks, never raising."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import pytest
+
+import gpuprof
+from conftest import clean_env
+from gpuprof import hooks, store
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    assert gpuprof.init(tmp_path)
+    yield tmp_path
+    gpuprof.shutdown()
+
+
+def _load(run_dir):
+    gpuprof.shutdown()
+    return store.load_run(run_dir)
+
+
+def test_outside_a_run_hooks_do_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    hooks._recorder, hooks._checked = None, False
+
+    @gpuprof.phase("reward")
+    def score(x):
+        return x * 2
+
+    with gpuprof.phase("rollout", tokens=3) as p:
+        assert isinstance(p, gpuprof.phase)
+    assert score(21) == 42
+    gpuprof.step(tokens=10)
+    gpuprof.mark("checkpoint")
+    with pytest.raises(ZeroDivisionError), gpuprof.phase("update_actor"):
+        1 / 0  # noqa: B018 - the user's exception passes through untouched
+    assert not gpuprof.enabled()
+    assert list(tmp_path.iterdir()) == []
+    assert threading.active_count() == 1 or not any(
+        t.name == "gpuprof-hooks" for t in threading.enumerate()
+    )
+
+
+def test_nested_phases_decorators_steps_and_errors(run_dir):
+    @gpuprof.phase("reward", source="rule")
+    def score():
+        return 1
+
+    @gpuprof.phase("generate_sequences")
+    async def generate():
+        await asyncio.sleep(0)
+        return "text"
+
+    for step in range(3):
+        with gpuprof.phase("rollout"):
+            assert asyncio.run(generate()) == "text"
+        assert score() == 1
+        gpuprof.step(n=step, tokens=100 + step)
+    with pytest.raises(ValueError), gpuprof.phase("update_actor"):
+        raise ValueError("boom")
+    gpuprof.mark("checkpoint", path="/ckpt")
+    run = _load(run_dir)
+    spans = run.spans
+    gen = spans[spans["name"] == "generate_sequences"]
+    assert list(gen["phase"]) == ["rollout"] * 3  # framework name → canonical phase
+    assert list(gen["depth"]) == [2, 2, 2]  # step ⊃ rollout ⊃ generate_sequences
+    assert list(gen["step"]) == [0, 1, 2]
+    rewards = spans[spans["phase"] == "reward"]
+    assert [a["source"] for a in rewards["attrs"]] == ["rule"] * 3
+    steps = spans[spans["phase"] == "step"].sort_values("step")
+    assert list(steps["step"]) == [0, 1, 2]
+    assert [a["tokens"] for a in steps["attrs"]] == [100, 101, 102]
+    # consecutive steps tile the timeline
+    assert (steps["start_ns"].to_numpy()[1:] == steps["end_ns"].to_numpy()[:-1]).all()
+    failed = spans[spans["phase"] == "update_actor"].iloc[0]
+    assert failed["attrs"] == {"error": "ValueError"} and failed["step"] == 3
+    for _, rollout in spans[spans["name"] == "rollout"].iterrows():
+        inner = gen[gen["step"] == rollout["step"]].iloc[0]
+        assert rollout["start_ns"] <= inner["start_ns"] <= inner["end_ns"] <= rollout["end_ns"]
+    kinds = run.events.groupby("kind").size().to_dict()
+    assert kinds == {"mark": 1, "process": 1, "step": 3}
+
+
+def test_threads_record_independently(run_dir):
+    barrier = threading.Barrier(4)
+
+    def work(k):
+        barrier.wait()  # all four run at once, so no thread id is reused
+        for _ in range(1000):
+            with gpuprof.phase("outer", thread=k), gpuprof.phase("inner"):
+                pass
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    spans = _load(run_dir).spans
+    assert len(spans) == 8000
+    assert spans.groupby("tid").size().tolist() == [2000] * 4
+    assert set(spans.loc[spans["name"] == "inner", "depth"]) == {1}
+    assert set(spans.loc[spans["name"] == "outer", "depth"]) == {0}
+
+
+def test_ranks_come_from_launcher_variables(tmp_path):
+    code = "import gpuprof, sys; gpuprof.init(sys.argv[1])\nwith gpuprof.phase('rollout'): pass"
+    for env in ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8"},
+                {"SLURM_PROCID": "5", "SLURM_LOCALID": "2", "SLURM_NTASKS": "16"}):  # fmt: skip
+        subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=clean_env(**env), check=True)
+    run = store.load_run(tmp_path)
+    assert sorted(zip(run.spans["rank"], run.spans["local_rank"])) == [(3, 1), (5, 2)]
+    sizes = sorted(a["world_size"] for a in run.events[run.events["kind"] == "process"]["attrs"])
+    assert sizes == [8, 16]
+
+
+FORKING = textwrap.dedent(
+    """
+    import os, sys, multiprocessing as mp, gpuprof
+    gpuprof.init(sys.argv[1])
+
+    def worker(i):
+        with gpuprof.phase("dataload", worker=i):
+            pass
+
+    with gpuprof.phase("rollout"):
+        pass
+    gpuprof.step(n=4)
+    # queued but unflushed parent spans must not be duplicated by the children
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=worker, args=(i,)) for i in range(3)]
+    [p.start() for p in procs]
+    [p.join() for p in procs]
+    pid = os.fork()
+    if pid == 0:
+        with gpuprof.phase("reward"):
+            pass
+        gpuprof.shutdown()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    """
+)
+
+
+def test_hooks_survive_fork(tmp_path):
+    subprocess.run([sys.executable, "-c", FORKING, str(tmp_path)], env=clean_env(), check=True, timeout=60)
+    spans = store.load_run(tmp_path).spans
+    counts = spans.groupby("phase").size().to_dict()
+    assert counts == {"dataload": 3, "reward": 1, "rollout": 1, "step": 1}
+    loaders = spans[spans["phase"] == "dataload"]
+    assert loaders["pid"].nunique() == 3
+    assert set(loaders["step"]) == {5}  # children continue the parent's step count
+
+
+def test_unwritable_run_warns_once_and_never_raises(tmp_path):
+    target = tmp_path / "file-not-dir"
+    target.write_text("x")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gpuprof.init(target)  # can't create a run inside a regular file
+        for _ in range(100):
+            with gpuprof.phase("rollout"):
+                pass
+        gpuprof.flush()
+        gpuprof.shutdown()
+    messages = [str(w.message) for w in caught if "gpuprof" in str(w.message)]
+    assert len(messages) == 1, messages
+
+
+def test_odd_attribute_values_are_stored_as_text(run_dir):
+    with gpuprof.phase("reward", obj=object(), n=float("nan")):
+        pass
+    spans = _load(run_dir).spans
+    assert spans.iloc[0]["attrs"]["obj"].startswith("<object object")
+
+
+def test_no_hook_thread_until_first_use(tmp_path):
+    code = textwrap.dedent(
+        """
+        import threading, gpuprof
+        assert not any(t.name == "gpuprof-hooks" for t in threading.enumerate())
+        with gpuprof.phase("x"): pass
+        print(any(t.name == "gpuprof-hooks" for t in threading.enumerate()))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=clean_env(GPUPROF_RUN_DIR=str(tmp_path)),
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout.strip() == "True"
+    assert os.path.exists(store.host_file(tmp_path, __import__("socket").gethostname(), None)) is False

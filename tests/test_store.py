@@ -1,0 +1,152 @@
+"""The run store: schema, many writers, crash safety, clear errors on bad files."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import clean_env, run_gpuprof
+from gpuprof import store
+from gpuprof.model import SCHEMA_VERSION, GpuSample, RunMeta, Span
+
+
+def _write_small_run(run_dir, host="hostA", n=5):
+    writer = store.BufferedWriter(store.host_file(run_dir, host))
+    writer.set_meta("run", RunMeta(run_id="r1", hosts=[host], start_ns=1, end_ns=10**9).to_dict())
+    writer.add_records(
+        "gpu",
+        [GpuSample(host, 0, "GPU-0", 1000 + i, util_gpu_pct=50.0 + i, mem_used_bytes=None)
+         for i in range(n)],
+    )  # fmt: skip
+    writer.add_records(
+        "spans",
+        [Span(host, 1, 1, 0, 0, "rollout", "gen", 0, 0, 100, 200, attrs={"tokens": 7})],
+    )
+    writer.close()
+
+
+def test_round_trip_keeps_values_and_missing_as_nan(tmp_path):
+    _write_small_run(tmp_path)
+    run = store.load_run(tmp_path)
+    assert run.meta.run_id == "r1"
+    assert list(run.gpu["util_gpu_pct"]) == [50.0, 51.0, 52.0, 53.0, 54.0]
+    assert run.gpu["mem_used_bytes"].isna().all()  # None is NaN, never 0
+    assert run.gpu["t_ns"].dtype == "int64"
+    span = run.spans.iloc[0]
+    assert (span["phase"], span["name"], span["attrs"]) == ("rollout", "gen", {"tokens": 7})
+
+
+def test_host_files_merge_into_one_run(tmp_path):
+    _write_small_run(tmp_path, "hostA", 3)
+    _write_small_run(tmp_path, "hostB", 4)
+    run = store.load_run(tmp_path)
+    assert sorted(run.gpu["host"].unique()) == ["hostA", "hostB"]
+    assert len(run.gpu) == 7
+    assert run.meta.hosts == ["hostA", "hostB"]
+    assert run.gpu["t_ns"].is_monotonic_increasing
+
+
+def test_span_depth_is_derived_from_nesting(tmp_path):
+    writer = store.BufferedWriter(store.host_file(tmp_path, "h"))
+    spans = [  # thread 1: step ⊃ rollout ⊃ gen, then reward; thread 2 independent
+        Span("h", 1, 1, None, None, "step", "step", 0, 0, 0, 100),
+        Span("h", 1, 1, None, None, "rollout", "rollout", 0, 0, 0, 50),
+        Span("h", 1, 1, None, None, "rollout", "gen", 0, 0, 10, 40),
+        Span("h", 1, 1, None, None, "reward", "reward", 0, 0, 50, 90),
+        Span("h", 1, 2, None, None, "dataload", "dataload", 0, 0, 20, 30),
+    ]
+    writer.add_records("spans", spans)
+    writer.close()
+    run = store.load_run(tmp_path)
+    depth = dict(zip(run.spans["name"] + "@" + run.spans["tid"].astype(str), run.spans["depth"]))
+    assert depth == {"step@1": 0, "rollout@1": 1, "gen@1": 2, "reward@1": 1, "dataload@2": 0}
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, gpuprof
+    gpuprof.init(sys.argv[1])
+    for i in range(int(sys.argv[2])):
+        with gpuprof.phase("rollout", i=i):
+            pass
+    """
+)
+
+
+def test_four_processes_write_ten_thousand_spans_each_none_lost(tmp_path):
+    env = clean_env(
+        GPUPROF_DB=str(store.host_file(tmp_path, "shared")), GPUPROF_HOST=_hostname()
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), "10000"], env=env)
+        for _ in range(4)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    assert [p.name for p in tmp_path.glob("*.sqlite")] == ["shared.sqlite"]  # one shared file
+    run = store.load_run(tmp_path)
+    spans = run.spans[run.spans["phase"] == "rollout"]
+    assert len(spans) == 40_000
+    assert spans.groupby("pid").size().tolist() == [10_000] * 4
+    per_pid = spans.groupby("pid")["attrs"].apply(lambda a: sorted(x["i"] for x in a))
+    assert all(v == list(range(10_000)) for v in per_pid)
+
+
+def _hostname():
+    import socket
+
+    return socket.gethostname()
+
+
+def _bad_run(tmp_path, kind):
+    path = tmp_path / f"{_hostname()}.sqlite"
+    if kind == "corrupt":
+        path.write_bytes(b"this is not a database at all" * 100)
+    elif kind == "truncated":
+        _write_small_run(tmp_path, _hostname(), 2000)
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+    elif kind == "newer":
+        _write_small_run(tmp_path, _hostname())
+        conn = sqlite3.connect(path)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 5}")
+        conn.close()
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "foreign":
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE TABLE t (x)")
+        conn.close()
+    return path
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "truncated", "newer", "empty", "foreign"])
+def test_bad_run_file_gives_one_clear_line_and_exit_2(tmp_path, kind):
+    path = _bad_run(tmp_path, kind)
+    with pytest.raises(store.RunError) as info:
+        store.load_run(tmp_path)
+    assert str(path) in str(info.value)
+    result = run_gpuprof("summary", str(tmp_path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("gpuprof: error: ") and str(path) in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    if kind == "newer":
+        assert "newer gpuprof" in lines[0]
+
+
+def test_missing_run_dir_is_a_clear_error(tmp_path):
+    result = run_gpuprof("summary", str(tmp_path / "nope"))
+    assert result.returncode == 2
+    assert "no such run directory" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_network_filesystem_detection(tmp_path):
+    # /proc is procfs: not a network filesystem; the parser finds the longest mount prefix
+    assert store.filesystem_type("/proc/self") == "proc"
+    assert not store.is_network_filesystem(tmp_path)

@@ -1,0 +1,215 @@
+"""`gpuprof watch` end to end: exit codes, signals, output pass-through, crash safety."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import clean_env, gpuprof_cmd, run_gpuprof
+from gpuprof import store
+
+
+def watch(tmp_path, code: str, *extra: str, timeout: float = 60, **kwargs):
+    run_dir = tmp_path / "run"
+    result = run_gpuprof(
+        "watch", "--no-nvml", "--interval", "0.05", "-o", str(run_dir), *extra,
+        "--", sys.executable, "-c", code, timeout=timeout, **kwargs,
+    )  # fmt: skip
+    return result, run_dir
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("pass", 0),
+        ("import sys; sys.exit(3)", 3),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 128 + 9),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", 128 + 15),
+    ],
+)
+def test_exit_code_is_the_childs(tmp_path, code, expected):
+    result, run_dir = watch(tmp_path, code)
+    assert result.returncode == expected, result.stderr
+    run = store.load_run(run_dir)
+    assert run.meta.exit_code == expected
+    assert run.meta.exit_signal == (expected - 128 if expected > 128 else None)
+    exits = run.events[run.events["kind"] == "exit"]
+    assert exits.iloc[0]["attrs"]["exit_code"] == expected
+
+
+def test_crashing_child_keeps_its_traceback_and_leaves_a_run(tmp_path):
+    code = "import gpuprof\nwith gpuprof.phase('rollout'):\n    raise RuntimeError('reward server down')"
+    result, run_dir = watch(tmp_path, code)
+    assert result.returncode == 1
+    assert "RuntimeError: reward server down" in result.stderr
+    run = store.load_run(run_dir)
+    assert run.spans.iloc[0]["attrs"] == {"error": "RuntimeError"}
+    assert any("reward server down" in line for line in run.logs["line"])
+
+
+def test_output_passes_through_byte_for_byte_and_is_stored(tmp_path):
+    code = textwrap.dedent(
+        r"""
+        import sys, time
+        out = sys.stdout.buffer
+        out.write(b"\x1b[32mgreen\x1b[0m line\n")
+        out.write(b"progress 10%\rprogress 50%\rprogress 100%\n")
+        out.write("unicode \u00e9\u4e2d\n".encode())
+        out.flush()
+        sys.stderr.write("to stderr\n")
+        out.write(b"no newline at end")
+        """
+    )
+    result, run_dir = watch(tmp_path, code, text=False)
+    expected = (
+        b"\x1b[32mgreen\x1b[0m line\nprogress 10%\rprogress 50%\rprogress 100%\n"
+        + "unicode \u00e9\u4e2d\n".encode()
+        + b"no newline at end"
+    )
+    assert result.stdout == expected
+    assert b"to stderr\n" in result.stderr
+    logs = store.load_run(run_dir).logs
+    lines = dict(zip(logs["line"], logs["stream"]))
+    assert lines == {
+        "\x1b[32mgreen\x1b[0m line": "stdout",
+        "progress 100%": "stdout",  # what a terminal shows after the carriage returns
+        "unicode \u00e9\u4e2d": "stdout",
+        "to stderr": "stderr",
+        "no newline at end": "stdout",
+    }
+    assert logs["t_ns"].between(*sorted([logs["t_ns"].min(), time.time_ns()])).all()
+
+
+SIGNAL_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    def handler(signum, frame):
+        print(f"{os.getpid()} got {signal.Signals(signum).name}", flush=True)
+        sys.exit(42)
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    if os.fork() == 0:  # a grandchild in the same process group, like a torchrun worker
+        signal.signal(signal.SIGINT, handler)
+        print("worker ready", flush=True)
+        time.sleep(30)
+        os._exit(1)
+    print("ready", flush=True)
+    time.sleep(30)
+    """
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signals_are_forwarded_to_the_whole_process_group(tmp_path, sig):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", sys.executable, "-c", SIGNAL_CHILD),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), text=True,
+    )  # fmt: skip
+    seen = []
+    deadline = time.time() + 30
+    while len(seen) < 2 and time.time() < deadline:
+        seen.append(proc.stdout.readline().strip())
+    assert sorted(seen) == ["ready", "worker ready"]
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    got = out.count(f" got {sig.name}")
+    assert got == 2, out  # the child and its forked worker both received it
+    assert proc.returncode == 42, err
+    assert store.load_run(run_dir).meta.exit_code == 42
+
+
+def test_sigkill_of_the_watcher_leaves_a_loadable_run(tmp_path):
+    child = textwrap.dedent(
+        """
+        import time, gpuprof
+        while True:
+            with gpuprof.phase("rollout"):
+                time.sleep(0.02)
+        """
+    )
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        gpuprof_cmd("watch", "--no-nvml", "--interval", "0.05", "-o", str(run_dir), "--",
+                    sys.executable, "-c", child),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(),
+    )  # fmt: skip
+    time.sleep(4.0)
+    proc.kill()
+    killed_ns = time.time_ns()
+    proc.wait()
+    child_pids = _children_in_group(run_dir)
+    time.sleep(0.3)
+    for pid in child_pids:  # the watched command outlives its watcher: clean it up
+        os.killpg(pid, signal.SIGKILL)
+    run = store.load_run(run_dir)
+    assert run.meta.exit_code is None  # unfinished run
+    last_sample = run.host["t_ns"].max()
+    assert killed_ns - last_sample < 1.2e9, (killed_ns - last_sample) / 1e9
+    assert len(run.spans) > 50
+
+
+def _children_in_group(run_dir):
+    run = store.load_run(run_dir)
+    return sorted(set(run.procs.loc[run.procs["role"] == "main", "pid"].astype(int)))
+
+
+def test_command_is_redacted_and_environment_never_stored(tmp_path):
+    env = clean_env(MY_PRIVATE_MARKER="zq-env-value-981")
+    result, run_dir = watch(
+        tmp_path, "import os; print(len(os.environ))", env=env
+    )
+    assert result.returncode == 0
+    # the secret flag goes after the -c code, where our helper puts no other argument
+    result2 = run_gpuprof(
+        "watch", "--no-nvml", "-o", str(tmp_path / "run2"), "--", sys.executable, "-c", "pass",
+        "--api-key", "sk-zq-arg-value-277", "HF_TOKEN=hf-zq-value-314", env=env,
+    )  # fmt: skip
+    assert result2.returncode == 0
+    for directory in (run_dir, tmp_path / "run2"):
+        blob = b"".join(p.read_bytes() for p in directory.iterdir())
+        for secret in (b"zq-env-value-981", b"sk-zq-arg-value-277", b"hf-zq-value-314"):
+            assert secret not in blob
+    command = store.load_run(tmp_path / "run2").meta.command
+    assert command[-3:] == ["--api-key", "***", "HF_TOKEN=***"]
+
+
+def test_unknown_command_and_missing_command(tmp_path):
+    result = run_gpuprof("watch", "--no-nvml", "-o", str(tmp_path / "r"), "--", "no-such-program-x")
+    assert result.returncode == 127
+    assert "no-such-program-x" in result.stderr and "Traceback" not in result.stderr
+    assert store.load_run(tmp_path / "r").meta.exit_code == 127
+    result = run_gpuprof("watch", "--no-nvml")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_summary_lists_phases_and_the_run_dir(tmp_path):
+    code = textwrap.dedent(
+        """
+        import time, gpuprof
+        for i in range(3):
+            with gpuprof.phase("rollout"):
+                time.sleep(0.05)
+            with gpuprof.phase("update_actor"):
+                time.sleep(0.02)
+            gpuprof.step(tokens=64)
+        """
+    )
+    result, run_dir = watch(tmp_path, code)
+    assert result.returncode == 0
+    assert "rollout" in result.stderr and "update_actor" in result.stderr
+    assert str(run_dir) in result.stderr
+    assert result.stdout == ""  # gpuprof writes nothing of its own to stdout
+    run = store.load_run(run_dir)
+    assert set(run.procs["role"]) >= {"main"}
+    assert run.host["t_ns"].diff().dropna().median() == pytest.approx(0.05e9, rel=0.3)
+    assert list(run.meta.hosts) == [socket.gethostname()]
+    quiet, run_dir2 = watch(tmp_path / "q", "pass", "--quiet")
+    assert quiet.stderr == ""
