@@ -121,13 +121,21 @@ class _Recorder:
             self.announced = True
         if self.cuda is not None:
             items, self.pending_gpu = self._with_gpu_times(self.pending_gpu + items, final)
-        spans = [
-            (host, pid, item[4], rank, local_rank, _canonical(item[0]), item[0], item[5], 0,
-             item[2] + offset, item[3] + offset,
-             item[6] if len(item) > 6 else None, item[7] if len(item) > 7 else None,
-             _encode_attrs(item[1]))
-            for item in items
-        ]  # fmt: skip
+        canonical, encode = _canonical, _encode_attrs
+        if self.cuda is None:
+            spans = [
+                (host, pid, tid, rank, local_rank, canonical(name), name, step, 0,
+                 start + offset, end + offset, None, None, encode(attrs))
+                for name, attrs, start, end, tid, step in items
+            ]  # fmt: skip
+        else:
+            spans = [
+                (host, pid, item[4], rank, local_rank, canonical(item[0]), item[0], item[5], 0,
+                 item[2] + offset, item[3] + offset,
+                 item[6] if len(item) > 6 else None, item[7] if len(item) > 7 else None,
+                 encode(item[1]))
+                for item in items
+            ]  # fmt: skip
         for item in other:
             if item[0] == _STEP:
                 _, n, attrs, start, end, tid = item
@@ -194,10 +202,32 @@ def _canonical(name: str) -> str:
     return canonical_phase(name)
 
 
+_json_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
+_json_str = json.encoder.encode_basestring  # the C-accelerated string escaper
+
+
 def _encode_attrs(attrs: dict[str, Any] | None) -> str:
+    """JSON text of span attributes; flat dicts of str/int/bool (the usual case) take a fast
+    path that is several times quicker than ``json.dumps``."""
     if not attrs:
         return "{}"
-    return json.dumps(attrs, default=str, separators=(",", ":"))
+    parts = []
+    for key, value in attrs.items():
+        kind = type(value)
+        if kind is int:
+            text = str(value)
+        elif kind is str:
+            text = _json_str(value)
+        elif kind is bool:
+            text = "true" if value else "false"
+        elif value is None:
+            text = "null"
+        else:  # floats (NaN/inf spelling), nested values, objects: the full encoder
+            return _json_encode(attrs)
+        if type(key) is not str:
+            return _json_encode(attrs)
+        parts.append(f"{_json_str(key)}:{text}")
+    return "{" + ",".join(parts) + "}"
 
 
 class _CudaTimer:
