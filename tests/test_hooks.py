@@ -196,3 +196,46 @@ def test_no_hook_thread_until_first_use(tmp_path):
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert out.stdout.strip() == "True"
     assert os.path.exists(store.host_file(tmp_path, __import__("socket").gethostname(), None)) is False
+
+
+class _FakeCudaEvent:
+    """Stands in for torch.cuda.Event (no CUDA device here): an event runs ``lag_ms`` after it
+    was recorded (the GPU queue's depth), and completes only when the test says so."""
+
+    completed = False
+    lag_ms = 0.0
+
+    def __init__(self, enable_timing=False):
+        self.t_ms = None
+
+    def record(self):
+        import time as _time
+
+        self.t_ms = _time.monotonic_ns() / 1e6 + _FakeCudaEvent.lag_ms
+
+    def query(self):
+        return _FakeCudaEvent.completed
+
+    def elapsed_time(self, other):
+        return other.t_ms - self.t_ms
+
+
+def test_cuda_event_timing_never_waits_and_fills_gpu_times(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "Event", _FakeCudaEvent)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    _FakeCudaEvent.completed, _FakeCudaEvent.lag_ms = False, 0.0
+    gpuprof.init(tmp_path, cuda_events=True)  # the reference event: the queue is empty
+    _FakeCudaEvent.lag_ms = 5.0  # later work waits 5 ms behind the host
+    with gpuprof.phase("update_actor"):
+        pass
+    hooks.flush()  # events not complete yet: the span waits, nothing blocks
+    assert len(hooks._recorder.pending_gpu) == 1
+    _FakeCudaEvent.completed = True
+    with gpuprof.phase("rollout"):
+        pass
+    spans = _load(tmp_path).spans.set_index("phase")
+    for phase_name in ("update_actor", "rollout"):
+        row = spans.loc[phase_name]
+        assert row["gpu_start_ns"] - row["start_ns"] == pytest.approx(5e6, abs=5e5)
+        assert row["gpu_end_ns"] >= row["gpu_start_ns"]
