@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuprof import store  # noqa: E402
+from gpuprof import store
 
 WRITER = textwrap.dedent(
     """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -36,14 +36,20 @@ def _err(message: str) -> None:
 def watch(
     command: Annotated[list[str], typer.Argument(help="The command to run, after --.")],
     output: Annotated[
-        Optional[Path],
-        typer.Option("-o", "--output", help="Run directory [default: ./gpuprof-runs/<time>-<name>]."),
+        Path | None,
+        typer.Option(
+            "-o", "--output", help="Run directory [default: ./gpuprof-runs/<time>-<name>]."
+        ),
     ] = None,
     interval: Annotated[
         float, typer.Option("--interval", help="Sampling interval in seconds.", min=0.01, max=60)
     ] = 0.1,
-    no_nvml: Annotated[bool, typer.Option("--no-nvml", help="Don't sample GPUs through NVML.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing of gpuprof's own.")] = False,
+    no_nvml: Annotated[
+        bool, typer.Option("--no-nvml", help="Don't sample GPUs through NVML.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print nothing of gpuprof's own.")
+    ] = False,
 ) -> None:
     if not command:
         _err("no command given: gpuprof watch [OPTIONS] -- CMD...")

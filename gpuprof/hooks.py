@@ -24,8 +24,9 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from gpuprof import store
 from gpuprof.phases import canonical_phase
@@ -376,7 +377,7 @@ def enabled() -> bool:
     return _active() is not None
 
 
-class phase:  # noqa: N801 - used like a function: `with gpuprof.phase("rollout"):`
+class phase:
     """Time a phase: ``with phase("rollout"):``, ``async with``, or ``@phase("reward")``.
 
     ``name`` may be a framework's own name; it is stored as given and mapped to a canonical
@@ -385,7 +386,6 @@ class phase:  # noqa: N801 - used like a function: `with gpuprof.phase("rollout"
     """
 
     __slots__ = ("_gpu", "_start", "attrs", "name")
-
 
     def __init__(self, name: str, **attrs: Any) -> None:
         self.name = name

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,8 @@ def _insert_sql(table: str) -> str:
 
 
 _INSERT = {table: _insert_sql(table) for table in RECORD_TYPES}
+# attrgetter over the record's fields: ~10x quicker than dataclasses.astuple, which deep-copies
+_ROW_OF = {table: operator.attrgetter(*columns(t)) for table, t in RECORD_TYPES.items()}
 _JSON_COLUMNS = {
     table: [i for i, c in enumerate(columns(t)) if column_kinds(t)[c] == "json"]
     for table, t in RECORD_TYPES.items()
@@ -254,9 +256,8 @@ class BufferedWriter:
 
     def add_records(self, table: str, records: Iterable[Any]) -> None:
         """Queue record dataclass instances of the table's type."""
-        pending = self._pending
-        for record in records:
-            pending.append((table, astuple(record)))
+        row_of = _ROW_OF[table]
+        self._pending.extend([(table, row_of(record)) for record in records])
 
     def set_meta(self, key: str, value: dict[str, Any]) -> None:
         """Queue a metadata document; written with the next commit."""

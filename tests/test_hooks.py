@@ -11,9 +11,9 @@ import threading
 import warnings
 
 import pytest
+from conftest import clean_env
 
 import gpuprof
-from conftest import clean_env
 from gpuprof import hooks, store
 
 
@@ -116,7 +116,9 @@ def test_ranks_come_from_launcher_variables(tmp_path):
     code = "import gpuprof, sys; gpuprof.init(sys.argv[1])\nwith gpuprof.phase('rollout'): pass"
     for env in ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8"},
                 {"SLURM_PROCID": "5", "SLURM_LOCALID": "2", "SLURM_NTASKS": "16"}):  # fmt: skip
-        subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=clean_env(**env), check=True)
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)], env=clean_env(**env), check=True
+        )
     run = store.load_run(tmp_path)
     assert sorted(zip(run.spans["rank"], run.spans["local_rank"])) == [(3, 1), (5, 2)]
     sizes = sorted(a["world_size"] for a in run.events[run.events["kind"] == "process"]["attrs"])
@@ -152,7 +154,9 @@ FORKING = textwrap.dedent(
 
 
 def test_hooks_survive_fork(tmp_path):
-    subprocess.run([sys.executable, "-c", FORKING, str(tmp_path)], env=clean_env(), check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-c", FORKING, str(tmp_path)], env=clean_env(), check=True, timeout=60
+    )
     spans = store.load_run(tmp_path).spans
     counts = spans.groupby("phase").size().to_dict()
     assert counts == {"dataload": 3, "reward": 1, "rollout": 1, "step": 1}
@@ -195,7 +199,9 @@ def test_no_hook_thread_until_first_use(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=clean_env(GPUPROF_RUN_DIR=str(tmp_path)),
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert out.stdout.strip() == "True"
-    assert os.path.exists(store.host_file(tmp_path, __import__("socket").gethostname(), None)) is False
+    assert (
+        os.path.exists(store.host_file(tmp_path, __import__("socket").gethostname(), None)) is False
+    )
 
 
 class _FakeCudaEvent:

@@ -116,13 +116,18 @@ def test_values_equal_the_scenario(simnvml, collectors):
     assert [s.gpu for s in first] == [0, 1] and [s.gpu for s in second] == [0, 1]
     # counters that are differenced have nothing to compare with on the first tick
     assert first[0].nvlink_tx_bytes_s is None and first[0].sm_active_pct is None
+    assert first[0].pcie_tx_bytes_s is None and first[1].pcie_rx_bytes_s is None
 
     g0, g1 = second
     assert (g0.host, g0.uuid) == ("node0", "GPU-aaaaaaaa-0000-0000-0000-000000000000")
     assert g0.util_gpu_pct == 42 and g0.util_mem_pct == 17
     assert g0.mem_used_bytes == 30 * GiB  # v2: the driver's reserved memory is not "used"
     assert g0.mem_total_bytes == 80 * GiB
-    assert g0.pcie_tx_bytes_s == 1500 * 1024 and g0.pcie_rx_bytes_s == 2500 * 1024
+    # PCIe from the cumulative byte counters, never the blocking 20 ms window function
+    assert g0.pcie_tx_bytes_s == pytest.approx(1500 * 1024, rel=1e-3)
+    assert g0.pcie_rx_bytes_s == pytest.approx(2500 * 1024, rel=1e-3)
+    assert simnvml.calls("nvmlDeviceGetPcieThroughput") == 0
+    assert simnvml.calls("nvmlDeviceGetFieldValues") == 4  # one per GPU per tick: all 4 fields
     assert g0.nvlink_tx_bytes_s == pytest.approx(2_000_000 * 1024, rel=1e-3)
     assert g0.nvlink_rx_bytes_s == pytest.approx(1_000_000 * 1024, rel=1e-3)
     assert g0.power_w == 350.5
@@ -133,7 +138,9 @@ def test_values_equal_the_scenario(simnvml, collectors):
     assert g0.dram_active_pct == pytest.approx(22.5)
 
     assert g1.util_gpu_pct == 7 and g1.util_mem_pct == 3 and g1.mem_used_bytes == 5 * GiB
-    assert g1.pcie_tx_bytes_s == 10 * 1024 and g1.power_w == 90.0 and g1.temp_c == 40
+    assert g1.pcie_tx_bytes_s == pytest.approx(10 * 1024, rel=1e-3)
+    assert g1.pcie_rx_bytes_s == pytest.approx(20 * 1024, rel=1e-3)
+    assert g1.power_w == 90.0 and g1.temp_c == 40
     assert g1.nvlink_rx_bytes_s == pytest.approx(400_000 * 1024, rel=1e-3)
     assert g1.clock_event_reasons == 0x1
     # not GPM-capable: SM activity is unknown, not 0
@@ -249,6 +256,8 @@ def test_unsupported_function_is_none_with_one_notice_and_not_retried(simnvml, c
 
 def test_no_permission_is_none(simnvml, collectors):
     scenario = two_gpus()
+    for gpu in scenario["gpus"]:
+        gpu["pcie_counters"] = False  # PCIe through the nvmlDeviceGetPcieThroughput fallback
     scenario["faults"] = [
         {"function": "nvmlDeviceGetClockInfo", "error": "no_permission"},
         {"function": "nvmlDeviceGetPcieThroughput", "error": "no_permission", "gpu": 0},
@@ -256,7 +265,12 @@ def test_no_permission_is_none(simnvml, collectors):
     collectors.append(c := opened(simnvml, scenario))
     samples, _ = c.sample(time.time_ns())
     assert [s.sm_clock_mhz for s in samples] == [None, None]
-    assert [s.pcie_tx_bytes_s for s in samples] == [None, 10 * 1024]
+    # GPU 0's turn: not permitted. GPU 1 then has every turn, GPU 0 is not tried again.
+    assert [s.pcie_tx_bytes_s for s in samples] == [None, None]
+    for _ in range(2):
+        samples, _ = c.sample(time.time_ns())
+        assert [s.pcie_tx_bytes_s for s in samples] == [None, 10 * 1024]
+    assert simnvml.calls("nvmlDeviceGetPcieThroughput") == 1 + 2 * 2
     assert "nvmlDeviceGetClockInfo not permitted on GPU 0" in c.notices
     assert "nvmlDeviceGetPcieThroughput not permitted on GPU 0" in c.notices
 
@@ -293,6 +307,144 @@ def test_gpu_without_nvlink_has_no_nvlink_figures(simnvml, collectors):
     assert samples[0].nvlink_tx_bytes_s is not None
     assert (samples[1].nvlink_tx_bytes_s, samples[1].nvlink_rx_bytes_s) == (None, None)
     assert "NVLink throughput counters not available on GPU 1" in c.notices
+    # the PCIe counters in the same request are unaffected
+    assert samples[1].pcie_rx_bytes_s == pytest.approx(20 * 1024, rel=1e-3)
+    assert not any("PCIe" in n for n in c.notices)
+    assert simnvml.calls("nvmlDeviceGetPcieThroughput") == 0
+
+
+# -- PCIe: counters, and the blocking fallback one GPU per tick ------------------------------
+
+PCIE_KB_S = [(1500, 2500), (100, 200), (300, 400)]
+
+
+def three_gpus(without_counters: str) -> dict:
+    """GPU 0 has the PCIe byte counter fields; GPUs 1 and 2 lack them, in one of three ways."""
+    gpus = [
+        {"series": {"pcie_tx_kb_s": tx, "pcie_rx_kb_s": rx, "nvlink_tx_kib_s": 1e6}}
+        for tx, rx in PCIE_KB_S
+    ]
+    faults = []
+    for i in (1, 2):
+        if without_counters == "flag":  # the fields are NOT_SUPPORTED
+            gpus[i]["pcie_counters"] = False
+        elif without_counters == "unknown_field_ids":  # a driver older than the fields
+            faults += [
+                {"function": f"field:{fid}", "error": "invalid_argument", "gpu": i}
+                for fid in (197, 198)
+            ]
+        else:  # a driver refusing the whole request for ids it does not know
+            faults.append(
+                {"function": "nvmlDeviceGetFieldValues", "error": "invalid_argument", "gpu": i}
+            )
+    return {"gpus": gpus, "faults": faults}
+
+
+@pytest.mark.parametrize("without_counters", ["flag", "unknown_field_ids", "whole_request"])
+def test_pcie_fallback_reads_one_gpu_per_tick_in_turn(simnvml, collectors, without_counters):
+    collectors.append(c := opened(simnvml, three_gpus(without_counters)))
+    turns = []
+    for tick in range(5):
+        calls = simnvml.calls("nvmlDeviceGetPcieThroughput")
+        samples, _ = c.sample(time.time_ns())
+        # TX and RX of one GPU: one tick blocks for at most ~40 ms on a real driver
+        assert simnvml.calls("nvmlDeviceGetPcieThroughput") - calls == 2
+        g0, g1, g2 = samples
+        if tick == 0:
+            assert (g0.pcie_tx_bytes_s, g0.pcie_rx_bytes_s) == (None, None)
+        else:
+            assert g0.pcie_tx_bytes_s == pytest.approx(1500 * 1024, rel=1e-2)
+            assert g0.pcie_rx_bytes_s == pytest.approx(2500 * 1024, rel=1e-2)
+        read = [s for s in (g1, g2) if s.pcie_tx_bytes_s is not None]
+        assert len(read) == 1
+        (s,) = read
+        turns.append(s.gpu)
+        tx, rx = PCIE_KB_S[s.gpu]
+        assert (s.pcie_tx_bytes_s, s.pcie_rx_bytes_s) == (tx * 1024, rx * 1024)
+        # the GPU not read this tick has no PCIe figure, not the last one carried forward
+        other = g2 if s is g1 else g1
+        assert (other.pcie_tx_bytes_s, other.pcie_rx_bytes_s) == (None, None)
+        if without_counters != "whole_request" and tick > 0:
+            assert g1.nvlink_tx_bytes_s == pytest.approx(1e6 * 1024, rel=1e-2)
+        time.sleep(0.02)
+    assert turns == [1, 2, 1, 2, 1]
+    pcie_notices = [n for n in c.notices if "PCIe" in n]
+    assert [n.split(":")[0] for n in pcie_notices] == [
+        "PCIe byte counters not available on GPU 1",
+        "PCIe byte counters not available on GPU 2",
+    ]
+
+
+def test_pcie_counter_fields_are_handled_one_by_one(simnvml, collectors):
+    """Only RX lacks a counter: TX comes from it, RX alone from the fallback."""
+    scenario = two_gpus()
+    del scenario["gpus"][1]
+    scenario["faults"] = [{"function": "field:198", "error": "no_permission", "gpu": 0}]
+    collectors.append(c := opened(simnvml, scenario))
+    (first,), _ = c.sample(time.time_ns())
+    assert (first.pcie_tx_bytes_s, first.pcie_rx_bytes_s) == (None, 2500 * 1024)
+    time.sleep(0.05)
+    (second,), _ = c.sample(time.time_ns())
+    assert second.pcie_tx_bytes_s == pytest.approx(1500 * 1024, rel=1e-2)
+    assert second.pcie_rx_bytes_s == 2500 * 1024
+    assert second.nvlink_tx_bytes_s == pytest.approx(2_000_000 * 1024, rel=1e-2)
+    assert simnvml.calls("nvmlDeviceGetPcieThroughput") == 2  # RX only, once per tick
+    assert simnvml.calls("nvmlDeviceGetFieldValues") == 2
+
+
+def test_pcie_counter_wrap_gives_none_not_a_bogus_rate(simnvml, collectors):
+    rate = 8192  # KB/s = 8 MiB/s: the 2 MiB counter wraps every 0.25 s
+    scenario = {
+        "gpus": [
+            {
+                "pcie_counter_wrap_bytes": 2 * 2**20,
+                "series": {"pcie_tx_kb_s": rate, "pcie_rx_kb_s": rate},
+            }
+        ]
+    }
+    collectors.append(c := opened(simnvml, scenario))
+    values = []
+    deadline = time.monotonic() + 2.0
+    while None not in values[1:] and time.monotonic() < deadline:
+        (s,), _ = c.sample(time.time_ns())
+        values.append(s.pcie_tx_bytes_s)
+        time.sleep(0.02)
+    assert values[0] is None and None in values[1:]  # the wrap
+    rates = [v for v in values[1:] if v is not None]
+    assert rates and rates == pytest.approx([rate * 1024] * len(rates), rel=1e-2)
+
+
+def test_sample_never_blocks_on_pcie_throughput_with_counters(simnvml, collectors):
+    scenario = {
+        "gpus": [{"series": {"pcie_tx_kb_s": 1000 * (i + 1)}} for i in range(8)],
+        "latency_us": {"nvmlDeviceGetPcieThroughput": 20_000},  # as a real driver blocks
+    }
+    collectors.append(c := opened(simnvml, scenario))
+    durations = []
+    for _ in range(3):
+        start = time.perf_counter()
+        samples, _ = c.sample(time.time_ns())
+        durations.append(time.perf_counter() - start)
+        assert len(samples) == 8
+        time.sleep(0.01)
+    assert min(durations) < 0.010, durations  # one blocking call alone would take 20 ms
+    assert simnvml.calls("nvmlDeviceGetPcieThroughput") == 0
+    assert [s.pcie_tx_bytes_s for s in samples] == pytest.approx(
+        [1000 * (i + 1) * 1024 for i in range(8)], rel=1e-2
+    )
+
+
+def test_fallback_blocks_for_one_gpu_per_tick(simnvml, collectors):
+    scenario = {
+        "gpus": [{"pcie_counters": False} for _ in range(8)],
+        "latency_us": {"nvmlDeviceGetPcieThroughput": 20_000},
+    }
+    collectors.append(c := opened(simnvml, scenario))
+    start = time.perf_counter()
+    samples, _ = c.sample(time.time_ns())
+    elapsed = time.perf_counter() - start
+    assert 0.040 <= elapsed < 0.100, elapsed  # TX + RX of one GPU, not 8 x 40 ms
+    assert sum(s.pcie_tx_bytes_s is not None for s in samples) == 1
 
 
 def test_gpu_lost_mid_run(simnvml, collectors):

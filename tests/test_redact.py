@@ -2,9 +2,22 @@ from gpuprof.redact import is_secret_name, redact_command
 
 
 def test_secret_names_match_whole_words():
-    for name in ["WANDB_API_KEY", "--hf-token", "trainer.secret", "PASSWORD", "--apiKey", "db_passwd"]:
+    for name in [
+        "WANDB_API_KEY",
+        "--hf-token",
+        "trainer.secret",
+        "PASSWORD",
+        "--apiKey",
+        "db_passwd",
+    ]:
         assert is_secret_name(name), name
-    for name in ["model.tokenizer", "--max_tokens", "data.max_prompt_length", "--keyboard", "monkey"]:
+    for name in [
+        "model.tokenizer",
+        "--max_tokens",
+        "data.max_prompt_length",
+        "--keyboard",
+        "monkey",
+    ]:
         assert not is_secret_name(name), name
 
 

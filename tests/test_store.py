@@ -8,8 +8,8 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import clean_env, run_gpuprof
+
 from gpuprof import store
 from gpuprof.model import SCHEMA_VERSION, GpuSample, RunMeta, Span
 
@@ -78,9 +78,7 @@ WRITER = textwrap.dedent(
 
 
 def test_four_processes_write_ten_thousand_spans_each_none_lost(tmp_path):
-    env = clean_env(
-        GPUPROF_DB=str(store.host_file(tmp_path, "shared")), GPUPROF_HOST=_hostname()
-    )
+    env = clean_env(GPUPROF_DB=str(store.host_file(tmp_path, "shared")), GPUPROF_HOST=_hostname())
     procs = [
         subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), "10000"], env=env)
         for _ in range(4)

@@ -11,8 +11,8 @@ import textwrap
 import time
 
 import pytest
-
 from conftest import clean_env, gpuprof_cmd, run_gpuprof
+
 from gpuprof import store
 
 
@@ -45,7 +45,11 @@ def test_exit_code_is_the_childs(tmp_path, code, expected):
 
 
 def test_crashing_child_keeps_its_traceback_and_leaves_a_run(tmp_path):
-    code = "import gpuprof\nwith gpuprof.phase('rollout'):\n    raise RuntimeError('reward server down')"
+    code = (
+        "import gpuprof\n"
+        "with gpuprof.phase('rollout'):\n"
+        "    raise RuntimeError('reward server down')"
+    )
     result, run_dir = watch(tmp_path, code)
     assert result.returncode == 1
     assert "RuntimeError: reward server down" in result.stderr
@@ -110,7 +114,8 @@ SIGNAL_CHILD = textwrap.dedent(
 def test_signals_are_forwarded_to_the_whole_process_group(tmp_path, sig):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", sys.executable, "-c", SIGNAL_CHILD),
+        gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--",
+                    sys.executable, "-c", SIGNAL_CHILD),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), text=True,
     )  # fmt: skip
     seen = []
@@ -163,9 +168,7 @@ def _children_in_group(run_dir):
 
 def test_command_is_redacted_and_environment_never_stored(tmp_path):
     env = clean_env(MY_PRIVATE_MARKER="zq-env-value-981")
-    result, run_dir = watch(
-        tmp_path, "import os; print(len(os.environ))", env=env
-    )
+    result, run_dir = watch(tmp_path, "import os; print(len(os.environ))", env=env)
     assert result.returncode == 0
     # the secret flag goes after the -c code, where our helper puts no other argument
     result2 = run_gpuprof(
@@ -211,5 +214,5 @@ def test_summary_lists_phases_and_the_run_dir(tmp_path):
     assert set(run.procs["role"]) >= {"main"}
     assert run.host["t_ns"].diff().dropna().median() == pytest.approx(0.05e9, rel=0.3)
     assert list(run.meta.hosts) == [socket.gethostname()]
-    quiet, run_dir2 = watch(tmp_path / "q", "pass", "--quiet")
+    quiet, _ = watch(tmp_path / "q", "pass", "--quiet")
     assert quiet.stderr == ""

@@ -6,9 +6,9 @@ import sys
 import textwrap
 
 import pytest
+from conftest import ROOT, clean_env, run_gpuprof
 from simnvml import simnvml_env, write_scenario
 
-from conftest import ROOT, clean_env, run_gpuprof
 from gpuprof import store
 
 pytest_plugins = ["simnvml.fixtures"]
@@ -67,7 +67,7 @@ def test_watch_the_example_on_eight_simulated_gpus(tmp_path, simnvml_lib):
     }
     # spans for every phase of every step
     spans = run.spans
-    for phase in PHASES + ["step"]:
+    for phase in [*PHASES, "step"]:
         steps_seen = sorted(spans.loc[spans["phase"] == phase, "step"].unique())
         assert steps_seen == list(range(steps)), (phase, steps_seen)
     # the example's own output was stored, with the per-step lines

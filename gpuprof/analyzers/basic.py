@@ -36,7 +36,9 @@ def gpu_table(run: Run) -> pd.DataFrame:
         power_w=("power_w", "mean"),
     ).reset_index()
     table["name"] = [inventory.get((h, g), {}).get("name") for h, g in zip(table.host, table.gpu)]
-    lost_events = run.events[(run.events["kind"] == "nvml_fault") & (run.events["name"] == "gpu_lost")]
+    lost_events = run.events[
+        (run.events["kind"] == "nvml_fault") & (run.events["name"] == "gpu_lost")
+    ]
     lost_gpus = {(h, a.get("gpu")) for h, a in zip(lost_events["host"], lost_events["attrs"])}
     table["lost"] = [
         bool(inventory.get((h, g), {}).get("lost")) or (h, g) in lost_gpus
@@ -54,7 +56,11 @@ def phase_table(run: Run) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     dur_s = (spans["end_ns"] - spans["start_ns"]).clip(lower=0) / 1e9
     frame = pd.DataFrame(
-        {"phase": spans["phase"], "dur_s": dur_s, "proc": spans["host"] + ":" + spans["pid"].astype(str)}
+        {
+            "phase": spans["phase"],
+            "dur_s": dur_s,
+            "proc": spans["host"] + ":" + spans["pid"].astype(str),
+        }
     )
     table = frame.groupby("phase").agg(
         spans=("dur_s", "size"),
@@ -102,13 +108,15 @@ def run_summary(run: Run) -> dict[str, Any]:
     tokens_per_s = None
     if len(tokens) and np.isfinite(tokens).any():
         ok = np.isfinite(tokens)
-        tokens_per_s = float(tokens[ok].sum() / durations[ok].sum()) if durations[ok].sum() else None
+        tokens_per_s = (
+            float(tokens[ok].sum() / durations[ok].sum()) if durations[ok].sum() else None
+        )
     return {
         "run_id": run.meta.run_id,
         "command": run.meta.command,
         "duration_s": run.duration_s,
         "exit_code": run.meta.exit_code,
-        "n_gpus": int(len(gpus)),
+        "n_gpus": len(gpus),
         "mean_util_gpu_pct": _nan_none(gpus["util_gpu_pct"].mean()) if len(gpus) else None,
         "steps": int(steps["step"].nunique()) if len(steps) else 0,
         "step_time_p50_s": _nan_none(np.percentile(durations, 50)) if len(durations) else None,

@@ -1,4 +1,4 @@
-"""Run the watched command: its own process group, output passed through and kept, signals forwarded.
+"""Run the watched command: own process group, output passed through and kept, signals forwarded.
 
 The child's stdout and stderr go through pipes that the watcher copies byte for byte to its
 own stdout and stderr as they arrive (so progress bars and colours pass untouched) and, split

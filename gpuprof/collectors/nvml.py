@@ -16,13 +16,27 @@ Figures and their units (see `gpuprof.model.GpuSample`):
   or written" share of time, 0-100. Taken from the driver's buffered samples
   (``nvmlDeviceGetSamples``) averaged over the interval since the previous tick, falling back
   to ``nvmlDeviceGetUtilizationRates`` (the last sample period) when no new sample is there.
-- ``pcie_tx/rx_bytes_s``: ``nvmlDeviceGetPcieThroughput``, a 20 ms window in KB/s, times 1024.
+- ``pcie_tx/rx_bytes_s``: the PCIe byte counter fields (``NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES``),
+  cumulative and read without blocking, differenced between ticks: the mean over the interval
+  since the previous tick. None on the first tick, after a wrap or reset (the counter went
+  down) and on a tick whose reading failed.
+  On drivers or GPUs without those fields the fallback is ``nvmlDeviceGetPcieThroughput``
+  (KB/s times 1024), which measures a 20 ms window and blocks for about as long per call. So
+  it is read for at most ONE GPU per tick, rotating over the GPUs that need it: a tick blocks
+  for at most ~40 ms (TX and RX) however many GPUs there are. Such a GPU has PCIe figures
+  only on the ticks it is read, and then they describe those 20 ms, not the whole interval;
+  on the other ticks they are None (a previous reading is never carried forward).
 - ``nvlink_tx/rx_bytes_s``: the NVLink data throughput fields, cumulative KiB counters summed
   over all links, differenced between ticks (None on the first tick).
 - ``power_w`` (NVML: mW), ``sm_clock_mhz``, ``temp_c``, ``clock_event_reasons`` (bit mask).
 - ``sm_active_pct``, ``sm_occupancy_pct``, ``tensor_active_pct`` (any tensor pipe),
   ``dram_active_pct`` (DRAM bandwidth used vs peak): GPM metrics (Hopper and newer) between
   consecutive ticks; None where GPM is not supported.
+
+The PCIe and NVLink counters come from one ``nvmlDeviceGetFieldValues`` call per GPU per tick.
+Each field has its own status: a field the GPU does not have (not supported, not permitted, or
+an id the driver does not know) is dropped from later requests, with one line in ``notices``
+per GPU and kind, without affecting the others.
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ from gpuprof.model import Event, GpuProcSample, GpuSample
 # Values from nvml.h; they are part of NVML's stable ABI, so they do not depend on the
 # installed nvidia-ml-py exposing every constant.
 _SUCCESS = 0
+_ERROR_INVALID_ARGUMENT = 2
 _ERROR_NOT_SUPPORTED = 3
 _ERROR_NO_PERMISSION = 4
 _ERROR_NOT_FOUND = 6
@@ -54,8 +69,30 @@ _CLOCK_SM = 1
 _TEMPERATURE_GPU = 0
 _FI_NVLINK_THROUGHPUT_DATA_TX = 138
 _FI_NVLINK_THROUGHPUT_DATA_RX = 139
+_FI_PCIE_COUNT_TX_BYTES = 197
+_FI_PCIE_COUNT_RX_BYTES = 198
 _ALL_LINKS = 0xFFFFFFFF
 """scopeId asking a per-link field for the sum over all links."""
+_COUNTER_FIELDS = (
+    (_FI_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+    (_FI_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+    (_FI_PCIE_COUNT_TX_BYTES, 0),
+    (_FI_PCIE_COUNT_RX_BYTES, 0),
+)
+"""(fieldId, scopeId) of the cumulative counters read in one nvmlDeviceGetFieldValues call."""
+_COUNTER_BYTES = {
+    _FI_NVLINK_THROUGHPUT_DATA_TX: 1024,  # KiB
+    _FI_NVLINK_THROUGHPUT_DATA_RX: 1024,
+    _FI_PCIE_COUNT_TX_BYTES: 1,  # bytes
+    _FI_PCIE_COUNT_RX_BYTES: 1,
+}
+"""Bytes per unit of each counter field."""
+_PCIE_FIELD_COUNTER = {
+    _FI_PCIE_COUNT_TX_BYTES: _PCIE_UTIL_TX_BYTES,
+    _FI_PCIE_COUNT_RX_BYTES: _PCIE_UTIL_RX_BYTES,
+}
+"""The nvmlDeviceGetPcieThroughput counter standing in for each PCIe counter field."""
+_PCIE_THROUGHPUT = "nvmlDeviceGetPcieThroughput"
 _MEMORY_V2 = 0x02000028
 """``nvmlMemory_v2``: sizeof(nvmlMemory_v2_t) | 2 << 24."""
 
@@ -74,6 +111,9 @@ _PROC_UTIL_HOLD_NS = 500_000_000
 """How long per-process SM figures are reused when the driver has no newer sample."""
 
 _UNAVAILABLE = (_ERROR_NOT_SUPPORTED, _ERROR_NO_PERMISSION, _ERROR_FUNCTION_NOT_FOUND)
+_FIELD_UNAVAILABLE = (*_UNAVAILABLE, _ERROR_INVALID_ARGUMENT)
+"""A field's nvmlReturn saying it will never have a value on this GPU (invalid argument: a
+field id the driver does not know)."""
 
 
 def _value(value_type: int, value: Any) -> float | int:
@@ -96,9 +136,12 @@ class _Gpu:
     lost: bool = False
     util_seen_us: dict[int, int] = field(default_factory=dict)
     """Newest driver sample timestamp seen, per sampling type (NVML's clock, microseconds)."""
-    nvlink_prev: tuple[int | None, int | None, int] | None = None
-    """Previous (tx KiB, rx KiB, timestamp us) NVLink counter reading."""
-    nvlink_off: bool = False
+    fields: list[tuple[int, int]] = field(default_factory=lambda: list(_COUNTER_FIELDS))
+    """(fieldId, scopeId) still requested from nvmlDeviceGetFieldValues each tick."""
+    counter_prev: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """fieldId -> (value, timestamp us) of the previous successful counter reading."""
+    pcie_fallback: list[int] = field(default_factory=list)
+    """nvmlDeviceGetPcieThroughput counters (TX, RX) to read for want of counter fields."""
     gpm_samples: list[Any] = field(default_factory=list)
     gpm_next: int = 0
     gpm_primed: bool = False
@@ -131,7 +174,8 @@ class NvmlCollector:
         self._events: list[Event] = []
         self._last_error: int | None = None
         self._t_ns = 0
-        self._nvlink_fields: list[tuple[int, int]] = []
+        self._pcie_last = -1
+        """Index of the GPU whose PCIe was last read through the blocking fallback."""
         self._mismatch_error: Any = ()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -145,6 +189,7 @@ class NvmlCollector:
         self._gpus = []
         self._missing.clear()
         self._unavailable.clear()
+        self._pcie_last = -1
         try:
             import pynvml
         except ImportError:
@@ -167,10 +212,6 @@ class NvmlCollector:
             self._shutdown()
             why = "NVML found no GPU" if count == 0 else "NVML could not count the GPUs"
             return self._fail(why)
-        self._nvlink_fields = [
-            (_FI_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
-            (_FI_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
-        ]
         self._gpus = [self._open_gpu(i) for i in range(count)]
         no_gpm = [str(g.index) for g in self._gpus if g.handle is not None and not g.gpm_supported]
         if no_gpm:
@@ -369,14 +410,17 @@ class NvmlCollector:
         """One `GpuSample` per GPU still on the bus at ``t_ns`` (ns since the epoch), and the
         fault events since the last call (``nvml_fault``/``gpu_lost`` once per lost GPU)."""
         self._t_ns = t_ns
-        samples = []
+        read: list[tuple[_Gpu, GpuSample]] = []
         if self._opened:
             for gpu in self._gpus:
                 if gpu.handle is None or gpu.lost:
                     continue
                 sample = self._sample_gpu(gpu, t_ns)
-                if not gpu.lost:  # a GPU lost mid-reading gives no half-filled sample
-                    samples.append(sample)
+                if not gpu.lost:
+                    read.append((gpu, sample))
+            self._pcie_fallback(read)
+        # a GPU lost mid-reading gives no half-filled sample
+        samples = [sample for gpu, sample in read if not gpu.lost]
         events, self._events = self._events, []
         return samples, events
 
@@ -388,11 +432,11 @@ class NvmlCollector:
         if memory is not None:
             s.mem_used_bytes = memory.used
             s.mem_total_bytes = memory.total
-        tx = self._query(gpu, "nvmlDeviceGetPcieThroughput", h, _PCIE_UTIL_TX_BYTES)
-        rx = self._query(gpu, "nvmlDeviceGetPcieThroughput", h, _PCIE_UTIL_RX_BYTES)
-        s.pcie_tx_bytes_s = tx * 1024.0 if tx is not None else None
-        s.pcie_rx_bytes_s = rx * 1024.0 if rx is not None else None
-        s.nvlink_tx_bytes_s, s.nvlink_rx_bytes_s = self._nvlink(gpu, t_ns)
+        rates = self._counters(gpu, t_ns)
+        s.pcie_tx_bytes_s = rates.get(_FI_PCIE_COUNT_TX_BYTES)
+        s.pcie_rx_bytes_s = rates.get(_FI_PCIE_COUNT_RX_BYTES)
+        s.nvlink_tx_bytes_s = rates.get(_FI_NVLINK_THROUGHPUT_DATA_TX)
+        s.nvlink_rx_bytes_s = rates.get(_FI_NVLINK_THROUGHPUT_DATA_RX)
         power_mw = self._query(gpu, "nvmlDeviceGetPowerUsage", h)
         s.power_w = power_mw / 1000.0 if power_mw is not None else None
         clock = self._query(gpu, "nvmlDeviceGetClockInfo", h, _CLOCK_SM)
@@ -453,36 +497,79 @@ class NvmlCollector:
             fresh = [newest]
         return sum(_value(value_type, x.sampleValue) for x in fresh) / len(fresh)
 
-    def _nvlink(self, gpu: _Gpu, t_ns: int) -> tuple[float | None, float | None]:
-        """Bytes/s over the interval since the previous tick, from cumulative KiB counters."""
-        if gpu.nvlink_off:
-            return None, None
-        values = self._query(gpu, "nvmlDeviceGetFieldValues", gpu.handle, self._nvlink_fields)
+    def _counters(self, gpu: _Gpu, t_ns: int) -> dict[int, float]:
+        """fieldId -> bytes/s over the interval since the previous tick, for the cumulative
+        counter fields that have two successive readings without a wrap or reset."""
+        rates: dict[int, float] = {}
+        if not gpu.fields:
+            return rates
+        requested = gpu.fields
+        values = self._query(gpu, "nvmlDeviceGetFieldValues", gpu.handle, requested)
         if values is None:
-            return None, None
-        counters: list[int | None] = []
-        for v in values:
-            if v.nvmlReturn == _SUCCESS:
-                counters.append(int(_value(v.valueType, v.value)))
+            gpu.counter_prev.clear()
+            if self._last_error in _UNAVAILABLE:  # the call itself: no counter on this GPU
+                self._drop_fields(gpu, requested)
+            elif self._last_error == _ERROR_INVALID_ARGUMENT:
+                # A driver may refuse the whole request for a field id it does not know:
+                # the PCIe counters are the newest fields asked for, so they go first.
+                self._drop_fields(gpu, [f for f in requested if f[0] in _PCIE_FIELD_COUNTER])
+            return rates
+        dropped = []
+        for (field_id, scope), v in zip(requested, values, strict=True):
+            before = gpu.counter_prev.pop(field_id, None)
+            if v.nvmlReturn != _SUCCESS:
+                if v.nvmlReturn in _FIELD_UNAVAILABLE:
+                    dropped.append((field_id, scope))
+                continue  # a failed reading: None now, and nothing to difference next tick
+            now = int(_value(v.valueType, v.value))
+            stamp_us = v.timestamp or t_ns // 1000
+            gpu.counter_prev[field_id] = (now, stamp_us)
+            if before is None or now < before[0] or stamp_us <= before[1]:
+                continue  # first reading, or the counter wrapped or was reset
+            dt_s = (stamp_us - before[1]) / 1e6
+            rates[field_id] = (now - before[0]) * float(_COUNTER_BYTES[field_id]) / dt_s
+        if dropped:
+            self._drop_fields(gpu, dropped)
+        return rates
+
+    def _drop_fields(self, gpu: _Gpu, fields: list[tuple[int, int]]) -> None:
+        """Stop requesting counter fields the GPU does not have; PCIe ones fall back."""
+        gone = {f[0] for f in fields}
+        gpu.fields = [f for f in gpu.fields if f[0] not in gone]
+        for field_id in gone:
+            gpu.counter_prev.pop(field_id, None)
+        if gone & {_FI_NVLINK_THROUGHPUT_DATA_TX, _FI_NVLINK_THROUGHPUT_DATA_RX}:
+            self._note(f"NVLink throughput counters not available on GPU {gpu.index}")
+        fallback = [_PCIE_FIELD_COUNTER[f] for f in sorted(gone) if f in _PCIE_FIELD_COUNTER]
+        if fallback:
+            gpu.pcie_fallback = sorted({*gpu.pcie_fallback, *fallback})
+            self._note(
+                f"PCIe byte counters not available on GPU {gpu.index}: PCIe read with "
+                f"{_PCIE_THROUGHPUT} (20 ms window), one such GPU per tick"
+            )
+
+    def _pcie_fallback(self, read: list[tuple[_Gpu, GpuSample]]) -> None:
+        """PCIe of at most one GPU without counter fields, through the blocking
+        ``nvmlDeviceGetPcieThroughput`` (~20 ms per call), taking turns from tick to tick."""
+        waiting = [
+            (gpu, sample)
+            for gpu, sample in read
+            if gpu.pcie_fallback
+            and _PCIE_THROUGHPUT not in self._missing
+            and (_PCIE_THROUGHPUT, gpu.index) not in self._unavailable
+        ]
+        if not waiting:
+            return
+        after = [pair for pair in waiting if pair[0].index > self._pcie_last]
+        gpu, sample = (after or waiting)[0]
+        self._pcie_last = gpu.index
+        for counter in gpu.pcie_fallback:
+            kb_s = self._query(gpu, _PCIE_THROUGHPUT, gpu.handle, counter)
+            value = kb_s * 1024.0 if kb_s is not None else None
+            if counter == _PCIE_UTIL_TX_BYTES:
+                sample.pcie_tx_bytes_s = value
             else:
-                counters.append(None)
-                if v.nvmlReturn in _UNAVAILABLE:
-                    self._note(f"NVLink throughput counters not available on GPU {gpu.index}")
-        if all(c is None for c in counters):
-            gpu.nvlink_off = values[0].nvmlReturn in _UNAVAILABLE
-            return None, None
-        stamp_us = values[0].timestamp or t_ns // 1000
-        prev, gpu.nvlink_prev = gpu.nvlink_prev, (counters[0], counters[1], stamp_us)
-        if prev is None or stamp_us <= prev[2]:
-            return None, None
-        dt_s = (stamp_us - prev[2]) / 1e6
-
-        def rate(now: int | None, before: int | None) -> float | None:
-            if now is None or before is None or now < before:  # reset or wrapped
-                return None
-            return (now - before) * 1024.0 / dt_s
-
-        return rate(counters[0], prev[0]), rate(counters[1], prev[1])
+                sample.pcie_rx_bytes_s = value
 
     def _gpm(self, gpu: _Gpu) -> tuple[float | None, ...]:
         """GPM metrics between the previous tick's sample and this one (None on the first)."""

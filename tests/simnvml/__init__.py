@@ -28,6 +28,8 @@ Scenario dict (every key optional)::
                 "mem_total_bytes": 80 * 2**30, "mem_reserved_bytes": 0,
                 "gpm": True,           # GPM-capable (Hopper+): SM/tensor/DRAM activity
                 "nvlink_links": 18,    # 0: the NVLink throughput fields are not supported
+                "pcie_counters": True, # False: the PCIe byte counter fields are not supported
+                "pcie_counter_wrap_bytes": 2**32,   # those counters wrap modulo this; 0: never
                 "lost_at_s": 3.0,      # falls off the bus then: every call says GPU_IS_LOST
                 "series": {            # a constant, or [(t_s, value), …] held piecewise
                     "util_gpu_pct": [(0, 20), (1.5, 95)], "util_mem_pct": 40,
@@ -47,11 +49,17 @@ Scenario dict (every key optional)::
         ],
         "faults": [            # gpu None (or absent): every GPU and the system-level calls
             {"function": "nvmlDeviceGetPowerUsage", "error": "not_supported", "gpu": 1},
+            {"function": "field:197", "error": "invalid_argument", "gpu": 0},  # one field
         ],
         "latency_us": {"nvmlDeviceGetPcieThroughput": 20_000},   # extra time per call
     }
 
 Times are seconds of scenario time: since ``nvmlInit``, or since ``origin`` when given.
+``pcie_tx_kb_s``/``pcie_rx_kb_s`` are what ``nvmlDeviceGetPcieThroughput`` returns and, integrated
+(1 KB = 1024 bytes), the cumulative byte counters of the fields ``NVML_FI_DEV_PCIE_COUNT_TX_BYTES``
+(197) and ``NVML_FI_DEV_PCIE_COUNT_RX_BYTES`` (198). A fault on the pseudo-function
+``field:<id>`` sets that one entry's ``nvmlReturn`` in ``nvmlDeviceGetFieldValues``, which
+itself still succeeds (``invalid_argument`` stands for a field id the driver does not know).
 Error names: not_supported, no_permission, gpu_is_lost, not_found, unknown, driver_not_loaded,
 timeout, uninitialized, invalid_argument, insufficient_size, irq_issue, reset_required,
 lib_rm_version_mismatch, argument_version_mismatch, no_data.
@@ -243,8 +251,11 @@ def scenario_lines(scenario: Mapping[str, Any]) -> list[str]:
         for key in ("mem_total_bytes", "mem_reserved_bytes", "nvlink_links"):
             if key in gpu:
                 lines.append(f"gpu {i} {key} {int(gpu[key])}")
-        if "gpm" in gpu:
-            lines.append(f"gpu {i} gpm {int(bool(gpu['gpm']))}")
+        for key in ("gpm", "pcie_counters"):
+            if key in gpu:
+                lines.append(f"gpu {i} {key} {int(bool(gpu[key]))}")
+        if "pcie_counter_wrap_bytes" in gpu:
+            lines.append(f"gpu {i} pcie_counter_wrap {int(gpu['pcie_counter_wrap_bytes'])}")
         if gpu.get("lost_at_s") is not None:
             lines.append(f"gpu {i} lost_at_s {_number(gpu['lost_at_s'])}")
         for metric, value in gpu.get("series", {}).items():

@@ -17,11 +17,14 @@
  *   gpus 2                                     number of GPUs (before any per-GPU line)
  *   gpu 0 name NVIDIA H100 80GB HBM3           also uuid, pci_bus_id, mem_total_bytes,
  *                                              mem_reserved_bytes, gpm 0|1, nvlink_links N,
+ *                                              pcie_counters 0|1, pcie_counter_wrap BYTES,
  *                                              lost_at_s T
  *   series 0 util_gpu_pct 0:50 2.5:100         piecewise constant (time_s:value), last value held;
  *                                              repeated lines for one metric append points
  *   proc 0 1234 compute 1073741824 35 0 inf    gpu pid compute|graphics mem_bytes sm_util% start end
  *   fault nvmlDeviceGetPowerUsage not_supported 1    function error gpu-index|*
+ *   fault field:197 invalid_argument 0         the same for one field of nvmlDeviceGetFieldValues:
+ *                                              that entry's nvmlReturn, the call still succeeds
  *   latency nvmlDeviceGetPcieThroughput 20000  extra microseconds every call of that function takes
  *
  * Besides the NVML API the library exports simnvml_calls(name): how many times an NVML
@@ -33,6 +36,10 @@
  *
  * Units are NVML's: PCIe KB/s, NVLink KiB/s (integrated here into the cumulative KiB counters
  * NVML's throughput fields report), power mW, clocks MHz, temperature C, percentages 0-100.
+ * The PCIe series also feed the cumulative byte counter fields NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES
+ * (KB = 1024 bytes, as nvmlDeviceGetPcieThroughput counts); "pcie_counters 0" makes those fields
+ * NOT_SUPPORTED on a GPU, as on drivers that predate them, and "pcie_counter_wrap N" makes them
+ * wrap modulo N bytes.
  *
  * nvmlDeviceGetSamples behaves like the driver's ring buffer: sample k of period P averages
  * its metric over ((k-1)P, kP]; the buffer is full from the start, as the driver's is long
@@ -130,6 +137,8 @@ struct nvmlDevice_st {
     unsigned long long mem_total, mem_reserved;
     int gpm;
     unsigned int nvlink_links;
+    int pcie_counters;                      /* the PCIe byte counter fields are supported */
+    unsigned long long pcie_counter_wrap;   /* those counters wrap modulo this; 0: never */
     double lost_at; /* scenario time the GPU falls off the bus; INFINITY if never */
     series_t series[M_COUNT];
     proc_t *procs;
@@ -370,6 +379,7 @@ static int set_gpu_count(unsigned int n)
         snprintf(d->pci_bus_id, sizeof d->pci_bus_id, "00000000:%02X:00.0", 0x18 + g);
         d->mem_total = 85899345920ULL;
         d->nvlink_links = 18;
+        d->pcie_counters = 1;
         d->lost_at = INFINITY;
     }
     return 0;
@@ -467,6 +477,10 @@ static int parse_gpu_line(char *cursor)
         d->gpm = u != 0;
     else if (strcmp(key, "nvlink_links") == 0 && parse_ull(value, &u) == 0)
         d->nvlink_links = (unsigned int)u;
+    else if (strcmp(key, "pcie_counters") == 0 && parse_ull(value, &u) == 0)
+        d->pcie_counters = u != 0;
+    else if (strcmp(key, "pcie_counter_wrap") == 0 && parse_ull(value, &u) == 0)
+        d->pcie_counter_wrap = u;
     else if (strcmp(key, "lost_at_s") == 0 && parse_double(value, &x) == 0)
         d->lost_at = x;
     else
@@ -1114,6 +1128,31 @@ static void nvlink_field(nvmlDevice_t device, nvmlFieldValue_t *v, enum metric m
     v->nvmlReturn = NVML_SUCCESS;
 }
 
+/* PCIe byte counters: cumulative bytes since the driver (here: nvmlInit) started, from the
+ * KB/s series (1 KB = 1024 bytes), wrapping modulo pcie_counter_wrap when that is set. */
+static void pcie_field(nvmlDevice_t device, nvmlFieldValue_t *v, enum metric m, double now)
+{
+    if (!device->pcie_counters) {
+        v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        return;
+    }
+    double bytes = integrate(device, m, sim.t_init, now) * 1024.0;
+    unsigned long long count = bytes > 0.0 ? (unsigned long long)bytes : 0;
+    if (device->pcie_counter_wrap)
+        count %= device->pcie_counter_wrap;
+    v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+    v->value.ullVal = count;
+    v->nvmlReturn = NVML_SUCCESS;
+}
+
+/* A fault the scenario injects for one field ("fault field:ID ERROR GPU"). */
+static nvmlReturn_t field_fault(nvmlDevice_t device, unsigned int field_id)
+{
+    char name[32];
+    snprintf(name, sizeof name, "field:%u", field_id);
+    return injected_fault(name, (int)device->index);
+}
+
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
                                       nvmlFieldValue_t *values)
 {
@@ -1126,6 +1165,11 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
         nvmlFieldValue_t *v = &values[i];
         v->timestamp = stamp;
         v->latencyUsec = 0;
+        nvmlReturn_t fault = field_fault(device, v->fieldId);
+        if (fault != NVML_SUCCESS) {
+            v->nvmlReturn = fault;
+            continue;
+        }
         switch (v->fieldId) {
         case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
         case NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX:
@@ -1134,6 +1178,12 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
         case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
         case NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX:
             nvlink_field(device, v, M_NVLINK_RX, now);
+            break;
+        case NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
+            pcie_field(device, v, M_PCIE_TX, now);
+            break;
+        case NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
+            pcie_field(device, v, M_PCIE_RX, now);
             break;
         default:
             v->nvmlReturn = v->fieldId < NVML_FI_MAX ? NVML_ERROR_NOT_SUPPORTED
