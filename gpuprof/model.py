@@ -28,8 +28,9 @@ class GpuSample:
 
     ``util_gpu_pct`` is NVML's "a kernel was running" share of the last sample period, not
     how busy the SMs were; ``sm_active_pct`` (GPM, Hopper and newer) is the real SM activity.
-    PCIe figures are NVML's 20 ms window, NVLink ones the difference of cumulative counters
-    over the sampling interval.
+    PCIe and NVLink figures are the difference of NVML's cumulative byte counters over the
+    sampling interval; on drivers without the PCIe counters, PCIe is NVML's 20 ms throughput
+    window, read for one GPU per tick (None on the others).
     """
 
     host: str
