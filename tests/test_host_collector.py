@@ -522,6 +522,8 @@ def test_real_tree(tree: Tree) -> None:
     os.kill(pids["idle"], signal.SIGKILL)
     os.kill(pids["engine"], signal.SIGKILL)
     _wait_until(lambda: _is_zombie(pids["engine"]))
+    # SIGKILL is delivered asynchronously: reap only once the kernel has made it a zombie
+    _wait_until(lambda: _is_zombie(pids["idle"]) or not psutil.pid_exists(pids["idle"]))
     tree.command("reap")
     _wait_until(lambda: not psutil.pid_exists(pids["idle"]))
     _, records = collector.sample(time.time_ns())
