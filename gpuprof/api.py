@@ -31,6 +31,8 @@ class WatchOptions:
 
     output: Path | None = None
     interval_s: float = 0.1
+    host_interval_s: float | None = None
+    """Host / process-tree sampling period; None: the longer of ``interval_s`` and 0.5 s."""
     nvml: bool = True
     quiet: bool = False
     spool_dir: Path | None = None
@@ -152,6 +154,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
             HostCollector(host, pid),
             nvml,
             interval_s=options.interval_s,
+            host_interval_s=options.host_interval_s,
         )
         sampler.start()
         exit_code = child.wait()

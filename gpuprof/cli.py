@@ -44,6 +44,15 @@ def watch(
     interval: Annotated[
         float, typer.Option("--interval", help="Sampling interval in seconds.", min=0.01, max=60)
     ] = 0.1,
+    host_interval: Annotated[
+        float | None,
+        typer.Option(
+            "--host-interval",
+            help="Host and process sampling interval in seconds [default: max(interval, 0.5)].",
+            min=0.01,
+            max=60,
+        ),
+    ] = None,
     no_nvml: Annotated[
         bool, typer.Option("--no-nvml", help="Don't sample GPUs through NVML.")
     ] = False,
@@ -54,7 +63,13 @@ def watch(
     if not command:
         _err("no command given: gpuprof watch [OPTIONS] -- CMD...")
         raise typer.Exit(EXIT_BAD_INPUT)
-    options = api.WatchOptions(output=output, interval_s=interval, nvml=not no_nvml, quiet=quiet)
+    options = api.WatchOptions(
+        output=output,
+        interval_s=interval,
+        host_interval_s=host_interval,
+        nvml=not no_nvml,
+        quiet=quiet,
+    )
     try:
         result = api.watch(command, options)
     except api.RunError as exc:

@@ -148,3 +148,23 @@ def test_network_filesystem_detection(tmp_path):
     # /proc is procfs: not a network filesystem; the parser finds the longest mount prefix
     assert store.filesystem_type("/proc/self") == "proc"
     assert not store.is_network_filesystem(tmp_path)
+
+
+def test_a_process_on_another_host_writes_its_own_file_and_merges(tmp_path):
+    """A Ray worker on another node inherits the watcher's variables but not its host: it must
+    not write the watcher's file (SQLite's WAL index can't be shared across hosts)."""
+    watcher_file = store.host_file(tmp_path, "watcher-node")
+    _write_small_run(tmp_path, "watcher-node")
+    code = "import gpuprof\nwith gpuprof.phase('update_weights'): pass"
+    env = clean_env(
+        GPUPROF_RUN_DIR=str(tmp_path), GPUPROF_DB=str(watcher_file), GPUPROF_HOST="watcher-node"
+    )
+    before = watcher_file.read_bytes()
+    proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
+    assert proc.returncode == 0
+    assert watcher_file.read_bytes() == before
+    own = [p.name for p in tmp_path.glob(f"{_hostname()}.*.sqlite")]
+    assert len(own) == 1
+    run = store.load_run(tmp_path)
+    assert sorted(run.spans["phase"]) == ["reshard", "rollout"]
+    assert run.meta.run_id == "r1"  # the watcher's metadata is the run's

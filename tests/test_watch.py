@@ -19,7 +19,8 @@ from gpuprof import store
 def watch(tmp_path, code: str, *extra: str, timeout: float = 60, **kwargs):
     run_dir = tmp_path / "run"
     result = run_gpuprof(
-        "watch", "--no-nvml", "--interval", "0.05", "-o", str(run_dir), *extra,
+        "watch", "--no-nvml", "--interval", "0.05", "--host-interval", "0.05",
+        "-o", str(run_dir), *extra,
         "--", sys.executable, "-c", code, timeout=timeout, **kwargs,
     )  # fmt: skip
     return result, run_dir
@@ -142,8 +143,8 @@ def test_sigkill_of_the_watcher_leaves_a_loadable_run(tmp_path):
     )
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        gpuprof_cmd("watch", "--no-nvml", "--interval", "0.05", "-o", str(run_dir), "--",
-                    sys.executable, "-c", child),
+        gpuprof_cmd("watch", "--no-nvml", "--interval", "0.05", "--host-interval", "0.05",
+                    "-o", str(run_dir), "--", sys.executable, "-c", child),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(),
     )  # fmt: skip
     time.sleep(4.0)

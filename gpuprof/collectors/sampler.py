@@ -1,8 +1,11 @@
-"""The watcher's sampling thread: NVML and host readings at a fixed rate into the run file.
+"""The watcher's sampling thread: NVML and host readings at fixed rates into the run file.
 
 It runs in the watcher process, never in the training process, so it never holds the
-training interpreter's GIL. Ticks are scheduled on absolute times (no drift); a slow tick
-skips the ticks it overran rather than bunching them.
+training interpreter's GIL. GPU metrics are read every ``interval_s``; the host and the process
+tree every ``host_interval_s`` (default 0.5 s: a process's CPU share is counted in 10 ms clock
+ticks, so finer readings are mostly noise, and walking the tree costs as much as reading eight
+GPUs); the processes on each GPU every ``process_interval_s``. Ticks are scheduled on absolute
+times (no drift); a slow tick skips the ticks it overran rather than bunching them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,13 @@ from gpuprof.store import BufferedWriter
 
 PROCESS_INTERVAL_S = 1.0
 """How often the processes on each GPU are listed (heavier NVML calls than metrics)."""
+HOST_INTERVAL_S = 0.5
+"""Default host / process-tree sampling period, unless the GPU interval is longer."""
+
+
+def default_host_interval(interval_s: float, host_interval_s: float | None = None) -> float:
+    """The host sampling period: as given, else the longer of the GPU interval and 0.5 s."""
+    return host_interval_s if host_interval_s is not None else max(interval_s, HOST_INTERVAL_S)
 
 
 class Sampler:
@@ -30,12 +40,15 @@ class Sampler:
         nvml: Any | None,
         *,
         interval_s: float = 0.1,
+        host_interval_s: float | None = None,
         process_interval_s: float = PROCESS_INTERVAL_S,
     ) -> None:
         self.writer = writer
         self.host = host
         self.nvml = nvml
-        self.interval_s = interval_s
+        self.host_interval_s = default_host_interval(interval_s, host_interval_s)
+        # with no GPUs to read there is nothing to wake up for between host readings
+        self.interval_s = interval_s if nvml is not None else self.host_interval_s
         self.process_interval_s = process_interval_s
         self.ticks = 0
         self.cpu_s = 0.0
@@ -52,14 +65,15 @@ class Sampler:
         if self._thread.is_alive():
             self._thread.join(timeout=10.0)
 
-    def tick(self, t_ns: int, *, with_processes: bool) -> None:
-        """Take one sample of everything at ``t_ns`` (ns since the epoch)."""
+    def tick(self, t_ns: int, *, with_host: bool = True, with_processes: bool = False) -> None:
+        """Take one sample at ``t_ns`` (ns since the epoch): the GPUs, and the host and the
+        processes on each GPU when asked."""
         writer = self.writer
         if self.nvml is not None:
             gpu_samples, events = self.nvml.sample(t_ns)
             writer.add_records("gpu", gpu_samples)
             writer.add_records("events", events)
-        if self.host is not None:
+        if self.host is not None and with_host:
             host_sample, procs = self.host.sample(t_ns)
             writer.add_records("host", [host_sample])
             writer.add_records("procs", procs)
@@ -71,15 +85,18 @@ class Sampler:
     def _run(self) -> None:
         cpu0 = time.thread_time()
         start = time.monotonic()
-        next_processes = start
+        next_host = next_processes = start
         k = 0
         while True:
             now = time.monotonic()
-            with_processes = now >= next_processes
+            with_host = now >= next_host
+            if with_host:
+                next_host = now + self.host_interval_s - 0.5 * self.interval_s
+            with_processes = with_host and now >= next_processes
             if with_processes:
-                next_processes = now + self.process_interval_s
+                next_processes = now + self.process_interval_s - 0.5 * self.interval_s
             try:
-                self.tick(time.time_ns(), with_processes=with_processes)
+                self.tick(time.time_ns(), with_host=with_host, with_processes=with_processes)
             except Exception as exc:  # a collector bug must not end the watch
                 if len(self.errors) < 10:
                     self.errors.append(f"sampling failed: {exc!r}")
@@ -90,7 +107,7 @@ class Sampler:
             if self._stop.wait(max(0.0, delay)):
                 # one last reading so the run ends with the state at exit
                 try:
-                    self.tick(time.time_ns(), with_processes=False)
+                    self.tick(time.time_ns())
                 except Exception:
                     pass
                 break
