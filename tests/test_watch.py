@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -217,3 +218,29 @@ def test_summary_lists_phases_and_the_run_dir(tmp_path):
     assert list(run.meta.hosts) == [socket.gethostname()]
     quiet, _ = watch(tmp_path / "q", "pass", "--quiet")
     assert quiet.stderr == ""
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux `script` for a pty")
+def test_on_a_terminal_the_child_reads_stdin_and_gets_ctrl_c(tmp_path):
+    """With a terminal, the child's process group is made the foreground group: it can read
+    the terminal and Ctrl-C from the keyboard reaches it directly."""
+    py = sys.executable
+    reader = (
+        f"{py} -m gpuprof watch --no-nvml -q -o {tmp_path / 'a'} -- {py} -c "
+        "'print(\"got\", input())'"
+    )
+    sleeper = (
+        f"{py} -m gpuprof watch --no-nvml -q -o {tmp_path / 'b'} -- {py} -c "
+        "'import time; print(\"sleeping\", flush=True); time.sleep(30)'"
+    )
+    for command, keys, expected_code in ((reader, b"hello\n", 0), (sleeper, b"\x03", 130)):
+        proc = subprocess.Popen(
+            ["script", "-qec", command, "/dev/null"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=clean_env(),
+        )  # fmt: skip
+        time.sleep(3.0)  # let the child start and wait on the terminal
+        out, _ = proc.communicate(keys, timeout=30)
+        assert proc.returncode == expected_code, out
+        if expected_code == 0:
+            assert b"got hello" in out
+    assert store.load_run(tmp_path / "b").meta.exit_code == 130
