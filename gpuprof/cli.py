@@ -106,7 +106,11 @@ def summary(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:  # Ctrl-C outside a watched command: no traceback
+        print("gpuprof: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

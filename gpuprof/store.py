@@ -377,7 +377,7 @@ def _typed(table: str, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _json_or_empty(value: Any) -> dict[str, Any]:
-    if not value:
+    if not value or value == "{}":  # most rows: skip the parser
         return {}
     try:
         parsed = json.loads(value)
