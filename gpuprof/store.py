@@ -461,6 +461,70 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     return Run(meta=meta, **tables)
 
 
+def save_run(run: Run, run_dir: str | os.PathLike) -> list[Path]:
+    """Write a whole `Run` (simulated or imported) as a run directory, one file per host.
+
+    Each file is written under a temporary name and renamed into place, so a failure leaves
+    nothing half-written. Returns the files written.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    hosts = set(run.meta.hosts)
+    for table in RECORD_TYPES:
+        frame = getattr(run, table)
+        if len(frame) and "host" in frame:
+            hosts.update(frame["host"].dropna().astype(str).unique().tolist())
+    written = []
+    for i, host in enumerate(sorted(hosts) or ["localhost"]):
+        final = host_file(run_dir, host)
+        tmp = final.with_name(final.name + ".partial")
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                os.unlink(f"{tmp}{suffix}")
+        conn = connect(tmp)
+        try:
+            batch = {}
+            for table in RECORD_TYPES:
+                frame = getattr(run, table)
+                if len(frame) and "host" in frame:
+                    frame = frame[frame["host"] == host]
+                batch[table] = list(_frame_rows(table, frame))
+            insert_rows(conn, batch)
+            if i == 0:  # the run's metadata lives in the first host's file, as a watcher's would
+                write_meta(conn, "run", run.meta.to_dict())
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+        os.replace(tmp, final)
+        written.append(final)
+    return written
+
+
+def _frame_rows(table: str, frame: pd.DataFrame) -> Iterable[tuple]:
+    """Rows of a frame in the table's column order, NaN turned back into NULL."""
+    cols = columns(RECORD_TYPES[table])
+    kinds = column_kinds(RECORD_TYPES[table])
+    if frame.empty:
+        return []
+    data = []
+    for name in cols:
+        values = frame[name] if name in frame else pd.Series([None] * len(frame))
+        kind = kinds[name]
+        if kind in ("int", "float", "bool"):
+            arr = values.to_numpy(dtype=object)
+            mask = pd.isna(values).to_numpy()
+            if kind == "int":
+                arr = [None if m else int(v) for v, m in zip(arr, mask)]
+            elif kind == "bool":
+                arr = [None if m else bool(v) for v, m in zip(arr, mask)]
+            else:
+                arr = [None if m else float(v) for v, m in zip(arr, mask)]
+            data.append(arr)
+        else:
+            data.append(values.tolist())
+    return zip(*data)
+
+
 def finalize_file(src: Path, dest: Path) -> None:
     """Fold the WAL into the main file and, for a spooled file, move it into the run dir."""
     with contextlib.suppress(sqlite3.Error):

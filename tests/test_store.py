@@ -168,3 +168,22 @@ def test_a_process_on_another_host_writes_its_own_file_and_merges(tmp_path):
     run = store.load_run(tmp_path)
     assert sorted(run.spans["phase"]) == ["reshard", "rollout"]
     assert run.meta.run_id == "r1"  # the watcher's metadata is the run's
+
+
+def test_save_run_round_trips_a_whole_run(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _write_small_run(tmp_path / "a", "hostA", 4)
+    _write_small_run(tmp_path / "b", "hostB", 3)
+    merged = store.load_run(tmp_path / "a")
+    other = store.load_run(tmp_path / "b")
+    merged.gpu = __import__("pandas").concat([merged.gpu, other.gpu], ignore_index=True)
+    merged.meta.hosts = ["hostA", "hostB"]
+    written = store.save_run(merged, tmp_path / "out")
+    assert sorted(p.name for p in written) == ["hostA.sqlite", "hostB.sqlite"]
+    assert not list((tmp_path / "out").glob("*.partial*"))
+    again = store.load_run(tmp_path / "out")
+    assert len(again.gpu) == 7 and again.gpu["mem_used_bytes"].isna().all()
+    assert list(again.gpu["util_gpu_pct"]) == list(merged.gpu.sort_values("t_ns")["util_gpu_pct"])
+    assert again.spans.iloc[0]["attrs"] == {"tokens": 7}
+    assert again.meta.run_id == "r1"
