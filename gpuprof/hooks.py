@@ -125,14 +125,14 @@ class _Recorder:
         canonical, encode = _canonical, _encode_attrs
         if self.cuda is None:
             spans = [
-                (host, pid, tid, rank, local_rank, canonical(name), name, step, 0,
+                (host, pid, tid, rank, local_rank, canonical(name), _text(name), step, 0,
                  start + offset, end + offset, None, None, encode(attrs))
                 for name, attrs, start, end, tid, step in items
             ]  # fmt: skip
         else:
             spans = [
-                (host, pid, item[4], rank, local_rank, canonical(item[0]), item[0], item[5], 0,
-                 item[2] + offset, item[3] + offset,
+                (host, pid, item[4], rank, local_rank, canonical(item[0]), _text(item[0]),
+                 item[5], 0, item[2] + offset, item[3] + offset,
                  item[6] if len(item) > 6 else None, item[7] if len(item) > 7 else None,
                  encode(item[1]))
                 for item in items
@@ -148,7 +148,9 @@ class _Recorder:
                 events.append((host, pid, rank, end + offset, "step", str(n), encoded))
             else:
                 _, name, attrs, t = item
-                events.append((host, pid, rank, t + offset, "mark", name, _encode_attrs(attrs)))
+                events.append(
+                    (host, pid, rank, t + offset, "mark", _text(name), _encode_attrs(attrs))
+                )
         if self.conn is None:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
             self.conn = store.connect(self.db_path)
@@ -199,8 +201,13 @@ def _drain(queue: collections.deque) -> list:
 
 
 @functools.lru_cache(maxsize=4096)
-def _canonical(name: str) -> str:
-    return canonical_phase(name)
+def _canonical(name: Any) -> str:
+    return canonical_phase(_text(name))
+
+
+def _text(name: Any) -> str:
+    # a phase named with a number or an enum must not stop the recording
+    return name if type(name) is str else str(name)
 
 
 _json_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode

@@ -245,3 +245,21 @@ def test_cuda_event_timing_never_waits_and_fills_gpu_times(tmp_path, monkeypatch
         row = spans.loc[phase_name]
         assert row["gpu_start_ns"] - row["start_ns"] == pytest.approx(5e6, abs=5e5)
         assert row["gpu_end_ns"] >= row["gpu_start_ns"]
+
+
+def test_a_phase_named_with_a_non_string_does_not_stop_recording(run_dir):
+    import enum
+
+    class Stage(enum.Enum):
+        ROLLOUT = 1
+
+    with gpuprof.phase(7):
+        pass
+    with gpuprof.phase(Stage.ROLLOUT):
+        pass
+    gpuprof.mark(3.5)
+    with gpuprof.phase("reward"):
+        pass
+    run = _load(run_dir)
+    assert sorted(run.spans["name"]) == ["7", "Stage.ROLLOUT", "reward"]
+    assert list(run.events.loc[run.events["kind"] == "mark", "name"]) == ["3.5"]
