@@ -133,34 +133,52 @@ def test_signals_are_forwarded_to_the_whole_process_group(tmp_path, sig):
     assert store.load_run(run_dir).meta.exit_code == 42
 
 
-def test_sigkill_of_the_watcher_leaves_a_loadable_run(tmp_path):
+def test_sigkill_of_the_watcher_leaves_a_loadable_run_and_the_command_running(tmp_path):
+    status = tmp_path / "status"
     child = textwrap.dedent(
-        """
+        f"""
         import time, gpuprof
-        while True:
-            with gpuprof.phase("rollout"):
-                time.sleep(0.02)
+        try:
+            while True:
+                with gpuprof.phase("rollout"):
+                    time.sleep(0.02)
+                print("still training", flush=True)
+        except BaseException as exc:
+            open({str(status)!r}, "w").write(repr(exc))
+            raise
         """
     )
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         gpuprof_cmd("watch", "--no-nvml", "--interval", "0.05", "--host-interval", "0.05",
                     "-o", str(run_dir), "--", sys.executable, "-c", child),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=clean_env(),
     )  # fmt: skip
     time.sleep(4.0)
     proc.kill()
     killed_ns = time.time_ns()
     proc.wait()
+    time.sleep(1.0)  # the command goes on writing to its stdout after its watcher died
     child_pids = _children_in_group(run_dir)
-    time.sleep(0.3)
-    for pid in child_pids:  # the watched command outlives its watcher: clean it up
+    assert child_pids and all(_alive(pid) for pid in child_pids)
+    assert not status.exists(), status.read_text()  # no BrokenPipeError in the command
+    for pid in child_pids:  # clean it up
         os.killpg(pid, signal.SIGKILL)
+    tail = proc.stdout.read()  # the tee kept passing its output to our pipe
+    assert b"still training" in tail
     run = store.load_run(run_dir)
     assert run.meta.exit_code is None  # unfinished run
     last_sample = run.host["t_ns"].max()
     assert killed_ns - last_sample < 1.2e9, (killed_ns - last_sample) / 1e9
     assert len(run.spans) > 50
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _children_in_group(run_dir):

@@ -1,12 +1,13 @@
 """Run the watched command: own process group, output passed through and kept, signals forwarded.
 
-The child's stdout and stderr go through pipes that the watcher copies byte for byte to its
-own stdout and stderr as they arrive (so progress bars and colours pass untouched) and, split
-into lines, to a callback that stores them with the time they arrived. Terminal signals the
-watcher receives (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) go to the child's whole
-process group, as they would without the watcher. When the watcher owns the terminal, the
-child's group is made the terminal's foreground group so it can read stdin and receives
-Ctrl-C directly.
+The command's stdout and stderr are pipes read by a small tee process (``tee.py``) that copies
+every byte to the watcher's own stdout and stderr as it arrives (so progress bars and colours
+pass untouched) and sends a copy to the watcher, which stores it split into lines with the time
+they arrived. The tee runs in its own session and ignores terminal signals, so the command's
+output keeps flowing even if the watcher is killed. Signals the watcher receives (SIGINT,
+SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) go to the command's whole process group, as they
+would without the watcher. When the watcher owns the terminal, the command's group is made the
+terminal's foreground group so it can read stdin and receives Ctrl-C directly.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 FORWARDED_SIGNALS = (
     signal.SIGINT,
@@ -103,41 +105,84 @@ class ChildProcess:
         self._pumps: list[threading.Thread] = []
         self._old_handlers: dict[int, object] = {}
         self._tty_fd: int | None = None
+        self.tee: subprocess.Popen | None = None
 
     def start(self) -> int:
         """Start the command in its own process group; return its pid."""
         # its own process group, so a forwarded signal reaches torchrun's workers too
         group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
                 self.argv,
                 env=self.env,
                 stdin=None,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=out_w,
+                stderr=err_w,
                 close_fds=True,
                 **group,
             )
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
             raise CommandNotFound(f"cannot run {self.argv[0]!r}: {exc.strerror}") from None
+        finally:
+            if self.proc is not None:
+                os.close(out_w)
+                os.close(err_w)
         self.pgid = self.proc.pid
         self._give_terminal()
         self._install_signal_forwarding()
-        for pipe, fd, name in (
-            (self.proc.stdout, self.out_fd, "stdout"),
-            (self.proc.stderr, self.err_fd, "stderr"),
-        ):
+        streams = [(out_r, self.out_fd, "stdout"), (err_r, self.err_fd, "stderr")]
+        copies = self._start_tee(streams)
+        if copies is None:  # no tee process: pass the output through from here
+            pumps = [(fd, out_fd, name, True) for fd, out_fd, name in streams]
+        else:
+            pumps = [(fd, -1, name, False) for fd, (_, _, name) in zip(copies, streams)]
+        for fd, out_fd, name, passthrough in pumps:
             thread = threading.Thread(
-                target=self._pump, args=(pipe, fd, name), name=f"gpuprof-{name}", daemon=True
+                target=self._pump,
+                args=(fd, out_fd, name, passthrough),
+                name=f"gpuprof-{name}",
+                daemon=True,
             )
             thread.start()
             self._pumps.append(thread)
         return self.proc.pid
 
-    def _pump(self, pipe, out_fd: int, name: str) -> None:
+    def _start_tee(self, streams: list[tuple[int, int, str]]) -> list[int] | None:
+        """Hand the command's pipes to a tee process that outlives the watcher.
+
+        Returns the read ends of the copies the tee sends back, or None when it could not be
+        started (the watcher then passes the output through itself).
+        """
+        copies = [os.pipe() for _ in streams]
+        args, keep = [], []
+        for (in_fd, out_fd, _), (_, copy_w) in zip(streams, copies):
+            args += [str(in_fd), str(out_fd), str(copy_w)]
+            keep += [in_fd, out_fd, copy_w]
+        try:
+            self.tee = subprocess.Popen(
+                [sys.executable, "-I", str(Path(__file__).with_name("tee.py")), *args],
+                stdin=subprocess.DEVNULL,
+                pass_fds=keep,
+                start_new_session=True,  # terminal signals and the watcher's death spare it
+            )
+        except OSError:
+            for read_end, write_end in copies:
+                os.close(read_end)
+                os.close(write_end)
+            return None
+        for in_fd, _, _ in streams:
+            os.close(in_fd)  # the tee owns the command's pipes now
+        for _, write_end in copies:
+            os.close(write_end)
+        return [read_end for read_end, _ in copies]
+
+    def _pump(self, fd: int, out_fd: int, name: str, passthrough: bool) -> None:
         splitter = LineSplitter(name, self.on_line) if self.on_line else None
-        fd = pipe.fileno()
-        writable = True
+        writable = passthrough
         while True:
             try:
                 data = os.read(fd, 65536)
@@ -155,7 +200,7 @@ class ChildProcess:
         if splitter is not None:
             with contextlib.suppress(Exception):
                 splitter.close(time.time_ns())
-        pipe.close()
+        os.close(fd)
 
     def _install_signal_forwarding(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -201,6 +246,13 @@ class ChildProcess:
         for thread in self._pumps:
             # a grandchild may hold the pipes open after the child exits: don't wait forever
             thread.join(timeout=2.0)
+        if (
+            self.tee is not None
+            and self.tee.poll() is None
+            and not any(t.is_alive() for t in self._pumps)
+        ):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.tee.wait(timeout=1.0)
         self._take_terminal_back()
         for sig, handler in self._old_handlers.items():
             with contextlib.suppress(OSError, ValueError, TypeError):
