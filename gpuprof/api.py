@@ -121,6 +121,13 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         db_path = store.host_file(spool, host)
 
     notices: list[str] = []
+    if db_path != final_path:
+        message = (
+            f"{run_dir} is on a network filesystem: recording to {db_path}, "
+            "moved into the run directory when the run ends"
+        )
+        notices.append(message)
+        _notify(message, options.quiet)
     writer = store.BufferedWriter(db_path, on_error=lambda e: notices.append(f"store: {e}"))
     meta = RunMeta(
         run_id=run_dir.name,
