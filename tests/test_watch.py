@@ -262,3 +262,19 @@ def test_on_a_terminal_the_child_reads_stdin_and_gets_ctrl_c(tmp_path):
         if expected_code == 0:
             assert b"got hello" in out
     assert store.load_run(tmp_path / "b").meta.exit_code == 130
+
+
+def test_a_run_dir_on_a_network_filesystem_is_spooled_locally_then_moved(tmp_path, monkeypatch):
+    from gpuprof import api
+
+    monkeypatch.setattr(store, "is_network_filesystem", lambda path: True)
+    spool = tmp_path / "spool"
+    code = "import gpuprof\nwith gpuprof.phase('rollout'): pass"
+    options = api.WatchOptions(output=tmp_path / "nfs-run", nvml=False, quiet=True, spool_dir=spool)
+    result = api.watch([sys.executable, "-c", code], options)
+    assert result.exit_code == 0
+    assert [p.name for p in result.run_dir.iterdir()] == [f"{socket.gethostname()}.sqlite"]
+    assert not list(spool.rglob("*.sqlite*"))  # moved, nothing left behind
+    run = store.load_run(result.run_dir)
+    assert list(run.spans["phase"]) == ["rollout"]
+    assert any("network filesystem" in n for n in run.meta.notices)
