@@ -16,6 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 SCHEMA_VERSION = 1
@@ -272,3 +273,24 @@ class Run:
         if start is None or end is None:
             return None
         return max(0.0, (int(end) - int(start)) / 1e9)
+
+
+def span_depths(spans: pd.DataFrame) -> np.ndarray:
+    """Nesting depth of each span within its thread (0 = outermost).
+
+    Hooks don't track nesting (it would cost the training thread); for properly nested spans
+    the depth of span i is the number of spans of its thread that started before it (ties:
+    the longer one first) minus the number that had already ended when it started.
+    """
+    depth = np.zeros(len(spans), dtype=np.int64)
+    starts_all = spans["start_ns"].to_numpy(np.int64)
+    ends_all = spans["end_ns"].to_numpy(np.int64)
+    groups = spans.groupby(["host", "pid", "tid"], sort=False).indices
+    for index in groups.values():
+        starts, ends = starts_all[index], ends_all[index]
+        order = np.lexsort((-ends, starts))
+        opened_before = np.empty(len(index), dtype=np.int64)
+        opened_before[order] = np.arange(len(index))
+        closed_before = np.searchsorted(np.sort(ends), starts, side="right")
+        depth[index] = np.maximum(opened_before - closed_before, 0)
+    return depth

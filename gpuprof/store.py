@@ -38,6 +38,7 @@ from gpuprof.model import (
     column_kinds,
     columns,
     empty_frame,
+    span_depths,
 )
 
 APPLICATION_ID = 0x47505546  # "GPUF": marks a SQLite file as a gpuprof run file
@@ -384,27 +385,6 @@ def _json_or_empty(value: Any) -> dict[str, Any]:
     except (TypeError, ValueError):
         return {}
     return parsed if isinstance(parsed, dict) else {}
-
-
-def span_depths(spans: pd.DataFrame) -> np.ndarray:
-    """Nesting depth of each span within its thread (0 = outermost).
-
-    Hooks don't track nesting (it would cost the training thread); for properly nested spans
-    the depth of span i is the number of spans of its thread that started before it (ties:
-    the longer one first) minus the number that had already ended when it started.
-    """
-    depth = np.zeros(len(spans), dtype=np.int64)
-    starts_all = spans["start_ns"].to_numpy(np.int64)
-    ends_all = spans["end_ns"].to_numpy(np.int64)
-    groups = spans.groupby(["host", "pid", "tid"], sort=False).indices
-    for index in groups.values():
-        starts, ends = starts_all[index], ends_all[index]
-        order = np.lexsort((-ends, starts))
-        opened_before = np.empty(len(index), dtype=np.int64)
-        opened_before[order] = np.arange(len(index))
-        closed_before = np.searchsorted(np.sort(ends), starts, side="right")
-        depth[index] = np.maximum(opened_before - closed_before, 0)
-    return depth
 
 
 def merge_meta(metas: list[dict[str, Any]], run_dir: Path) -> RunMeta:
