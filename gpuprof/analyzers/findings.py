@@ -1,0 +1,133 @@
+"""The analyzers' contract: stall kinds, the `Finding` record, thresholds, the shared context.
+
+Every detector is a pure function ``detect(ctx, th) -> Finding | None`` over a precomputed
+`AnalysisContext` (so the costly GPU × phase alignment is done once per run). A finding says
+how many GPU-seconds the stall cost, what share of the run's GPU-time that is, how sure the
+detector is, and the evidence it rests on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pandas as pd
+
+from gpuprof.model import Run
+
+STALL_KINDS: tuple[str, ...] = (
+    "reshard_idle",
+    "pipeline_bubble",
+    "dataloader_starvation",
+    "reward_bound",
+    "generation_tail",
+    "memory_headroom",
+    "offload_thrash",
+    "comm_bound",
+    "host_bound",
+    "imbalance",
+    "throttling",
+    "periodic_stall",
+    "idle_unattributed",
+)
+"""The stable ``kind`` of every finding (DESIGN.md, "Stall taxonomy")."""
+
+
+@dataclass
+class Finding:
+    """One diagnosed stall.
+
+    ``gpu_seconds_lost``: GPU-seconds the stall cost (idle or wasted GPU time that would be
+    recovered if it were fixed). ``share``: that over the run's total GPU-seconds (0–1).
+    ``confidence``: 0–1. ``evidence``: JSON-able facts — ``intervals`` (list of
+    ``[start_ns, end_ns]``), ``gpus`` (list of ``"host:index"``), ``phases``, and named
+    figures with units in their keys.
+    """
+
+    kind: str
+    gpu_seconds_lost: float
+    share: float
+    confidence: float
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "gpu_seconds_lost": round(float(self.gpu_seconds_lost), 3),
+            "share": round(float(self.share), 5),
+            "confidence": round(float(self.confidence), 3),
+            "summary": self.summary,
+            "evidence": self.evidence,
+        }
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every tunable number of the detectors, in one place (units in the names)."""
+
+    min_share: float = 0.02
+    """A finding below this share of total GPU-time is noise and is not reported."""
+    idle_util_pct: float = 10.0
+    """A GPU sample below this utilisation counts as idle."""
+    busy_util_pct: float = 50.0
+    """A GPU sample at or above this utilisation counts as working."""
+    host_cpu_busy_pct: float = 60.0
+    """Host CPU (all cores) above this during a phase marks it CPU-heavy."""
+    process_core_pinned_pct: float = 85.0
+    """A process above this percent of one core is pinned (Python/launch bound)."""
+    memory_headroom_frac: float = 0.35
+    """Peak memory below (1 - this) of total during rollout/update leaves headroom."""
+    tail_util_drop_frac: float = 0.5
+    """Rollout utilisation in its last part below this fraction of its first part: a tail."""
+    pcie_heavy_bytes_s: float = 8e9
+    """PCIe traffic above this (per GPU, per direction) is heavy."""
+    imbalance_spread_frac: float = 0.15
+    """A rank's phase time above the median rank's by this fraction makes it a straggler."""
+    periodic_min_ratio: float = 3.0
+    """A periodic phase (checkpoint/eval) at least this many times a normal step's idle."""
+
+
+@dataclass
+class AnalysisContext:
+    """A run plus the alignment computed once and shared by every detector."""
+
+    run: Run
+
+    @cached_property
+    def samples(self) -> pd.DataFrame:
+        """`alignment.gpu_phase_samples`: one row per GPU sample with its owner's phase."""
+        from gpuprof.analyzers.alignment import gpu_phase_samples
+
+        return gpu_phase_samples(self.run)
+
+    @cached_property
+    def totals(self) -> dict[str, Any]:
+        """`alignment.run_totals` of the run."""
+        from gpuprof.analyzers.alignment import run_totals
+
+        return run_totals(self.run, samples=self.samples)
+
+    @cached_property
+    def by_phase(self) -> pd.DataFrame:
+        from gpuprof.analyzers.alignment import phase_breakdown
+
+        return phase_breakdown(self.run, by=("phase",), samples=self.samples)
+
+    @cached_property
+    def by_phase_step(self) -> pd.DataFrame:
+        from gpuprof.analyzers.alignment import phase_breakdown
+
+        return phase_breakdown(self.run, by=("phase", "step"), samples=self.samples)
+
+    @property
+    def total_gpu_s(self) -> float:
+        """Total GPU-seconds of the run (sum of sample durations over all GPUs)."""
+        value = self.totals.get("gpu_s") or 0.0
+        return float(value) if value == value else 0.0
+
+    def share(self, gpu_seconds: float) -> float:
+        """``gpu_seconds`` as a share (0–1) of the run's GPU-time."""
+        total = self.total_gpu_s
+        return float(min(1.0, max(0.0, gpu_seconds / total))) if total > 0 else 0.0
