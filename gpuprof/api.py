@@ -19,7 +19,16 @@ from gpuprof.model import Event, Run, RunMeta
 from gpuprof.redact import redact_command
 from gpuprof.store import RunError, load_run
 
-__all__ = ["RunError", "WatchOptions", "WatchResult", "default_run_dir", "load_run", "watch"]
+__all__ = [
+    "RunError",
+    "WatchOptions",
+    "WatchResult",
+    "analyze",
+    "default_run_dir",
+    "demo",
+    "load_run",
+    "watch",
+]
 
 MAX_LOG_LINES = 200_000
 """Output lines kept per run; later lines pass through but are counted, not stored."""
@@ -208,6 +217,75 @@ def _open_nvml(host: str, options: WatchOptions, meta: RunMeta, notices: list[st
     meta.nvml_version = versions.get("nvml_version")
     meta.cuda_driver_version = versions.get("cuda_driver_version")
     return nvml
+
+
+DEMO_SCENARIOS: dict[str, list[tuple[str, float]]] = {
+    "default": [("reward_bound", 0.7), ("reshard_idle", 0.6), ("memory_headroom", 0.6)],
+    "healthy": [],
+}
+"""Named demo scenarios; every stall kind is also a scenario of its own (severity 0.8)."""
+
+
+def demo_scenarios() -> list[str]:
+    """The names ``gpuprof demo --scenario`` accepts."""
+    from gpuprof.analyzers.findings import STALL_KINDS
+
+    return [*DEMO_SCENARIOS, *STALL_KINDS]
+
+
+def demo(
+    output: Path | None = None,
+    *,
+    scenario: str = "default",
+    gpus: int = 8,
+    duration_s: float = 600.0,
+    framework: str = "verl",
+    seed: int = 0,
+) -> tuple[Path, Run]:
+    """Simulate a GRPO run with known pathologies, write it as a run directory, return both.
+
+    Raises `ValueError` for an unknown scenario or an impossible size.
+    """
+    from gpuprof.analyzers.findings import STALL_KINDS
+    from gpuprof.sim import Pathology, SimConfig, simulate
+    from gpuprof.sim.config import DEFAULT_PHASE_S
+
+    if scenario in DEMO_SCENARIOS:
+        pathologies = [Pathology(k, s) for k, s in DEMO_SCENARIOS[scenario]]
+    elif scenario in STALL_KINDS:
+        pathologies = [Pathology(scenario, 0.8)]
+    else:
+        raise ValueError(
+            f"unknown scenario {scenario!r}; choose from {', '.join(demo_scenarios())}"
+        )
+    if not 1 <= gpus <= 512:
+        raise ValueError(f"--gpus must be between 1 and 512, got {gpus}")
+    if duration_s <= 0:
+        raise ValueError(f"--duration must be positive, got {duration_s}")
+    grpo_step_s = sum(v for k, v in DEFAULT_PHASE_S.items() if k not in ("values", "update_critic"))
+    steps = max(3, round(duration_s / grpo_step_s))
+    time_scale = duration_s / (steps * grpo_step_s)
+    config = SimConfig(
+        gpus=gpus,
+        framework=framework,
+        steps=steps,
+        time_scale=time_scale,
+        pathologies=pathologies,
+        seed=seed,
+    )
+    result = simulate(config)
+    run = result.run
+    run.meta.run_id = f"demo-{scenario}"
+    run_dir = _unique_dir(Path(output or Path("gpuprof-runs") / f"demo-{scenario}")).absolute()
+    store.save_run(run, run_dir)
+    return run_dir, run
+
+
+def analyze(run: Run, thresholds=None):
+    """The diagnosis of a loaded run (`gpuprof.analyzers.diagnose.Diagnosis`)."""
+    from gpuprof.analyzers.diagnose import diagnose
+
+    return diagnose(run, thresholds)
 
 
 def summarize(run: Run) -> dict:

@@ -96,12 +96,84 @@ def _print_summary(run_dir: Path) -> None:
 def summary(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
     from gpuprof.reports.summary import summary_renderable
 
+    Console().print(summary_renderable(_load_or_exit(run_dir), str(run_dir)))
+
+
+@app.command(help="Diagnose a run: stalls, GPU-time they cost, and the knobs to turn.")
+def analyze(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    top: Annotated[
+        int | None, typer.Option("--top", min=1, help="Show only the N largest findings.")
+    ] = None,
+) -> None:
+    from gpuprof.reports.terminal import diagnosis_renderable, render_json
+
+    run = _load_or_exit(run_dir)
+    diagnosis = api.analyze(run)
+    if json_out:
+        print(render_json(diagnosis.to_dict(top=top)))
+    else:
+        Console().print(diagnosis_renderable(diagnosis, top=top))
+
+
+@app.command(help="Compare two runs: before/after table of utilization, step time, phases.")
+def compare(
+    before: Annotated[Path, typer.Argument(help="The run before the change.")],
+    after: Annotated[Path, typer.Argument(help="The run after the change.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    from gpuprof.analyzers.compare import compare as compare_runs
+    from gpuprof.reports.terminal import compare_renderable, render_json
+
+    runs = [_load_or_exit(before), _load_or_exit(after)]
+    diagnoses = [api.analyze(r) for r in runs]
+    table = compare_runs(*diagnoses)
+    if json_out:
+        document = {
+            "before": runs[0].meta.run_id,
+            "after": runs[1].meta.run_id,
+            "rows": table.astype(object).where(table.notna(), None).to_dict("records"),
+        }
+        print(render_json(document))
+    else:
+        Console().print(compare_renderable(table, runs[0].meta.run_id, runs[1].meta.run_id))
+
+
+@app.command(help="Simulate an 8-GPU GRPO run with known pathologies and diagnose it.")
+def demo(
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Run directory to write.")
+    ] = None,
+    scenario: Annotated[
+        str, typer.Option("--scenario", help="default, healthy, or a stall kind.")
+    ] = "default",
+    gpus: Annotated[int, typer.Option("--gpus", help="Simulated GPUs (1-512).")] = 8,
+    duration: Annotated[
+        float, typer.Option("--duration", help="Simulated run length in seconds.")
+    ] = 600.0,
+) -> None:
+    from gpuprof.reports.terminal import diagnosis_renderable
+
     try:
-        run = api.load_run(run_dir)
+        run_dir, run = api.demo(output, scenario=scenario, gpus=gpus, duration_s=duration)
+    except ValueError as exc:
+        _err(str(exc))
+        raise typer.Exit(EXIT_BAD_INPUT) from None
     except api.RunError as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_BAD_INPUT) from None
-    Console().print(summary_renderable(run, str(run_dir)))
+    console = Console()
+    console.print(diagnosis_renderable(api.analyze(run)))
+    console.print(f"run saved to {run_dir}")
+
+
+def _load_or_exit(run_dir: Path):
+    try:
+        return api.load_run(run_dir)
+    except api.RunError as exc:
+        _err(str(exc))
+        raise typer.Exit(EXIT_BAD_INPUT) from None
 
 
 def main() -> None:

@@ -1,0 +1,187 @@
+"""Run every stall detector over a run and assemble the diagnosis: findings, recommendations,
+a summary, and notes on what the run lacked.
+
+``diagnose(run)`` never raises on a well-formed `Run`, however empty: a detector that fails is
+reported in ``notes`` and the others go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpuprof.analyzers import stalls_phase, stalls_resource
+from gpuprof.analyzers.basic import step_times
+from gpuprof.analyzers.findings import STALL_KINDS, AnalysisContext, Finding, Thresholds
+from gpuprof.model import Run
+
+JSON_SCHEMA_VERSION = 1
+"""Version of the ``gpuprof analyze --json`` document (docs/ANALYZE_JSON.md)."""
+
+Detector = Callable[[AnalysisContext, Thresholds], "Finding | None"]
+DETECTORS: dict[str, Detector] = {**stalls_phase.DETECTORS, **stalls_resource.DETECTORS}
+"""Stall kind → its detector, in the taxonomy's order where available."""
+
+CLOCK_SKEW_NOTE_S = 2.0
+"""Hosts whose records start further apart than this are noted as possibly skewed."""
+
+
+@dataclass
+class Diagnosis:
+    """What `diagnose` found: findings sorted by GPU-seconds lost, ranked recommendations,
+    headline figures (``summary``) and ``notes`` on missing or suspicious data."""
+
+    findings: list[Finding]
+    recommendations: list[Any]
+    summary: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self, top: int | None = None) -> dict[str, Any]:
+        findings = self.findings[:top] if top else self.findings
+        recs = self.recommendations[:top] if top else self.recommendations
+        return {
+            "schema_version": JSON_SCHEMA_VERSION,
+            "summary": self.summary,
+            "findings": [f.to_dict() for f in findings],
+            "recommendations": [r.to_dict() for r in recs],
+            "notes": list(self.notes),
+        }
+
+
+def diagnose(run: Run, thresholds: Thresholds | None = None) -> Diagnosis:
+    """Findings, recommendations and summary of ``run`` (pure; no I/O)."""
+    th = thresholds or Thresholds()
+    ctx = AnalysisContext(run)
+    notes = data_notes(run)
+    findings: list[Finding] = []
+    for kind in STALL_KINDS:
+        detector = DETECTORS.get(kind)
+        if detector is None:
+            continue
+        try:
+            finding = detector(ctx, th)
+        except Exception as exc:  # one broken detector must not hide the others' findings
+            notes.append(f"{kind} analysis failed: {type(exc).__name__}: {exc}")
+            continue
+        if finding is not None and finding.share >= th.min_share:
+            findings.append(finding)
+    findings.sort(key=lambda f: (-f.gpu_seconds_lost, f.kind))
+    recommendations = _recommend(findings, run, notes)
+    return Diagnosis(findings, recommendations, summarize(ctx, findings), notes)
+
+
+def _recommend(findings: list[Finding], run: Run, notes: list[str]) -> list[Any]:
+    from gpuprof.analyzers.recommend import recommend
+
+    try:
+        return recommend(findings, run.meta)
+    except Exception as exc:
+        notes.append(f"recommendations failed: {type(exc).__name__}: {exc}")
+        return []
+
+
+def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
+    """Headline figures: duration (s), GPUs, GPU-hours, mean utilisation (and which measure),
+    idle GPU-seconds by cause, step time p50/p95 (s), tokens/s, share of time per phase."""
+    run = ctx.run
+    totals = ctx.totals if len(run.gpu) else {}
+    steps = step_times(run)
+    durations = steps["duration_s"].to_numpy(dtype=float) if len(steps) else np.array([])
+    tokens = steps["tokens"].to_numpy(dtype=float) if len(steps) else np.array([])
+    ok = np.isfinite(tokens) & np.isfinite(durations) if len(tokens) else np.array([], bool)
+    per_process_steps = (
+        max(1, steps[["host", "pid"]].drop_duplicates().shape[0]) if len(steps) else 1
+    )
+    tokens_per_s = None
+    if ok.any() and durations[ok].sum() > 0:
+        # tokens summed over processes, time over one process's steps
+        tokens_per_s = float(tokens[ok].sum() / (durations[ok].sum() / per_process_steps))
+    idle_total = _num(totals.get("idle_gpu_s"))
+    by_cause = {f.kind: round(f.gpu_seconds_lost, 3) for f in findings}
+    if idle_total is not None:
+        by_cause["other_idle"] = round(
+            max(0.0, idle_total - sum(f.gpu_seconds_lost for f in findings)), 3
+        )
+    phases = []
+    if len(run.spans) and len(run.gpu):
+        table = ctx.by_phase
+        for row in table.itertuples(index=False):
+            phases.append(
+                {
+                    "phase": row.phase,
+                    "wall_s": _num(row.wall_s),
+                    "gpu_s": _num(row.gpu_s),
+                    "idle_gpu_s": _num(row.idle_gpu_s),
+                    "util_gpu_pct": _num(row.util_gpu_pct),
+                    "share": _num(row.share),
+                }
+            )
+    return {
+        "run_id": run.meta.run_id,
+        "framework": run.meta.framework,
+        "duration_s": run.duration_s,
+        "gpus": int(totals.get("gpus") or run.gpu[["host", "gpu"]].drop_duplicates().shape[0]),
+        "gpu_hours": (_num(totals.get("gpu_s")) or 0.0) / 3600.0,
+        "mean_util_gpu_pct": _num(totals.get("util_gpu_pct")),
+        "mean_sm_active_pct": _num(totals.get("sm_active_pct")),
+        "busy_measure": totals.get("busy_measure", "util_gpu_pct"),
+        "idle_gpu_s": idle_total,
+        "idle_gpu_s_by_cause": by_cause,
+        "steps": int(steps["step"].nunique()) if len(steps) else 0,
+        "step_time_p50_s": _num(np.percentile(durations, 50)) if len(durations) else None,
+        "step_time_p95_s": _num(np.percentile(durations, 95)) if len(durations) else None,
+        "tokens_per_s": tokens_per_s,
+        "phases": phases,
+    }
+
+
+def data_notes(run: Run) -> list[str]:
+    """What the run lacks or gets wrong, as human lines (the analysis still runs)."""
+    notes = list(run.meta.notices)
+    if run.gpu.empty:
+        notes.append("no GPU samples: GPU findings need NVML data (a CPU-only or host-only run)")
+    else:
+        for column, label in (("util_gpu_pct", "GPU utilization"), ("mem_used_bytes", "memory")):
+            if run.gpu[column].isna().all():
+                notes.append(f"{label} was never available: findings that need it are skipped")
+        if run.gpu["sm_active_pct"].isna().all():
+            notes.append(
+                "no GPM SM-activity (pre-Hopper GPU or not supported): utilization is NVML's "
+                "'a kernel was running', which overstates how busy the SMs were"
+            )
+    if run.spans.empty:
+        notes.append(
+            "no phase spans: idle time can't be attributed to phases "
+            "(use gpuprof.phase() or a framework integration)"
+        )
+    else:
+        bad = int((run.spans["end_ns"] < run.spans["start_ns"]).sum())
+        if bad:
+            notes.append(f"{bad} spans end before they start and were ignored")
+    notes.extend(_clock_skew_notes(run))
+    return notes
+
+
+def _clock_skew_notes(run: Run) -> list[str]:
+    hosts = run.gpu["host"].dropna().unique() if len(run.gpu) else []
+    if len(hosts) < 2:
+        return []
+    first = run.gpu.groupby("host")["t_ns"].min()
+    spread_s = float(first.max() - first.min()) / 1e9
+    if spread_s > CLOCK_SKEW_NOTE_S:
+        return [
+            f"hosts' first samples are {spread_s:.1f} s apart: clocks may be skewed "
+            "(cross-host figures such as pipeline bubbles are less certain)"
+        ]
+    return []
+
+
+def _num(value: Any) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if not np.isfinite(value) else value
