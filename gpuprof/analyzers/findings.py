@@ -77,8 +77,9 @@ class Thresholds:
     """Host CPU (all cores) above this during a phase marks it CPU-heavy."""
     process_core_pinned_pct: float = 85.0
     """A process above this percent of one core is pinned (Python/launch bound)."""
-    memory_headroom_frac: float = 0.35
-    """Peak memory below (1 - this) of total during rollout/update leaves headroom."""
+    memory_headroom_frac: float = 0.25
+    """Peak memory below (1 - this) of total during rollout/update leaves headroom (engines
+    reserve up to ~90% by default, so a peak under 75% leaves a sizeable KV cache unused)."""
     tail_util_drop_frac: float = 0.5
     """Rollout utilisation in its last part below this fraction of its first part: a tail."""
     pcie_heavy_bytes_s: float = 8e9

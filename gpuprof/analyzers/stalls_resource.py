@@ -836,8 +836,14 @@ def detect_imbalance(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     ]
     grp = per.groupby(["phase", "step", "hot"], sort=False)
     per["ranks"] = grp["dur"].transform("size")
-    per["med"] = grp["dur"].transform("median")
     per["mx"] = grp["dur"].transform("max")
+    # the pace the others kept: the median of every rank but the slowest (with two ranks the
+    # median of both would hide half the delay)
+    others = per["dur"].where(per["dur"] < per["mx"])
+    per["med"] = others.groupby([per["phase"], per["step"], per["hot"]], sort=False).transform(
+        "median"
+    )
+    per["med"] = per["med"].fillna(per["mx"])
     per["all_gpus"] = per.groupby(["phase", "step"], sort=False)["n_gpu"].transform("sum")
     per = per[per["ranks"] >= 2]
     if per.empty:
