@@ -11,7 +11,7 @@ from conftest import run_gpuprof
 from gpuprof import store
 from gpuprof.analyzers.diagnose import diagnose
 from gpuprof.model import Run, RunMeta
-from gpuprof.sim import SimConfig, simulate
+from gpuprof.sim import Pathology, SimConfig, simulate
 
 DEFAULT_KINDS = {"reward_bound", "reshard_idle", "memory_headroom"}
 
@@ -138,3 +138,19 @@ def test_analyze_a_host_only_run_from_watch(tmp_path):
     result = run_gpuprof("analyze", str(run_dir))
     assert result.returncode == 0, result.stderr
     assert "no GPU samples" in result.stdout
+
+
+def test_thresholds_are_one_config_that_steers_the_detectors():
+    from gpuprof.analyzers.findings import Thresholds
+
+    run = simulate(
+        SimConfig(gpus=4, steps=4, time_scale=0.1, seed=5,
+                  pathologies=[Pathology("reward_bound", 0.8), Pathology("comm_bound", 0.8)])
+    ).run  # fmt: skip
+    default = {f.kind: f.gpu_seconds_lost for f in diagnose(run).findings}
+    assert {"reward_bound", "comm_bound"} <= set(default)
+    generous = Thresholds(reward_allowance_share=0.2, collective_min_frac=0.9)
+    tuned = {f.kind: f.gpu_seconds_lost for f in diagnose(run, generous).findings}
+    assert "comm_bound" not in tuned
+    assert tuned.get("reward_bound", 0.0) < default["reward_bound"]
+    assert diagnose(run, Thresholds(min_share=0.99)).findings == []

@@ -88,6 +88,25 @@ class Thresholds:
     """A rank's phase time above the median rank's by this fraction makes it a straggler."""
     periodic_min_ratio: float = 3.0
     """A periodic phase (checkpoint/eval) at least this many times a normal step's idle."""
+    reward_allowance_share: float = 0.035
+    """Idle GPU-time a healthy job spends scoring rewards (share of the run's GPU-time); only
+    idle beyond it counts as lost."""
+    reshard_allowance_share: float = 0.035
+    """The same for weight sync (reshard)."""
+    dataload_allowance_share: float = 0.015
+    """The same for data loading."""
+    no_span_idle_share: float = 0.25
+    """With no spans at all, idle is reported as unattributed only above this run-wide share."""
+    clock_drop_frac: float = 0.9
+    """Without clock-event reasons, an SM clock below this fraction of the max seen throttles."""
+    low_compute_util_pct: float = 92.0
+    """Update utilisation below this, with heavy PCIe, reads as offload traffic."""
+    low_compute_sm_pct: float = 40.0
+    """The same with GPM SM activity, where utilisation is missing."""
+    collective_healthy_frac: float = 0.1
+    """Share of update time a well-overlapped job spends in collectives."""
+    collective_min_frac: float = 0.2
+    """Collectives above this share of update time make a run comm-bound."""
 
 
 @dataclass

@@ -13,9 +13,10 @@ run's idle GPU-time between them without double counting:
   the whole job idles → ``idle_unattributed``.
 
 Phases that any healthy job has (reward scoring, weight sync, loading a batch) get an
-allowance: only their idle GPU-time beyond ``_ALLOW_SHARE`` of the run's GPU-time is counted as
-lost. Phase GPU-time comes from the span timeline where spans exist (exact even when spans are
-shorter than the sampling period) and its idle share from the samples.
+allowance: only their idle GPU-time beyond a share of the run's GPU-time
+(``Thresholds.*_allowance_share``) is counted as lost. Phase GPU-time comes from the span
+timeline where spans exist (exact even when spans are shorter than the sampling period) and its
+idle share from the samples.
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ import pandas as pd
 from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE, valid_spans
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 
-_ALLOW_SHARE: dict[str, float] = {"reward": 0.035, "reshard": 0.035, "dataload": 0.015}
-"""Idle GPU-time a healthy job spends in these phases, as a share of the run's GPU-time;
-only idle beyond it is reported as lost (a well-tuned job still scores, syncs and loads)."""
 
-_NO_SPAN_IDLE_SHARE = 0.25
-"""Without any span, idle is reported as unattributed only above this run-wide idle share
-(a healthy RL job idles ~10–15% of its GPU-time in reward, sync and loading)."""
+def _allowance(th: Thresholds, phase: str) -> float:
+    """Idle GPU-time a healthy job spends in ``phase``, as a share of the run's GPU-time; only
+    idle beyond it is reported as lost (a well-tuned job still scores, syncs and loads)."""
+    return {
+        "reward": th.reward_allowance_share,
+        "reshard": th.reshard_allowance_share,
+        "dataload": th.dataload_allowance_share,
+    }.get(phase, 0.0)
+
 
 _WAIT_PHASES = frozenset({NO_PHASE, STEP_PHASE, "wait", "waiting", "idle"})
 """Owner states that explain nothing: idle here is a bubble or unattributed."""
@@ -186,9 +190,9 @@ def _rate(nbytes: np.ndarray, dt: np.ndarray) -> float:
     return float(nbytes[ok].sum() / dt[ok].sum()) if ok.any() else np.nan
 
 
-def _excess(ctx: AnalysisContext, idle_gpu_s: float, phase: str) -> float:
+def _excess(ctx: AnalysisContext, th: Thresholds, idle_gpu_s: float, phase: str) -> float:
     """Idle GPU-seconds beyond the healthy allowance of ``phase``."""
-    return max(0.0, idle_gpu_s - _ALLOW_SHARE.get(phase, 0.0) * ctx.total_gpu_s)
+    return max(0.0, idle_gpu_s - _allowance(th, phase) * ctx.total_gpu_s)
 
 
 def _num(value: float, fmt: str = ".1f") -> float | None:
@@ -353,7 +357,7 @@ def detect_reshard_idle(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if st is None or st["idle_frac"] < 0.5:  # a sync that keeps GPUs busy is not this stall
         return None
     waiting = _waiting_on(ctx, s, th, ["reshard"])
-    lost = _excess(ctx, st["idle_gpu_s"] + waiting, "reshard")
+    lost = _excess(ctx, th, st["idle_gpu_s"] + waiting, "reshard")
     share = ctx.share(lost)
     if share < th.min_share:
         return None
@@ -396,7 +400,7 @@ def detect_reshard_idle(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             "nvlink_bytes_s": _num(st["nvlink_bytes_s"], ".0f"),
             "link_burst": burst,
             "waiting_gpus_idle_gpu_s": _num(waiting),
-            "allowance_share": _ALLOW_SHARE["reshard"],
+            "allowance_share": _allowance(th, "reshard"),
         },
     )
 
@@ -433,7 +437,7 @@ def detect_reward_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if st is None or st["idle_frac"] < 0.5:  # a GPU reward model keeps the GPUs busy
         return None
     waiting = _waiting_on(ctx, s, th, ["reward"])
-    lost = _excess(ctx, st["idle_gpu_s"] + waiting, "reward")
+    lost = _excess(ctx, th, st["idle_gpu_s"] + waiting, "reward")
     share = ctx.share(lost)
     if share < th.min_share:
         return None
@@ -476,7 +480,7 @@ def detect_reward_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             "host_cpu_busy": host_busy,
             "scorer_pinned": pinned,
             "waiting_gpus_idle_gpu_s": _num(waiting),
-            "allowance_share": _ALLOW_SHARE["reward"],
+            "allowance_share": _allowance(th, "reward"),
         },
     )
 
@@ -507,7 +511,7 @@ def detect_dataloader_starvation(ctx: AnalysisContext, th: Thresholds) -> Findin
         a, b = _merge(t, t + (sub["dt_s"].to_numpy(np.float64) * 1e9).astype(np.int64))
         intervals = _top_intervals(a, b)
         ev = _loader_evidence(ctx, s, th, head=True)
-    lost = _excess(ctx, idle_gpu_s, "dataload")
+    lost = _excess(ctx, th, idle_gpu_s, "dataload")
     share = ctx.share(lost)
     if share < th.min_share:
         return None
@@ -536,7 +540,7 @@ def detect_dataloader_starvation(ctx: AnalysisContext, th: Thresholds) -> Findin
             "main_cpu_pct": _num(ev.get("main_cpu_pct", np.nan)),
             "dataloader_num_workers": ev.get("num_workers"),
             "loader_saturated": bool(ev.get("saturated")),
-            "allowance_share": _ALLOW_SHARE["dataload"],
+            "allowance_share": _allowance(th, "dataload"),
         },
     )
 
@@ -770,7 +774,7 @@ def detect_idle_unattributed(ctx: AnalysisContext, th: Thresholds) -> Finding | 
     run_idle = ctx.totals.get("idle_gpu_s") or 0.0
     measured = ctx.total_gpu_s - (ctx.totals.get("unknown_gpu_s") or 0.0)
     run_idle_share = run_idle / measured if measured > 0 else 0.0
-    if share < th.min_share or (no_spans and run_idle_share < _NO_SPAN_IDLE_SHARE):
+    if share < th.min_share or (no_spans and run_idle_share < th.no_span_idle_share):
         return None
     sub = s[mask]
     outside = float(idle[mask & (s["phase"] == NO_PHASE).to_numpy()].sum())

@@ -56,8 +56,6 @@ THROTTLE_REASON_NAMES = {
     REASON_HW_THERMAL: "hw_thermal_slowdown",
     REASON_HW_POWER_BRAKE: "hw_power_brake",
 }
-CLOCK_DROP_FRAC = 0.9
-"""Without clock-event reasons, a busy sample below this fraction of the max clock is slowed."""
 
 MEM_TARGET_FRAC = 0.9
 """Memory use a well-tuned rollout/update reaches (share of total)."""
@@ -66,14 +64,7 @@ MEM_UPDATE_FACTOR = 0.25
 
 PCIE_LINK_BYTES_S = 64e9
 """Nominal PCIe Gen5 x16 rate per direction: copies take at least bytes / this."""
-LOW_COMPUTE_UTIL_PCT = 92.0
-"""Update util below this with heavy PCIe: copies (not kernels) fill the time."""
-LOW_COMPUTE_SM_PCT = 40.0
 
-COLLECTIVE_HEALTHY_FRAC = 0.1
-"""Share of update time a well-overlapped data-parallel update spends in exposed collectives."""
-COLLECTIVE_MIN_FRAC = 0.2
-"""Collective share of update time from which ``comm_bound`` is reported."""
 _COLLECTIVE_WORDS = ("allreduce", "all_reduce", "all_gather", "allgather", "reduce_scatter",
                      "reducescatter", "broadcast", "all_to_all", "alltoall")  # fmt: skip
 
@@ -387,7 +378,7 @@ def detect_offload_thrash(ctx: AnalysisContext, th: Thresholds) -> Finding | Non
     of its time is the larger of the kernel-free share (``1 - util``) and the time the copies
     need at the nominal link rate (``rate / PCIE_LINK_BYTES_S``), i.e. the copies are assumed
     not to overlap compute. Reported only when those samples' compute is low (util below
-    ``LOW_COMPUTE_UTIL_PCT`` or, with GPM, SM activity below ``LOW_COMPUTE_SM_PCT``), which
+    ``th.low_compute_util_pct`` or, with GPM, SM activity below ``th.low_compute_sm_pct``), which
     keeps collective traffic over the NIC (util stays ~100%) for ``comm_bound``.
     """
     s = ctx.samples
@@ -410,9 +401,9 @@ def detect_offload_thrash(ctx: AnalysisContext, th: Thresholds) -> Finding | Non
     mean_sm = float(np.average(sm[heavy][sm_ok], weights=w[sm_ok])) if sm_ok.any() else np.nan
     # util (kernel running) first: NCCL traffic over the NIC keeps it ~100% with SMs low
     if np.isfinite(mean_util):
-        low_compute = mean_util < LOW_COMPUTE_UTIL_PCT
+        low_compute = mean_util < th.low_compute_util_pct
     else:
-        low_compute = bool(np.isfinite(mean_sm) and mean_sm < LOW_COMPUTE_SM_PCT)
+        low_compute = bool(np.isfinite(mean_sm) and mean_sm < th.low_compute_sm_pct)
     if not low_compute:
         return None
     idle_frac = np.where(np.isfinite(util), 1.0 - np.clip(util / 100.0, 0, 1), 0.0)
@@ -457,8 +448,8 @@ def detect_comm_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
 
     From spans: per owner, the wall time of collective spans (not barrier waits) inside its
     update spans over its update time, ``c``. The exposed communication above what a healthy,
-    overlapped update shows (`COLLECTIVE_HEALTHY_FRAC`) is lost: ``(c - healthy) x update
-    GPU-s``. Reported when ``c >= COLLECTIVE_MIN_FRAC``; NVLink/PCIe traffic and SM activity
+    overlapped update shows (``th.collective_healthy_frac``) is lost: ``(c - healthy) x update
+    GPU-s``. Reported when ``c >= th.collective_min_frac``; NVLink/PCIe traffic and SM activity
     (GPM) during the collectives raise the confidence.
     """
     s = ctx.samples
@@ -492,7 +483,7 @@ def detect_comm_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         return None
     per_owner["frac"] = (per_owner["coll_s"] / per_owner["upd_s"]).clip(0, 1)
     frac = float(per_owner["coll_s"].sum() / per_owner["upd_s"].sum())
-    if frac < COLLECTIVE_MIN_FRAC:
+    if frac < th.collective_min_frac:
         return None
     # GPU-seconds inside update windows per owner
     window = _update_windows(ctx, spans)
@@ -502,7 +493,8 @@ def detect_comm_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     ]
     gpu_upd = w.groupby(keys)["dt"].sum()
     per_owner = per_owner.join(gpu_upd.rename("gpu_s"), how="inner")
-    per_owner["lost"] = per_owner["gpu_s"] * (per_owner["frac"] - COLLECTIVE_HEALTHY_FRAC).clip(0)
+    excess = (per_owner["frac"] - th.collective_healthy_frac).clip(0)
+    per_owner["lost"] = per_owner["gpu_s"] * excess
     gpu_s = float(per_owner["lost"].sum())
     # link traffic and SM activity inside the collective spans
     coll_sorted = coll.reset_index(drop=True)
@@ -511,7 +503,7 @@ def detect_comm_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     sm = _num(s, "sm_active_pct")
     util = _num(s, "util_gpu_pct")
     figures: dict[str, Any] = {}
-    conf = 0.5 + 0.3 * min(1.0, (frac - COLLECTIVE_MIN_FRAC) / 0.3)
+    conf = 0.5 + 0.3 * min(1.0, (frac - th.collective_min_frac) / 0.3)
     if in_coll.any():
         wd = dt[in_coll]
         ok = np.isfinite(nvl[in_coll]) & (wd > 0)
@@ -538,7 +530,7 @@ def detect_comm_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         )
     ]
     summary = (
-        f"collectives take {frac:.0%} of update time (healthy ~{COLLECTIVE_HEALTHY_FRAC:.0%}): "
+        f"collectives take {frac:.0%} of update time (healthy ~{th.collective_healthy_frac:.0%}): "
         f"~{_fmt_gpu_s(gpu_s)} ({{share}}) of exposed communication"
     )
     evidence = {
@@ -709,7 +701,7 @@ def _throttle_samples(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | No
     bits = np.where(has_reasons, reasons, 0).astype(np.int64)
     busy = m["util_gpu_pct"].to_numpy(np.float64) >= th.busy_util_pct
     ratio = clock / max_clock
-    limited = np.where(has_reasons, (bits & THROTTLE_REASON_MASK) != 0, ratio < CLOCK_DROP_FRAC)
+    limited = np.where(has_reasons, (bits & THROTTLE_REASON_MASK) != 0, ratio < th.clock_drop_frac)
     hot = busy & limited & np.isfinite(clock)
     m["hot"] = hot
     m["bits"] = bits
@@ -724,7 +716,7 @@ def detect_throttling(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
 
     A busy sample (util at least ``th.busy_util_pct``) is throttled when its clock-event
     reasons carry a power-cap / thermal / HW-slowdown bit (or, without reasons, its SM clock
-    is below ``CLOCK_DROP_FRAC`` of the max seen). It runs at ``clock / max_clock`` speed, so
+    is below ``th.clock_drop_frac`` of the max seen). It runs at ``clock / max_clock`` speed, so
     ``dt x (1 - clock/max)`` of its time is lost. Data-parallel ranks wait for the slowest GPU:
     per step the wall time lost is the worst GPU's, and every GPU of the run pays it.
     """
