@@ -90,6 +90,18 @@ def _print_summary(run_dir: Path) -> None:
         return
     console = Console(stderr=True)
     console.print(summary_renderable(run, str(run_dir)))
+    if run.gpu.empty or run.spans.empty:
+        return  # nothing to diagnose yet: the summary's notes say what is missing
+    from gpuprof.reports.terminal import findings_renderable
+
+    try:
+        diagnosis = api.analyze(run)
+    except Exception as exc:  # the run is saved; a diagnosis bug must not cost the exit code
+        _err(f"diagnosis failed ({type(exc).__name__}: {exc}); try: gpuprof analyze {run_dir}")
+        return
+    console.print(findings_renderable(diagnosis, top=3))
+    # soft_wrap: a path must stay on one line to be copied
+    console.print(f"full diagnosis: gpuprof analyze {run_dir}", soft_wrap=True)
 
 
 @app.command(help="Print the summary of a recorded run.")
@@ -165,7 +177,7 @@ def demo(
         raise typer.Exit(EXIT_BAD_INPUT) from None
     console = Console()
     console.print(diagnosis_renderable(api.analyze(run)))
-    console.print(f"run saved to {run_dir}")
+    console.print(f"run saved to {run_dir}", soft_wrap=True)
 
 
 def _load_or_exit(run_dir: Path):

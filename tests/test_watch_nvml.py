@@ -76,6 +76,9 @@ def test_watch_the_example_on_eight_simulated_gpus(tmp_path, simnvml_lib):
     for phase in PHASES:
         assert phase in result.stderr
     assert "H100" in result.stderr
+    # then a diagnosis of the run, pointing at the full one
+    assert f"full diagnosis: gpuprof analyze {run_dir}" in result.stderr
+    assert "Findings, by GPU-time lost" in result.stderr or "No stall above" in result.stderr
 
 
 def test_a_gpu_lost_mid_run_is_recorded_and_watch_goes_on(tmp_path, simnvml_lib):

@@ -95,7 +95,7 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
     for notice in s["notices"]:
         parts.append(Text(f"note: {notice}", style="yellow"))
     if run_dir:
-        parts.append(Text(f"run saved to {run_dir}"))
+        parts.append(Text(f"run saved to {run_dir}", no_wrap=True, overflow="ignore"))
     return Group(*parts)
 
 

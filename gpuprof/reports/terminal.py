@@ -70,6 +70,19 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
             line += f"  {s['tokens_per_s']:.0f} tokens/s"
         parts.append(Text(line))
 
+    parts.extend(_findings_parts(diagnosis, top))
+    for note in diagnosis.notes:
+        parts.append(Text(f"note: {note}", style="yellow"))
+    return Group(*parts)
+
+
+def findings_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
+    """Only the findings and recommendations (the end of ``gpuprof watch``)."""
+    return Group(*_findings_parts(diagnosis, top))
+
+
+def _findings_parts(diagnosis: Diagnosis, top: int | None) -> list[Any]:
+    parts: list[Any] = []
     findings = diagnosis.findings[:top] if top else diagnosis.findings
     if findings:
         parts.append(Text("Findings, by GPU-time lost", style="bold"))
@@ -94,9 +107,7 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
             line.append(f"  ~{100 * r.expected_gain_share:.1f}% of GPU-time  [{r.kind}]")
             parts.append(line)
             parts.append(Padding(Text(str(r.rationale)), (0, 0, 0, 4)))
-    for note in diagnosis.notes:
-        parts.append(Text(f"note: {note}", style="yellow"))
-    return Group(*parts)
+    return parts
 
 
 def compare_renderable(table: pd.DataFrame, before: str, after: str) -> Group:
