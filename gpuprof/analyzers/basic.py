@@ -117,10 +117,10 @@ def run_summary(run: Run) -> dict[str, Any]:
         "duration_s": run.duration_s,
         "exit_code": run.meta.exit_code,
         "n_gpus": len(gpus),
-        "mean_util_gpu_pct": _nan_none(gpus["util_gpu_pct"].mean()) if len(gpus) else None,
+        "mean_util_gpu_pct": finite_or_none(gpus["util_gpu_pct"].mean()) if len(gpus) else None,
         "steps": int(steps["step"].nunique()) if len(steps) else 0,
-        "step_time_p50_s": _nan_none(np.percentile(durations, 50)) if len(durations) else None,
-        "step_time_p95_s": _nan_none(np.percentile(durations, 95)) if len(durations) else None,
+        "step_time_p50_s": finite_or_none(np.percentile(durations, 50)) if len(durations) else None,
+        "step_time_p95_s": finite_or_none(np.percentile(durations, 95)) if len(durations) else None,
         "tokens_per_s": tokens_per_s,
         "gpus": gpus.to_dict("records"),
         "phases": phases.to_dict("records"),
@@ -128,9 +128,10 @@ def run_summary(run: Run) -> dict[str, Any]:
     }
 
 
-def _nan_none(value: Any) -> float | None:
+def finite_or_none(value: Any) -> float | None:
+    """``value`` as a float, or None when it is missing, NaN or infinite (JSON has no NaN)."""
     try:
         value = float(value)
     except (TypeError, ValueError):
         return None
-    return None if np.isnan(value) else value
+    return value if np.isfinite(value) else None

@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpuprof.analyzers.basic import finite_or_none
 from gpuprof.analyzers.diagnose import Diagnosis
 from gpuprof.analyzers.findings import STALL_KINDS
 
@@ -20,8 +21,8 @@ def compare(before: Diagnosis, after: Diagnosis) -> pd.DataFrame:
     a, b = before.summary, after.summary
 
     def add(metric: str, unit: str, x: Any, y: Any, higher_is_better: bool | None) -> None:
-        x = _num(x)
-        y = _num(y)
+        x = finite_or_none(x)
+        y = finite_or_none(y)
         delta = None if x is None or y is None else y - x
         pct = None if delta is None or not x else 100.0 * delta / abs(x)
         better = None
@@ -46,11 +47,3 @@ def compare(before: Diagnosis, after: Diagnosis) -> pd.DataFrame:
         if kind in lost_a or kind in lost_b:
             add(f"lost: {kind}", "GPU-s", lost_a.get(kind, 0.0), lost_b.get(kind, 0.0), False)
     return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def _num(value: Any) -> float | None:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if value != value else value

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from gpuprof.analyzers import stalls_phase, stalls_resource
-from gpuprof.analyzers.basic import step_times
+from gpuprof.analyzers.basic import finite_or_none, step_times
 from gpuprof.analyzers.findings import STALL_KINDS, AnalysisContext, Finding, Thresholds
 from gpuprof.model import Run
 
@@ -99,7 +99,7 @@ def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
     if ok.any() and durations[ok].sum() > 0:
         # tokens summed over processes, time over one process's steps
         tokens_per_s = float(tokens[ok].sum() / (durations[ok].sum() / per_process_steps))
-    idle_total = _num(totals.get("idle_gpu_s"))
+    idle_total = finite_or_none(totals.get("idle_gpu_s"))
     by_cause = {f.kind: round(f.gpu_seconds_lost, 3) for f in findings}
     if idle_total is not None:
         by_cause["other_idle"] = round(
@@ -112,11 +112,11 @@ def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
             phases.append(
                 {
                     "phase": row.phase,
-                    "wall_s": _num(row.wall_s),
-                    "gpu_s": _num(row.gpu_s),
-                    "idle_gpu_s": _num(row.idle_gpu_s),
-                    "util_gpu_pct": _num(row.util_gpu_pct),
-                    "share": _num(row.share),
+                    "wall_s": finite_or_none(row.wall_s),
+                    "gpu_s": finite_or_none(row.gpu_s),
+                    "idle_gpu_s": finite_or_none(row.idle_gpu_s),
+                    "util_gpu_pct": finite_or_none(row.util_gpu_pct),
+                    "share": finite_or_none(row.share),
                 }
             )
     return {
@@ -124,15 +124,15 @@ def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
         "framework": run.meta.framework,
         "duration_s": run.duration_s,
         "gpus": int(totals.get("gpus") or run.gpu[["host", "gpu"]].drop_duplicates().shape[0]),
-        "gpu_hours": (_num(totals.get("gpu_s")) or 0.0) / 3600.0,
-        "mean_util_gpu_pct": _num(totals.get("util_gpu_pct")),
-        "mean_sm_active_pct": _num(totals.get("sm_active_pct")),
+        "gpu_hours": (finite_or_none(totals.get("gpu_s")) or 0.0) / 3600.0,
+        "mean_util_gpu_pct": finite_or_none(totals.get("util_gpu_pct")),
+        "mean_sm_active_pct": finite_or_none(totals.get("sm_active_pct")),
         "busy_measure": totals.get("busy_measure", "util_gpu_pct"),
         "idle_gpu_s": idle_total,
         "idle_gpu_s_by_cause": by_cause,
         "steps": int(steps["step"].nunique()) if len(steps) else 0,
-        "step_time_p50_s": _num(np.percentile(durations, 50)) if len(durations) else None,
-        "step_time_p95_s": _num(np.percentile(durations, 95)) if len(durations) else None,
+        "step_time_p50_s": finite_or_none(np.percentile(durations, 50)) if len(durations) else None,
+        "step_time_p95_s": finite_or_none(np.percentile(durations, 95)) if len(durations) else None,
         "tokens_per_s": tokens_per_s,
         "phases": phases,
     }
@@ -177,11 +177,3 @@ def _clock_skew_notes(run: Run) -> list[str]:
             "(cross-host figures such as pipeline bubbles are less certain)"
         ]
     return []
-
-
-def _num(value: Any) -> float | None:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if not np.isfinite(value) else value

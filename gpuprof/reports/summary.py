@@ -11,34 +11,7 @@ from rich.text import Text
 
 from gpuprof.analyzers.basic import run_summary
 from gpuprof.model import Run
-
-
-def _fmt_s(value: float | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if value >= 3600:
-        return f"{value / 3600:.1f} h"
-    if value >= 60:
-        return f"{value / 60:.1f} min"
-    if value >= 1:
-        return f"{value:.2f} s"
-    return f"{value * 1000:.0f} ms"
-
-
-def _fmt_pct(value: Any) -> str:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return "n/a"
-    return "n/a" if math.isnan(value) else f"{value:.0f}%"
-
-
-def _fmt_gib(value: Any) -> str:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return "n/a"
-    return "n/a" if math.isnan(value) else f"{value / 2**30:.1f}"
+from gpuprof.reports import fmt
 
 
 def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
@@ -48,16 +21,16 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
     head = Text()
     head.append("gpuprof ", style="bold")
     head.append(f"{s['run_id']}  ")
-    head.append(f"duration {_fmt_s(s['duration_s'])}  ")
+    head.append(f"duration {fmt.seconds(s['duration_s'])}  ")
     head.append(f"GPUs {s['n_gpus']}  ")
     if s["mean_util_gpu_pct"] is not None:
-        head.append(f"mean GPU util {_fmt_pct(s['mean_util_gpu_pct'])}  ")
+        head.append(f"mean GPU util {fmt.percent(s['mean_util_gpu_pct'])}  ")
     if s["exit_code"] is not None:
         head.append(f"exit {s['exit_code']}")
     parts.append(head)
     if s["steps"]:
-        line = f"steps {s['steps']}  step time p50 {_fmt_s(s['step_time_p50_s'])}"
-        line += f"  p95 {_fmt_s(s['step_time_p95_s'])}"
+        line = f"steps {s['steps']}  step time p50 {fmt.seconds(s['step_time_p50_s'])}"
+        line += f"  p95 {fmt.seconds(s['step_time_p95_s'])}"
         if s["tokens_per_s"]:
             line += f"  {s['tokens_per_s']:.0f} tokens/s"
         parts.append(Text(line))
@@ -74,8 +47,8 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
                 label += " (lost)"
             power = g.get("power_w")
             power_txt = "n/a" if power is None or math.isnan(power) else f"{power:.0f}"
-            table.add_row(label, str(g.get("name") or ""), _fmt_pct(g.get("util_gpu_pct")),
-                          _fmt_pct(g.get("sm_active_pct")), _fmt_gib(g.get("mem_peak_bytes")),
+            table.add_row(label, str(g.get("name") or ""), fmt.percent(g.get("util_gpu_pct")),
+                          fmt.percent(g.get("sm_active_pct")), fmt.gib(g.get("mem_peak_bytes")),
                           power_txt)  # fmt: skip
         parts.append(table)
 
@@ -86,8 +59,8 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
                              ("mean", "right"), ("share", "right")):  # fmt: skip
             table.add_column(col, justify=justify)
         for p in s["phases"]:
-            table.add_row(p["phase"], str(p["spans"]), _fmt_s(p["per_process_s"]),
-                          _fmt_s(p["mean_s"]), _fmt_pct(100 * p["share"]))  # fmt: skip
+            table.add_row(p["phase"], str(p["spans"]), fmt.seconds(p["per_process_s"]),
+                          fmt.seconds(p["mean_s"]), fmt.percent(100 * p["share"]))  # fmt: skip
         parts.append(table)
     else:
         parts.append(Text("no phases recorded (use gpuprof.phase() in the training loop)"))

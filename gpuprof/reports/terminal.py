@@ -13,16 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuprof.analyzers.diagnose import Diagnosis
-
-
-def _fmt_gpu_s(value: float | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if value >= 3600:
-        return f"{value / 3600:.1f} GPU-h"
-    if value >= 60:
-        return f"{value / 60:.1f} GPU-min"
-    return f"{value:.1f} GPU-s"
+from gpuprof.reports import fmt
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -61,7 +52,7 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
     if s.get("mean_sm_active_pct") is not None:
         head.append(f"SM active {s['mean_sm_active_pct']:.0f}%  ")
     if s.get("idle_gpu_s") is not None:
-        head.append(f"idle {_fmt_gpu_s(s['idle_gpu_s'])}")
+        head.append(f"idle {fmt.gpu_seconds(s['idle_gpu_s'])}")
     parts.append(head)
     if s.get("steps"):
         line = f"steps {s['steps']}  step time p50 {_fmt(s.get('step_time_p50_s'), 2)} s"
@@ -89,7 +80,8 @@ def _findings_parts(diagnosis: Diagnosis, top: int | None) -> list[Any]:
         for i, f in enumerate(findings, 1):
             line = Text(f"{i:2d}. ")
             line.append(f.kind, style="bold red" if f.share >= 0.1 else "bold yellow")
-            line.append(f"  {_fmt_gpu_s(f.gpu_seconds_lost)}  {100 * f.share:.1f}% of GPU-time")
+            lost = fmt.gpu_seconds(f.gpu_seconds_lost)
+            line.append(f"  {lost}  {100 * f.share:.1f}% of GPU-time")
             line.append(f"  confidence {f.confidence:.2f}")
             parts.append(line)
             parts.append(Padding(Text(f.summary), (0, 0, 0, 4)))

@@ -1,0 +1,52 @@
+"""Number formatting shared by the terminal renderers (missing values print as "–")."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def seconds(value: float | None) -> str:
+    """A duration in s as ``1.5 h`` / ``2.0 min`` / ``3.21 s`` / ``45 ms``."""
+    if _missing(value):
+        return "–"
+    if value >= 3600:
+        return f"{value / 3600:.1f} h"
+    if value >= 60:
+        return f"{value / 60:.1f} min"
+    if value >= 1:
+        return f"{value:.2f} s"
+    return f"{value * 1000:.0f} ms"
+
+
+def gpu_seconds(value: float | None) -> str:
+    """GPU time in GPU-s as ``1.2 GPU-h`` / ``7.7 GPU-min`` / ``30.0 GPU-s``."""
+    if _missing(value):
+        return "–"
+    if value >= 3600:
+        return f"{value / 3600:.1f} GPU-h"
+    if value >= 60:
+        return f"{value / 60:.1f} GPU-min"
+    return f"{value:.1f} GPU-s"
+
+
+def percent(value: Any) -> str:
+    """A 0–100 figure as ``42%``; ``n/a`` when it was not measured."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return "n/a"
+    return "n/a" if math.isnan(value) else f"{value:.0f}%"
+
+
+def gib(value: Any) -> str:
+    """Bytes as GiB with one decimal; ``n/a`` when not measured."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return "n/a"
+    return "n/a" if math.isnan(value) else f"{value / 2**30:.1f}"
