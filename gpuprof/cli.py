@@ -38,7 +38,7 @@ def watch(
     output: Annotated[
         Path | None,
         typer.Option(
-            "-o", "--output", help="Run directory [default: ./gpuprof-runs/<time>-<name>]."
+            "-o", "--output", help="Run directory (default: ./gpuprof-runs/<time>-<name>)."
         ),
     ] = None,
     interval: Annotated[
@@ -48,7 +48,7 @@ def watch(
         float | None,
         typer.Option(
             "--host-interval",
-            help="Host and process sampling interval in seconds [default: max(interval, 0.5)].",
+            help="Host and process sampling interval in seconds (default: max(interval, 0.5)).",
             min=0.01,
             max=60,
         ),
