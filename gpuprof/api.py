@@ -286,10 +286,3 @@ def analyze(run: Run, thresholds=None):
     from gpuprof.analyzers.diagnose import diagnose
 
     return diagnose(run, thresholds)
-
-
-def summarize(run: Run) -> dict:
-    """The figures of the end-of-watch summary (see `gpuprof.analyzers.basic`)."""
-    from gpuprof.analyzers.basic import run_summary
-
-    return run_summary(run)

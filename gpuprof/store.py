@@ -20,6 +20,7 @@ import contextlib
 import json
 import operator
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -188,16 +189,9 @@ def encode_row(table: str, row: Sequence[Any]) -> tuple:
 
 def insert_rows(conn: sqlite3.Connection, batch: dict[str, list[Sequence[Any]]]) -> None:
     """Insert rows of several tables in one transaction (rows already in column order)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for table, rows in batch.items():
-            if rows:
-                conn.executemany(_INSERT[table], [encode_row(table, r) for r in rows])
-        conn.execute("COMMIT")
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        raise
+    insert_encoded(
+        conn, {table: [encode_row(table, r) for r in rows] for table, rows in batch.items()}
+    )
 
 
 def insert_encoded(conn: sqlite3.Connection, batch: dict[str, list[Sequence[Any]]]) -> None:
@@ -516,8 +510,6 @@ def finalize_file(src: Path, dest: Path) -> None:
     if src.resolve() == dest.resolve():
         return
     tmp = dest.with_name(dest.name + ".partial")
-    import shutil
-
     shutil.copyfile(src, tmp)
     os.replace(tmp, dest)
     for suffix in ("", "-wal", "-shm"):
