@@ -180,6 +180,61 @@ def demo(
     console.print(f"run saved to {run_dir}", soft_wrap=True)
 
 
+@app.command(help="Export a run: a Perfetto/Chrome trace (JSON) or Parquet files.")
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="perfetto or parquet (default: perfetto).")
+    ] = "perfetto",
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--output",
+            help="Trace file (gzip if it ends in .gz) or Parquet directory "
+            "(default: RUN_DIR/trace.json.gz or RUN_DIR/parquet).",
+        ),
+    ] = None,
+    max_counter_events: Annotated[
+        int | None,
+        typer.Option(
+            "--max-counter-events",
+            min=0,
+            help="perfetto: average GPU counters to stay under this many events "
+            "(default 1000000; 0: keep every sample).",
+        ),
+    ] = None,
+    findings: Annotated[
+        bool, typer.Option(help="perfetto: add the diagnosis's findings as a track.")
+    ] = True,
+) -> None:
+    from gpuprof.reports.export import FORMATS, ExportError, default_path
+    from gpuprof.reports.export import export as export_run
+
+    if fmt not in FORMATS:
+        _err(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    run = _load_or_exit(run_dir)
+    diagnosis = None
+    if fmt == "perfetto" and findings and not run.gpu.empty:
+        try:
+            diagnosis = api.analyze(run)
+        except Exception as exc:  # the trace is still worth having without the findings
+            _err(f"findings left out: diagnosis failed ({type(exc).__name__}: {exc})")
+    path = output or default_path(run_dir, fmt)
+    try:
+        result = export_run(
+            run, fmt, path, diagnosis=diagnosis, max_counter_events=max_counter_events
+        )
+    except ExportError as exc:
+        _err(str(exc))
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    counts = ", ".join(f"{n} {k}" for k, n in result.counts.items())
+    for note in result.notes:
+        print(f"gpuprof: {note}", file=sys.stderr)
+    print(f"gpuprof: wrote {result.path} ({counts})", file=sys.stderr)
+
+
 def _load_or_exit(run_dir: Path):
     try:
         return api.load_run(run_dir)

@@ -1,4 +1,4 @@
-"""Number formatting shared by the terminal renderers (missing values print as "–")."""
+"""Number formatting shared by the renderers (missing values print as "–") and JSON cleaning."""
 
 from __future__ import annotations
 
@@ -50,3 +50,22 @@ def gib(value: Any) -> str:
     except (TypeError, ValueError):
         return "n/a"
     return "n/a" if math.isnan(value) else f"{value / 2**30:.1f}"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` made JSON-serialisable: NaN/inf become None, numpy scalars plain numbers,
+    unknown objects their ``str``; dict keys become strings."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            return json_safe(value.item())
+        except (TypeError, ValueError):
+            return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

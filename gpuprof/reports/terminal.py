@@ -128,21 +128,4 @@ def render_text(renderable: Any, width: int = 100) -> str:
 
 def render_json(document: dict[str, Any]) -> str:
     """A JSON document with NaN written as null."""
-    return json.dumps(_clean(document), indent=2, sort_keys=False)
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            return _clean(value.item())
-        except (TypeError, ValueError):
-            return str(value)
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
+    return json.dumps(fmt.json_safe(document), indent=2, sort_keys=False)

@@ -1,0 +1,111 @@
+"""``gpuprof export``: a run as a Perfetto/Chrome trace or as Parquet files, written atomically.
+
+Both writers produce their output under a temporary name next to the target and rename it into
+place, so an interrupted or failed export never leaves a half-written file or directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuprof.model import Run
+
+FORMATS = ("perfetto", "parquet")
+DEFAULT_NAMES = {"perfetto": "trace.json.gz", "parquet": "parquet"}
+"""Output name inside the run directory when no path is given."""
+
+
+class ExportError(Exception):
+    """An export that cannot be done (bad format, unusable output path); one line."""
+
+
+@dataclass
+class ExportResult:
+    """Where the export went and what it did (``notes``: downsampling, dropped spans…)."""
+
+    path: Path
+    format: str
+    counts: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def default_path(run_dir: Path, fmt: str) -> Path:
+    """``RUN_DIR/trace.json.gz`` or ``RUN_DIR/parquet`` (next to a run given as one file)."""
+    base = run_dir if run_dir.is_dir() else run_dir.parent
+    return base / DEFAULT_NAMES[fmt]
+
+
+def export(
+    run: Run,
+    fmt: str,
+    path: Path,
+    *,
+    diagnosis: Any | None = None,
+    max_counter_events: int | None = None,
+) -> ExportResult:
+    """Export ``run`` as ``fmt`` (``perfetto`` or ``parquet``) to ``path``.
+
+    For ``perfetto``, ``diagnosis`` adds the findings track and ``max_counter_events`` caps
+    the counters (None: the default cap, 0: no cap). Raises `ExportError`.
+    """
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ExportError(f"{path.parent}: no such directory")
+    if fmt == "perfetto":
+        return _export_perfetto(run, path, diagnosis, max_counter_events)
+    return _export_parquet(run, path)
+
+
+def _export_perfetto(
+    run: Run, path: Path, diagnosis: Any | None, max_counter_events: int | None
+) -> ExportResult:
+    from gpuprof.reports.perfetto import MAX_COUNTER_EVENTS, build_trace, write_trace
+
+    if path.is_dir():
+        raise ExportError(f"{path}: is a directory; give a file name such as trace.json.gz")
+    cap = MAX_COUNTER_EVENTS if max_counter_events is None else max_counter_events
+    trace = build_trace(run, diagnosis, max_counter_events=cap)
+    # the temporary name keeps the suffix, so write_trace compresses exactly as the target asks
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}{''.join(path.suffixes[-1:])}")
+    try:
+        write_trace(trace, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ExportError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return ExportResult(path, "perfetto", trace.counts, list(trace.info["notes"]))
+
+
+def _export_parquet(run: Run, path: Path) -> ExportResult:
+    from gpuprof.reports.parquet import is_parquet_export, write_parquet_dir
+
+    if path.exists() and not (path.is_dir() and (is_parquet_export(path) or _empty(path))):
+        raise ExportError(f"{path}: exists and is not a gpuprof Parquet export; choose another -o")
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        counts = write_parquet_dir(run, tmp)
+        if path.exists() and not _empty(path):
+            os.replace(path, old)  # a previous export: swapped out, removed once the new one is in
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ExportError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return ExportResult(path, "parquet", counts, [])
+
+
+def _empty(directory: Path) -> bool:
+    return directory.is_dir() and not any(directory.iterdir())
