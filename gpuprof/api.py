@@ -27,6 +27,7 @@ __all__ = [
     "default_run_dir",
     "demo",
     "load_run",
+    "report",
     "watch",
 ]
 
@@ -286,3 +287,25 @@ def analyze(run: Run, thresholds=None):
     from gpuprof.analyzers.diagnose import diagnose
 
     return diagnose(run, thresholds)
+
+
+def report(
+    run_dir: Path, output: Path | None = None, *, run: Run | None = None, diagnosis=None
+) -> Path:
+    """Write the self-contained HTML report of a run; return its path.
+
+    ``output`` defaults to ``RUN_DIR/report.html``. ``run`` / ``diagnosis`` skip loading and
+    diagnosing again when the caller has them. The file is written to a temporary name and
+    renamed, so a failure leaves no partial report. Raises `RunError` when the run can't be
+    read or the report can't be written.
+    """
+    from gpuprof.reports.html import write_html
+
+    run_dir = Path(run_dir)
+    if run is None:
+        run = load_run(run_dir)
+    path = Path(output) if output is not None else run_dir / "report.html"
+    try:
+        return write_html(run, path, diagnosis)
+    except OSError as exc:
+        raise RunError(f"{path}: cannot write the report ({exc.strerror or exc})") from None

@@ -77,7 +77,21 @@ def watch(
         raise typer.Exit(EXIT_BAD_INPUT) from None
     if not quiet:
         _print_summary(result.run_dir)
+    _write_report(result.run_dir, quiet)
     raise typer.Exit(result.exit_code)
+
+
+def _write_report(run_dir: Path, quiet: bool) -> None:
+    """Write RUN_DIR/report.html at the end of watch; a failure prints one line and never
+    changes the exit code (the run itself is saved)."""
+    try:
+        path = api.report(run_dir)
+    except Exception as exc:
+        if not quiet:
+            _err(f"report not written ({type(exc).__name__}: {exc}); try: gpuprof report {run_dir}")
+        return
+    if not quiet:
+        Console(stderr=True).print(f"report: {path}", soft_wrap=True)
 
 
 def _print_summary(run_dir: Path) -> None:
@@ -152,6 +166,23 @@ def compare(
         Console().print(compare_renderable(table, runs[0].meta.run_id, runs[1].meta.run_id))
 
 
+@app.command(help="Write the self-contained HTML report of a run (works offline).")
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="HTML file to write (default: RUN_DIR/report.html)."),
+    ] = None,
+) -> None:
+    run = _load_or_exit(run_dir)
+    try:
+        path = api.report(run_dir, output, run=run)
+    except api.RunError as exc:
+        _err(str(exc))
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    print(path)
+
+
 @app.command(help="Simulate an 8-GPU GRPO run with known pathologies and diagnose it.")
 def demo(
     output: Annotated[
@@ -176,8 +207,15 @@ def demo(
         _err(str(exc))
         raise typer.Exit(EXIT_BAD_INPUT) from None
     console = Console()
-    console.print(diagnosis_renderable(api.analyze(run)))
+    diagnosis = api.analyze(run)
+    console.print(diagnosis_renderable(diagnosis))
     console.print(f"run saved to {run_dir}", soft_wrap=True)
+    try:
+        path = api.report(run_dir, run=run, diagnosis=diagnosis)
+    except Exception as exc:  # the run is saved; say so and keep going
+        _err(f"report not written ({type(exc).__name__}: {exc}); try: gpuprof report {run_dir}")
+    else:
+        console.print(f"report: {path}", soft_wrap=True)
 
 
 @app.command(help="Export a run: a Perfetto/Chrome trace (JSON) or Parquet files.")

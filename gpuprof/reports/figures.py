@@ -1,0 +1,775 @@
+"""The plotly figures of the HTML report, as plain JSON-able dicts (``{"data", "layout"}``).
+
+Numbers come from the analyzers (`gpuprof.analyzers`); this module only chooses what to draw
+and how much of it: per-GPU lines up to `Budget.max_gpu_lines` GPUs, an aggregate (mean and
+min–max band over GPUs) plus a GPU selector above that, and MinMaxLTTB / binned reductions
+(`gpuprof.reports.downsample`) so that a day-long run on hundreds of GPUs stays a file a browser
+opens in seconds. Every time on an axis is relative to the run start, in s, min or h.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from plotly.colors import qualitative
+
+from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE, gpu_owner, valid_spans
+from gpuprof.analyzers.basic import step_times
+from gpuprof.model import Run
+from gpuprof.reports.downsample import bin_stats, keep_shape
+
+PHASE_COLORS: dict[str, str] = {
+    "rollout": "#1f77b4",
+    "reward": "#d62728",
+    "ref_logprob": "#9467bd",
+    "old_logprob": "#8c564b",
+    "values": "#e377c2",
+    "advantage": "#7f7f7f",
+    "reshard": "#ff7f0e",
+    "update_actor": "#2ca02c",
+    "update_critic": "#17becf",
+    "dataload": "#bcbd22",
+    "checkpoint": "#393b79",
+    "eval": "#637939",
+    STEP_PHASE: "#c7c7c7",
+    NO_PHASE: "#e7e7e7",
+}
+"""Colour of each canonical phase; other names take colours from `_EXTRA_COLORS` in order."""
+_EXTRA_COLORS = qualitative.Dark24
+_GPU_COLORS = qualitative.Dark24 if len(qualitative.Dark24) >= 16 else qualitative.Plotly
+
+GIB = 2**30
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much the report may draw (sizes that keep a 24 h × 64 GPU run under 10 MB).
+
+    ``line_points``: points per individually drawn series; ``selector_points``: points over
+    all GPUs of the GPU-selector data (above ``max_gpu_lines`` GPUs); ``bins``: columns of the
+    aggregate grid; ``heatmap_cells``: GPU × time cells; ``max_bands``: phase spans drawn as
+    bands (the shortest are left out above it); ``max_intervals``: evidence intervals kept per
+    finding.
+    """
+
+    line_points: int = 3000
+    selector_points: int = 160_000
+    bins: int = 1500
+    heatmap_cells: int = 80_000
+    max_gpu_lines: int = 16
+    max_bands: int = 12_000
+    max_intervals: int = 500
+
+
+@dataclass
+class TimeAxis:
+    """Run-relative time: ``t0_ns`` is zero; values are in ``unit`` (``s``, ``min`` or ``h``)."""
+
+    t0_ns: int
+    unit: str
+    ns_per_unit: float
+    end: float
+    """Run length in ``unit``."""
+
+    @classmethod
+    def for_run(cls, run: Run) -> TimeAxis:
+        starts, ends = [], []
+        for frame, lo, hi in (
+            (run.gpu, "t_ns", "t_ns"),
+            (run.host, "t_ns", "t_ns"),
+            (run.spans, "start_ns", "end_ns"),
+        ):
+            if frame is not None and len(frame) and lo in frame:
+                starts.append(int(pd.to_numeric(frame[lo]).min()))
+                ends.append(int(pd.to_numeric(frame[hi]).max()))
+        t0 = run.meta.start_ns if run.meta.start_ns is not None else min(starts, default=0)
+        t1 = run.meta.end_ns if run.meta.end_ns is not None else max(ends, default=t0)
+        t1 = max([t1, *ends]) if ends else t1
+        duration_s = max(0.0, (t1 - t0) / 1e9)
+        if duration_s <= 600:
+            unit, scale = "s", 1e9
+        elif duration_s <= 3 * 3600:
+            unit, scale = "min", 60e9
+        else:
+            unit, scale = "h", 3600e9
+        return cls(int(t0), unit, scale, (t1 - t0) / scale)
+
+    def of(self, t_ns: Any) -> np.ndarray:
+        """``t_ns`` (array of epoch ns) in run-relative units."""
+        t = np.asarray(t_ns)
+        if t.dtype.kind in "iu":
+            return (t - self.t0_ns).astype(np.float64) / self.ns_per_unit
+        return (t.astype(np.float64) - self.t0_ns) / self.ns_per_unit
+
+    @property
+    def title(self) -> str:
+        return f"time since start ({self.unit})"
+
+    @property
+    def decimals(self) -> int:
+        """Decimals that resolve 10 ms on this axis (enough for 10 Hz sampling)."""
+        return max(0, math.ceil(math.log10(self.ns_per_unit / 1e7)))
+
+
+@dataclass
+class FigureSet:
+    """The report's figures and what the renderer needs to say about them."""
+
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """Visible remarks: downsampling, bands left out, missing data."""
+    gpu_selector: dict[str, Any] | None = None
+    """``labels``, ``x``, ``y`` per GPU and the timeline ``trace`` index to restyle."""
+    samples: int = 0
+    points: int = 0
+
+
+def _col(frame: pd.DataFrame, name: str) -> np.ndarray:
+    """A numeric column as float64; a missing column reads as all-NaN (never 0)."""
+    if frame is None or name not in frame:
+        return np.full(0 if frame is None else len(frame), np.nan)
+    return pd.to_numeric(frame[name], errors="coerce").to_numpy(np.float64, na_value=np.nan)
+
+
+def _rounded(values: np.ndarray, decimals: int) -> list[float | None]:
+    """A JSON-ready list: rounded floats, NaN → None (JSON has no NaN)."""
+    arr = np.round(np.asarray(values, dtype=np.float64), decimals)
+    out = arr.tolist()
+    if np.isnan(arr).any():
+        out = [None if v != v else v for v in out]
+    return out
+
+
+def gpu_label(host: str, gpu: int, multi_host: bool) -> str:
+    return f"{host}:{gpu}" if multi_host else f"GPU {gpu}"
+
+
+@dataclass
+class _GpuSeries:
+    """The run's GPU samples grouped per GPU, sorted by time within each GPU."""
+
+    labels: list[str]
+    bounds: np.ndarray  # start offset of each GPU's rows in the sorted arrays (len G + 1)
+    t: np.ndarray  # run-relative units
+    code: np.ndarray  # GPU index 0..G-1 per sorted row
+    order: np.ndarray  # sorted position → row of run.gpu
+
+    @classmethod
+    def of(cls, run: Run, axis: TimeAxis) -> _GpuSeries:
+        gpu = run.gpu
+        if gpu is None or gpu.empty or "t_ns" not in gpu:
+            e = np.zeros(0, dtype=np.int64)
+            return cls([], np.zeros(1, dtype=np.int64), np.zeros(0), e, e)
+        host_codes, hosts = pd.factorize(gpu["host"].astype(str), sort=True)
+        index = _col(gpu, "gpu")
+        index = np.where(np.isfinite(index), index, -1).astype(np.int64)
+        key = host_codes.astype(np.int64) * (int(index.max()) + 2) + (index + 1)
+        code, keys = pd.factorize(key, sort=True)
+        code = code.astype(np.int16 if len(keys) < 2**15 else np.int64)
+        order = np.argsort(code, kind="stable")  # radix sort on int16: fast at 10^7 rows
+        t_ns = pd.to_numeric(gpu["t_ns"]).to_numpy(np.int64)[order]
+        sorted_code = code[order]
+        same = sorted_code[1:] == sorted_code[:-1]
+        if (np.diff(t_ns)[same] < 0).any():  # rows not in time order within a GPU
+            order = np.lexsort((pd.to_numeric(gpu["t_ns"]).to_numpy(np.int64), code))
+            t_ns = pd.to_numeric(gpu["t_ns"]).to_numpy(np.int64)[order]
+            sorted_code = code[order]
+        counts = np.bincount(sorted_code, minlength=len(keys))
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        width = int(index.max()) + 2
+        multi = len(hosts) > 1
+        labels = [gpu_label(hosts[k // width], int(k % width) - 1, multi) for k in keys]
+        return cls(labels, bounds, axis.of(t_ns), sorted_code.astype(np.int64), order)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def values(self, run: Run, column: str, scale: float = 1.0) -> np.ndarray:
+        """A GPU column in sorted order, divided by ``scale``."""
+        return _col(run.gpu, column)[self.order] / scale
+
+    def slice(self, i: int) -> slice:
+        return slice(int(self.bounds[i]), int(self.bounds[i + 1]))
+
+
+def build_figures(
+    run: Run,
+    diagnosis_summary: dict[str, Any],
+    phase_steps: pd.DataFrame | None,
+    budget: Budget | None = None,
+) -> tuple[FigureSet, TimeAxis]:
+    """Every figure of the report. ``phase_steps`` is `alignment.phase_breakdown` by
+    ``("phase", "step")`` (None or empty: no per-step chart)."""
+    budget = budget or Budget()
+    axis = TimeAxis.for_run(run)
+    out = FigureSet()
+    series = _GpuSeries.of(run, axis)
+    out.samples = len(series.t)
+    out.figures["gp-timeline"] = _timeline(run, series, axis, budget, out)
+    if len(series):
+        out.figures["gp-heatmap"] = _heatmap(run, series, axis, budget, out)
+    steps = _phase_steps(phase_steps)
+    if steps is not None:
+        out.figures["gp-steps"] = steps
+    idle = _idle_by_cause(diagnosis_summary)
+    if idle is not None:
+        out.figures["gp-idle"] = idle
+    hist = _step_hist(run, diagnosis_summary)
+    if hist is not None:
+        out.figures["gp-steptime"] = hist
+    if out.samples and out.points < out.samples:
+        out.notes.insert(
+            0,
+            f"Downsampled: {out.samples:,} GPU samples are drawn as {out.points:,} points "
+            f"({out.samples / max(out.points, 1):,.0f}:1). Per-GPU lines keep every bucket's "
+            "minimum and maximum (MinMaxLTTB), so short dips stay visible; aggregate rows and "
+            "the heatmap are means over time bins.",
+        )
+    return out, axis
+
+
+# ------------------------------------------------------------------------------------------
+# Timeline
+
+
+@dataclass
+class _Rows:
+    """Stacked y-axes of the timeline sharing one x-axis."""
+
+    names: list[tuple[str, str, float]] = field(default_factory=list)  # key, title, weight
+
+    def layout(self) -> tuple[dict[str, Any], dict[str, str]]:
+        gap = 0.03
+        total = sum(w for _, _, w in self.names)
+        span = 1.0 - gap * (len(self.names) - 1)
+        top, axes, refs = 1.0, {}, {}
+        for i, (key, title, weight) in enumerate(self.names):
+            height = span * weight / total
+            name = "yaxis" if i == 0 else f"yaxis{i + 1}"
+            axes[name] = {
+                "domain": [max(0.0, top - height), top],
+                "title": {"text": title, "font": {"size": 11}},
+                "zeroline": False,
+                "fixedrange": True,
+            }
+            refs[key] = "y" if i == 0 else f"y{i + 1}"
+            top -= height + gap
+        return axes, refs
+
+
+def _timeline(
+    run: Run, series: _GpuSeries, axis: TimeAxis, budget: Budget, out: FigureSet
+) -> dict[str, Any]:
+    rows = _Rows()
+    traces: list[dict[str, Any]] = []
+    has_gpu = len(series) > 0
+    sm_present = has_gpu and np.isfinite(series.values(run, "sm_active_pct")).any()
+    mem_present = has_gpu and np.isfinite(series.values(run, "mem_used_bytes")).any()
+    links = {}
+    for name in ("pcie", "nvlink") if has_gpu else ():
+        tx = series.values(run, f"{name}_tx_bytes_s", GB)
+        rx = series.values(run, f"{name}_rx_bytes_s", GB)
+        both = np.where(np.isnan(tx) & np.isnan(rx), np.nan, np.nan_to_num(tx) + np.nan_to_num(rx))
+        if np.isfinite(both).any():  # a link never measured gets no line (missing is not 0)
+            links[name] = both
+    cpu_present = (
+        run.host is not None and len(run.host) and np.isfinite(_col(run.host, "cpu_pct")).any()
+    )
+
+    rows.names.append(("util", "GPU utilization %", 3.0))
+    if sm_present:
+        rows.names.append(("sm", "SM active %", 1.6))
+    if mem_present:
+        rows.names.append(("mem", "memory used GiB", 1.6))
+    if links:
+        rows.names.append(("link", "PCIe / NVLink GB/s per GPU", 1.6))
+    if cpu_present:
+        rows.names.append(("cpu", "host CPU %", 1.4))
+    yaxes, ref = rows.layout()
+    yaxes["yaxis"]["range"] = [0, 104]
+    if "sm" in ref:
+        yaxes["yaxis" + ref["sm"][1:]]["range"] = [0, 104]
+    if "cpu" in ref:
+        yaxes["yaxis" + ref["cpu"][1:]]["range"] = [0, 104]
+
+    traces.extend(_phase_bands(run, axis, budget, out, ref["util"]))
+    bins = max(10, min(budget.bins, len(series.t) // max(len(series), 1) or 10))
+    start, end = 0.0, max(axis.end, float(series.t.max()) if len(series.t) else 0.0, 1e-9)
+    dec = axis.decimals
+    individual = 0 < len(series) <= budget.max_gpu_lines
+
+    def add_lines(key: str, column: str, scale: float, legend: bool, unit: str) -> None:
+        y_all = series.values(run, column, scale)
+        for i, label in enumerate(series.labels):
+            part = series.slice(i)
+            t, y = series.t[part], y_all[part]
+            keep = keep_shape(t, y, budget.line_points)
+            out.points += len(keep)
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": label,
+                    "legendgroup": label,
+                    "showlegend": legend,
+                    "x": _rounded(t[keep], dec),
+                    "y": _rounded(y[keep], 1),
+                    "line": {"width": 1, "color": _GPU_COLORS[i % len(_GPU_COLORS)]},
+                    "yaxis": ref[key],
+                    "hovertemplate": f"{label}: %{{y:.1f}} {unit}<extra></extra>",
+                }
+            )
+
+    def add_band(
+        key: str, values: np.ndarray, label: str, color: str, unit: str, show_band: bool = True
+    ) -> None:
+        b = bin_stats(series.t, values, start, end, bins)
+        x = _rounded(b.centers, dec)
+        out.points += len(b.centers) * (3 if show_band else 2)
+        if show_band:
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "x": x,
+                    "y": _rounded(b.max, 1),
+                    "line": {"width": 0},
+                    "showlegend": False,
+                    "hoverinfo": "skip",
+                    "yaxis": ref[key],
+                    "legendgroup": label,
+                }
+            )
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "x": x,
+                    "y": _rounded(b.min, 1),
+                    "fill": "tonexty",
+                    "fillcolor": _alpha(color, 0.18),
+                    "line": {"width": 0},
+                    "name": f"{label}: min–max over GPUs",
+                    "yaxis": ref[key],
+                    "legendgroup": label,
+                    "hovertemplate": f"min %{{y:.1f}} {unit}<extra></extra>",
+                }
+            )
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": x,
+                "y": _rounded(b.mean, 1),
+                "line": {"width": 1.3, "color": color},
+                "name": f"{label}: mean",
+                "yaxis": ref[key],
+                "legendgroup": label,
+                "hovertemplate": f"mean %{{y:.1f}} {unit}<extra></extra>",
+            }
+        )
+
+    if individual:
+        add_lines("util", "util_gpu_pct", 1.0, True, "%")
+        if sm_present:
+            add_lines("sm", "sm_active_pct", 1.0, False, "%")
+        if mem_present:
+            add_lines("mem", "mem_used_bytes", GIB, False, "GiB")
+    elif has_gpu:
+        add_band("util", series.values(run, "util_gpu_pct"), "utilization", "#1f77b4", "%")
+        out.gpu_selector = _selector(run, series, budget, out, dec, len(traces), ref["util"])
+        traces.append(out.gpu_selector.pop("trace"))
+        if sm_present:
+            add_band("sm", series.values(run, "sm_active_pct"), "SM active", "#2ca02c", "%")
+        if mem_present:
+            add_band("mem", series.values(run, "mem_used_bytes", GIB), "memory", "#9467bd", "GiB")
+        out.notes.append(
+            f"{len(series)} GPUs: the timeline shows the mean and the min–max band over GPUs "
+            f"in {b_width(end - start, bins, axis.unit)} bins; pick one GPU with the selector, "
+            "and see every GPU in the heatmap."
+        )
+    link_colors = {"pcie": "#ff7f0e", "nvlink": "#17becf"}
+    for name, values in links.items():
+        label = "PCIe" if name == "pcie" else "NVLink"
+        add_band("link", values, f"{label} tx+rx", link_colors[name], "GB/s", show_band=False)
+        b = bin_stats(series.t, values, start, end, bins)
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": _rounded(b.centers, dec),
+                "y": _rounded(b.max, 2),
+                "yaxis": ref["link"],
+                "name": f"{label} tx+rx: max GPU",
+                "legendgroup": f"{label} tx+rx",
+                "line": {"width": 1, "dash": "dot", "color": link_colors[name]},
+                "hovertemplate": "max %{y:.2f} GB/s<extra></extra>",
+            }
+        )
+        out.points += len(b.centers)
+    if cpu_present:
+        traces.extend(_host_cpu(run, axis, budget, ref["cpu"], dec))
+
+    empty = not has_gpu
+    layout: dict[str, Any] = {
+        **yaxes,
+        "xaxis": {
+            "title": {"text": axis.title},
+            "anchor": ref[rows.names[-1][0]],
+            "range": [0, max(axis.end, 1e-9)],
+            "showspikes": True,
+            "spikemode": "across",
+            "spikethickness": 1,
+        },
+        "height": 260 + 130 * len(rows.names),
+        "margin": {"l": 60, "r": 20, "t": 30, "b": 45},
+        "hovermode": "closest",
+        "legend": {"orientation": "v", "font": {"size": 10}, "tracegroupgap": 2},
+        "showlegend": True,
+        "template": "plotly_white",
+    }
+    if empty:
+        layout["annotations"] = [
+            {
+                "text": "no GPU samples in this run",
+                "xref": "paper",
+                "yref": "paper",
+                "x": 0.5,
+                "y": 0.85,
+                "showarrow": False,
+                "font": {"size": 16, "color": "#888"},
+            }
+        ]
+    return {"data": traces, "layout": layout}
+
+
+def b_width(span: float, bins: int, unit: str) -> str:
+    """The width of one of ``bins`` bins over ``span`` units, as text in seconds or more."""
+    from gpuprof.reports.fmt import seconds
+
+    scale = {"s": 1.0, "min": 60.0, "h": 3600.0}[unit]
+    return seconds(span * scale / max(bins, 1))
+
+
+def _alpha(color: str, alpha: float) -> str:
+    color = color.lstrip("#")
+    r, g, b = (int(color[i : i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _selector(
+    run: Run, series: _GpuSeries, budget: Budget, out: FigureSet, dec: int, index: int, yref: str
+) -> dict[str, Any]:
+    """Per-GPU utilisation for the GPU picker and the (initially first) selected-GPU trace."""
+    per_gpu = max(200, budget.selector_points // max(len(series), 1))
+    util = series.values(run, "util_gpu_pct")
+    xs, ys = [], []
+    for i in range(len(series)):
+        part = series.slice(i)
+        t, y = series.t[part], util[part]
+        keep = keep_shape(t, y, per_gpu)
+        out.points += len(keep)
+        xs.append(_rounded(t[keep], dec))
+        ys.append(_rounded(y[keep], 0))
+    trace = {
+        "type": "scatter",
+        "mode": "lines",
+        "x": xs[0] if xs else [],
+        "y": ys[0] if ys else [],
+        "name": f"selected: {series.labels[0]}",
+        "yaxis": yref,
+        "line": {"width": 1, "color": "#d62728"},
+        "hovertemplate": "%{y:.0f}%<extra>selected GPU</extra>",
+    }
+    return {"labels": series.labels, "x": xs, "y": ys, "trace_index": index, "trace": trace}
+
+
+def _phase_bands(
+    run: Run, axis: TimeAxis, budget: Budget, out: FigureSet, yref: str
+) -> list[dict[str, Any]]:
+    """The phases of one GPU owner (the lowest-ranked) as coloured bands behind the lines."""
+    spans, _ = valid_spans(run)
+    if spans.empty:
+        out.notes.append("No phase spans were recorded: the timeline has no phase bands.")
+        return []
+    owners = gpu_owner(run).dropna(subset=["pid"])
+    if len(owners):
+        first = owners.sort_values(["rank", "host", "gpu"], na_position="last").iloc[0]
+        host, pid = first["owner_host"], int(first["pid"])
+        who = f"the process driving {first['host']}:{int(first['gpu'])}"
+    else:
+        first = spans.sort_values(["rank", "start_ns"], na_position="last").iloc[0]
+        host, pid = first["host"], int(first["pid"])
+        who = f"process {pid} on {host}"
+    mine = spans[(spans["host"] == host) & (spans["pid"] == pid) & ~spans["is_step"]]
+    if mine.empty:
+        return []
+    if len(mine) > budget.max_bands:
+        dur = mine["end_ns"] - mine["start_ns"]
+        mine = mine.loc[dur.sort_values(ascending=False).index[: budget.max_bands]]
+        out.notes.append(
+            f"Phase bands: the {budget.max_bands:,} longest of {len(spans):,} spans are drawn."
+        )
+    out.notes.append(f"Phase bands show the phases of {who}.")
+    traces = []
+    dec = axis.decimals
+    extra = iter(_EXTRA_COLORS)
+    for phase, group in mine.groupby("phase", sort=False):
+        color = PHASE_COLORS.get(str(phase)) or next(extra, "#aaaaaa")
+        s = axis.of(group["start_ns"].to_numpy(np.int64))
+        e = axis.of(group["end_ns"].to_numpy(np.int64))
+        n = len(s)
+        x = np.column_stack([s, s, e, e, s, np.full(n, np.nan)]).ravel()
+        y = np.tile([0.0, 100.0, 100.0, 0.0, 0.0, np.nan], n)
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": _rounded(x, dec),
+                "y": _rounded(y, 0),
+                "fill": "toself",
+                "fillcolor": _alpha(color, 0.22),
+                "line": {"width": 0},
+                "name": str(phase),
+                "legendgroup": "phases",
+                "legendgrouptitle": {"text": "phases"},
+                "yaxis": yref,
+                "hoveron": "fills",
+                "hoverinfo": "name",
+            }
+        )
+    order = {p: i for i, p in enumerate(PHASE_COLORS)}
+    traces.sort(key=lambda tr: order.get(tr["name"], len(order)))
+    return traces
+
+
+def _host_cpu(run: Run, axis: TimeAxis, budget: Budget, yref: str, dec: int) -> list[dict]:
+    host = run.host
+    t = axis.of(pd.to_numeric(host["t_ns"]).to_numpy(np.int64))
+    cpu = _col(host, "cpu_pct")
+    names = host["host"].astype(str).to_numpy()
+    hosts = sorted(set(names))
+    traces = []
+    if len(hosts) <= budget.max_gpu_lines:
+        for name in hosts:
+            mask = names == name
+            order = np.argsort(t[mask], kind="stable")
+            tt, yy = t[mask][order], cpu[mask][order]
+            keep = keep_shape(tt, yy, budget.line_points)
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "x": _rounded(tt[keep], dec),
+                    "y": _rounded(yy[keep], 1),
+                    "name": f"CPU {name}",
+                    "yaxis": yref,
+                    "line": {"width": 1, "color": "#555555"},
+                    "legendgroup": "cpu",
+                    "hovertemplate": f"{name}: %{{y:.0f}}%<extra></extra>",
+                }
+            )
+        return traces
+    b = bin_stats(t, cpu, 0.0, max(axis.end, 1e-9), budget.bins)
+    for stat, dash in (("mean", "solid"), ("max", "dot")):
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": _rounded(b.centers, dec),
+                "y": _rounded(getattr(b, stat), 1),
+                "name": f"host CPU {stat}",
+                "yaxis": yref,
+                "line": {"width": 1, "color": "#555555", "dash": dash},
+            }
+        )
+    return traces
+
+
+# ------------------------------------------------------------------------------------------
+# Heatmap and summary charts
+
+
+def _heatmap(
+    run: Run, series: _GpuSeries, axis: TimeAxis, budget: Budget, out: FigureSet
+) -> dict[str, Any]:
+    n = len(series)
+    bins = int(max(20, min(budget.bins, budget.heatmap_cells // max(n, 1))))
+    end = max(axis.end, float(series.t.max()) if len(series.t) else 0.0, 1e-9)
+    b = bin_stats(series.t, series.values(run, "util_gpu_pct"), 0.0, end, bins, group=series.code)
+    z = np.round(b.mean, 0)
+    out.points += z.size
+    rows = [[None if v != v else int(v) for v in row] for row in z.tolist()]
+    height = int(min(1000, max(220, 90 + 14 * n)))
+    return {
+        "data": [
+            {
+                "type": "heatmap",
+                "z": rows,
+                "x": _rounded(b.centers, axis.decimals),
+                "y": series.labels,
+                "zmin": 0,
+                "zmax": 100,
+                "colorscale": "Viridis",
+                "colorbar": {"title": {"text": "util %"}, "thickness": 12},
+                "hovertemplate": "%{y} at %{x}: %{z}%<extra></extra>",
+            }
+        ],
+        "layout": {
+            "xaxis": {"title": {"text": axis.title}, "range": [0, end]},
+            "yaxis": {
+                "autorange": "reversed",
+                "type": "category",
+                "fixedrange": True,
+                "showticklabels": n <= 64,
+                "title": {"text": f"{n} GPUs"},
+            },
+            "height": height,
+            "margin": {"l": 80, "r": 20, "t": 30, "b": 45},
+            "title": {
+                "text": f"mean utilization per {b_width(end, bins, axis.unit)} bin",
+                "font": {"size": 12},
+            },
+            "template": "plotly_white",
+        },
+    }
+
+
+def _phase_steps(table: pd.DataFrame | None) -> dict[str, Any] | None:
+    """Stacked wall seconds per phase for each step (from `phase_breakdown` by phase, step)."""
+    if table is None or table.empty or "step" not in table:
+        return None
+    table = table[np.isfinite(pd.to_numeric(table["step"], errors="coerce"))]
+    table = table[table["wall_s"].notna()]
+    if table.empty:
+        return None
+    traces = []
+    extra = iter(_EXTRA_COLORS)
+    for phase in dict.fromkeys(table["phase"]):
+        part = table[table["phase"] == phase].sort_values("step")
+        label = {STEP_PHASE: "in step, no phase", NO_PHASE: "outside phases"}.get(phase, phase)
+        color = PHASE_COLORS.get(str(phase)) or next(extra, "#aaaaaa")
+        traces.append(
+            {
+                "type": "bar",
+                "name": str(label),
+                "x": part["step"].astype(int).tolist(),
+                "y": _rounded(part["wall_s"].to_numpy(), 2),
+                "marker": {"color": color},
+                "hovertemplate": f"{label}<br>step %{{x}}: %{{y:.2f}} s<extra></extra>",
+            }
+        )
+    return {
+        "data": traces,
+        "layout": {
+            "barmode": "stack",
+            "bargap": 0.1,
+            "height": 380,
+            "template": "plotly_white",
+            "xaxis": {"title": {"text": "step"}},
+            "yaxis": {"title": {"text": "wall seconds (mean over GPU owners)"}},
+            "margin": {"l": 60, "r": 20, "t": 20, "b": 45},
+            "legend": {"font": {"size": 10}},
+        },
+    }
+
+
+def _idle_by_cause(summary: dict[str, Any]) -> dict[str, Any] | None:
+    causes = {
+        k: float(v)
+        for k, v in (summary.get("idle_gpu_s_by_cause") or {}).items()
+        if v is not None and float(v) > 0
+    }
+    if not causes:
+        return None
+    ranked = sorted(causes.items(), key=lambda kv: kv[1])
+    big = max(causes.values()) >= 3600
+    scale, unit = (3600.0, "GPU-h") if big else (1.0, "GPU-s")
+    labels = ["idle, no finding" if k == "other_idle" else k for k, _ in ranked]
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "orientation": "h",
+                "y": labels,
+                "x": [round(v / scale, 3) for _, v in ranked],
+                "marker": {
+                    "color": ["#bbbbbb" if k == "other_idle" else "#d62728" for k, _ in ranked]
+                },
+                "hovertemplate": f"%{{y}}: %{{x:.2f}} {unit}<extra></extra>",
+            }
+        ],
+        "layout": {
+            "height": 120 + 28 * len(ranked),
+            "template": "plotly_white",
+            "xaxis": {"title": {"text": f"idle {unit}"}},
+            "margin": {"l": 170, "r": 20, "t": 20, "b": 45},
+        },
+    }
+
+
+def _step_hist(run: Run, summary: dict[str, Any]) -> dict[str, Any] | None:
+    steps = step_times(run)
+    durations = pd.to_numeric(steps["duration_s"], errors="coerce").to_numpy(np.float64)
+    durations = durations[np.isfinite(durations)]
+    if len(durations) == 0:
+        return None
+    lo, hi = float(durations.min()), float(durations.max())
+    counts, edges = np.histogram(
+        durations,
+        bins=min(60, max(5, len(durations) // 3)),
+        range=(lo, hi if hi > lo else lo + 1.0),
+    )
+    centers = (edges[:-1] + edges[1:]) / 2
+    shapes, notes = [], []
+    for key, label in (("step_time_p50_s", "p50"), ("step_time_p95_s", "p95")):
+        value = summary.get(key)
+        if value is not None:
+            shapes.append(
+                {
+                    "type": "line",
+                    "x0": value,
+                    "x1": value,
+                    "yref": "paper",
+                    "y0": 0,
+                    "y1": 1,
+                    "line": {"dash": "dash", "color": "#444", "width": 1},
+                }
+            )
+            notes.append(
+                {
+                    "x": value,
+                    "y": 1,
+                    "yref": "paper",
+                    "text": label,
+                    "showarrow": False,
+                    "yanchor": "bottom",
+                }
+            )
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "x": _rounded(centers, 3),
+                "y": counts.tolist(),
+                "width": float(edges[1] - edges[0]),
+                "marker": {"color": "#1f77b4"},
+                "hovertemplate": "%{x:.2f} s: %{y} step spans<extra></extra>",
+            }
+        ],
+        "layout": {
+            "height": 300,
+            "template": "plotly_white",
+            "shapes": shapes,
+            "annotations": notes,
+            "xaxis": {"title": {"text": "step time (s)"}},
+            "yaxis": {"title": {"text": "step spans"}},
+            "margin": {"l": 60, "r": 20, "t": 25, "b": 45},
+            "bargap": 0.05,
+        },
+    }

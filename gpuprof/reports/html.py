@@ -1,0 +1,359 @@
+"""The self-contained HTML report: ``render_html(run) -> str`` and `write_html`.
+
+One file that works offline (clusters are often air-gapped): plotly.js is embedded, nothing is
+fetched. Every string that comes from the run (command, host, phase and process names,
+finding summaries, knob values) is HTML-escaped; the figure data travels as JSON inside a
+``<script type="application/json">`` block with ``<``, ``>`` and ``&`` written as ``\\u003c``…
+so no run string can close the block or open a comment. The page sets
+``window.__gpuprofRenderedMs`` (``performance.now()`` in ms) once every figure is drawn.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shlex
+import tempfile
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from plotly.offline import get_plotlyjs
+
+from gpuprof.analyzers.alignment import phase_breakdown
+from gpuprof.analyzers.diagnose import Diagnosis, diagnose
+from gpuprof.analyzers.findings import AnalysisContext
+from gpuprof.model import Run
+from gpuprof.reports import fmt
+from gpuprof.reports.figures import Budget, FigureSet, TimeAxis, build_figures
+
+_TEMPLATE_DIR = files("gpuprof.reports") / "html_assets"
+_SLOT = re.compile(r"\{\{(\w+)\}\}")
+_JSON_ESCAPES = {
+    "<": "\\u003c",
+    ">": "\\u003e",
+    "&": "\\u0026",
+    "\u2028": "\\u2028",
+    "\u2029": "\\u2029",
+}
+
+
+def render_html(
+    run: Run,
+    diagnosis: Diagnosis | None = None,
+    *,
+    phase_steps: pd.DataFrame | None = None,
+    budget: Budget | None = None,
+) -> str:
+    """The report of ``run`` as one HTML document.
+
+    ``diagnosis`` (from `gpuprof.analyzers.diagnose.diagnose`) and ``phase_steps``
+    (`alignment.phase_breakdown` by ``("phase", "step")``) are computed when not given; pass
+    them for runs too big to align sample by sample in memory.
+    """
+    if diagnosis is None or phase_steps is None:
+        ctx = AnalysisContext(run)
+        if diagnosis is None:
+            diagnosis = diagnose(run)
+        if phase_steps is None and len(run.spans) and len(run.gpu):
+            phase_steps = phase_breakdown(run, by=("phase", "step"), samples=ctx.samples)
+    figs, axis = build_figures(run, diagnosis.summary, phase_steps, budget)
+    data = {
+        "figures": figs.figures,
+        "evidence": _evidence(diagnosis, axis, (budget or Budget()).max_intervals),
+        "selector": figs.gpu_selector,
+        "unit": axis.unit,
+        "end": axis.end,
+    }
+    page = (_TEMPLATE_DIR / "report.html").read_text(encoding="utf-8")
+    parts = {
+        "title": html.escape(f"gpuprof report: {run.meta.run_id}"),
+        "style": (_TEMPLATE_DIR / "report.css").read_text(encoding="utf-8"),
+        "header": _header(run, diagnosis),
+        "recommendations": _recommendations(diagnosis),
+        "findings": _findings(diagnosis),
+        "notes": _notes(diagnosis, figs),
+        "selector": _selector_html(figs),
+        "sections": _sections(figs),
+        "phase_table": _phase_table(diagnosis),
+        "plotly": get_plotlyjs(),
+        "data": json_for_script(data),
+        "script": (_TEMPLATE_DIR / "report.js").read_text(encoding="utf-8"),
+    }
+    # one pass over the template: text from the run that looks like a slot stays text
+    return _SLOT.sub(lambda m: parts[m.group(1)], page)
+
+
+def write_html(run: Run, path: Path, diagnosis: Diagnosis | None = None, **kwargs: Any) -> Path:
+    """Render and write atomically (temp file in the same directory, then ``os.replace``):
+    a failure leaves no half-written report. Returns ``path``."""
+    text = render_html(run, diagnosis, **kwargs)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; a report is for sharing
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def json_for_script(value: Any) -> str:
+    """JSON safe to place inside a ``<script>`` element: no ``</script``, no ``<!--``."""
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"), default=_plain)
+    for raw, escaped in _JSON_ESCAPES.items():
+        text = text.replace(raw, escaped)
+    return text
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+# ------------------------------------------------------------------------------------------
+# Sections
+
+
+def _header(run: Run, diagnosis: Diagnosis) -> str:
+    meta, s = run.meta, diagnosis.summary
+    command = shlex.join(str(a) for a in meta.command) if meta.command else "(not recorded)"
+    hosts = list(meta.hosts)
+    if not hosts and len(run.gpu):
+        hosts = sorted(set(run.gpu["host"].astype(str)))
+    host_text = ", ".join(hosts[:8]) + (f" … (+{len(hosts) - 8})" if len(hosts) > 8 else "")
+    names = sorted({str(g.get("name")) for g in meta.gpus if isinstance(g, dict) and g.get("name")})
+    gpus = s.get("gpus") or len(meta.gpus)
+    if meta.exit_code is None:
+        status = "unknown (still running, or the watcher was killed)"
+    elif meta.exit_signal:
+        status = f"{meta.exit_code} (killed by signal {meta.exit_signal})"
+    else:
+        status = f"{meta.exit_code}" + (" (success)" if meta.exit_code == 0 else " (failed)")
+    rows = [
+        ("command", f"<code>{_e(command)}</code>"),
+        ("framework", _e(meta.framework or "not detected")),
+        ("hosts", f"{len(hosts)}: {_e(host_text)}" if hosts else "–"),
+        ("GPUs", f"{gpus}" + (f" × {_e(', '.join(names))}" if names else "")),
+        ("duration", _e(fmt.seconds(run.duration_s))),
+        ("exit status", _e(status)),
+    ]
+    table = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<table class="meta">{table}</table>{_headline(s, diagnosis)}'
+
+
+def _headline(s: dict[str, Any], diagnosis: Diagnosis) -> str:
+    util, sm, idle = s.get("mean_util_gpu_pct"), s.get("mean_sm_active_pct"), s.get("idle_gpu_s")
+    cards = []
+    if util is not None:
+        cards.append(("mean GPU utilization", fmt.percent(util), "kernel running (NVML)"))
+    if sm is not None:
+        cards.append(("mean SM active", fmt.percent(sm), "GPM SM activity"))
+    if idle is not None:
+        hours = f"{idle / 3600:.2f} GPU-h"
+        share = f"of {s.get('gpu_hours', 0):.2f} GPU-h" if s.get("gpu_hours") else ""
+        cards.append(("idle GPU time", hours, share))
+    if s.get("step_time_p50_s") is not None:
+        cards.append(
+            (
+                "step time p50",
+                fmt.seconds(s["step_time_p50_s"]),
+                f"p95 {fmt.seconds(s.get('step_time_p95_s'))}, {s.get('steps')} steps",
+            )
+        )
+    out = "".join(
+        f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
+        f'<div class="d">{_e(d)}</div></div>'
+        for k, v, d in cards
+    )
+    causes = diagnosis.findings[:3]
+    if idle is not None and causes:
+        text = "; ".join(
+            f"<b>{_e(f.kind)}</b> {_e(fmt.gpu_seconds(f.gpu_seconds_lost))} "
+            f"({100 * f.share:.1f}% of GPU-time)"
+            for f in causes
+        )
+        out += f'<p class="cause">Where the idle time went: {text}.</p>'
+    elif not diagnosis.findings:
+        out += '<p class="cause ok">No stall above the noise threshold was found.</p>'
+    return f'<div class="cards">{out}</div>'
+
+
+def _value(value: Any, default: Any = None) -> str:
+    if value is None:
+        return "?" if default is None else f"{_value(default)} (default)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _knob(name: Any) -> str:
+    """A knob name, escaped, that may wrap after its dots (long dotted config paths)."""
+    return "<wbr>".join(_e(part) + "." for part in str(name).split("."))[:-1]
+
+
+def _finding_index(diagnosis: Diagnosis) -> dict[str, int]:
+    return {f.kind: i for i, f in reversed(list(enumerate(diagnosis.findings)))}
+
+
+def _zoom_button(index: int | None, diagnosis: Diagnosis) -> str:
+    if index is None or not diagnosis.findings[index].evidence.get("intervals"):
+        return ""
+    return (
+        f'<button class="zoom" data-evidence="{index}" type="button">'
+        "zoom timeline to evidence</button>"
+    )
+
+
+def _recommendations(diagnosis: Diagnosis) -> str:
+    recs = diagnosis.recommendations
+    if not recs:
+        return "<p>No recommendation: nothing above the noise threshold to act on.</p>"
+    index = _finding_index(diagnosis)
+    rows = []
+    for i, r in enumerate(recs, 1):
+        rows.append(
+            "<tr>"
+            f"<td>{i}</td><td class=knob><code>{_knob(r.knob)}</code>"
+            f"<div class=sub>{_e(r.framework)}"
+            f"{' · ' + _e(r.versions) if r.versions else ''}</div></td>"
+            f"<td>{_e(_value(r.current, r.default))}</td><td><b>{_e(_value(r.suggested))}</b></td>"
+            f"<td>~{100 * r.expected_gain_share:.1f}%<div class=sub>"
+            f"{_e(fmt.gpu_seconds(r.expected_gain_gpu_s))}</div></td>"
+            f"<td>{_e(r.kind)}<div class=sub>confidence {r.confidence:.2f}</div></td>"
+            f"<td>{_e(r.rationale)}</td>"
+            f"<td>{_zoom_button(index.get(r.kind), diagnosis)}</td>"
+            "</tr>"
+        )
+    head = (
+        "<tr><th>#</th><th>knob</th><th>current</th><th>suggested</th>"
+        "<th>expected gain</th><th>for</th><th>why</th><th></th></tr>"
+    )
+    return f'<table class="recs">{head}{"".join(rows)}</table>'
+
+
+def _findings(diagnosis: Diagnosis) -> str:
+    if not diagnosis.findings:
+        return '<p class="ok">No stall above the noise threshold was found.</p>'
+    rows = []
+    for i, f in enumerate(diagnosis.findings):
+        ev = f.evidence or {}
+        gpus = ev.get("gpus") or []
+        where = ", ".join(str(p) for p in ev.get("phases") or [])
+        intervals = ev.get("intervals") or []
+        detail = f"{len(intervals)} interval(s)" if intervals else "no intervals"
+        if gpus:
+            detail += f" · {len(gpus)} GPU(s)"
+        rows.append(
+            f'<tr><td><b class="{"bad" if f.share >= 0.1 else "warn"}">{_e(f.kind)}</b></td>'
+            f"<td>{_e(fmt.gpu_seconds(f.gpu_seconds_lost))}</td><td>{100 * f.share:.1f}%</td>"
+            f"<td>{f.confidence:.2f}</td><td>{_e(f.summary)}"
+            f"<div class=sub>{_e(where)}{' · ' if where else ''}{_e(detail)}</div></td>"
+            f"<td>{_zoom_button(i, diagnosis)}</td></tr>"
+        )
+    head = (
+        "<tr><th>kind</th><th>GPU-time lost</th><th>share</th><th>confidence</th>"
+        "<th>what</th><th></th></tr>"
+    )
+    return f'<table class="findings">{head}{"".join(rows)}</table>'
+
+
+def _notes(diagnosis: Diagnosis, figs: FigureSet) -> str:
+    notes = [*figs.notes, *diagnosis.notes]
+    if not notes:
+        return ""
+    items = "".join(f"<li>{_e(n)}</li>" for n in dict.fromkeys(notes))
+    return f'<ul class="notes">{items}</ul>'
+
+
+def _selector_html(figs: FigureSet) -> str:
+    sel = figs.gpu_selector
+    if not sel:
+        return ""
+    options = "".join(
+        f'<option value="{i}">{_e(label)}</option>' for i, label in enumerate(sel["labels"])
+    )
+    return (
+        f'<label class="picker">selected GPU (red line): <select id="gp-gpu">'
+        f"{options}</select></label>"
+    )
+
+
+_SECTION_TITLES = {
+    "gp-heatmap": "GPU × time",
+    "gp-steps": "Phase breakdown per step",
+    "gp-idle": "Idle GPU time by cause",
+    "gp-steptime": "Step-time distribution",
+}
+
+
+def _sections(figs: FigureSet) -> str:
+    out = []
+    for key, title in _SECTION_TITLES.items():
+        if key in figs.figures:
+            out.append(f'<section><h2>{_e(title)}</h2><div class="fig" id="{key}"></div></section>')
+    return "".join(out)
+
+
+def _phase_table(diagnosis: Diagnosis) -> str:
+    phases = diagnosis.summary.get("phases") or []
+    if not phases:
+        return "<p>No phase table: the run has no phase spans or no GPU samples.</p>"
+    rows = []
+    for p in phases:
+        label = {"step": "in step, no phase", "(none)": "outside phases"}.get(
+            p["phase"], p["phase"]
+        )
+        share = p.get("share")
+        rows.append(
+            f"<tr><td>{_e(label)}</td><td>{_e(fmt.seconds(p.get('wall_s')))}</td>"
+            f"<td>{_e(fmt.gpu_seconds(p.get('gpu_s')))}</td>"
+            f"<td>{_e(fmt.gpu_seconds(p.get('idle_gpu_s')))}</td>"
+            f"<td>{_e(fmt.percent(p.get('util_gpu_pct')))}</td>"
+            f"<td>{_e(fmt.percent(None if share is None else 100 * share))}</td></tr>"
+        )
+    head = (
+        "<tr><th>phase</th><th>wall time</th><th>GPU time</th><th>idle GPU time</th>"
+        "<th>mean util</th><th>share of GPU-time</th></tr>"
+    )
+    return f'<table class="phases">{head}{"".join(rows)}</table>'
+
+
+def _evidence(diagnosis: Diagnosis, axis: TimeAxis, limit: int) -> dict[str, list]:
+    """Finding index → its evidence intervals in timeline units (at most ``limit``)."""
+    out: dict[str, list] = {}
+    for i, f in enumerate(diagnosis.findings):
+        intervals = (f.evidence or {}).get("intervals") or []
+        pairs = []
+        for item in intervals[:limit]:
+            try:
+                start, end = int(item[0]), int(item[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            lo, hi = axis.of(np.array([start, end], dtype=np.int64)).tolist()
+            pairs.append([round(lo, 6), round(max(hi, lo), 6)])
+        if pairs:
+            out[str(i)] = pairs
+    return out

@@ -1,0 +1,68 @@
+// Draws the figures from the JSON block, wires the evidence buttons (zoom the timeline's
+// x-axis to a finding's intervals) and the GPU picker. Sets window.__gpuprofRenderedMs when
+// every figure is drawn, so a browser test or benchmark can tell when the page is ready.
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("gp-data").textContent);
+  var config = { responsive: true, displaylogo: false };
+  var ids = Object.keys(data.figures);
+  var drawn = ids.map(function (id) {
+    var fig = data.figures[id];
+    return Plotly.newPlot(id, fig.data, fig.layout, config);
+  });
+  var timeline = document.getElementById("gp-timeline");
+  var heatmap = document.getElementById("gp-heatmap");
+  var label = document.getElementById("gp-zoom-label");
+  var syncing = false;
+
+  function zoom(range) {
+    syncing = true;
+    var done = [Plotly.relayout(timeline, { "xaxis.range": range })];
+    if (heatmap && heatmap.data) { done.push(Plotly.relayout(heatmap, { "xaxis.range": range })); }
+    return Promise.all(done).then(function () { syncing = false; });
+  }
+
+  Promise.all(drawn).then(function () {
+    window.__gpuprofRenderedMs = performance.now();
+    document.body.setAttribute("data-rendered", "1");
+    timeline.on("plotly_relayout", function (ev) {
+      if (syncing || !heatmap || !heatmap.data) { return; }
+      if (ev["xaxis.range[0]"] !== undefined) {
+        Plotly.relayout(heatmap, { "xaxis.range": [ev["xaxis.range[0]"], ev["xaxis.range[1]"]] });
+      } else if (ev["xaxis.autorange"]) {
+        Plotly.relayout(heatmap, { "xaxis.range": [0, data.end] });
+      }
+    });
+  });
+
+  var position = {};
+  Array.prototype.forEach.call(document.querySelectorAll("[data-evidence]"), function (button) {
+    button.addEventListener("click", function () {
+      var key = button.getAttribute("data-evidence");
+      var intervals = data.evidence[key] || [];
+      if (!intervals.length) { return; }
+      var i = position[key] === undefined ? 0 : (position[key] + 1) % intervals.length;
+      position[key] = i;
+      var lo = intervals[i][0], hi = intervals[i][1];
+      var pad = Math.max((hi - lo) * 0.5, data.end * 0.002);
+      zoom([Math.max(0, lo - pad), hi + pad]);
+      label.textContent = "evidence " + (i + 1) + " of " + intervals.length + ": " +
+        lo.toFixed(2) + "–" + hi.toFixed(2) + " " + data.unit + " (click again for the next)";
+      document.getElementById("gp-timeline-section").scrollIntoView({ behavior: "instant" });
+    });
+  });
+
+  document.getElementById("gp-reset").addEventListener("click", function () {
+    label.textContent = "";
+    zoom([0, data.end]);
+  });
+
+  var picker = document.getElementById("gp-gpu");
+  if (picker && data.selector) {
+    picker.addEventListener("change", function () {
+      var i = Number(picker.value), s = data.selector;
+      Plotly.restyle(timeline, { x: [s.x[i]], y: [s.y[i]], name: "selected: " + s.labels[i] },
+                     [s.trace_index]);
+    });
+  }
+})();
