@@ -37,10 +37,12 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
 
     if s["gpus"]:
         table = Table(title="GPUs", title_justify="left", box=None, pad_edge=False)
-        for col, justify in (("gpu", "left"), ("name", "left"), ("util", "right"),
-                             ("SM active", "right"), ("peak mem GiB", "right"),
-                             ("power W", "right")):  # fmt: skip
-            table.add_column(col, justify=justify)
+        # when the width runs short only the text columns give way (wrapping under
+        # themselves); figures never wrap or get cut
+        table.add_column("gpu")
+        table.add_column("name")
+        for col in ("util", "SM active", "peak mem GiB", "power W"):
+            table.add_column(col, justify="right", no_wrap=True)
         for g in s["gpus"]:
             label = f"{g['host']}:{g['gpu']}" if len(run.meta.hosts) > 1 else str(g["gpu"])
             if g.get("lost"):
@@ -55,9 +57,9 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
     if s["phases"]:
         table = Table(title="Phases (time per process)", title_justify="left", box=None,
                       pad_edge=False)  # fmt: skip
-        for col, justify in (("phase", "left"), ("count", "right"), ("time", "right"),
-                             ("mean", "right"), ("share", "right")):  # fmt: skip
-            table.add_column(col, justify=justify)
+        table.add_column("phase", overflow="fold")
+        for col in ("count", "time", "mean", "share"):
+            table.add_column(col, justify="right", no_wrap=True)
         for p in s["phases"]:
             table.add_row(p["phase"], str(p["spans"]), fmt.seconds(p["per_process_s"]),
                           fmt.seconds(p["mean_s"]), fmt.percent(100 * p["share"]))  # fmt: skip

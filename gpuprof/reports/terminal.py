@@ -7,8 +7,7 @@ import math
 from typing import Any
 
 import pandas as pd
-from rich.console import Console, Group
-from rich.padding import Padding
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -78,13 +77,13 @@ def _findings_parts(diagnosis: Diagnosis, top: int | None) -> list[Any]:
     if findings:
         parts.append(Text("Findings, by GPU-time lost", style="bold"))
         for i, f in enumerate(findings, 1):
-            line = Text(f"{i:2d}. ")
-            line.append(f.kind, style="bold red" if f.share >= 0.1 else "bold yellow")
+            head = Text(f"{i:2d}. ")
+            head.append(f.kind, style="bold red" if f.share >= 0.1 else "bold yellow")
             lost = fmt.gpu_seconds(f.gpu_seconds_lost)
-            line.append(f"  {lost}  {100 * f.share:.1f}% of GPU-time")
-            line.append(f"  confidence {f.confidence:.2f}")
-            parts.append(line)
-            parts.append(Padding(Text(f.summary), (0, 0, 0, 4)))
+            detail = Text(f"{lost}  {100 * f.share:.1f}% of GPU-time")
+            detail.append(f"  confidence {f.confidence:.2f}")
+            parts.append(HeadLine(head, detail))
+            parts.append(_indented(Text(f.summary)))
     else:
         parts.append(Text("No stall above the noise threshold was found.", style="green"))
 
@@ -92,14 +91,54 @@ def _findings_parts(diagnosis: Diagnosis, top: int | None) -> list[Any]:
     if recs:
         parts.append(Text("Recommendations, by expected gain", style="bold"))
         for i, r in enumerate(recs, 1):
-            line = Text(f"{i:2d}. ")
-            line.append(str(r.knob), style="bold cyan")
-            line.append(f": {_value(r.current, getattr(r, 'default', None))} → ")
-            line.append(_value(r.suggested), style="bold")
-            line.append(f"  ~{100 * r.expected_gain_share:.1f}% of GPU-time  [{r.kind}]")
-            parts.append(line)
-            parts.append(Padding(Text(str(r.rationale)), (0, 0, 0, 4)))
+            head = Text(f"{i:2d}. ")
+            head.append(str(r.knob), style="bold cyan")
+            change = Text(f"{_value(r.current, getattr(r, 'default', None))} → ")
+            change.append(_value(r.suggested), style="bold")
+            change.append(f"  ~{100 * r.expected_gain_share:.1f}% of GPU-time  [{r.kind}]")
+            parts.append(HeadLine(head, change, joiner=": "))
+            parts.append(_indented(Text(str(r.rationale))))
     return parts
+
+
+INDENT = 4
+"""Columns by which details and rationale sit under their numbered line."""
+
+
+def _indented(text: Text) -> Indented:
+    return Indented(text)
+
+
+class Indented:
+    """``text`` wrapped to the width left after `INDENT` blanks, every line indented; a word
+    longer than that (a knob name, a path) is folded, never spilled past the width."""
+
+    def __init__(self, text: Text) -> None:
+        self.text = text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = max(8, options.max_width - INDENT)
+        for line in self.text.wrap(console, width, overflow="fold"):
+            line.rstrip()  # no trailing blanks in plain-text output
+            yield Text.assemble(" " * INDENT, line, end="\n")
+
+
+class HeadLine:
+    """``head`` and ``detail`` on one line when they fit the width, else ``detail`` on an
+    indented line of its own (a long knob name never drags its figures into a ragged wrap)."""
+
+    def __init__(self, head: Text, detail: Text, joiner: str = "  ") -> None:
+        self.head, self.detail, self.joiner = head, detail, joiner
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        one_line = Text.assemble(self.head, self.joiner, self.detail)
+        if one_line.cell_len <= options.max_width:
+            yield one_line
+            return
+        head = self.head.copy()
+        head.overflow = "fold"
+        yield head
+        yield _indented(self.detail.copy())
 
 
 def compare_renderable(table: pd.DataFrame, before: str, after: str) -> Group:
