@@ -137,11 +137,13 @@ def _col(frame: pd.DataFrame, name: str) -> np.ndarray:
 
 
 def _rounded(values: np.ndarray, decimals: int) -> list[float | None]:
-    """A JSON-ready list: rounded floats, NaN → None (JSON has no NaN)."""
+    """A JSON-ready list: rounded floats, NaN and ±inf → None (JSON has neither)."""
     arr = np.round(np.asarray(values, dtype=np.float64), decimals)
     out = arr.tolist()
-    if np.isnan(arr).any():
-        out = [None if v != v else v for v in out]
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        for i in np.flatnonzero(bad).tolist():
+            out[i] = None
     return out
 
 
