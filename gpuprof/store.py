@@ -24,13 +24,16 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from gpuprof import columnar
 from gpuprof.model import (
     RECORD_TYPES,
     SCHEMA_VERSION,
@@ -68,6 +71,10 @@ _NETWORK_FS = {
     "fuse.gcsfuse",
     "wekafs",
 }
+
+
+Reducer = Callable[[str, pd.DataFrame], pd.DataFrame]
+"""``reduce(table, frame) -> frame`` applied to each file's table as a run is loaded."""
 
 
 class RunError(Exception):
@@ -317,7 +324,10 @@ def run_files(run_dir: str | os.PathLike) -> list[Path]:
     return files
 
 
-def _read_file(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, pd.DataFrame]]:
+def _read_file(
+    path: Path, skip: Collection[str] = (), reduce: Reducer | None = None
+) -> tuple[dict[str, dict[str, Any]], dict[str, pd.DataFrame]]:
+    """Metadata and typed frames of one run file (its columnar side files included)."""
     try:
         if path.stat().st_size == 0:
             raise RunError(f"{path}: empty file (the run never wrote data)")
@@ -332,18 +342,45 @@ def _read_file(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, pd.Data
             key: json.loads(value)
             for key, value in conn.execute("SELECT key, value FROM meta").fetchall()
         }
+        sides = _side_files(path, conn)
         frames = {}
         for table in RECORD_TYPES:
-            cursor = conn.execute(f"SELECT * FROM {table}")
-            names = [d[0] for d in cursor.description]
-            frames[table] = pd.DataFrame.from_records(cursor.fetchall(), columns=names)
+            if table in skip:
+                continue
+            frame = read_table(conn, table)
+            if table in sides:
+                side = columnar.read(sides[table], table)
+                if len(frame):
+                    side = _typed(table, pd.concat([side, frame], ignore_index=True))
+                frame = side
+            frames[table] = reduce(table, frame) if reduce is not None and len(frame) else frame
         return meta, frames
     except sqlite3.DatabaseError as exc:
         raise RunError(f"{path}: damaged or not a gpuprof run file ({exc})") from None
-    except (json.JSONDecodeError, ValueError) as exc:
-        raise RunError(f"{path}: damaged metadata ({exc})") from None
+    except (json.JSONDecodeError, ValueError, OSError, pa.ArrowException) as exc:
+        raise RunError(f"{path}: damaged data ({exc})") from None
     finally:
         conn.close()
+
+
+def _side_files(path: Path, conn: sqlite3.Connection) -> dict[str, Path]:
+    """The columnar side files a run file lists (see `gpuprof.columnar`)."""
+    sides = {}
+    for table, name in columnar.listed(conn).items():
+        side = path.with_name(name)
+        if table not in columnar.TABLES or "/" in name or not side.exists():
+            raise RunError(f"{path}: its {table} samples file {name!r} is missing")
+        sides[table] = side
+    return sides
+
+
+def read_table(
+    conn: sqlite3.Connection, table: str, where: str = "", params: Sequence[Any] = ()
+) -> pd.DataFrame:
+    """Rows of one table of an open run file (optionally filtered) as a typed frame."""
+    cursor = conn.execute(f"SELECT * FROM {table} {where}", tuple(params))
+    names = [d[0] for d in cursor.description]
+    return _typed(table, pd.DataFrame.from_records(cursor.fetchall(), columns=names))
 
 
 def _typed(table: str, frame: pd.DataFrame) -> pd.DataFrame:
@@ -399,17 +436,22 @@ def merge_meta(metas: list[dict[str, Any]], run_dir: Path) -> RunMeta:
     return base
 
 
-def load_run(run_dir: str | os.PathLike) -> Run:
+def load_run(
+    run_dir: str | os.PathLike, *, skip: Collection[str] = (), reduce: Reducer | None = None
+) -> Run:
     """Read every run file of a run directory (or one file) and merge them into a `Run`.
 
     Works on a run that is still being written or whose writer was killed. Raises `RunError`
-    with one line naming the bad file.
+    with one line naming the bad file. Tables named in ``skip`` are left empty (a caller that
+    streams GPU samples with `iter_gpu_samples` skips ``gpu``); ``reduce(table, frame)``, when
+    given, is applied to each file's frame of each table before the files are merged, which
+    bounds memory for very long runs.
     """
     run_dir = Path(run_dir)
     metas: list[dict[str, Any]] = []
     parts: dict[str, list[pd.DataFrame]] = {table: [] for table in RECORD_TYPES}
     for path in run_files(run_dir):
-        meta, frames = _read_file(path)
+        meta, frames = _read_file(path, skip, reduce)
         if "run" in meta:
             metas.append(meta["run"])
         for table, frame in frames.items():
@@ -418,12 +460,15 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     meta = merge_meta(metas, run_dir if run_dir.is_dir() else run_dir.parent)
     tables = {}
     for table, frames in parts.items():
-        raw = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-        frame = _typed(table, raw)
+        if not frames:
+            tables[table] = empty_frame(RECORD_TYPES[table])
+            continue
+        frame = frames[0]
+        if len(frames) > 1:
+            frame = _typed(table, pd.concat(frames, ignore_index=True))
         sort_key = "start_ns" if table == "spans" else "t_ns"
-        if len(frame):
-            frame = frame.sort_values(sort_key, kind="stable", ignore_index=True)
-        if table == "spans" and len(frame):
+        frame = frame.sort_values(sort_key, kind="stable", ignore_index=True)
+        if table == "spans":
             frame["depth"] = span_depths(frame)
         tables[table] = frame
     if not meta.hosts:
@@ -433,6 +478,98 @@ def load_run(run_dir: str | os.PathLike) -> Run:
                 hosts.update(frame["host"].dropna().unique().tolist())
         meta.hosts = sorted(hosts)
     return Run(meta=meta, **tables)
+
+
+def iter_gpu_samples(run_dir: str | os.PathLike) -> Iterator[pd.DataFrame]:
+    """The run's GPU samples one GPU of one file at a time, each frame sorted by time.
+
+    Memory stays at one GPU's samples, whatever the length of the run.
+    """
+    for path in run_files(Path(run_dir)):
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+        except sqlite3.Error as exc:
+            raise RunError(f"{path}: cannot open ({exc})") from None
+        try:
+            _check_header(conn, path, allow_new=False)
+            sides = _side_files(path, conn)
+            if "gpu" in sides:
+                for frame in columnar.read_groups(sides["gpu"], "gpu"):
+                    yield frame.sort_values("t_ns", kind="stable", ignore_index=True)
+            rows = read_table(conn, "gpu")
+            for _, frame in rows.groupby(["host", "gpu"], sort=True, dropna=False):
+                yield frame.sort_values("t_ns", kind="stable", ignore_index=True)
+        except sqlite3.DatabaseError as exc:
+            raise RunError(f"{path}: damaged or not a gpuprof run file ({exc})") from None
+        except (OSError, pa.ArrowException) as exc:
+            raise RunError(f"{path}: damaged data ({exc})") from None
+        finally:
+            conn.close()
+
+
+def gpu_keys(run_dir: str | os.PathLike) -> pd.DataFrame:
+    """Every GPU with samples in the run: ``host``, ``gpu``, ``uuid`` (one row each), read
+    without loading the samples' metrics."""
+    parts = []
+    for path in run_files(Path(run_dir)):
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+            try:
+                _check_header(conn, path, allow_new=False)
+                rows = conn.execute("SELECT host, gpu, max(uuid) FROM gpu GROUP BY host, gpu")
+                parts.append(pd.DataFrame(rows.fetchall(), columns=["host", "gpu", "uuid"]))
+                sides = _side_files(path, conn)
+            finally:
+                conn.close()
+            if "gpu" in sides:
+                keys = pq.read_table(sides["gpu"], columns=["host", "gpu", "uuid"])
+                keys = keys.group_by(["host", "gpu"], use_threads=False).aggregate(
+                    [("uuid", "max")]
+                )
+                parts.append(columnar.to_frame(keys.rename_columns(["host", "gpu", "uuid"])))
+        except sqlite3.DatabaseError as exc:
+            raise RunError(f"{path}: damaged or not a gpuprof run file ({exc})") from None
+        except (OSError, pa.ArrowException) as exc:
+            raise RunError(f"{path}: damaged data ({exc})") from None
+    keys = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if keys.empty:
+        return pd.DataFrame({"host": [], "gpu": [], "uuid": []}).astype(object)
+    keys = keys.dropna(subset=["host", "gpu"]).astype({"host": object, "uuid": object})
+    return keys.drop_duplicates(["host", "gpu"], ignore_index=True)
+
+
+def count_rows(run_dir: str | os.PathLike, table: str) -> int:
+    """Rows of one table over the whole run (side files counted from their footers)."""
+    total = 0
+    for path in run_files(Path(run_dir)):
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+            try:
+                _check_header(conn, path, allow_new=False)
+                total += conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                sides = _side_files(path, conn)
+            finally:
+                conn.close()
+            if table in sides:
+                total += columnar.count(sides[table])
+        except sqlite3.DatabaseError as exc:
+            raise RunError(f"{path}: damaged or not a gpuprof run file ({exc})") from None
+        except (OSError, pa.ArrowException) as exc:
+            raise RunError(f"{path}: damaged data ({exc})") from None
+    return total
+
+
+def compact_run(run_dir: str | os.PathLike) -> list[str]:
+    """Move the sample tables of every run file into columnar side files (`gpuprof.columnar`).
+
+    Done when a run ends; safe to repeat and safe against a crash at any point. Returns the
+    side files written.
+    """
+    written = []
+    for path in run_files(Path(run_dir)):
+        for table in columnar.compact(path, read_table):
+            written.append(columnar.side_file(path, table).name)
+    return written
 
 
 def save_run(run: Run, run_dir: str | os.PathLike) -> list[Path]:
@@ -456,21 +593,37 @@ def save_run(run: Run, run_dir: str | os.PathLike) -> list[Path]:
             with contextlib.suppress(OSError):
                 os.unlink(f"{tmp}{suffix}")
         conn = connect(tmp)
+        sides: list[Path] = []
         try:
             batch = {}
+            listing = {}
             for table in RECORD_TYPES:
                 frame = getattr(run, table)
                 if len(frame) and "host" in frame:
                     frame = frame[frame["host"] == host]
+                if table in columnar.TABLES and len(frame):
+                    side = columnar.side_file(final, table)
+                    columnar.write(side, table, frame)
+                    sides.append(side)
+                    listing[table] = side.name
+                    continue
                 batch[table] = list(_frame_rows(table, frame))
             insert_rows(conn, batch)
+            if listing:
+                write_meta(conn, columnar.META_KEY, listing)
             if i == 0:  # the run's metadata lives in the first host's file, as a watcher's would
                 write_meta(conn, "run", run.meta.to_dict())
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except BaseException:
+            for side in sides:
+                with contextlib.suppress(OSError):
+                    os.unlink(side)
+            raise
         finally:
             conn.close()
         os.replace(tmp, final)
         written.append(final)
+        written.extend(sides)
     return written
 
 

@@ -180,10 +180,80 @@ def test_save_run_round_trips_a_whole_run(tmp_path):
     merged.gpu = __import__("pandas").concat([merged.gpu, other.gpu], ignore_index=True)
     merged.meta.hosts = ["hostA", "hostB"]
     written = store.save_run(merged, tmp_path / "out")
-    assert sorted(p.name for p in written) == ["hostA.sqlite", "hostB.sqlite"]
+    assert sorted(p.name for p in written) == [
+        "hostA.gpu.parquet", "hostA.sqlite", "hostB.gpu.parquet", "hostB.sqlite"
+    ]  # fmt: skip
     assert not list((tmp_path / "out").glob("*.partial*"))
     again = store.load_run(tmp_path / "out")
     assert len(again.gpu) == 7 and again.gpu["mem_used_bytes"].isna().all()
     assert list(again.gpu["util_gpu_pct"]) == list(merged.gpu.sort_values("t_ns")["util_gpu_pct"])
     assert again.spans.iloc[0]["attrs"] == {"tokens": 7}
     assert again.meta.run_id == "r1"
+
+
+def _gpu_rows(conn_path):
+    with sqlite3.connect(conn_path) as conn:
+        return conn.execute("SELECT count(*) FROM gpu").fetchone()[0]
+
+
+def test_compaction_moves_samples_to_parquet_and_loads_the_same_run(tmp_path):
+    _write_small_run(tmp_path, "hostA", 6)
+    before = store.load_run(tmp_path)
+    written = store.compact_run(tmp_path)
+    assert written == ["hostA.gpu.parquet"]
+    assert _gpu_rows(tmp_path / "hostA.sqlite") == 0
+    after = store.load_run(tmp_path)
+    assert list(after.gpu.columns) == list(before.gpu.columns)
+    for col in ("t_ns", "util_gpu_pct", "host", "uuid"):
+        assert after.gpu[col].tolist() == before.gpu[col].tolist(), col
+    assert after.gpu["mem_used_bytes"].isna().all()
+    assert after.spans.iloc[0]["attrs"] == {"tokens": 7}
+    assert store.count_rows(tmp_path, "gpu") == 6
+    # rows written after compaction are merged on load and by the next compaction
+    _write_small_run(tmp_path, "hostA", 2)
+    assert store.count_rows(tmp_path, "gpu") == 8
+    assert len(store.load_run(tmp_path).gpu) == 8
+    store.compact_run(tmp_path)
+    assert _gpu_rows(tmp_path / "hostA.sqlite") == 0
+    assert len(store.load_run(tmp_path).gpu) == 8
+
+
+def test_streaming_gpu_samples_gives_one_sorted_frame_per_gpu(tmp_path):
+    writer = store.BufferedWriter(store.host_file(tmp_path, "h"))
+    writer.add_records(
+        "gpu", [GpuSample("h", i % 3, None, 10_000 - i, util_gpu_pct=float(i)) for i in range(30)]
+    )
+    writer.close()
+    store.compact_run(tmp_path)
+    writer = store.BufferedWriter(store.host_file(tmp_path, "h"))  # later rows stay in SQLite
+    writer.add_records("gpu", [GpuSample("h", 0, None, 20_000, util_gpu_pct=99.0)])
+    writer.close()
+    frames = list(store.iter_gpu_samples(tmp_path))
+    assert [int(f["gpu"].iloc[0]) for f in frames] == [0, 1, 2, 0]
+    assert all(f["t_ns"].is_monotonic_increasing and f["gpu"].nunique() == 1 for f in frames)
+    assert sum(len(f) for f in frames) == 31
+
+
+def test_a_crash_before_the_listing_leaves_samples_in_sqlite(tmp_path):
+    _write_small_run(tmp_path, "hostA", 4)
+    # the side file was written but the transaction that lists it never ran
+    from gpuprof import columnar
+
+    columnar.write(tmp_path / "hostA.gpu.parquet", "gpu", store.load_run(tmp_path).gpu)
+    run = store.load_run(tmp_path)
+    assert len(run.gpu) == 4  # the unlisted file is ignored: no duplicates
+
+
+def test_a_listed_side_file_that_is_missing_or_damaged_is_one_clear_error(tmp_path):
+    _write_small_run(tmp_path, "hostA", 4)
+    store.compact_run(tmp_path)
+    side = tmp_path / "hostA.gpu.parquet"
+    side.write_bytes(b"PAR1 not really")
+    with pytest.raises(store.RunError, match="hostA"):
+        store.load_run(tmp_path)
+    side.unlink()
+    with pytest.raises(store.RunError, match="missing"):
+        store.load_run(tmp_path)
+    result = run_gpuprof("analyze", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,146 @@
+"""Coarser sample tables for very long runs, without blurring phase boundaries.
+
+A day on 64 GPUs at 10 Hz is 55 million GPU samples; the analyzers need the time each GPU spent
+busy or idle *in each phase*, not every tenth of a second. `reduce_gpu` merges runs of up to
+``factor`` consecutive samples of one GPU into one, but never across a boundary of a span of the
+GPU's owner (so every merged sample lies inside one phase and one step) and never across a gap
+in sampling. A merged sample keeps the first sample's ``t_ns`` and stands, like any sample, for
+the time until the next one; rates and percentages are time-weighted means, memory is the peak,
+clock-event reasons are OR-ed. GPU-seconds busy and idle per phase are therefore the same as at
+full resolution up to rounding; what is lost is sub-bucket detail (a 0.3 s dip inside a 2 s
+bucket of one phase shows as a shallower, longer dip).
+
+`reduce_table` does the same for host, process and per-GPU-process samples, by fixed time
+buckets (their phase attribution is by time window anyway).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.model import GpuSample, columns
+
+MEAN_COLUMNS: tuple[str, ...] = (
+    "util_gpu_pct", "util_mem_pct", "pcie_tx_bytes_s", "pcie_rx_bytes_s", "nvlink_tx_bytes_s",
+    "nvlink_rx_bytes_s", "power_w", "sm_clock_mhz", "temp_c", "sm_active_pct",
+    "sm_occupancy_pct", "tensor_active_pct", "dram_active_pct",
+)  # fmt: skip
+"""GPU columns merged as a time-weighted mean (NaN samples left out)."""
+MAX_COLUMNS: tuple[str, ...] = ("mem_used_bytes", "mem_total_bytes")
+"""GPU columns merged as their maximum."""
+OR_COLUMNS: tuple[str, ...] = ("clock_event_reasons",)
+"""GPU bit-mask columns merged with a bitwise OR."""
+GAP_FACTOR = 3.0
+"""A pause longer than this many typical intervals starts a new merged sample."""
+
+
+def reduce_gpu(frame: pd.DataFrame, boundaries_ns: np.ndarray | None, factor: int) -> pd.DataFrame:
+    """Merge up to ``factor`` consecutive samples of ONE GPU (``frame`` sorted by ``t_ns``).
+
+    ``boundaries_ns``: sorted instants (span starts and ends of the GPU's owner) no merged
+    sample may straddle; None or empty when the GPU has no owner. Returns a frame with the
+    `GpuSample` columns, at most ``len(frame) / factor`` rows plus one per boundary crossed.
+    """
+    n = len(frame)
+    if factor <= 1 or n <= 1:
+        return frame
+    t = frame["t_ns"].to_numpy(np.int64)
+    idx = np.arange(n)
+    gaps = np.diff(t)
+    typical = float(np.median(gaps)) if len(gaps) else 0.0
+    dt = np.empty(n)
+    dt[:-1] = gaps / 1e9
+    dt[-1] = typical / 1e9
+    new = np.zeros(n, dtype=bool)
+    new[0] = True
+    if boundaries_ns is not None and len(boundaries_ns):
+        seg = np.searchsorted(boundaries_ns, t, side="right")
+        new[1:] |= seg[1:] != seg[:-1]
+    if typical > 0:
+        new[1:] |= gaps > GAP_FACTOR * typical
+    run_start = np.maximum.accumulate(np.where(new, idx, 0))
+    starts = np.flatnonzero(new | ((idx - run_start) % factor == 0))
+
+    out: dict[str, np.ndarray] = {}
+    for name in ("host", "gpu", "uuid", "t_ns"):
+        out[name] = frame[name].to_numpy()[starts]
+    for name in MEAN_COLUMNS:
+        v = _floats(frame, name)
+        ok = ~np.isnan(v)
+        num = np.add.reduceat(np.where(ok, v * dt, 0.0), starts)
+        den = np.add.reduceat(np.where(ok, dt, 0.0), starts)
+        cnt = np.add.reduceat(ok.astype(np.int64), starts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+        # a bucket whose only finite samples have no duration (the last one) keeps their mean
+        plain = np.add.reduceat(np.where(ok, v, 0.0), starts) / np.maximum(cnt, 1)
+        out[name] = np.where((den <= 0) & (cnt > 0), plain, mean)
+    for name in MAX_COLUMNS:
+        out[name] = np.fmax.reduceat(_floats(frame, name), starts)
+    for name in OR_COLUMNS:
+        v = _floats(frame, name)
+        ok = ~np.isnan(v)
+        bits = np.bitwise_or.reduceat(np.where(ok, v, 0).astype(np.int64), starts)
+        out[name] = np.where(np.add.reduceat(ok, starts) > 0, bits.astype(np.float64), np.nan)
+    return pd.DataFrame({name: out[name] for name in columns(GpuSample)})
+
+
+def _floats(frame: pd.DataFrame, name: str) -> np.ndarray:
+    if name not in frame:
+        return np.full(len(frame), np.nan)
+    return pd.to_numeric(frame[name], errors="coerce").to_numpy(np.float64)
+
+
+_TABLE_RULES: dict[str, tuple[list[str], dict[str, str]]] = {
+    "host": (["host"], {"cpu_pct": "mean", "mem_used_bytes": "max", "mem_total_bytes": "max",
+                        "n_cpus": "max"}),
+    "procs": (["host", "pid"], {"ppid": "last", "role": "last", "name": "last", "cpu_pct": "mean",
+                                "rss_bytes": "max", "io_read_bytes_s": "mean",
+                                "io_write_bytes_s": "mean", "num_threads": "max"}),
+    "gpu_procs": (["host", "gpu", "pid"], {"gpu_mem_bytes": "max", "sm_util_pct": "mean",
+                                           "watched": "max"}),
+}  # fmt: skip
+"""Per sample table: the keys a bucket is taken within, and how each other column merges."""
+
+
+def reduce_table(table: str, frame: pd.DataFrame, window_ns: int) -> pd.DataFrame:
+    """Merge the samples of ``table`` (``host``, ``procs`` or ``gpu_procs``) into buckets of
+    ``window_ns`` per key; a bucket keeps its first ``t_ns``. Other tables pass through."""
+    if table not in _TABLE_RULES or window_ns <= 0 or frame.empty:
+        return frame
+    keys, how = _TABLE_RULES[table]
+    bucket = frame["t_ns"].to_numpy(np.int64) // int(window_ns)
+    work = frame.assign(_bucket=bucket)
+    agg = {name: (name, rule) for name, rule in how.items() if name in frame}
+    agg["t_ns"] = ("t_ns", "min")
+    out = work.groupby([*keys, "_bucket"], sort=False, dropna=False).agg(**agg).reset_index()
+    return out[[c for c in frame.columns if c in out]]
+
+
+def owner_boundaries(spans: pd.DataFrame, owners: pd.DataFrame) -> dict[tuple, np.ndarray]:
+    """(host, gpu) → sorted span starts and ends of the process that owns the GPU.
+
+    ``spans``: valid spans (`alignment.valid_spans`); ``owners``: `alignment.gpu_owner`.
+    """
+    if spans.empty or owners.empty:
+        return {}
+    by_proc = spans.groupby(["host", "pid"], sort=False).indices
+    starts = spans["start_ns"].to_numpy(np.int64)
+    ends = spans["end_ns"].to_numpy(np.int64)
+    cache: dict[tuple, np.ndarray] = {}
+    out = {}
+    for host, gpu, o_host, pid in zip(owners["host"], owners["gpu"], owners["owner_host"],
+                                      owners["pid"]):  # fmt: skip
+        if o_host is None or not np.isfinite(pid):
+            continue
+        key = (o_host, int(pid))
+        if key not in cache:
+            rows = by_proc.get(key)
+            cache[key] = (
+                np.unique(np.concatenate([starts[rows], ends[rows]]))
+                if rows is not None
+                else np.empty(0, np.int64)
+            )
+        out[(host, int(gpu))] = cache[key]
+    return out

@@ -1,0 +1,229 @@
+"""Columnar side files of a run file: the sample tables of a finished run, in Parquet.
+
+While a run goes on, every sample is a row in its host's SQLite file (crash-safe, many
+writers). A day on a big node is millions of rows per table, which SQLite gives back at about a
+million values a second; the same samples as Parquet columns load a hundred times faster, take
+a tenth of the disk, and open in pandas, DuckDB or Spark as they are. So when a run ends (and
+when `save_run` writes a whole run) the four sample tables of each file are moved into
+``<file stem>.<table>.parquet`` beside it::
+
+    <run>/node0.sqlite              spans, events, logs, metadata (and any rows written later)
+    <run>/node0.gpu.parquet         GPU samples, one row group per GPU, sorted by time
+    <run>/node0.host.parquet        host samples
+    <run>/node0.procs.parquet       process samples
+    <run>/node0.gpu_procs.parquet   per-GPU process samples
+
+The SQLite file's ``meta`` table lists the side files under the key ``columnar``; the listing
+and the deletion of the moved rows happen in one transaction, after the Parquet file is in
+place, so a crash at any point leaves every sample either in SQLite or in a listed side file,
+never in both and never in neither (an unlisted side file is ignored). Columns and types are
+those of the record classes in `gpuprof.model`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gpuprof.model import RECORD_TYPES, column_kinds, columns
+
+TABLES: tuple[str, ...] = ("gpu", "host", "procs", "gpu_procs")
+"""The sample tables that get side files (the high-volume ones)."""
+
+SORT_KEYS: dict[str, list[str]] = {
+    "gpu": ["host", "gpu", "t_ns"],
+    "host": ["host", "t_ns"],
+    "procs": ["host", "pid", "t_ns"],
+    "gpu_procs": ["host", "gpu", "pid", "t_ns"],
+}
+META_KEY = "columnar"
+"""Key of the ``meta`` row that lists a file's side files: ``{table: file name}``."""
+
+_ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
+
+
+def side_file(db_path: Path, table: str) -> Path:
+    """``<dir>/<stem>.<table>.parquet`` for the run file ``<dir>/<stem>.sqlite``."""
+    return db_path.with_name(f"{db_path.stem}.{table}.parquet")
+
+
+def schema(table: str) -> pa.Schema:
+    """The Arrow schema of a sample table (the record class's fields, nullable)."""
+    kinds = column_kinds(RECORD_TYPES[table])
+    return pa.schema([(name, _ARROW_TYPES[kinds[name]]) for name in columns(RECORD_TYPES[table])])
+
+
+def to_arrow(table: str, frame: pd.DataFrame) -> pa.Table:
+    """A frame with the table's columns as an Arrow table (NaN in int columns → null)."""
+    sch = schema(table)
+    arrays = []
+    for fld in sch:
+        col = frame[fld.name] if fld.name in frame else pd.Series([None] * len(frame))
+        if pa.types.is_string(fld.type):
+            values = col.astype(object).where(col.notna(), None)
+            arrays.append(pa.array(values.to_numpy(object), type=fld.type))
+        elif pa.types.is_boolean(fld.type):
+            arrays.append(pa.array(col.fillna(False).to_numpy(bool), type=fld.type))
+        else:
+            values = pd.to_numeric(col, errors="coerce").to_numpy(np.float64)
+            mask = np.isnan(values)
+            if pa.types.is_integer(fld.type):
+                values = np.where(mask, 0, values).astype(np.int64)
+            arrays.append(pa.array(values, type=fld.type, mask=mask))
+    return pa.Table.from_arrays(arrays, schema=sch)
+
+
+def write(path: Path, table: str, frame: pd.DataFrame) -> None:
+    """Write a sample frame as a side file, atomically (temporary name, then rename).
+
+    Rows are sorted by `SORT_KEYS`; GPU samples get one row group per GPU so a reader can
+    take one GPU at a time.
+    """
+    if table == "gpu" and len(frame):
+        groups = frame.groupby(["host", "gpu"], sort=True, dropna=False).indices
+        write_groups(path, table, (frame.iloc[rows] for rows in groups.values()))
+    else:
+        write_groups(path, table, [frame])
+
+
+def write_groups(path: Path, table: str, frames: Iterable[pd.DataFrame]) -> int:
+    """Write frames as the row groups of one side file, atomically; returns the rows written.
+
+    Each frame is sorted by `SORT_KEYS` and becomes its own row group(s).
+    """
+    tmp = path.with_name(path.name + ".partial")
+    rows = 0
+    try:
+        with pq.ParquetWriter(tmp, schema(table), compression="zstd") as writer:
+            for frame in frames:
+                if len(frame):
+                    frame = frame.sort_values(SORT_KEYS[table], kind="stable")
+                    writer.write_table(to_arrow(table, frame), row_group_size=1 << 30)
+                    rows += len(frame)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return rows
+
+
+def to_frame(data: pa.Table) -> pd.DataFrame:
+    """An Arrow table as a frame with the model's dtypes: strings as objects, ints with
+    nulls as float64 (NaN = missing)."""
+    text = [
+        f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)
+    ]
+    frame = data.to_pandas(split_blocks=True)
+    for name in text:
+        frame[name] = frame[name].astype(object)
+    return frame
+
+
+def read(path: Path, table: str) -> pd.DataFrame:
+    """A whole side file as a frame."""
+    return to_frame(pq.read_table(path, schema=schema(table)))
+
+
+def read_groups(path: Path, table: str) -> Iterator[pd.DataFrame]:
+    """A side file one row group at a time (one GPU at a time for the ``gpu`` table)."""
+    parquet = pq.ParquetFile(path)
+    for i in range(parquet.num_row_groups):
+        yield to_frame(parquet.read_row_group(i).cast(schema(table)))
+
+
+def count(path: Path) -> int:
+    """Rows in a side file, from its footer (no data read)."""
+    return int(pq.ParquetFile(path).metadata.num_rows)
+
+
+def listed(conn: sqlite3.Connection) -> dict[str, str]:
+    """The side files a run file lists: ``{table: file name}``."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (META_KEY,)).fetchone()
+    if row is None:
+        return {}
+    value = json.loads(row[0])
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def compact(db_path: Path, read_table: Callable[..., pd.DataFrame]) -> list[str]:
+    """Move the sample tables of one run file into side files; returns the tables moved.
+
+    ``read_table(conn, table, where, params)`` reads rows of a table as a typed frame (the
+    store's reader). GPU samples are read and written one GPU at a time, so the memory needed
+    is that of one GPU's samples or of the largest other table. Rows already in a side file
+    are kept (merged with the new ones).
+    """
+    conn = sqlite3.connect(db_path, timeout=30.0, isolation_level=None)
+    moved: list[str] = []
+    try:
+        done = listed(conn)
+        for table in TABLES:
+            if conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone()[0] == 0:
+                continue
+            old = db_path.with_name(done[table]) if table in done else None
+            old = old if old is not None and old.exists() else None
+            dest = side_file(db_path, table)
+            if table == "gpu":
+                write_groups(dest, table, _gpu_groups(conn, old, read_table))
+            else:
+                frame = read_table(conn, table, "", ())
+                if old is not None:
+                    frame = pd.concat([read(old, table), frame], ignore_index=True)
+                write(dest, table, frame)
+                del frame
+            moved.append(table)
+            done[table] = dest.name
+            # listing + deletion in one transaction, after the side file is in place
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(f"DELETE FROM {table}")
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                    (META_KEY, json.dumps(done)),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+        if moved:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("VACUUM")  # give the moved rows' pages back to the filesystem
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    return moved
+
+
+def _gpu_groups(
+    conn: sqlite3.Connection, old: Path | None, read_table: Callable[..., pd.DataFrame]
+) -> Iterator[pd.DataFrame]:
+    """Each GPU's samples (side file rows first, then SQLite rows), one frame per GPU."""
+    keys = set(conn.execute("SELECT DISTINCT host, gpu FROM gpu").fetchall())
+    old_groups: dict[tuple, int] = {}
+    if old is not None:
+        parquet = pq.ParquetFile(old)
+        for i in range(parquet.num_row_groups):
+            first = parquet.read_row_group(i, columns=["host", "gpu"]).slice(0, 1).to_pylist()
+            if first:
+                old_groups[(first[0]["host"], first[0]["gpu"])] = i
+        keys |= set(old_groups)
+    for host, gpu in sorted(keys, key=lambda k: (str(k[0]), -1 if k[1] is None else k[1])):
+        parts = []
+        if (host, gpu) in old_groups:
+            parts.append(to_frame(pq.ParquetFile(old).read_row_group(old_groups[(host, gpu)])))
+        if host is None or gpu is None:
+            where = "WHERE host IS ? AND gpu IS ?"
+        else:
+            where = "WHERE host = ? AND gpu = ?"
+        parts.append(read_table(conn, "gpu", where, (host, gpu)))
+        yield pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]

@@ -1,0 +1,129 @@
+"""Loading long runs at a bounded size: merged samples keep per-phase GPU-time and findings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuprof import store
+from gpuprof.analyzers import resample
+from gpuprof.analyzers.alignment import phase_breakdown
+from gpuprof.analyzers.diagnose import diagnose
+from gpuprof.loader import load_for_analysis
+from gpuprof.sim import Pathology, SimConfig, simulate
+
+
+def _gpu_frame(t_ns: np.ndarray, util: np.ndarray, mem: np.ndarray | None = None) -> pd.DataFrame:
+    n = len(t_ns)
+    return pd.DataFrame(
+        {
+            "host": ["h"] * n,
+            "gpu": np.zeros(n, np.int64),
+            "uuid": ["GPU-x"] * n,
+            "t_ns": t_ns.astype(np.int64),
+            "util_gpu_pct": util,
+            "mem_used_bytes": mem if mem is not None else np.full(n, np.nan),
+            "clock_event_reasons": np.where(np.arange(n) % 7 == 3, 4.0, 0.0),
+        }
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(2, 400),
+    factor=st.integers(2, 40),
+    cuts=st.lists(st.integers(0, 40_000_000_000), max_size=12),
+    seed=st.integers(0, 10_000),
+)
+def test_merged_samples_keep_busy_time_within_every_span_segment(n, factor, cuts, seed):
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.integers(90_000_000, 110_000_000, n))
+    util = rng.uniform(0, 100, n)  # (a NaN reading takes its bucket's mean: not tested here)
+    bounds = np.unique(np.array(cuts, dtype=np.int64))
+    frame = _gpu_frame(t, util, rng.uniform(1e9, 8e10, n))
+    out = resample.reduce_gpu(frame, bounds, factor)
+
+    assert len(out) <= -(-n // factor) + len(bounds) + 1 or len(out) <= n
+    assert out["t_ns"].is_monotonic_increasing and out["t_ns"].iloc[0] == t[0]
+    # no merged sample straddles a boundary: its inputs all share one segment
+    seg_in = np.searchsorted(bounds, t, side="right")
+    owner = np.searchsorted(out["t_ns"].to_numpy(), t, side="right") - 1
+    for k in np.unique(owner):
+        assert len(set(seg_in[owner == k])) == 1
+    # busy GPU-seconds per segment are preserved (sample i stands for [t_i, t_i+1))
+    dt_in = np.diff(t) / 1e9
+    dt_out = np.diff(out["t_ns"].to_numpy()) / 1e9
+    u_out = out["util_gpu_pct"].to_numpy()[:-1] / 100
+    # the last output row absorbs the last input's interval: compare all but the final row
+    last_start = out["t_ns"].iloc[-1]
+    busy_in = np.sum(((util / 100)[:-1] * dt_in)[t[:-1] < last_start])
+    assert np.sum(u_out * dt_out) == pytest.approx(busy_in, rel=1e-9, abs=1e-9)
+    # peaks and flags survive merging
+    assert np.nanmax(out["mem_used_bytes"]) == pytest.approx(np.nanmax(frame["mem_used_bytes"]))
+    flagged = (frame["clock_event_reasons"] > 0).to_numpy()
+    assert (out["clock_event_reasons"] > 0).sum() == len(np.unique(owner[flagged]))
+
+
+def test_a_sampling_gap_is_never_merged_over():
+    t = np.r_[np.arange(10) * 100_000_000, 60_000_000_000 + np.arange(10) * 100_000_000]
+    out = resample.reduce_gpu(_gpu_frame(t, np.full(20, 50.0)), None, 50)
+    assert out["t_ns"].tolist() == [0, 60_000_000_000]
+
+
+def test_host_and_process_samples_merge_by_time_bucket():
+    t = np.arange(0, 10_000_000_000, 500_000_000)  # 20 samples at 2 Hz
+    procs = pd.DataFrame(
+        {"host": "h", "t_ns": np.r_[t, t], "pid": np.r_[np.ones(20), np.full(20, 2)].astype(int),
+         "ppid": 1, "role": "trainer", "name": "python", "cpu_pct": np.r_[np.full(20, 100.0),
+         np.arange(20.0)], "rss_bytes": np.r_[np.arange(20.0), np.zeros(20)],
+         "io_read_bytes_s": 0.0, "io_write_bytes_s": 0.0, "num_threads": 4}
+    )  # fmt: skip
+    out = resample.reduce_table("procs", procs, 2_000_000_000)
+    assert len(out) == 10 and list(out.columns) == list(procs.columns)
+    one = out[out["pid"] == 1].sort_values("t_ns")
+    assert one["cpu_pct"].tolist() == [100.0] * 5 and one["rss_bytes"].max() == 19.0
+    two = out[out["pid"] == 2].sort_values("t_ns")
+    assert two["cpu_pct"].tolist() == [1.5, 5.5, 9.5, 13.5, 17.5]
+    assert resample.reduce_table("spans", procs, 1).equals(procs)  # other tables untouched
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory):
+    cfg = SimConfig(
+        gpus=16, steps=12, seed=3,
+        pathologies=[Pathology("reward_bound", 0.6), Pathology("reshard_idle", 0.5)],
+    )  # fmt: skip
+    run_dir = tmp_path_factory.mktemp("long") / "run"
+    store.save_run(simulate(cfg).run, run_dir)
+    return run_dir
+
+
+def test_a_long_run_is_analysed_at_bounded_size_with_the_same_verdict(long_run):
+    full = load_for_analysis(long_run, None)
+    small = load_for_analysis(long_run, len(full.gpu) // 12)
+    assert len(small.gpu) < len(full.gpu) / 5
+    assert len(small.procs) < len(full.procs) / 2  # 1.2 s buckets of 0.5 s samples
+    assert "merged within each phase" in small.meta.notices[-1]
+
+    by_full = phase_breakdown(full, by=("phase",)).set_index("phase")
+    by_small = phase_breakdown(small, by=("phase",)).set_index("phase")
+    total = by_full["gpu_s"].sum()
+    for phase in by_full.index:  # idle GPU-seconds per phase within 0.5% of the run's GPU-time
+        assert abs(by_full.at[phase, "idle_gpu_s"] - by_small.at[phase, "idle_gpu_s"]) < (
+            0.005 * total
+        ), phase
+
+    d_full, d_small = diagnose(full), diagnose(small)
+    assert [f.kind for f in d_small.findings] == [f.kind for f in d_full.findings]
+    for a, b in zip(d_full.findings, d_small.findings):
+        assert b.share == pytest.approx(a.share, abs=0.01)
+    assert [r.knob for r in d_small.recommendations] == [r.knob for r in d_full.recommendations]
+
+
+def test_a_small_run_loads_exactly_as_recorded(long_run):
+    run = load_for_analysis(long_run)
+    assert len(run.gpu) == store.count_rows(long_run, "gpu")
+    assert not any("merged" in n for n in run.meta.notices)
