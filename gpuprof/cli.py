@@ -98,7 +98,7 @@ def _print_summary(run_dir: Path) -> None:
     from gpuprof.reports.summary import summary_renderable
 
     try:
-        run = api.load_run(run_dir)
+        run = api.load_for_analysis(run_dir)
     except api.RunError as exc:
         _err(str(exc))
         return
@@ -275,7 +275,7 @@ def export(
 
 def _load_or_exit(run_dir: Path):
     try:
-        return api.load_run(run_dir)
+        return api.load_for_analysis(run_dir)
     except api.RunError as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_BAD_INPUT) from None
