@@ -601,7 +601,9 @@ def _heatmap(
     run: Run, series: _GpuSeries, axis: TimeAxis, budget: Budget, out: FigureSet
 ) -> dict[str, Any]:
     n = len(series)
-    bins = int(max(20, min(budget.bins, budget.heatmap_cells // max(n, 1))))
+    per_gpu = int(np.median(np.diff(series.bounds))) if n else 0
+    # never more columns than samples per GPU: empty cells would read as stripes of "no data"
+    bins = int(max(1, min(budget.bins, budget.heatmap_cells // max(n, 1), per_gpu)))
     end = max(axis.end, float(series.t.max()) if len(series.t) else 0.0, 1e-9)
     b = bin_stats(series.t, series.values(run, "util_gpu_pct"), 0.0, end, bins, group=series.code)
     z = np.round(b.mean, 0)
@@ -724,7 +726,7 @@ def _step_hist(run: Run, summary: dict[str, Any]) -> dict[str, Any] | None:
     lo, hi = float(durations.min()), float(durations.max())
     counts, edges = np.histogram(
         durations,
-        bins=min(60, max(5, len(durations) // 3)),
+        bins=int(np.clip(np.sqrt(len(durations)), 5, 60)),
         range=(lo, hi if hi > lo else lo + 1.0),
     )
     centers = (edges[:-1] + edges[1:]) / 2

@@ -221,10 +221,7 @@ def _finding_index(diagnosis: Diagnosis) -> dict[str, int]:
 def _zoom_button(index: int | None, diagnosis: Diagnosis) -> str:
     if index is None or not diagnosis.findings[index].evidence.get("intervals"):
         return ""
-    return (
-        f'<button class="zoom" data-evidence="{index}" type="button">'
-        "zoom timeline to evidence</button>"
-    )
+    return f'<button class="zoom" data-evidence="{index}" type="button">zoom to evidence</button>'
 
 
 def _recommendations(diagnosis: Diagnosis) -> str:
