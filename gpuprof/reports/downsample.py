@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 from tsdownsample import MinMaxLTTBDownsampler
 
 _MIN_OUT = 4  # tsdownsample needs a few points to pick from
@@ -42,13 +41,28 @@ def keep_shape(x: np.ndarray, y: np.ndarray, n_out: int) -> np.ndarray:
 @dataclass
 class Binned:
     """Per-bin statistics on a regular grid: ``centers`` (bin middles), ``mean``, ``min``,
-    ``max`` (NaN where no finite sample fell in the bin) and ``width`` (bin width)."""
+    ``max`` (NaN where no finite sample fell in the bin), ``count`` of samples and ``width``
+    (bin width). Arrays are ``(bins,)`` or ``(series, bins)``."""
 
     centers: np.ndarray
     mean: np.ndarray
     min: np.ndarray
     max: np.ndarray
+    count: np.ndarray
     width: float
+
+    def pooled(self) -> Binned:
+        """Statistics over all series together (rows of a grouped result merged)."""
+        if self.mean.ndim == 1:
+            return self
+        count = self.count.sum(axis=0)
+        total = np.nansum(np.where(self.count > 0, self.mean * self.count, 0.0), axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+        empty = count == 0
+        lo = np.where(empty, np.nan, np.fmin.reduce(self.min, axis=0))
+        hi = np.where(empty, np.nan, np.fmax.reduce(self.max, axis=0))
+        return Binned(self.centers, mean, lo, hi, count, self.width)
 
 
 def bin_stats(
@@ -62,25 +76,36 @@ def bin_stats(
     """Pool ``y`` sampled at ``t`` into ``bins`` equal bins over ``[start, end]``.
 
     With ``group`` (an integer code per sample, 0..G-1) the result arrays are ``(G, bins)``:
-    one row per series (the heatmap); without it, one row pooled over all samples.
+    one row per series (the heatmap); without it, one row pooled over all samples. Samples
+    already ordered by (group, t) — the renderer's layout — are reduced in one pass
+    (``ufunc.reduceat``); other orders are sorted first.
     """
     bins = max(1, int(bins))
     width = (end - start) / bins if end > start else 1.0
     t = np.asarray(t, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     ok = np.isfinite(t) & np.isfinite(y)
+    rows = 1 if group is None or not len(group) else int(np.max(group)) + 1
     col = np.clip(((t[ok] - start) / width).astype(np.int64), 0, bins - 1)
-    rows = 1 if group is None else int(group.max()) + 1 if len(group) else 1
-    row = np.zeros(len(col), dtype=np.int64) if group is None else np.asarray(group)[ok]
-    cell = row * bins + col
-    shape = (rows, bins)
+    cell = col if group is None else np.asarray(group)[ok].astype(np.int64) * bins + col
+    values = y[ok]
+    if len(cell) > 1 and (np.diff(cell) < 0).any():
+        order = np.argsort(cell, kind="stable")
+        cell, values = cell[order], values[order]
     size = rows * bins
-    frame = pd.DataFrame({"cell": cell, "y": y[ok]})
-    stats = frame.groupby("cell", sort=False)["y"].agg(["mean", "min", "max"])
-    out = {name: np.full(size, np.nan) for name in ("mean", "min", "max")}
-    index = stats.index.to_numpy(np.int64)
-    for name in out:
-        out[name][index] = stats[name].to_numpy()
+    mean, lo, hi = (np.full(size, np.nan) for _ in range(3))
+    count = np.zeros(size, dtype=np.int64)
+    if len(cell):
+        first = np.concatenate([[0], np.flatnonzero(np.diff(cell)) + 1])
+        where = cell[first]
+        n = np.diff(np.concatenate([first, [len(cell)]]))
+        count[where] = n
+        mean[where] = np.add.reduceat(values, first) / n
+        lo[where] = np.minimum.reduceat(values, first)
+        hi[where] = np.maximum.reduceat(values, first)
     centers = start + (np.arange(bins) + 0.5) * width
-    reshape = (lambda a: a.reshape(shape)) if group is not None else (lambda a: a)
-    return Binned(centers, reshape(out["mean"]), reshape(out["min"]), reshape(out["max"]), width)
+    if group is not None:
+        shape = (rows, bins)
+        return Binned(centers, mean.reshape(shape), lo.reshape(shape), hi.reshape(shape),
+                      count.reshape(shape), width)  # fmt: skip
+    return Binned(centers, mean, lo, hi, count, width)

@@ -20,7 +20,7 @@ from plotly.colors import qualitative
 from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE, gpu_owner, valid_spans
 from gpuprof.analyzers.basic import step_times
 from gpuprof.model import Run
-from gpuprof.reports.downsample import bin_stats, keep_shape
+from gpuprof.reports.downsample import Binned, bin_stats, keep_shape
 
 PHASE_COLORS: dict[str, str] = {
     "rollout": "#1f77b4",
@@ -167,7 +167,11 @@ class _GpuSeries:
         if gpu is None or gpu.empty or "t_ns" not in gpu:
             e = np.zeros(0, dtype=np.int64)
             return cls([], np.zeros(1, dtype=np.int64), np.zeros(0), e, e)
-        host_codes, hosts = pd.factorize(gpu["host"].astype(str), sort=True)
+        host_codes, hosts = pd.factorize(gpu["host"], sort=True)  # categorical stays cheap
+        hosts = [str(h) for h in hosts]
+        if (host_codes < 0).any():  # a sample without a host still has a GPU to draw
+            host_codes = np.where(host_codes < 0, len(hosts), host_codes)
+            hosts.append("?")
         index = _col(gpu, "gpu")
         index = np.where(np.isfinite(index), index, -1).astype(np.int64)
         key = host_codes.astype(np.int64) * (int(index.max()) + 2) + (index + 1)
@@ -329,8 +333,8 @@ def _timeline(
 
     def add_band(
         key: str, values: np.ndarray, label: str, color: str, unit: str, show_band: bool = True
-    ) -> None:
-        b = bin_stats(series.t, values, start, end, bins)
+    ) -> Binned:
+        b = bin_stats(series.t, values, start, end, bins, group=series.code).pooled()
         x = _rounded(b.centers, dec)
         out.points += len(b.centers) * (3 if show_band else 2)
         if show_band:
@@ -375,6 +379,7 @@ def _timeline(
                 "hovertemplate": f"mean %{{y:.1f}} {unit}<extra></extra>",
             }
         )
+        return b
 
     if individual:
         add_lines("util", "util_gpu_pct", 1.0, True, "%")
@@ -398,8 +403,7 @@ def _timeline(
     link_colors = {"pcie": "#ff7f0e", "nvlink": "#17becf"}
     for name, values in links.items():
         label = "PCIe" if name == "pcie" else "NVLink"
-        add_band("link", values, f"{label} tx+rx", link_colors[name], "GB/s", show_band=False)
-        b = bin_stats(series.t, values, start, end, bins)
+        b = add_band("link", values, f"{label} tx+rx", link_colors[name], "GB/s", show_band=False)
         traces.append(
             {
                 "type": "scatter",
