@@ -47,6 +47,8 @@ class WatchOptions:
     """Host / process-tree sampling period; None: the longer of ``interval_s`` and 0.5 s."""
     nvml: bool = True
     quiet: bool = False
+    live: bool = False
+    """Draw a live status at the bottom of the terminal (stderr) while the command runs."""
     spool_dir: Path | None = None
     """Where to write while running when the run directory is on a network filesystem."""
 
@@ -160,7 +162,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     env[hooks.ENV_HOST] = host
     sink = _LogSink(writer, host)
     child = ChildProcess(argv, env=env, on_line=sink)
-    sampler = None
+    sampler = live = None
     try:
         pid = child.start()
     except CommandNotFound as exc:
@@ -176,8 +178,11 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
             host_interval_s=options.host_interval_s,
         )
         sampler.start()
+        live = _start_live(options, sampler, db_path)
         exit_code = child.wait()
     finally:
+        if live is not None:
+            live.stop()
         if sampler is not None:
             sampler.stop()
             notices.extend(sampler.errors)
@@ -204,6 +209,20 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     except Exception as exc:
         _notify(f"samples left in SQLite (compaction failed: {exc})", options.quiet)
     return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices)
+
+
+def _start_live(options: WatchOptions, sampler, db_path: Path):
+    """The live status view when asked for and stderr is a terminal (else one line, no view)."""
+    if not options.live:
+        return None
+    from gpuprof.reports.live import LiveView, live_supported
+
+    if not live_supported(sys.stderr):
+        _notify("--live needs a terminal on stderr: going on without the live view", False)
+        return None
+    live = LiveView(sampler.latest, db_path, sys.stderr)
+    live.start()
+    return live
 
 
 def _open_nvml(host: str, options: WatchOptions, meta: RunMeta, notices: list[str]):

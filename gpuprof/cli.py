@@ -59,6 +59,14 @@ def watch(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Print nothing of gpuprof's own.")
     ] = False,
+    live: Annotated[
+        bool,
+        typer.Option(
+            "--live",
+            help="Show GPU bars, phases per rank, step rate and the idlest phase at the "
+            "bottom of the terminal while the command runs (needs a terminal on stderr).",
+        ),
+    ] = False,
 ) -> None:
     if not command:
         _err("no command given: gpuprof watch [OPTIONS] -- CMD...")
@@ -69,6 +77,7 @@ def watch(
         host_interval_s=host_interval,
         nvml=not no_nvml,
         quiet=quiet,
+        live=live,
     )
     try:
         result = api.watch(command, options)

@@ -53,6 +53,8 @@ class Sampler:
         self.ticks = 0
         self.cpu_s = 0.0
         self.errors: list[str] = []
+        self._latest: tuple[int, list[Any], Any] | None = None
+        self._latest_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuprof-sampler", daemon=True)
 
@@ -65,10 +67,22 @@ class Sampler:
         if self._thread.is_alive():
             self._thread.join(timeout=10.0)
 
+    def latest(self) -> tuple[int, list[Any], Any] | None:
+        """The newest readings, for live display: ``(t_ns, GPU samples, host sample)``.
+
+        The GPU list is the last tick's `GpuSample` per GPU (empty without NVML); the host
+        sample is the last `HostSample` (None before the first). None before the first tick.
+        Safe to call from any thread; the caller must not modify what it gets.
+        """
+        with self._latest_lock:
+            return self._latest
+
     def tick(self, t_ns: int, *, with_host: bool = True, with_processes: bool = False) -> None:
         """Take one sample at ``t_ns`` (ns since the epoch): the GPUs, and the host and the
         processes on each GPU when asked."""
         writer = self.writer
+        gpu_samples: list[Any] = []
+        host_sample = None
         if self.nvml is not None:
             gpu_samples, events = self.nvml.sample(t_ns)
             writer.add_records("gpu", gpu_samples)
@@ -80,6 +94,9 @@ class Sampler:
             if with_processes and self.nvml is not None:
                 pids = self.host.watched_pids()
                 writer.add_records("gpu_procs", self.nvml.sample_processes(t_ns, pids))
+        with self._latest_lock:
+            previous_host = self._latest[2] if self._latest else None
+            self._latest = (t_ns, list(gpu_samples), host_sample or previous_host)
         self.ticks += 1
 
     def _run(self) -> None:
