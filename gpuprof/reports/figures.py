@@ -57,7 +57,7 @@ class Budget:
     finding.
     """
 
-    line_points: int = 3000
+    line_points: int = 2000
     selector_points: int = 160_000
     bins: int = 1500
     heatmap_cells: int = 80_000

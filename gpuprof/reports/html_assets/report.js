@@ -3,6 +3,7 @@
 // every figure is drawn, so a browser test or benchmark can tell when the page is ready.
 (function () {
   "use strict";
+  window.__gpuprofScriptStartMs = performance.now(); // plotly.js parsed, nothing drawn yet
   var data = JSON.parse(document.getElementById("gp-data").textContent);
   var config = { responsive: true, displaylogo: false };
   var ids = Object.keys(data.figures);
