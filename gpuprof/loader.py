@@ -53,7 +53,7 @@ def load_for_analysis(
     spans, _ = alignment.valid_spans(stub)
     bounds = resample.owner_boundaries(spans, alignment.gpu_owner(stub))
     parts = []
-    for frame in store.iter_gpu_samples(run_dir):
+    for frame in store.iter_gpu_samples(run_dir, categories=True):
         key = (frame["host"].iloc[0], int(frame["gpu"].iloc[0]))
         parts.append(resample.reduce_gpu(frame, bounds.get(key), factor))
     run.gpu = pd.concat(parts, ignore_index=True).sort_values(

@@ -480,10 +480,13 @@ def load_run(
     return Run(meta=meta, **tables)
 
 
-def iter_gpu_samples(run_dir: str | os.PathLike) -> Iterator[pd.DataFrame]:
+def iter_gpu_samples(
+    run_dir: str | os.PathLike, categories: bool = False
+) -> Iterator[pd.DataFrame]:
     """The run's GPU samples one GPU of one file at a time, each frame sorted by time.
 
-    Memory stays at one GPU's samples, whatever the length of the run.
+    Memory stays at one GPU's samples, whatever the length of the run. With ``categories``
+    the string columns (host, uuid) of side-file samples come as pandas categoricals.
     """
     for path in run_files(Path(run_dir)):
         try:
@@ -494,7 +497,7 @@ def iter_gpu_samples(run_dir: str | os.PathLike) -> Iterator[pd.DataFrame]:
             _check_header(conn, path, allow_new=False)
             sides = _side_files(path, conn)
             if "gpu" in sides:
-                for frame in columnar.read_groups(sides["gpu"], "gpu"):
+                for frame in columnar.read_groups(sides["gpu"], "gpu", categories):
                     yield frame.sort_values("t_ns", kind="stable", ignore_index=True)
             rows = read_table(conn, "gpu")
             for _, frame in rows.groupby(["host", "gpu"], sort=True, dropna=False):

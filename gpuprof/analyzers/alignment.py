@@ -58,7 +58,7 @@ _OWNER_COLUMNS = ["host", "gpu", "uuid", "owner_host", "pid", "rank", "how"]
 _SAMPLE_COLUMNS = [
     "host", "gpu", "t_ns", "dt_s", "owner_host", "pid", "rank", "phase", "step", "in_span",
     "util_gpu_pct", "sm_active_pct", "busy_frac", "sm_busy_frac", "busy_gpu_s", "idle_gpu_s",
-    "sm_busy_gpu_s", "mem_used_bytes", "mem_total_bytes", "pcie_bytes", "nvlink_bytes",
+    "sm_busy_gpu_s", "mem_used_bytes", "mem_total_bytes", "pcie_bytes", "nvlink_bytes", "row",
 ]  # fmt: skip
 _BREAKDOWN_COLUMNS = [
     "ranks", "gpus", "samples", "wall_s", "gpu_s", "busy_gpu_s", "idle_gpu_s", "unknown_gpu_s",
@@ -489,7 +489,9 @@ def _label(spans: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
 # Samples
 
 
-def gpu_phase_samples(run: Run) -> pd.DataFrame:
+def gpu_phase_samples(
+    run: Run, *, spans: pd.DataFrame | None = None, owners: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """One row per GPU sample with the phase its owner was in at that instant.
 
     Columns (sorted by host, gpu, t_ns):
@@ -505,12 +507,14 @@ def gpu_phase_samples(run: Run) -> pd.DataFrame:
     - ``busy_gpu_s`` = busy_frac·dt_s, ``idle_gpu_s`` = (1−busy_frac)·dt_s,
       ``sm_busy_gpu_s`` = sm_busy_frac·dt_s (GPU-seconds, NaN when not measured);
     - ``mem_used_bytes``, ``mem_total_bytes``; ``pcie_bytes`` and ``nvlink_bytes`` = (tx+rx
-      rate)·dt_s, bytes moved during the sample (NaN when neither direction was measured).
+      rate)·dt_s, bytes moved during the sample (NaN when neither direction was measured);
+    - ``row``: the sample's position in ``run.gpu`` (to fetch other columns without a join).
 
     ``frame.attrs["spans_dropped"]`` counts spans ignored for ending before they started.
     """
-    spans, dropped = valid_spans(run)
-    owners = _gpu_owner(run, spans)
+    valid, dropped = valid_spans(run)
+    spans = valid if spans is None else spans
+    owners = _gpu_owner(run, spans) if owners is None else owners
     out = _samples(run, spans, owners)
     out.attrs["spans_dropped"] = dropped
     return out
@@ -534,6 +538,7 @@ def _samples(run: Run, spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFram
             "host": g["host"].astype(str).to_numpy(object),
             "gpu": _num(g, "gpu").astype(np.int64),
             "t_ns": t_raw[keep].to_numpy(np.int64),
+            "row": np.flatnonzero(keep),
         }
     )
     metric_names = ["util_gpu_pct", "sm_active_pct", "mem_used_bytes", "mem_total_bytes",
@@ -561,9 +566,12 @@ def _samples(run: Run, spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFram
         where = owned.index.to_numpy()[rows]
         proc_spans = spans.iloc[span_rows].reset_index(drop=True)
         phase[where], step[where], in_span[where] = _label(proc_spans, t[where])
-    frame["phase"] = phase
+    # labels as categoricals: comparisons and group-bys then work on small integer codes
+    frame["phase"] = pd.Categorical(phase)
     frame["step"] = step
     frame["in_span"] = in_span
+    for name in ("host", "owner_host"):
+        frame[name] = pd.Categorical(frame[name].to_numpy(object))
 
     util = frame["util_gpu_pct"].to_numpy()
     sm = frame["sm_active_pct"].to_numpy()
@@ -602,7 +610,7 @@ def _bytes(frame: pd.DataFrame, link: str, dt: np.ndarray) -> np.ndarray:
 
 def _empty_samples() -> pd.DataFrame:
     dtypes = {"host": object, "gpu": np.int64, "t_ns": np.int64, "owner_host": object,
-              "phase": object, "in_span": bool}  # fmt: skip
+              "phase": object, "in_span": bool, "row": np.int64}  # fmt: skip
     return pd.DataFrame(
         {c: pd.Series([], dtype=dtypes.get(c, np.float64)) for c in _SAMPLE_COLUMNS}
     )
@@ -649,7 +657,12 @@ def _owner_wall(spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
 
 
 def phase_breakdown(
-    run: Run, by: Sequence[str] = ("phase",), samples: pd.DataFrame | None = None
+    run: Run,
+    by: Sequence[str] = ("phase",),
+    samples: pd.DataFrame | None = None,
+    *,
+    spans: pd.DataFrame | None = None,
+    owners: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """GPU-time per group of ``by`` keys (any of phase, step, host, gpu, rank, pid).
 
@@ -666,14 +679,17 @@ def phase_breakdown(
     - ``share``: gpu_s over the run's total GPU-seconds (0–1).
 
     Rows are sorted by the keys, phases in canonical order with ``"(none)"`` last. Pass
-    ``samples`` (a `gpu_phase_samples` result) to avoid recomputing it.
+    ``samples`` (a `gpu_phase_samples` result), ``spans`` (`valid_spans`) and ``owners``
+    (`gpu_owner`) to avoid recomputing them.
     """
     by = list(by)
     bad = [k for k in by if k not in _BY_KEYS]
     if bad or not by:
         raise ValueError(f"phase_breakdown: keys must be among {_BY_KEYS}, got {by}")
-    spans, _ = valid_spans(run)
-    owners = _gpu_owner(run, spans)
+    if spans is None:
+        spans, _ = valid_spans(run)
+    if owners is None:
+        owners = _gpu_owner(run, spans)
     if samples is None:
         samples = _samples(run, spans, owners)
     if samples.empty:
@@ -781,7 +797,13 @@ def _sort(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     )
 
 
-def run_totals(run: Run, samples: pd.DataFrame | None = None) -> dict[str, Any]:
+def run_totals(
+    run: Run,
+    samples: pd.DataFrame | None = None,
+    *,
+    spans: pd.DataFrame | None = None,
+    owners: pd.DataFrame | None = None,
+) -> dict[str, Any]:
     """The run's GPU-time budget as a plain dict (floats in GPU-seconds unless named otherwise).
 
     Keys: ``gpus``, ``samples``, ``gpu_s``, ``busy_gpu_s``, ``idle_gpu_s``, ``unknown_gpu_s``
@@ -792,10 +814,15 @@ def run_totals(run: Run, samples: pd.DataFrame | None = None) -> dict[str, Any]:
     busy the SMs were) with ``busy_measure_note``, ``sm_active_pct`` and ``sm_busy_gpu_s``
     (GPM SM activity, None without GPM) with ``sm_active_coverage`` (share of GPU-seconds that
     have it, 0–1), ``owners`` (count of GPUs per `gpu_owner` rule), ``unowned_gpus`` and
-    ``spans_dropped``. Numbers are None when nothing was measured.
+    ``spans_dropped``. Numbers are None when nothing was measured. ``samples``, ``spans`` and
+    ``owners`` as in `phase_breakdown`.
     """
-    spans, dropped = valid_spans(run)
-    owners = _gpu_owner(run, spans)
+    if spans is None:
+        spans, dropped = valid_spans(run)
+    else:
+        dropped = int(samples.attrs.get("spans_dropped", 0)) if samples is not None else 0
+    if owners is None:
+        owners = _gpu_owner(run, spans)
     if samples is None:
         samples = _samples(run, spans, owners)
     dt = samples["dt_s"].to_numpy(np.float64)

@@ -116,30 +116,48 @@ class AnalysisContext:
     run: Run
 
     @cached_property
+    def spans(self) -> pd.DataFrame:
+        """`alignment.valid_spans` of the run (spans that end after they start)."""
+        from gpuprof.analyzers.alignment import valid_spans
+
+        return valid_spans(self.run)[0]
+
+    @cached_property
+    def owners(self) -> pd.DataFrame:
+        """`alignment.gpu_owner` of the run: which process drives each GPU."""
+        from gpuprof.analyzers.alignment import _gpu_owner
+
+        return _gpu_owner(self.run, self.spans)
+
+    @cached_property
     def samples(self) -> pd.DataFrame:
         """`alignment.gpu_phase_samples`: one row per GPU sample with its owner's phase."""
         from gpuprof.analyzers.alignment import gpu_phase_samples
 
-        return gpu_phase_samples(self.run)
+        return gpu_phase_samples(self.run, spans=self.spans, owners=self.owners)
 
     @cached_property
     def totals(self) -> dict[str, Any]:
         """`alignment.run_totals` of the run."""
         from gpuprof.analyzers.alignment import run_totals
 
-        return run_totals(self.run, samples=self.samples)
+        return run_totals(self.run, samples=self.samples, spans=self.spans, owners=self.owners)
 
     @cached_property
     def by_phase(self) -> pd.DataFrame:
         from gpuprof.analyzers.alignment import phase_breakdown
 
-        return phase_breakdown(self.run, by=("phase",), samples=self.samples)
+        return phase_breakdown(
+            self.run, ("phase",), self.samples, spans=self.spans, owners=self.owners
+        )
 
     @cached_property
     def by_phase_step(self) -> pd.DataFrame:
         from gpuprof.analyzers.alignment import phase_breakdown
 
-        return phase_breakdown(self.run, by=("phase", "step"), samples=self.samples)
+        return phase_breakdown(
+            self.run, ("phase", "step"), self.samples, spans=self.spans, owners=self.owners
+        )
 
     @property
     def total_gpu_s(self) -> float:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE, valid_spans
+from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 
 
@@ -78,7 +78,7 @@ def _samples(ctx: AnalysisContext) -> pd.DataFrame | None:
 
 
 def _spans(ctx: AnalysisContext) -> pd.DataFrame:
-    return _memo(ctx, "spans", lambda: valid_spans(ctx.run)[0])
+    return ctx.spans
 
 
 def _gpu_labels(frame: pd.DataFrame) -> list[str]:
@@ -234,23 +234,29 @@ def _cpu_during(ctx: AnalysisContext, where: pd.DataFrame, roles: set[str] | Non
     )
     if where.empty or not (host_ok or procs_ok):
         return out
+    host_t, host_cpu_all, host_rows = _memo(ctx, "host_cpu", lambda: _by_host(host, host_ok))
+    proc_t, proc_cpu_all, proc_rows = _memo(ctx, "proc_cpu", lambda: _by_host(procs, procs_ok))
+    roles_ok = None
+    if procs_ok and roles is not None and "role" in procs:
+        roles_ok = procs["role"].isin(list(roles)).to_numpy()
+    pids = pd.to_numeric(procs["pid"], errors="coerce").to_numpy(np.float64) if procs_ok else None
     host_cpu, proc_frames = [], []
     for h, w in where.groupby("host", sort=False):
         starts = w["start_ns"].to_numpy(np.int64)
         ends = w["end_ns"].to_numpy(np.int64)
-        if host_ok:
-            hh = host[host["host"] == h]
-            cpu = pd.to_numeric(hh["cpu_pct"], errors="coerce").to_numpy(np.float64)
-            inside = _in_intervals(_times(hh), starts, ends) & np.isfinite(cpu)
+        rows = host_rows.get(str(h))
+        if rows is not None:
+            cpu = host_cpu_all[rows]
+            inside = _in_intervals(host_t[rows], starts, ends) & np.isfinite(cpu)
             host_cpu.append(cpu[inside])
-        if procs_ok:
-            ph = procs[procs["host"] == h]
-            if roles is not None and "role" in ph:
-                ph = ph[ph["role"].isin(list(roles))]
-            sel = ph[_in_intervals(_times(ph), starts, ends)]
-            cpu = pd.to_numeric(sel["cpu_pct"], errors="coerce")
-            proc_frames.append(pd.DataFrame({"pid": sel["pid"].to_numpy(), "cpu": cpu.to_numpy()}))
-            proc_frames[-1]["host"] = h
+        rows = proc_rows.get(str(h))
+        if rows is not None:
+            if roles_ok is not None:
+                rows = rows[roles_ok[rows]]
+            rows = rows[_in_intervals(proc_t[rows], starts, ends)]
+            proc_frames.append(
+                pd.DataFrame({"host": str(h), "pid": pids[rows], "cpu": proc_cpu_all[rows]})
+            )
     cpu = np.concatenate(host_cpu) if host_cpu else np.zeros(0)
     if len(cpu):
         out["host_cpu_pct"] = float(cpu.mean())
@@ -259,6 +265,19 @@ def _cpu_during(ctx: AnalysisContext, where: pd.DataFrame, roles: set[str] | Non
         if len(pf):
             out["proc_cpu_pct"] = float(pf.groupby(["host", "pid"])["cpu"].mean().max())
     return out
+
+
+def _by_host(frame: pd.DataFrame, ok: bool) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Times, CPU readings and the row indices of each host of a host/process sample frame
+    (computed once per run: comparing host strings row by row is the slow part)."""
+    if not ok:
+        return np.zeros(0, np.int64), np.zeros(0), {}
+    codes, names = pd.factorize(frame["host"].astype(object), use_na_sentinel=True)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    rows = {str(n): order[bounds[i] : bounds[i + 1]] for i, n in enumerate(names)}
+    cpu = pd.to_numeric(frame["cpu_pct"], errors="coerce").to_numpy(np.float64)
+    return _times(frame), cpu, rows
 
 
 def _busy_by_bin(s: pd.DataFrame, th: Thresholds) -> tuple[np.ndarray, np.ndarray]:

@@ -172,25 +172,18 @@ def _inside(samples: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _gpu_frame(ctx: AnalysisContext) -> pd.DataFrame:
-    """``run.gpu`` with the clock columns, keyed like ``ctx.samples`` (host str, gpu int)."""
-    g = ctx.run.gpu
-    if g is None or g.empty or "host" not in g or "gpu" not in g or "t_ns" not in g:
-        return pd.DataFrame()
-    frame = pd.DataFrame(
+def _gpu_columns(ctx: AnalysisContext) -> pd.DataFrame:
+    """The clock and power columns of ``run.gpu`` for each row of ``ctx.samples``, in order."""
+    g, rows = ctx.run.gpu, ctx.samples["row"].to_numpy(np.int64)
+    return pd.DataFrame(
         {
-            "host": g["host"].astype(str).to_numpy(object),
-            "gpu": _num(g, "gpu"),
-            "t_ns": _num(g, "t_ns"),
-            "sm_clock_mhz": _num(g, "sm_clock_mhz"),
-            "reasons": _num(g, "clock_event_reasons"),
-            "temp_c": _num(g, "temp_c"),
-            "power_w": _num(g, "power_w"),
-        }
+            "sm_clock_mhz": _num(g, "sm_clock_mhz")[rows],
+            "reasons": _num(g, "clock_event_reasons")[rows],
+            "temp_c": _num(g, "temp_c")[rows],
+            "power_w": _num(g, "power_w")[rows],
+        },
+        index=ctx.samples.index,
     )
-    frame = frame[np.isfinite(frame["gpu"]) & np.isfinite(frame["t_ns"])]
-    frame = frame.astype({"gpu": np.int64, "t_ns": np.int64})
-    return frame
 
 
 def _intervals(frame: pd.DataFrame, weight: str, n: int = _MAX_INTERVALS) -> list[list[int]]:
@@ -285,15 +278,18 @@ def detect_memory_headroom(ctx: AnalysisContext, th: Thresholds) -> Finding | No
         return None
     # total from the inventory when samples lack it
     if not np.isfinite(total).all():
-        inv = {
-            (str(g.get("host")), g.get("index")): g.get("mem_total_bytes")
-            for g in ctx.run.meta.gpus or []
-            if isinstance(g, dict)
-        }
-        fill = np.array(
-            [inv.get((h, int(g)), np.nan) or np.nan for h, g in zip(s["host"], s["gpu"])],
-            dtype=np.float64,
+        listed = [g for g in ctx.run.meta.gpus or [] if isinstance(g, dict)]
+        inv = pd.DataFrame(
+            [(str(g.get("host")), g.get("index"), g.get("mem_total_bytes")) for g in listed],
+            columns=["host", "gpu", "total"],
         )
+        inv["gpu"] = pd.to_numeric(inv["gpu"], errors="coerce")
+        inv["total"] = pd.to_numeric(inv["total"], errors="coerce").astype(np.float64)
+        inv = inv.dropna(subset=["gpu"]).drop_duplicates(["host", "gpu"])
+        keys = pd.DataFrame({"host": s["host"].astype(str).to_numpy(object),
+                             "gpu": s["gpu"].to_numpy(np.float64)})  # fmt: skip
+        fill = keys.merge(inv.astype({"gpu": np.float64}), on=["host", "gpu"], how="left")
+        fill = fill["total"].to_numpy(np.float64)
         total = np.where(np.isfinite(total), total, fill)
     phase = s["phase"].to_numpy(object)
     if (phase == "rollout").any():
@@ -332,8 +328,9 @@ def detect_memory_headroom(ctx: AnalysisContext, th: Thresholds) -> Finding | No
     knobs = ctx.run.meta.knobs or {}
     gmu = {k: v for k, v in knobs.items() if "gpu_memory_utilization" in str(k)}
     # intervals: the phase's contiguous runs on the low-memory GPUs
-    low_keys = set(zip(low["host"], low["gpu"]))
-    on_low = np.array([(h, g) in low_keys for h, g in zip(s["host"], s["gpu"])], dtype=bool)
+    on_low = pd.MultiIndex.from_arrays([s["host"].astype(str), s["gpu"]]).isin(
+        pd.MultiIndex.from_arrays([low["host"].astype(str), low["gpu"]])
+    )
     runs = _runs(s, use & on_low, s["dt_s"].to_numpy(np.float64))
     confidence = 0.5 + 0.4 * min(1.0, (limit - peak) / 0.3) + (0.1 if gmu else 0.0)
     summary = (
@@ -679,12 +676,12 @@ def detect_host_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
 def _throttle_samples(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | None:
     """Busy samples with their lost share to reduced clocks (``lost_frac``), or None."""
     s = ctx.samples
-    g = _gpu_frame(ctx)
-    if s.empty or g.empty or not np.isfinite(g["sm_clock_mhz"]).any():
+    if s.empty:
         return None
-    m = s[["host", "gpu", "t_ns", "dt_s", "step", "util_gpu_pct"]].merge(
-        g, on=["host", "gpu", "t_ns"], how="left"
-    )
+    g = _gpu_columns(ctx)
+    if not np.isfinite(g["sm_clock_mhz"]).any():
+        return None
+    m = pd.concat([s[["host", "gpu", "t_ns", "dt_s", "step", "util_gpu_pct"]], g], axis=1)
     m = m.drop_duplicates(["host", "gpu", "t_ns"])
     clock = m["sm_clock_mhz"].to_numpy(np.float64)
     max_seen = float(np.nanmax(clock)) if np.isfinite(clock).any() else np.nan

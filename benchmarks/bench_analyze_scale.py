@@ -1,0 +1,162 @@
+"""`gpuprof analyze` of day-long runs on 64 GPUs: wall time and peak memory, end to end.
+
+    python benchmarks/bench_analyze_scale.py [--gpus 64] [--hours 3 6 12 24] [--repeats 2]
+                                             [--dir /tmp/gpuprof-scale] [--keep]
+
+Each size is a run directory as `watch` leaves it (SQLite host files with their Parquet sample
+side files), made by repeating a simulated one-hour GRPO run of the same GPUs (two injected
+pathologies) back to back: samples, spans, steps and events shifted in time and step number.
+The benchmark then runs ``gpuprof analyze RUN --json`` in a fresh process and reports its wall
+time and peak RSS (``wait4``), the GPU samples of the run, the samples it analysed after
+merging (the run's notice), and the findings — which must match the one-hour run's, since
+every hour is the same. Target (issue 3): 24 h x 64 GPUs at 10 Hz (~55 M GPU samples) in
+<= 60 s within 4 GB peak RSS on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gpuprof import columnar, store  # noqa: E402
+from gpuprof.model import RECORD_TYPES, Run  # noqa: E402
+from gpuprof.sim import Pathology, SimConfig, simulate  # noqa: E402
+from gpuprof.sim.config import DEFAULT_PHASE_S  # noqa: E402
+
+PATHOLOGIES = [Pathology("reward_bound", 0.6), Pathology("reshard_idle", 0.5)]
+_GRPO_STEP_S = sum(v for k, v in DEFAULT_PHASE_S.items() if k not in ("values", "update_critic"))
+
+
+def base_run(gpus: int, seed: int = 1) -> Run:
+    """A simulated hour of GRPO on ``gpus`` GPUs."""
+    steps = max(1, round(3600 / _GRPO_STEP_S))
+    return simulate(SimConfig(gpus=gpus, steps=steps, seed=seed, pathologies=PATHOLOGIES)).run
+
+
+def _shift(frame: pd.DataFrame, table: str, dt_ns: int, steps: int) -> pd.DataFrame:
+    out = frame.copy()
+    for col in ("t_ns", "start_ns", "end_ns", "gpu_start_ns", "gpu_end_ns"):
+        if col in out:
+            out[col] = out[col] + dt_ns
+    if table in ("spans",) and "step" in out:
+        out["step"] = out["step"] + steps
+    return out
+
+
+def write_tiled_run(base: Run, tiles: int, run_dir: Path) -> int:
+    """Write ``tiles`` back-to-back copies of ``base`` as a run directory; returns GPU samples."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    t0 = int(min(base.gpu["t_ns"].min(), base.spans["start_ns"].min()))
+    t1 = int(max(base.gpu["t_ns"].max(), base.spans["end_ns"].max()))
+    period = t1 - t0 + 100_000_000
+    n_steps = int(base.spans["step"].max()) + 1
+    meta = base.meta
+    meta.start_ns, meta.end_ns = t0, t0 + tiles * period
+    total = 0
+    for i, host in enumerate(sorted(base.gpu["host"].unique())):
+        db = store.host_file(run_dir, host)
+        listing = {}
+        gpu_host = base.gpu[base.gpu["host"] == host]
+        groups = gpu_host.groupby("gpu", sort=True).indices
+
+        def per_gpu(rows_by_gpu=groups, frame=gpu_host):
+            for rows in rows_by_gpu.values():
+                g = frame.iloc[rows]
+                yield pd.concat(
+                    [_shift(g, "gpu", k * period, 0) for k in range(tiles)], ignore_index=True
+                )
+
+        side = columnar.side_file(db, "gpu")
+        total += columnar.write_groups(side, "gpu", per_gpu())
+        listing["gpu"] = side.name
+        batch = {}
+        for table in RECORD_TYPES:
+            if table == "gpu":
+                continue
+            frame = getattr(base, table)
+            frame = frame[frame["host"] == host] if len(frame) else frame
+            tiled = pd.concat(
+                [_shift(frame, table, k * period, k * n_steps) for k in range(tiles)],
+                ignore_index=True,
+            )
+            if table in columnar.TABLES:
+                side = columnar.side_file(db, table)
+                columnar.write(side, table, tiled)
+                listing[table] = side.name
+            else:
+                batch[table] = list(store._frame_rows(table, tiled))
+        conn = store.connect(db)
+        try:
+            store.insert_rows(conn, batch)
+            store.write_meta(conn, columnar.META_KEY, listing)
+            if i == 0:
+                store.write_meta(conn, "run", meta.to_dict())
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+    return total
+
+
+def analyze_once(run_dir: Path) -> dict:
+    """Run ``gpuprof analyze RUN --json`` in a fresh process: wall s, peak RSS, its output."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuprof", "analyze", str(run_dir), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    out = proc.stdout.read()
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"analyze failed: {err.decode()[-2000:]}")
+    doc = json.loads(out)
+    return {"s": elapsed, "rss": usage.ru_maxrss * 1024, "doc": doc}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=64)
+    parser.add_argument("--hours", type=int, nargs="+", default=[3, 6, 12, 24])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/gpuprof-scale"))
+    parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    args = parser.parse_args()
+
+    t = time.perf_counter()
+    base = base_run(args.gpus)
+    print(f"simulated 1 h x {args.gpus} GPUs in {time.perf_counter() - t:.0f} s "
+          f"({len(base.gpu):,} GPU samples, {len(base.spans):,} spans)", flush=True)  # fmt: skip
+    print(f"{'hours':>5s} {'GPU samples':>12s} {'analysed':>10s} {'median s':>9s} "
+          f"{'s / M samples':>14s} {'peak RSS MB':>12s}  findings (share)")  # fmt: skip
+    for hours in args.hours:
+        run_dir = args.dir / f"{hours}h"
+        n = write_tiled_run(base, hours, run_dir)
+        results = [analyze_once(run_dir) for _ in range(args.repeats)]
+        med = statistics.median(r["s"] for r in results)
+        rss = max(r["rss"] for r in results) / 2**20
+        doc = results[0]["doc"]
+        merged = [x for x in doc["notes"] if "analysed as" in x]
+        analysed = merged[0].split("analysed as ")[1].split()[0] if merged else "all"
+        findings = ", ".join(f"{f['kind']} ({f['share']:.3f})" for f in doc["findings"])
+        print(f"{hours:5d} {n:12,d} {analysed!s:>10s} {med:9.1f} {med / (n / 1e6):14.2f} "
+              f"{rss:12.0f}  {findings}", flush=True)  # fmt: skip
+        if not args.keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
