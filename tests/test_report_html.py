@@ -93,7 +93,8 @@ def test_report_is_self_contained_and_has_every_part(demo_page):
     for name in ("Recommendations", "Findings", "Timeline", "Phases", "reward_bound"):
         assert name in page
     # phases appear as bands on the timeline, one trace per phase of the owner's spans
-    bands = [t["name"] for t in data["figures"]["gp-timeline"]["data"] if t.get("fill") == "toself"]
+    timeline = data["figures"]["gp-timeline"]["data"]
+    bands = [t["name"] for t in timeline if t.get("legendgroup") == "phases"]
     assert {"rollout", "reward", "reshard", "update_actor"} <= set(bands)
     # the heatmap has a row per GPU
     assert len(data["figures"]["gp-heatmap"]["data"][0]["z"]) == 4

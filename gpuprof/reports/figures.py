@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from plotly.colors import qualitative
 
-from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE, gpu_owner, valid_spans
+from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE, valid_spans
 from gpuprof.analyzers.basic import step_times
 from gpuprof.model import Run
 from gpuprof.reports.downsample import Binned, bin_stats, keep_shape
@@ -435,7 +435,7 @@ def _timeline(
         "height": 260 + 130 * len(rows.names),
         "margin": {"l": 60, "r": 20, "t": 30, "b": 45},
         "hovermode": "closest",
-        "legend": {"orientation": "v", "font": {"size": 10}, "tracegroupgap": 2},
+        "legend": {"font": {"size": 10}, "tracegroupgap": 2, "traceorder": "grouped"},
         "showlegend": True,
         "template": "plotly_white",
     }
@@ -495,23 +495,53 @@ def _selector(
     return {"labels": series.labels, "x": xs, "y": ys, "trace_index": index, "trace": trace}
 
 
+def _band_process(spans: pd.DataFrame) -> tuple[str, int, str]:
+    """(host, pid, description) of the process whose phases the bands show: the lowest rank,
+    or without ranks the process whose spans cover the most time (a single controller).
+
+    Chosen from the spans alone: `alignment.gpu_owner` would scan every GPU sample, which at
+    tens of millions of samples costs more than the rest of the report."""
+    per = (
+        spans.assign(dur=spans["end_ns"] - spans["start_ns"])
+        .groupby(["host", "pid"], sort=True)
+        .agg(rank=("rank", "min"), dur=("dur", "sum"))
+    )
+    per = per.reset_index()
+    ranked = per[per["rank"].notna()]
+    if len(ranked):
+        best = ranked.sort_values(["rank", "host", "pid"]).iloc[0]
+        return str(best["host"]), int(best["pid"]), f"rank {int(best['rank'])}"
+    best = per.sort_values(["dur", "host", "pid"], ascending=[False, True, True]).iloc[0]
+    return str(best["host"]), int(best["pid"]), f"process {int(best['pid'])} on {best['host']}"
+
+
+def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge overlapping or touching [start, end) intervals (vectorised)."""
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    reach = np.maximum.accumulate(end)
+    new = np.ones(len(start), dtype=bool)
+    new[1:] = start[1:] > reach[:-1]
+    groups = np.cumsum(new) - 1
+    merged_end = np.zeros(groups[-1] + 1 if len(groups) else 0, dtype=end.dtype)
+    np.maximum.at(merged_end, groups, end)
+    return start[new], merged_end
+
+
 def _phase_bands(
     run: Run, axis: TimeAxis, budget: Budget, out: FigureSet, yref: str
 ) -> list[dict[str, Any]]:
-    """The phases of one GPU owner (the lowest-ranked) as coloured bands behind the lines."""
+    """The phases of one process (the lowest rank) as coloured bands behind the lines.
+
+    Each phase is one step-shaped line (``hv``: 100 from a span's start to its end, 0 until the
+    next) filled to zero: two points per span and one SVG path per phase, which draws several
+    times faster than one polygon per span at thousands of spans.
+    """
     spans, _ = valid_spans(run)
     if spans.empty:
         out.notes.append("No phase spans were recorded: the timeline has no phase bands.")
         return []
-    owners = gpu_owner(run).dropna(subset=["pid"])
-    if len(owners):
-        first = owners.sort_values(["rank", "host", "gpu"], na_position="last").iloc[0]
-        host, pid = first["owner_host"], int(first["pid"])
-        who = f"the process driving {first['host']}:{int(first['gpu'])}"
-    else:
-        first = spans.sort_values(["rank", "start_ns"], na_position="last").iloc[0]
-        host, pid = first["host"], int(first["pid"])
-        who = f"process {pid} on {host}"
+    host, pid, who = _band_process(spans)
     mine = spans[(spans["host"] == host) & (spans["pid"] == pid) & ~spans["is_step"]]
     if mine.empty:
         return []
@@ -519,7 +549,7 @@ def _phase_bands(
         dur = mine["end_ns"] - mine["start_ns"]
         mine = mine.loc[dur.sort_values(ascending=False).index[: budget.max_bands]]
         out.notes.append(
-            f"Phase bands: the {budget.max_bands:,} longest of {len(spans):,} spans are drawn."
+            f"Phase bands: the {budget.max_bands:,} longest of {len(dur):,} spans are drawn."
         )
     out.notes.append(f"Phase bands show the phases of {who}.")
     traces = []
@@ -527,25 +557,24 @@ def _phase_bands(
     extra = iter(_EXTRA_COLORS)
     for phase, group in mine.groupby("phase", sort=False):
         color = PHASE_COLORS.get(str(phase)) or next(extra, "#aaaaaa")
-        s = axis.of(group["start_ns"].to_numpy(np.int64))
-        e = axis.of(group["end_ns"].to_numpy(np.int64))
-        n = len(s)
-        x = np.column_stack([s, s, e, e, s, np.full(n, np.nan)]).ravel()
-        y = np.tile([0.0, 100.0, 100.0, 0.0, 0.0, np.nan], n)
+        start, end = _union(
+            group["start_ns"].to_numpy(np.int64), group["end_ns"].to_numpy(np.int64)
+        )
+        x = axis.of(np.column_stack([start, end]).ravel())
+        y = np.tile([100.0, 0.0], len(start))
         traces.append(
             {
                 "type": "scatter",
                 "mode": "lines",
                 "x": _rounded(x, dec),
                 "y": _rounded(y, 0),
-                "fill": "toself",
+                "fill": "tozeroy",
                 "fillcolor": _alpha(color, 0.22),
-                "line": {"width": 0},
+                "line": {"width": 0, "shape": "hv"},
                 "name": str(phase),
                 "legendgroup": "phases",
                 "legendgrouptitle": {"text": "phases"},
                 "yaxis": yref,
-                "hoveron": "fills",
                 "hoverinfo": "name",
             }
         )
@@ -648,8 +677,9 @@ def _heatmap(
     }
 
 
-def _phase_steps(table: pd.DataFrame | None) -> dict[str, Any] | None:
-    """Stacked wall seconds per phase for each step (from `phase_breakdown` by phase, step)."""
+def _phase_steps(table: pd.DataFrame | None, max_bars: int = 200) -> dict[str, Any] | None:
+    """Stacked wall seconds per phase for each step (from `phase_breakdown` by phase, step):
+    bars up to ``max_bars`` steps, stacked areas above."""
     if table is None or table.empty or "step" not in table:
         return None
     table = table[np.isfinite(pd.to_numeric(table["step"], errors="coerce"))]
@@ -658,20 +688,25 @@ def _phase_steps(table: pd.DataFrame | None) -> dict[str, Any] | None:
         return None
     traces = []
     extra = iter(_EXTRA_COLORS)
+    # a bar per step reads best, but every bar is an SVG element: past a few hundred steps
+    # (a day-long run has ~1500) one stacked area per phase draws in a fraction of the time
+    as_area = table["step"].nunique() > max_bars
     for phase in dict.fromkeys(table["phase"]):
         part = table[table["phase"] == phase].sort_values("step")
         label = {STEP_PHASE: "in step, no phase", NO_PHASE: "outside phases"}.get(phase, phase)
         color = PHASE_COLORS.get(str(phase)) or next(extra, "#aaaaaa")
-        traces.append(
-            {
-                "type": "bar",
-                "name": str(label),
-                "x": part["step"].astype(int).tolist(),
-                "y": _rounded(part["wall_s"].to_numpy(), 2),
-                "marker": {"color": color},
-                "hovertemplate": f"{label}<br>step %{{x}}: %{{y:.2f}} s<extra></extra>",
-            }
-        )
+        trace = {
+            "name": str(label),
+            "x": part["step"].astype(int).tolist(),
+            "y": _rounded(part["wall_s"].to_numpy(), 2),
+            "hovertemplate": f"{label}<br>step %{{x}}: %{{y:.2f}} s<extra></extra>",
+        }
+        if as_area:
+            trace.update(type="scatter", mode="lines", stackgroup="phases",
+                         line={"width": 0.5, "color": color})  # fmt: skip
+        else:
+            trace.update(type="bar", marker={"color": color})
+        traces.append(trace)
     return {
         "data": traces,
         "layout": {
@@ -682,7 +717,7 @@ def _phase_steps(table: pd.DataFrame | None) -> dict[str, Any] | None:
             "xaxis": {"title": {"text": "step"}},
             "yaxis": {"title": {"text": "wall seconds (mean over GPU owners)"}},
             "margin": {"l": 60, "r": 20, "t": 20, "b": 45},
-            "legend": {"font": {"size": 10}},
+            "legend": {"font": {"size": 10}, "traceorder": "reversed"},
         },
     }
 
