@@ -3,7 +3,9 @@ facts; the Parquet export reads back as the run's frames; writes are atomic; bad
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import math
 from collections import Counter, defaultdict
@@ -13,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import run_gpuprof
+from rich.console import Console
 
 from gpuprof import store
 from gpuprof.analyzers.diagnose import diagnose
@@ -20,6 +23,7 @@ from gpuprof.model import Run
 from gpuprof.reports import perfetto
 from gpuprof.reports.export import ExportError, export
 from gpuprof.reports.parquet import read_parquet_run
+from gpuprof.reports.progress import progress
 from gpuprof.sim import Pathology, SimConfig, simulate
 
 
@@ -260,17 +264,20 @@ def test_re_export_replaces_and_foreign_paths_are_refused(sim_run, tmp_path):
 def test_a_failed_write_leaves_nothing_behind(sim_run, tmp_path, monkeypatch):
     target = tmp_path / "t.json.gz"
     target.write_bytes(b"previous export")
-    calls = []
 
-    def fail_halfway(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise OSError(28, "No space left on device")
-        return original(*args, **kwargs)
+    @contextlib.contextmanager
+    def disk_fills_halfway(name, total, **kwargs):
+        chunks = []
 
-    original = perfetto.json.dumps
+        def advance(n=1):
+            chunks.append(n)
+            if name == "writing trace" and len(chunks) == 2:
+                raise OSError(28, "No space left on device")
+
+        yield advance
+
     monkeypatch.setattr(perfetto, "_CHUNK", 50)
-    monkeypatch.setattr(perfetto.json, "dumps", fail_halfway)
+    monkeypatch.setattr(perfetto, "progress", disk_fills_halfway)
     with pytest.raises(ExportError, match="No space left"):
         export(sim_run, "perfetto", target)
     assert target.read_bytes() == b"previous export"
@@ -296,3 +303,15 @@ def test_cli_exports_and_rejects_bad_input_in_one_line(tmp_path):
         assert bad.returncode == 2, (args, bad.stderr)
         assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
         assert bad.stderr.startswith("gpuprof: error: ")
+
+
+def test_progress_draws_only_on_a_terminal():
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=80)
+    with progress("writing trace", 4, console=terminal) as advance:
+        for _ in range(4):
+            advance()
+    assert "writing trace" in terminal.file.getvalue()
+    piped = Console(file=io.StringIO(), force_terminal=False, width=80)
+    with progress("writing trace", 4, console=piped) as advance:
+        advance(4)
+    assert piped.file.getvalue() == ""

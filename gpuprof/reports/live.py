@@ -7,7 +7,10 @@ bar does): the command's lines scroll in the rows above, and the status is redra
 below, each redraw one ``write`` wrapped in save/restore-cursor, so it never lands inside a line
 the command is writing and the command's cursor, colours and partial lines are left as they
 were. It draws on stderr, only when stderr is a terminal, at most `REFRESH_HZ` times a second;
-the bottom rows are cleared and the region released when the command ends.
+the bottom rows are cleared and the region released when the command ends. (A watcher killed
+with SIGKILL cannot release it: the terminal then keeps its shorter scrolling area until
+``reset``.) A command that takes over the whole screen itself (``top``, a curses UI) and the
+status will draw over each other: leave ``--live`` off for those.
 
 What it shows:
 
