@@ -131,9 +131,9 @@ def test_trace_follows_the_trace_event_rules(sim_run, sim_diagnosis, tmp_path):
         assert f.read(2) == b"\x1f\x8b"  # gzip, since the name ends in .gz
     doc = _load(result.path)
     check_trace_rules(doc)
-    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in doc["traceEvents"]
+    names = {(e["pid"], e["tid"], e["name"]): e["args"]["name"] for e in doc["traceEvents"]
              if e["ph"] == "M" and e["name"] in ("thread_name", "process_name")}  # fmt: skip
-    assert {names[(1, None)], names[(2, None)]} == {"node0", "node1"}
+    assert {names[(1, 0, "process_name")], names[(2, 0, "process_name")]} == {"node0", "node1"}
     assert "rank 1 (pid 10001)" in names.values()
     assert perfetto.FINDINGS_PROCESS in names.values()
     assert not list(tmp_path.glob(".*partial*"))

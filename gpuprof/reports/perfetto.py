@@ -200,10 +200,9 @@ def _hosts(run: Run) -> list[str]:
 
 
 def _meta(pid: int, tid: int | None, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    event: dict[str, Any] = {"ph": "M", "name": name, "pid": pid, "args": args}
-    if tid is not None:
-        event["tid"] = tid
-    return event
+    # ts and tid on process metadata too: some importers read every event's ts and tid
+    tid = HOST_EVENTS_TID if tid is None else tid
+    return {"ph": "M", "name": name, "pid": pid, "tid": tid, "ts": 0, "args": args}
 
 
 class _SpanTracks:
