@@ -230,9 +230,7 @@ def demo(
 @app.command(help="Export a run: a Perfetto/Chrome trace (JSON) or Parquet files.")
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
-    fmt: Annotated[
-        str, typer.Option("--format", "-f", help="perfetto or parquet (default: perfetto).")
-    ] = "perfetto",
+    fmt: Annotated[str, typer.Option("--format", "-f", help="perfetto or parquet.")] = "perfetto",
     output: Annotated[
         Path | None,
         typer.Option(
@@ -248,7 +246,7 @@ def export(
             "--max-counter-events",
             min=0,
             help="perfetto: average GPU counters to stay under this many events "
-            "(default 1000000; 0: keep every sample).",
+            "(default: 1000000; 0: keep every sample).",
         ),
     ] = None,
     findings: Annotated[
