@@ -39,7 +39,7 @@ PHASE_COLORS: dict[str, str] = {
     NO_PHASE: "#e7e7e7",
 }
 """Colour of each canonical phase; other names take colours from `_EXTRA_COLORS` in order."""
-_EXTRA_COLORS = qualitative.Dark24
+_EXTRA_COLORS = qualitative.Dark2  # none of them close to a canonical phase colour
 _GPU_COLORS = qualitative.Dark24 if len(qualitative.Dark24) >= 16 else qualitative.Plotly
 
 GIB = 2**30
@@ -789,9 +789,10 @@ def _step_hist(run: Run, summary: dict[str, Any]) -> dict[str, Any] | None:
                     "x": value,
                     "y": 1,
                     "yref": "paper",
-                    "text": label,
+                    "text": f" {label}",
                     "showarrow": False,
-                    "yanchor": "bottom",
+                    "yanchor": "top",
+                    "xanchor": "left",
                 }
             )
     return {
