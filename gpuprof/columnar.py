@@ -136,17 +136,37 @@ def to_frame(data: pa.Table, categories: bool = False) -> pd.DataFrame:
     return frame
 
 
-def read(path: Path, table: str) -> pd.DataFrame:
-    """A whole side file as a frame."""
-    return to_frame(pq.read_table(path, schema=schema(table)))
+def read(path: Path, table: str, categories: bool = False) -> pd.DataFrame:
+    """A whole side file as a frame (strings as categoricals with ``categories``)."""
+    return to_frame(pq.read_table(path, schema=schema(table)), categories)
 
 
 def read_groups(path: Path, table: str, categories: bool = False) -> Iterator[pd.DataFrame]:
     """A side file one row group at a time (one GPU at a time for the ``gpu`` table);
     strings as categoricals with ``categories`` (see `to_frame`)."""
-    parquet = pq.ParquetFile(path)
+    text = [f.name for f in schema(table) if pa.types.is_string(f.type)]
+    # dictionary pages read straight into categoricals: no Python string per row
+    parquet = pq.ParquetFile(path, read_dictionary=text if categories else None)
     for i in range(parquet.num_row_groups):
-        yield to_frame(parquet.read_row_group(i).cast(schema(table)), categories)
+        data = parquet.read_row_group(i)
+        yield to_frame(data if categories else data.cast(schema(table)), categories)
+
+
+def group_keys(path: Path) -> pd.DataFrame:
+    """``host``, ``gpu``, ``uuid`` of each row group of a GPU side file, from the footer's
+    column statistics (one GPU per row group), without reading any data."""
+    meta = pq.ParquetFile(path).metadata
+    names = [meta.schema.column(j).name for j in range(meta.num_columns)]
+    rows = []
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        values = []
+        for name in ("host", "gpu", "uuid"):
+            stats = group.column(names.index(name)).statistics
+            ok = stats is not None and stats.has_min_max
+            values.append(stats.max if ok else None)
+        rows.append(values)
+    return pd.DataFrame(rows, columns=["host", "gpu", "uuid"], dtype=object)
 
 
 def count(path: Path) -> int:

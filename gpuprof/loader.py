@@ -4,8 +4,9 @@ A run of up to `MAX_GPU_SAMPLES` GPU samples is loaded as recorded. A longer one
 GPUs at 10 Hz is 55 million samples, over 10 GB as frames) is loaded at a coarser resolution:
 GPU samples are streamed one GPU at a time and merged by `analyzers.resample.reduce_gpu`, never
 across a span boundary of the GPU's owner, so time per phase keeps its full-resolution
-accuracy; host and process samples are merged into buckets of the same width. Memory then
-stays near the budget whatever the length of the run, and the run's notices say what was done.
+accuracy. Host, process and GPU-process samples beyond their own budgets (`MAX_HOST_ROWS`) are
+merged into time buckets, never finer than the GPU samples'. Memory then stays near the budget
+whatever the length of the run, and the run's notices say what was done.
 """
 
 from __future__ import annotations
@@ -21,30 +22,64 @@ from gpuprof import store
 from gpuprof.analyzers import alignment, resample
 from gpuprof.model import Run
 
-MAX_GPU_SAMPLES = 2_000_000
+MAX_GPU_SAMPLES = 1_500_000
 """GPU samples analysed at full resolution; beyond it they are merged (see module doc)."""
+MAX_HOST_ROWS: dict[str, int] = {"host": 100_000, "procs": 400_000, "gpu_procs": 200_000}
+"""Rows of each host-side sample table kept at full resolution."""
 
 
 def load_for_analysis(
     run_dir: str | os.PathLike, max_gpu_samples: int | None = MAX_GPU_SAMPLES
 ) -> Run:
-    """The run in ``run_dir``, with at most about ``max_gpu_samples`` GPU samples.
+    """The run in ``run_dir``, with about ``max_gpu_samples`` GPU samples at most.
 
-    ``None`` loads everything. Raises `store.RunError` (one line) for an unreadable run.
+    ``None`` loads everything as recorded. Raises `store.RunError` (one line) for an
+    unreadable run.
     """
-    total = store.count_rows(run_dir, "gpu")
-    if max_gpu_samples is None or total <= max_gpu_samples:
+    if max_gpu_samples is None:
         return store.load_run(run_dir)
-    factor = math.ceil(total / max(1, max_gpu_samples))
+    total = store.count_rows(run_dir, "gpu")
+    rows = {table: store.count_rows(run_dir, table) for table in MAX_HOST_ROWS}
+    big = {t for t, n in rows.items() if n > MAX_HOST_ROWS[t]}
+    if total <= max_gpu_samples and not big:
+        return store.load_run(run_dir)
+
+    factor = 1
+    interval_ns = 0
+    if total > max_gpu_samples:
+        stream = store.iter_gpu_samples(run_dir)
+        interval_ns = _interval_ns(next(stream, None))
+        stream.close()
+        factor = math.ceil(total / max(1, max_gpu_samples))
+    gpu_window_ns = factor * interval_ns
+    windows: dict[str, int] = {}
+
+    def reduce(table: str, frame: pd.DataFrame) -> pd.DataFrame:
+        if table not in big:
+            return frame
+        step = math.ceil(rows[table] / MAX_HOST_ROWS[table])
+        window = max(gpu_window_ns, step * resample.typical_interval_ns(table, frame))
+        windows[table] = max(windows.get(table, 0), window)
+        return resample.reduce_table(table, frame, window)
+
+    skip = ("gpu",) if factor > 1 else ()
+    run = store.load_run(run_dir, skip=skip, reduce=reduce)
+    notices = []
+    if factor > 1:
+        run.gpu = _reduced_gpu(run_dir, run, total, max_gpu_samples)
+        notices.append(
+            f"long run: {total:,} GPU samples analysed as {len(run.gpu):,} (up to "
+            f"{run.gpu.attrs.get('factor', factor)} consecutive samples merged within each phase)"
+        )
+    for table, window in sorted(windows.items()):
+        notices.append(f"{rows[table]:,} {table} samples merged into {window / 1e9:g} s buckets")
+    run.meta.notices = [*run.meta.notices, *notices]
+    return run
+
+
+def _reduced_gpu(run_dir: str | os.PathLike, run: Run, total: int, budget: int) -> pd.DataFrame:
+    """The run's GPU samples merged to about ``budget`` rows, one GPU at a time."""
     keys = store.gpu_keys(run_dir)
-    # the sampling interval sets the bucket width of the host-side tables
-    stream = store.iter_gpu_samples(run_dir)
-    interval_ns = _interval_ns(next(stream, None))
-    stream.close()
-    window_ns = max(1, factor * interval_ns)
-    run = store.load_run(
-        run_dir, skip=("gpu",), reduce=lambda t, f: resample.reduce_table(t, f, window_ns)
-    )
     inventory = pd.DataFrame(
         {"host": keys["host"].astype(object), "gpu": keys["gpu"].astype(np.int64),
          "uuid": keys["uuid"].astype(object)}
@@ -52,20 +87,21 @@ def load_for_analysis(
     stub = dataclasses.replace(run, gpu=inventory)
     spans, _ = alignment.valid_spans(stub)
     bounds = resample.owner_boundaries(spans, alignment.gpu_owner(stub))
+    # every span boundary may add a row: leave room for them in the budget
+    n_bounds = sum(len(b) for b in bounds.values())
+    factor = math.ceil(total / max(budget - n_bounds, budget // 4, 1))
     parts = []
     for frame in store.iter_gpu_samples(run_dir, categories=True):
         key = (frame["host"].iloc[0], int(frame["gpu"].iloc[0]))
         parts.append(resample.reduce_gpu(frame, bounds.get(key), factor))
-    run.gpu = pd.concat(parts, ignore_index=True).sort_values(
-        "t_ns", kind="stable", ignore_index=True
-    )
-    seconds = factor * interval_ns / 1e9
-    run.meta.notices = [
-        *run.meta.notices,
-        f"long run: {total:,} GPU samples analysed as {len(run.gpu):,} "
-        f"(up to {factor} consecutive samples, ~{seconds:g} s, merged within each phase)",
-    ]
-    return run
+    for part in parts:  # one category set per column, so the concatenation keeps codes
+        for name in ("host", "uuid"):
+            part[name] = part[name].astype(object)
+    gpu = pd.concat(parts, ignore_index=True)
+    del parts
+    gpu = gpu.sort_values("t_ns", kind="stable", ignore_index=True)
+    gpu.attrs["factor"] = factor
+    return gpu
 
 
 def _interval_ns(frame: pd.DataFrame | None) -> int:

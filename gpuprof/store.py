@@ -349,7 +349,7 @@ def _read_file(
                 continue
             frame = read_table(conn, table)
             if table in sides:
-                side = columnar.read(sides[table], table)
+                side = columnar.read(sides[table], table, categories=reduce is not None)
                 if len(frame):
                     side = _typed(table, pd.concat([side, frame], ignore_index=True))
                 frame = side
@@ -525,11 +525,7 @@ def gpu_keys(run_dir: str | os.PathLike) -> pd.DataFrame:
             finally:
                 conn.close()
             if "gpu" in sides:
-                keys = pq.read_table(sides["gpu"], columns=["host", "gpu", "uuid"])
-                keys = keys.group_by(["host", "gpu"], use_threads=False).aggregate(
-                    [("uuid", "max")]
-                )
-                parts.append(columnar.to_frame(keys.rename_columns(["host", "gpu", "uuid"])))
+                parts.append(columnar.group_keys(sides["gpu"]))
         except sqlite3.DatabaseError as exc:
             raise RunError(f"{path}: damaged or not a gpuprof run file ({exc})") from None
         except (OSError, pa.ArrowException) as exc:

@@ -105,7 +105,7 @@ def test_a_long_run_is_analysed_at_bounded_size_with_the_same_verdict(long_run):
     full = load_for_analysis(long_run, None)
     small = load_for_analysis(long_run, len(full.gpu) // 12)
     assert len(small.gpu) < len(full.gpu) / 5
-    assert len(small.procs) < len(full.procs) / 2  # 1.2 s buckets of 0.5 s samples
+    assert len(small.procs) == len(full.procs)  # within its own budget: as recorded
     assert "merged within each phase" in small.meta.notices[-1]
 
     by_full = phase_breakdown(full, by=("phase",)).set_index("phase")
@@ -127,3 +127,18 @@ def test_a_small_run_loads_exactly_as_recorded(long_run):
     run = load_for_analysis(long_run)
     assert len(run.gpu) == store.count_rows(long_run, "gpu")
     assert not any("merged" in n for n in run.meta.notices)
+
+
+def test_process_samples_beyond_their_budget_merge_into_buckets(long_run, monkeypatch):
+    from gpuprof import loader
+
+    full = store.load_run(long_run)
+    monkeypatch.setitem(loader.MAX_HOST_ROWS, "procs", len(full.procs) // 8)
+    run = load_for_analysis(long_run)
+    assert len(run.gpu) == len(full.gpu)  # GPU samples are within their budget
+    assert len(run.procs) <= len(full.procs) / 6
+    assert any("procs samples merged into" in n for n in run.meta.notices)
+    # CPU seconds are kept: mean CPU per process over the run barely moves
+    before = full.procs.groupby("pid")["cpu_pct"].mean()
+    after = run.procs.groupby("pid")["cpu_pct"].mean()
+    assert np.allclose(before.sort_index(), after.sort_index(), rtol=0.05, atol=1.0)

@@ -16,6 +16,8 @@ buckets (their phase attribution is by time window anyway).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -62,34 +64,56 @@ def reduce_gpu(frame: pd.DataFrame, boundaries_ns: np.ndarray | None, factor: in
     run_start = np.maximum.accumulate(np.where(new, idx, 0))
     starts = np.flatnonzero(new | ((idx - run_start) % factor == 0))
 
-    out: dict[str, np.ndarray] = {}
-    for name in ("host", "gpu", "uuid", "t_ns"):
+    out: dict[str, Any] = {}
+    for name in ("host", "uuid"):
+        col = frame[name]
+        if isinstance(col.dtype, pd.CategoricalDtype):  # keep codes: no string per row
+            out[name] = pd.Categorical.from_codes(
+                col.cat.codes.to_numpy()[starts], categories=col.cat.categories
+            )
+        else:
+            out[name] = pd.Series(col.to_numpy(object)[starts], dtype=object)
+    for name in ("gpu", "t_ns"):
         out[name] = frame[name].to_numpy()[starts]
-    for name in MEAN_COLUMNS:
-        v = _floats(frame, name)
-        ok = ~np.isnan(v)
-        num = np.add.reduceat(np.where(ok, v * dt, 0.0), starts)
-        den = np.add.reduceat(np.where(ok, dt, 0.0), starts)
-        cnt = np.add.reduceat(ok.astype(np.int64), starts)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
-        # a bucket whose only finite samples have no duration (the last one) keeps their mean
-        plain = np.add.reduceat(np.where(ok, v, 0.0), starts) / np.maximum(cnt, 1)
-        out[name] = np.where((den <= 0) & (cnt > 0), plain, mean)
+    # time-weighted means; two scratch buffers reused for every column, because fresh
+    # multi-megabyte temporaries cost more in page faults than the arithmetic
+    m = len(starts)
+    num, den = np.empty((m, len(MEAN_COLUMNS))), np.empty((m, len(MEAN_COLUMNS)))
+    dt_sums = np.add.reduceat(dt, starts)
+    vx, wx, missing = np.empty(n), np.empty(n), np.empty(n, dtype=bool)
+    for j, name in enumerate(MEAN_COLUMNS):
+        x = _floats(frame, name)
+        np.isnan(x, out=missing)
+        np.multiply(x, dt, out=vx)
+        if missing.any():
+            np.copyto(vx, 0.0, where=missing)
+            np.copyto(wx, dt)
+            np.copyto(wx, 0.0, where=missing)  # a missing reading weighs nothing
+            den[:, j] = np.add.reduceat(wx, starts)
+        else:
+            den[:, j] = dt_sums
+        num[:, j] = np.add.reduceat(vx, starts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = num / den  # NaN where no reading of the bucket had a duration
+    for j, name in enumerate(MEAN_COLUMNS):
+        out[name] = mean[:, j]
     for name in MAX_COLUMNS:
         out[name] = np.fmax.reduceat(_floats(frame, name), starts)
     for name in OR_COLUMNS:
-        v = _floats(frame, name)
-        ok = ~np.isnan(v)
-        bits = np.bitwise_or.reduceat(np.where(ok, v, 0).astype(np.int64), starts)
-        out[name] = np.where(np.add.reduceat(ok, starts) > 0, bits.astype(np.float64), np.nan)
+        x = _floats(frame, name)
+        has = ~np.isnan(x)
+        bits = np.bitwise_or.reduceat(np.where(has, x, 0).astype(np.int64), starts)
+        out[name] = np.where(np.add.reduceat(has, starts) > 0, bits.astype(np.float64), np.nan)
     return pd.DataFrame({name: out[name] for name in columns(GpuSample)})
 
 
 def _floats(frame: pd.DataFrame, name: str) -> np.ndarray:
     if name not in frame:
         return np.full(len(frame), np.nan)
-    return pd.to_numeric(frame[name], errors="coerce").to_numpy(np.float64)
+    col = frame[name]
+    if col.dtype == np.float64:
+        return col.to_numpy(copy=False)
+    return pd.to_numeric(col, errors="coerce").to_numpy(np.float64)
 
 
 _TABLE_RULES: dict[str, tuple[list[str], dict[str, str]]] = {
@@ -144,3 +168,20 @@ def owner_boundaries(spans: pd.DataFrame, owners: pd.DataFrame) -> dict[tuple, n
             )
         out[(host, int(gpu))] = cache[key]
     return out
+
+
+def typical_interval_ns(table: str, frame: pd.DataFrame) -> int:
+    """The median time between consecutive samples of one series (one process, one host…)
+    of a sample table, in ns; 0 when it can't be told."""
+    if table not in _TABLE_RULES or len(frame) < 2:
+        return 0
+    keys, _ = _TABLE_RULES[table]
+    ordered = frame.sort_values([*keys, "t_ns"], kind="stable")
+    t = ordered["t_ns"].to_numpy(np.int64)
+    same = np.ones(len(t) - 1, dtype=bool)
+    for key in keys:
+        k = pd.factorize(ordered[key])[0]
+        same &= k[1:] == k[:-1]
+    gaps = np.diff(t)[same]
+    gaps = gaps[gaps > 0]
+    return int(np.median(gaps)) if len(gaps) else 0
