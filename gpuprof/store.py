@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from gpuprof import columnar
 from gpuprof.model import (
