@@ -55,13 +55,15 @@ def _shift(frame: pd.DataFrame, table: str, dt_ns: int, steps: int) -> pd.DataFr
     return out
 
 
-def write_tiled_run(base: Run, tiles: int, run_dir: Path) -> int:
-    """Write ``tiles`` back-to-back copies of ``base`` as a run directory; returns GPU samples."""
+def write_tiled_run(base: Run, hours: float, run_dir: Path) -> int:
+    """Write back-to-back copies of ``base`` covering ``hours`` as a run directory; returns
+    the GPU samples written."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     t0 = int(min(base.gpu["t_ns"].min(), base.spans["start_ns"].min()))
     t1 = int(max(base.gpu["t_ns"].max(), base.spans["end_ns"].max()))
     period = t1 - t0 + 100_000_000
+    tiles = max(1, round(hours * 3600e9 / period))
     n_steps = int(base.spans["step"].max()) + 1
     meta = base.meta
     meta.start_ns, meta.end_ns = t0, t0 + tiles * period

@@ -36,19 +36,27 @@ import pyarrow.parquet as pq
 
 from gpuprof.model import RECORD_TYPES, column_kinds, columns
 
-TABLES: tuple[str, ...] = ("gpu", "host", "procs", "gpu_procs")
-"""The sample tables that get side files (the high-volume ones)."""
+TABLES: tuple[str, ...] = ("gpu", "host", "procs", "gpu_procs", "spans", "events", "logs")
+"""The tables that get side files: all of them (only ``meta`` stays in SQLite)."""
+SAMPLE_TABLES: tuple[str, ...] = ("gpu", "host", "procs", "gpu_procs")
+"""The high-volume sample tables (merged into buckets when a long run is loaded)."""
 
 SORT_KEYS: dict[str, list[str]] = {
     "gpu": ["host", "gpu", "t_ns"],
     "host": ["host", "t_ns"],
     "procs": ["host", "pid", "t_ns"],
     "gpu_procs": ["host", "gpu", "pid", "t_ns"],
+    "spans": ["start_ns"],
+    "events": ["t_ns"],
+    "logs": ["t_ns"],
 }
 META_KEY = "columnar"
 """Key of the ``meta`` row that lists a file's side files: ``{table: file name}``."""
 
-_ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
+_ARROW_TYPES = {
+    "int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(),
+    "json": pa.string(),  # dict columns (attrs) as JSON text
+}  # fmt: skip
 
 
 def side_file(db_path: Path, table: str) -> Path:
@@ -65,10 +73,14 @@ def schema(table: str) -> pa.Schema:
 def to_arrow(table: str, frame: pd.DataFrame) -> pa.Table:
     """A frame with the table's columns as an Arrow table (NaN in int columns → null)."""
     sch = schema(table)
+    kinds = column_kinds(RECORD_TYPES[table])
     arrays = []
     for fld in sch:
         col = frame[fld.name] if fld.name in frame else pd.Series([None] * len(frame))
-        if pa.types.is_string(fld.type):
+        if kinds[fld.name] == "json":
+            text = [_json_text(v) for v in col]
+            arrays.append(pa.array(text, type=fld.type))
+        elif pa.types.is_string(fld.type):
             values = col.astype(object).where(col.notna(), None)
             arrays.append(pa.array(values.to_numpy(object), type=fld.type))
         elif pa.types.is_boolean(fld.type):
@@ -80,6 +92,14 @@ def to_arrow(table: str, frame: pd.DataFrame) -> pa.Table:
                 values = np.where(mask, 0, values).astype(np.int64)
             arrays.append(pa.array(values, type=fld.type, mask=mask))
     return pa.Table.from_arrays(arrays, schema=sch)
+
+
+def _json_text(value: object) -> str:
+    if isinstance(value, str):
+        return value  # already encoded (rows read straight from SQLite)
+    if not value:
+        return "{}"
+    return json.dumps(value, default=str, separators=(",", ":"))
 
 
 def write(path: Path, table: str, frame: pd.DataFrame) -> None:
@@ -196,15 +216,17 @@ def compact(db_path: Path, read_table: Callable[..., pd.DataFrame]) -> list[str]
     try:
         done = listed(conn)
         for table in TABLES:
-            if conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone()[0] == 0:
+            # rows up to this rowid move; rows a still-running process adds meanwhile stay
+            last = conn.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0]
+            if last is None:
                 continue
             old = db_path.with_name(done[table]) if table in done else None
             old = old if old is not None and old.exists() else None
             dest = side_file(db_path, table)
             if table == "gpu":
-                write_groups(dest, table, _gpu_groups(conn, old, read_table))
+                write_groups(dest, table, _gpu_groups(conn, old, read_table, last))
             else:
-                frame = read_table(conn, table, "", ())
+                frame = read_table(conn, table, "WHERE rowid <= ?", (last,))
                 if old is not None:
                     frame = pd.concat([read(old, table), frame], ignore_index=True)
                 write(dest, table, frame)
@@ -214,7 +236,7 @@ def compact(db_path: Path, read_table: Callable[..., pd.DataFrame]) -> list[str]
             # listing + deletion in one transaction, after the side file is in place
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute(f"DELETE FROM {table}")
+                conn.execute(f"DELETE FROM {table} WHERE rowid <= ?", (last,))
                 conn.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                     (META_KEY, json.dumps(done)),
@@ -234,10 +256,14 @@ def compact(db_path: Path, read_table: Callable[..., pd.DataFrame]) -> list[str]
 
 
 def _gpu_groups(
-    conn: sqlite3.Connection, old: Path | None, read_table: Callable[..., pd.DataFrame]
+    conn: sqlite3.Connection,
+    old: Path | None,
+    read_table: Callable[..., pd.DataFrame],
+    last: int,
 ) -> Iterator[pd.DataFrame]:
-    """Each GPU's samples (side file rows first, then SQLite rows), one frame per GPU."""
-    keys = set(conn.execute("SELECT DISTINCT host, gpu FROM gpu").fetchall())
+    """Each GPU's samples (side file rows first, then SQLite rows up to rowid ``last``), one
+    frame per GPU."""
+    keys = set(conn.execute("SELECT DISTINCT host, gpu FROM gpu WHERE rowid <= ?", (last,)))
     old_groups: dict[tuple, int] = {}
     if old is not None:
         parquet = pq.ParquetFile(old)
@@ -251,8 +277,8 @@ def _gpu_groups(
         if (host, gpu) in old_groups:
             parts.append(to_frame(pq.ParquetFile(old).read_row_group(old_groups[(host, gpu)])))
         if host is None or gpu is None:
-            where = "WHERE host IS ? AND gpu IS ?"
+            where = "WHERE host IS ? AND gpu IS ? AND rowid <= ?"
         else:
-            where = "WHERE host = ? AND gpu = ?"
-        parts.append(read_table(conn, "gpu", where, (host, gpu)))
+            where = "WHERE host = ? AND gpu = ? AND rowid <= ?"
+        parts.append(read_table(conn, "gpu", where, (host, gpu, last)))
         yield pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]

@@ -95,9 +95,13 @@ def _insert_sql(table: str) -> str:
 _INSERT = {table: _insert_sql(table) for table in RECORD_TYPES}
 # attrgetter over the record's fields: ~10x quicker than dataclasses.astuple, which deep-copies
 _ROW_OF = {table: operator.attrgetter(*columns(t)) for table, t in RECORD_TYPES.items()}
+_JSON_NAMES = {
+    table: [n for n, k in column_kinds(rt).items() if k == "json"]
+    for table, rt in RECORD_TYPES.items()
+}
 _JSON_COLUMNS = {
-    table: [i for i, c in enumerate(columns(t)) if column_kinds(t)[c] == "json"]
-    for table, t in RECORD_TYPES.items()
+    table: [columns(RECORD_TYPES[table]).index(n) for n in names]
+    for table, names in _JSON_NAMES.items()
 }
 
 
@@ -349,6 +353,8 @@ def _read_file(
             frame = read_table(conn, table)
             if table in sides:
                 side = columnar.read(sides[table], table, categories=reduce is not None)
+                for name in _JSON_NAMES[table]:
+                    side[name] = _json_column(side[name])
                 if len(frame):
                     side = _typed(table, pd.concat([side, frame], ignore_index=True))
                 frame = side
@@ -407,7 +413,20 @@ def _typed(table: str, frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _json_column(texts: pd.Series) -> pd.Series:
+    """JSON text → dicts, each distinct text parsed once (most rows repeat a few shapes);
+    rows with the same text share one dict, which readers must not modify."""
+    codes, uniques = pd.factorize(texts, use_na_sentinel=True)
+    parsed = np.empty(len(uniques) + 1, dtype=object)
+    for i, text in enumerate(uniques):
+        parsed[i] = _json_or_empty(text)
+    parsed[-1] = {}  # code -1: missing
+    return pd.Series(parsed[codes], index=texts.index, dtype=object)
+
+
 def _json_or_empty(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):  # already parsed (frames of several files being merged)
+        return value
     if not value or value == "{}":  # most rows: skip the parser
         return {}
     try:

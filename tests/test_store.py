@@ -181,7 +181,8 @@ def test_save_run_round_trips_a_whole_run(tmp_path):
     merged.meta.hosts = ["hostA", "hostB"]
     written = store.save_run(merged, tmp_path / "out")
     assert sorted(p.name for p in written) == [
-        "hostA.gpu.parquet", "hostA.sqlite", "hostB.gpu.parquet", "hostB.sqlite"
+        "hostA.gpu.parquet", "hostA.spans.parquet", "hostA.sqlite", "hostB.gpu.parquet",
+        "hostB.sqlite",
     ]  # fmt: skip
     assert not list((tmp_path / "out").glob("*.partial*"))
     again = store.load_run(tmp_path / "out")
@@ -200,7 +201,7 @@ def test_compaction_moves_samples_to_parquet_and_loads_the_same_run(tmp_path):
     _write_small_run(tmp_path, "hostA", 6)
     before = store.load_run(tmp_path)
     written = store.compact_run(tmp_path)
-    assert written == ["hostA.gpu.parquet"]
+    assert written == ["hostA.gpu.parquet", "hostA.spans.parquet"]
     assert _gpu_rows(tmp_path / "hostA.sqlite") == 0
     after = store.load_run(tmp_path)
     assert list(after.gpu.columns) == list(before.gpu.columns)

@@ -89,7 +89,15 @@ def _gpu_label(host: Any, gpu: Any) -> str:
 
 
 def _spans(ctx: AnalysisContext) -> pd.DataFrame:
-    """The run's usable spans with name and a barrier flag; empty frame when none."""
+    """The run's usable spans with name and a barrier flag; empty frame when none (computed
+    once per context: several detectors use them)."""
+    cache = ctx.__dict__.setdefault("_stalls_resource_cache", {})
+    if "spans" not in cache:
+        cache["spans"] = _usable_spans(ctx)
+    return cache["spans"]
+
+
+def _usable_spans(ctx: AnalysisContext) -> pd.DataFrame:
     cols = ["host", "pid", "rank", "phase", "name", "step", "start_ns", "end_ns", "wait"]
     spans = ctx.run.spans
     if spans is None or len(spans) == 0 or "start_ns" not in spans or "end_ns" not in spans:

@@ -60,7 +60,7 @@ class Budget:
     line_points: int = 2000
     selector_points: int = 160_000
     bins: int = 1500
-    heatmap_cells: int = 80_000
+    heatmap_cells: int = 200_000
     max_gpu_lines: int = 16
     max_bands: int = 12_000
     max_intervals: int = 500
