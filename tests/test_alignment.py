@@ -462,3 +462,10 @@ def test_controllers_are_told_apart_by_host_when_pids_collide():
     o = gpu_owner(make_run(gpu=gpu, spans=spans)).set_index("host")
     assert o.loc["a", "how"] == "single_controller" and o.loc["b", "owner_host"] == "b"
     assert o.loc["c", "how"] == "single_controller_remote" and o.loc["c", "owner_host"] == "a"
+
+
+def test_a_span_ending_nanoseconds_before_its_start_is_dropped():
+    bad = span("reward", 3, 3)
+    bad.end_ns = bad.start_ns - 50  # 50 ns: invisible to float64 at epoch magnitudes
+    run = make_run(gpu=samples("h", 0, [50.0, 50.0]), spans=[span("rollout", 0, 1), bad])
+    assert gpu_phase_samples(run).attrs["spans_dropped"] == 1

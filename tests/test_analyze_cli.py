@@ -154,3 +154,19 @@ def test_thresholds_are_one_config_that_steers_the_detectors():
     assert "comm_bound" not in tuned
     assert tuned.get("reward_bound", 0.0) < default["reward_bound"]
     assert diagnose(run, Thresholds(min_share=0.99)).findings == []
+
+
+def test_summary_and_analyze_report_the_same_tokens_per_second(demo_runs):
+    from gpuprof.analyzers.basic import run_summary, step_times, tokens_per_s
+    from gpuprof.analyzers.diagnose import diagnose
+    from gpuprof.loader import load_for_analysis
+
+    run = load_for_analysis(demo_runs["default"][0])
+    steps = step_times(run)
+    assert steps["tokens"].notna().any()
+    expected = steps["tokens"].sum() / (
+        steps["duration_s"].sum() / steps[["host", "pid"]].drop_duplicates().shape[0]
+    )
+    assert tokens_per_s(steps) == pytest.approx(expected)
+    assert run_summary(run)["tokens_per_s"] == pytest.approx(expected)
+    assert diagnose(run).summary["tokens_per_s"] == pytest.approx(expected)

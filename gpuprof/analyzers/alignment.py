@@ -89,7 +89,13 @@ def valid_spans(run: Run) -> tuple[pd.DataFrame, int]:
         return _empty_spans(), 0
     start = _num(spans, "start_ns")
     end = _num(spans, "end_ns")
-    ok = np.isfinite(start) & np.isfinite(end) & (end >= start)
+    ok = np.isfinite(start) & np.isfinite(end)
+    # compare as int64: float64 can't tell apart instants < 256 ns apart at epoch magnitudes
+    start_i = np.where(ok, start, 0).astype(np.int64)
+    end_i = np.where(ok, end, 0).astype(np.int64)
+    if spans["start_ns"].dtype == np.int64 and spans["end_ns"].dtype == np.int64:
+        start_i, end_i = spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy()
+    ok &= end_i >= start_i
     ok &= spans["host"].notna().to_numpy() & np.isfinite(_num(spans, "pid"))
     dropped = int((~ok).sum())
     kept = spans.loc[ok]

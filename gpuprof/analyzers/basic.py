@@ -97,6 +97,21 @@ def step_times(run: Run) -> pd.DataFrame:
     )
 
 
+def tokens_per_s(steps: pd.DataFrame) -> float | None:
+    """The job's throughput from `step_times`: tokens summed over every process's steps, over
+    the time of one process's steps (processes step in parallel); None when no step reports
+    tokens."""
+    if steps.empty:
+        return None
+    tokens = steps["tokens"].to_numpy(dtype=float)
+    durations = steps["duration_s"].to_numpy(dtype=float)
+    ok = np.isfinite(tokens) & np.isfinite(durations)
+    if not ok.any() or durations[ok].sum() <= 0:
+        return None
+    processes = max(1, steps.loc[ok, ["host", "pid"]].drop_duplicates().shape[0])
+    return float(tokens[ok].sum() / (durations[ok].sum() / processes))
+
+
 def run_summary(run: Run) -> dict[str, Any]:
     """The headline figures: duration (s), GPU count, mean utilisation, step-time p50/p95 (s),
     tokens/s, exit code, plus the per-GPU and per-phase tables as lists of dicts."""
@@ -104,13 +119,6 @@ def run_summary(run: Run) -> dict[str, Any]:
     phases = phase_table(run)
     steps = step_times(run)
     durations = steps["duration_s"].to_numpy(dtype=float) if len(steps) else np.array([])
-    tokens = steps["tokens"].to_numpy(dtype=float) if len(steps) else np.array([])
-    tokens_per_s = None
-    if len(tokens) and np.isfinite(tokens).any():
-        ok = np.isfinite(tokens)
-        tokens_per_s = (
-            float(tokens[ok].sum() / durations[ok].sum()) if durations[ok].sum() else None
-        )
     return {
         "run_id": run.meta.run_id,
         "command": run.meta.command,
@@ -121,7 +129,7 @@ def run_summary(run: Run) -> dict[str, Any]:
         "steps": int(steps["step"].nunique()) if len(steps) else 0,
         "step_time_p50_s": finite_or_none(np.percentile(durations, 50)) if len(durations) else None,
         "step_time_p95_s": finite_or_none(np.percentile(durations, 95)) if len(durations) else None,
-        "tokens_per_s": tokens_per_s,
+        "tokens_per_s": tokens_per_s(steps),
         "gpus": gpus.to_dict("records"),
         "phases": phases.to_dict("records"),
         "notices": list(run.meta.notices),

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from gpuprof.analyzers import stalls_phase, stalls_resource
-from gpuprof.analyzers.basic import finite_or_none, step_times
+from gpuprof.analyzers.basic import finite_or_none, step_times, tokens_per_s
 from gpuprof.analyzers.findings import STALL_KINDS, AnalysisContext, Finding, Thresholds
 from gpuprof.model import Run
 
@@ -90,15 +90,6 @@ def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
     totals = ctx.totals if len(run.gpu) else {}
     steps = step_times(run)
     durations = steps["duration_s"].to_numpy(dtype=float) if len(steps) else np.array([])
-    tokens = steps["tokens"].to_numpy(dtype=float) if len(steps) else np.array([])
-    ok = np.isfinite(tokens) & np.isfinite(durations) if len(tokens) else np.array([], bool)
-    per_process_steps = (
-        max(1, steps[["host", "pid"]].drop_duplicates().shape[0]) if len(steps) else 1
-    )
-    tokens_per_s = None
-    if ok.any() and durations[ok].sum() > 0:
-        # tokens summed over processes, time over one process's steps
-        tokens_per_s = float(tokens[ok].sum() / (durations[ok].sum() / per_process_steps))
     idle_total = finite_or_none(totals.get("idle_gpu_s"))
     by_cause = {f.kind: round(f.gpu_seconds_lost, 3) for f in findings}
     if idle_total is not None:
@@ -133,7 +124,7 @@ def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
         "steps": int(steps["step"].nunique()) if len(steps) else 0,
         "step_time_p50_s": finite_or_none(np.percentile(durations, 50)) if len(durations) else None,
         "step_time_p95_s": finite_or_none(np.percentile(durations, 95)) if len(durations) else None,
-        "tokens_per_s": tokens_per_s,
+        "tokens_per_s": tokens_per_s(steps),
         "phases": phases,
     }
 
