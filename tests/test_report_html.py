@@ -194,7 +194,7 @@ def test_many_gpus_switch_to_aggregate_lines_and_a_gpu_selector():
 
 def test_downsampling_is_said_and_bounded():
     run = sim_run(gpus=2, steps=4, time_scale=1.0)
-    budget = Budget(line_points=300, bins=200)
+    budget = Budget(line_points=300, bins=200, evidence_windows=0)
     page = render_html(run, budget=budget)
     data = report_data(page)
     timeline = data["figures"]["gp-timeline"]["data"]
@@ -205,6 +205,27 @@ def test_downsampling_is_said_and_bounded():
     assert int(match.group(1).replace(",", "")) == len(run.gpu)
     # the time axis is relative to the run start
     assert min(util[0]["x"]) < 1.0
+
+
+def test_evidence_windows_keep_full_resolution_where_the_buttons_zoom():
+    run = sim_run(gpus=2, steps=6, time_scale=1.0, pathologies=[Pathology("reward_bound", 0.8)])
+    budget = Budget(line_points=200, bins=100)
+    page = render_html(run, budget=budget)
+    data = report_data(page)
+    assert "the timeline keeps full resolution" in page
+    scale = {"s": 1e9, "min": 60e9, "h": 3600e9}[data["unit"]]
+    gpu0 = run.gpu[run.gpu["gpu"] == 0]
+    t = (gpu0["t_ns"].to_numpy() - run.meta.start_ns) / scale
+    timeline = data["figures"]["gp-timeline"]["data"]
+    util = next(tr for tr in timeline if tr.get("name") == "GPU 0" and tr["yaxis"] == "y")
+    xs = np.array(util["x"])
+    lo, hi = data["evidence"]["0"][0]
+    pad = max((hi - lo) * 0.5, data["end"] * 0.002)  # report.js zooms to exactly this
+    raw = int(((t >= lo - pad) & (t <= hi + pad)).sum())
+    drawn = int(((xs >= lo - pad) & (xs <= hi + pad)).sum())
+    assert raw > 20 and drawn >= min(raw, budget.window_points) - 2  # every sample, not buckets
+    far = (xs > hi + 10 * (hi - lo) + pad) & (xs < hi + 20 * (hi - lo))  # coarse elsewhere
+    assert far.sum() < ((t > hi + 10 * (hi - lo) + pad) & (t < hi + 20 * (hi - lo))).sum() / 3
 
 
 def test_run_without_gpu_samples_or_spans_still_renders_with_notes():

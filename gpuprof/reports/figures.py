@@ -64,6 +64,10 @@ class Budget:
     max_gpu_lines: int = 16
     max_bands: int = 12_000
     max_intervals: int = 500
+    evidence_windows: int = 3
+    """Evidence intervals per finding drawn at full resolution (the first ones)."""
+    window_points: int = 600
+    """Points per series inside one evidence window."""
 
 
 @dataclass
@@ -208,15 +212,26 @@ def build_figures(
     diagnosis_summary: dict[str, Any],
     phase_steps: pd.DataFrame | None,
     budget: Budget | None = None,
+    evidence_ns: list[list[tuple[int, int]]] | None = None,
 ) -> tuple[FigureSet, TimeAxis]:
     """Every figure of the report. ``phase_steps`` is `alignment.phase_breakdown` by
-    ``("phase", "step")`` (None or empty: no per-step chart)."""
+    ``("phase", "step")`` (None or empty: no per-step chart). ``evidence_ns``: per finding,
+    its evidence intervals in epoch ns; the timeline keeps full resolution around the first
+    few of each, which is where the report's evidence buttons zoom."""
     budget = budget or Budget()
     axis = TimeAxis.for_run(run)
     out = FigureSet()
     series = _GpuSeries.of(run, axis)
     out.samples = len(series.t)
-    out.figures["gp-timeline"] = _timeline(run, series, axis, budget, out)
+    windows = evidence_windows(
+        [
+            [tuple(axis.of(np.array(p, dtype=np.int64)).tolist()) for p in f]
+            for f in evidence_ns or []
+        ],
+        axis.end,
+        budget.evidence_windows,
+    )
+    out.figures["gp-timeline"] = _timeline(run, series, axis, budget, out, windows)
     if len(series):
         out.figures["gp-heatmap"] = _heatmap(run, series, axis, budget, out)
     steps = _phase_steps(phase_steps)
@@ -237,6 +252,57 @@ def build_figures(
             "the heatmap are means over time bins.",
         )
     return out, axis
+
+
+# ------------------------------------------------------------------------------------------
+# Evidence windows
+
+
+EVIDENCE_PAD_FRAC = 0.5
+"""Each side of an evidence interval shown when zoomed, as a fraction of its length…"""
+EVIDENCE_PAD_MIN_FRAC = 0.002
+"""…and at least this fraction of the run (report.js zooms with the same two numbers)."""
+
+
+def evidence_windows(
+    per_finding: list[list[tuple[float, float]]], end: float, first: int
+) -> list[tuple[float, float]]:
+    """The zoom windows of the first ``first`` evidence intervals of every finding (run-time
+    units), merged where they overlap and sorted."""
+    spans = []
+    for pairs in per_finding:
+        for lo, hi in pairs[:first]:
+            pad = max((hi - lo) * EVIDENCE_PAD_FRAC, end * EVIDENCE_PAD_MIN_FRAC)
+            spans.append((max(0.0, lo - pad), hi + pad))
+    merged: list[tuple[float, float]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _inside(x: np.ndarray, windows: list[tuple[float, float]]) -> np.ndarray:
+    mask = np.zeros(len(x), dtype=bool)
+    for lo, hi in windows:
+        mask |= (x >= lo) & (x <= hi)
+    return mask
+
+
+def _with_windows(
+    t: np.ndarray, y: np.ndarray, keep: np.ndarray, windows: list[tuple[float, float]], n: int
+) -> np.ndarray:
+    """``keep`` (indices into time-sorted ``t``) plus up to ``n`` samples of every window: the
+    real samples, so zooming onto evidence shows what happened rather than a bucket."""
+    if not windows or len(t) == 0:
+        return keep
+    parts = [keep]
+    for lo, hi in windows:
+        a, b = np.searchsorted(t, [lo, hi])
+        if b > a:
+            parts.append(a + keep_shape(t[a:b], y[a:b], n))
+    return np.unique(np.concatenate(parts))
 
 
 # ------------------------------------------------------------------------------------------
@@ -269,7 +335,12 @@ class _Rows:
 
 
 def _timeline(
-    run: Run, series: _GpuSeries, axis: TimeAxis, budget: Budget, out: FigureSet
+    run: Run,
+    series: _GpuSeries,
+    axis: TimeAxis,
+    budget: Budget,
+    out: FigureSet,
+    windows: list[tuple[float, float]],
 ) -> dict[str, Any]:
     rows = _Rows()
     traces: list[dict[str, Any]] = []
@@ -308,6 +379,15 @@ def _timeline(
     start, end = 0.0, max(axis.end, float(series.t.max()) if len(series.t) else 0.0, 1e-9)
     dec = axis.decimals
     individual = 0 < len(series) <= budget.max_gpu_lines
+    # windows only matter where a drawn point stands for several samples
+    step_units = (end - start) / max(len(series.t) / max(len(series), 1), 1)
+    coarse = bool(windows) and (end - start) / min(bins, budget.line_points) > 4 * step_units
+    if coarse:
+        out.notes.append(
+            f"Around the first {budget.evidence_windows} evidence intervals of each finding "
+            f"({len(windows)} windows) the timeline keeps full resolution: zoom there with "
+            "the evidence buttons."
+        )
 
     def add_lines(key: str, column: str, scale: float, legend: bool, unit: str) -> None:
         y_all = series.values(run, column, scale)
@@ -315,6 +395,8 @@ def _timeline(
             part = series.slice(i)
             t, y = series.t[part], y_all[part]
             keep = keep_shape(t, y, budget.line_points)
+            if coarse:
+                keep = _with_windows(t, y, keep, windows, budget.window_points)
             out.points += len(keep)
             traces.append(
                 {
@@ -334,7 +416,8 @@ def _timeline(
     def add_band(
         key: str, values: np.ndarray, label: str, color: str, unit: str, show_band: bool = True
     ) -> Binned:
-        b = bin_stats(series.t, values, start, end, bins, group=series.code).pooled()
+        b = _binned_with_windows(series, values, start, end, bins, windows if coarse else [],
+                                 budget.window_points)  # fmt: skip
         x = _rounded(b.centers, dec)
         out.points += len(b.centers) * (3 if show_band else 2)
         if show_band:
@@ -389,7 +472,9 @@ def _timeline(
             add_lines("mem", "mem_used_bytes", GIB, False, "GiB")
     elif has_gpu:
         add_band("util", series.values(run, "util_gpu_pct"), "utilization", "#1f77b4", "%")
-        out.gpu_selector = _selector(run, series, budget, out, dec, len(traces), ref["util"])
+        out.gpu_selector = _selector(
+            run, series, budget, out, dec, len(traces), ref["util"], windows if coarse else []
+        )
         traces.append(out.gpu_selector.pop("trace"))
         if sm_present:
             add_band("sm", series.values(run, "sm_active_pct"), "SM active", "#2ca02c", "%")
@@ -419,7 +504,7 @@ def _timeline(
         )
         out.points += len(b.centers)
     if cpu_present:
-        traces.extend(_host_cpu(run, axis, budget, ref["cpu"], dec))
+        traces.extend(_host_cpu(run, axis, budget, ref["cpu"], dec, windows if coarse else []))
 
     empty = not has_gpu
     layout: dict[str, Any] = {
@@ -463,13 +548,57 @@ def b_width(span: float, bins: int, unit: str) -> str:
 
 
 def _alpha(color: str, alpha: float) -> str:
-    color = color.lstrip("#")
-    r, g, b = (int(color[i : i + 2], 16) for i in (0, 2, 4))
+    """``#rrggbb`` or ``rgb(r, g, b)`` as ``rgba(r,g,b,alpha)``."""
+    if color.startswith("#"):
+        r, g, b = (int(color[k : k + 2], 16) for k in (1, 3, 5))
+    else:
+        r, g, b = (int(float(v)) for v in color[color.index("(") + 1 : -1].split(",")[:3])
     return f"rgba({r},{g},{b},{alpha})"
 
 
+def _binned_with_windows(
+    series: _GpuSeries,
+    values: np.ndarray,
+    start: float,
+    end: float,
+    bins: int,
+    windows: list[tuple[float, float]],
+    window_bins: int,
+) -> Binned:
+    """Bins pooled over GPUs on the coarse grid, with finer bins (down to the sample interval)
+    inside each evidence window replacing the coarse ones there."""
+    b = bin_stats(series.t, values, start, end, bins, group=series.code).pooled()
+    if not windows:
+        return b
+    keep = ~_inside(b.centers, windows)
+    parts = [(b.centers[keep], b.mean[keep], b.min[keep], b.max[keep], b.count[keep])]
+    for lo, hi in windows:
+        rows = []
+        for i in range(len(series)):  # each GPU's samples are time-sorted: two binary searches
+            part = series.slice(i)
+            a, z = np.searchsorted(series.t[part], [lo, hi])
+            rows.append(np.arange(part.start + a, part.start + z))
+        idx = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        if not len(idx):
+            continue
+        per_gpu = len(idx) / len(series)
+        w = bin_stats(series.t[idx], values[idx], lo, hi, int(min(window_bins, max(per_gpu, 1))),
+                      group=series.code[idx]).pooled()  # fmt: skip
+        parts.append((w.centers, w.mean, w.min, w.max, w.count))
+    centers, mean, lo_, hi_, count = (np.concatenate(c) for c in zip(*parts))
+    order = np.argsort(centers, kind="stable")
+    return Binned(centers[order], mean[order], lo_[order], hi_[order], count[order], b.width)
+
+
 def _selector(
-    run: Run, series: _GpuSeries, budget: Budget, out: FigureSet, dec: int, index: int, yref: str
+    run: Run,
+    series: _GpuSeries,
+    budget: Budget,
+    out: FigureSet,
+    dec: int,
+    index: int,
+    yref: str,
+    windows: list[tuple[float, float]],
 ) -> dict[str, Any]:
     """Per-GPU utilisation for the GPU picker and the (initially first) selected-GPU trace."""
     per_gpu = max(200, budget.selector_points // max(len(series), 1))
@@ -478,7 +607,7 @@ def _selector(
     for i in range(len(series)):
         part = series.slice(i)
         t, y = series.t[part], util[part]
-        keep = keep_shape(t, y, per_gpu)
+        keep = _with_windows(t, y, keep_shape(t, y, per_gpu), windows, budget.window_points // 2)
         out.points += len(keep)
         xs.append(_rounded(t[keep], dec))
         ys.append(_rounded(y[keep], 0))
@@ -583,7 +712,14 @@ def _phase_bands(
     return traces
 
 
-def _host_cpu(run: Run, axis: TimeAxis, budget: Budget, yref: str, dec: int) -> list[dict]:
+def _host_cpu(
+    run: Run,
+    axis: TimeAxis,
+    budget: Budget,
+    yref: str,
+    dec: int,
+    windows: list[tuple[float, float]],
+) -> list[dict]:
     host = run.host
     t = axis.of(pd.to_numeric(host["t_ns"]).to_numpy(np.int64))
     cpu = _col(host, "cpu_pct")
@@ -595,7 +731,8 @@ def _host_cpu(run: Run, axis: TimeAxis, budget: Budget, yref: str, dec: int) -> 
             mask = names == name
             order = np.argsort(t[mask], kind="stable")
             tt, yy = t[mask][order], cpu[mask][order]
-            keep = keep_shape(tt, yy, budget.line_points)
+            keep = _with_windows(tt, yy, keep_shape(tt, yy, budget.line_points), windows,
+                                 budget.window_points)  # fmt: skip
             traces.append(
                 {
                     "type": "scatter",

@@ -29,7 +29,7 @@ from gpuprof.analyzers.diagnose import Diagnosis, diagnose
 from gpuprof.analyzers.findings import AnalysisContext
 from gpuprof.model import Run
 from gpuprof.reports import fmt
-from gpuprof.reports.figures import Budget, FigureSet, TimeAxis, build_figures
+from gpuprof.reports.figures import Budget, FigureSet, build_figures
 
 _TEMPLATE_DIR = files("gpuprof.reports") / "html_assets"
 _SLOT = re.compile(r"\{\{(\w+)\}\}")
@@ -61,10 +61,16 @@ def render_html(
             diagnosis = diagnose(run)
         if phase_steps is None and len(run.spans) and len(run.gpu):
             phase_steps = phase_breakdown(run, by=("phase", "step"), samples=ctx.samples)
-    figs, axis = build_figures(run, diagnosis.summary, phase_steps, budget)
+    budget = budget or Budget()
+    intervals = _intervals_ns(diagnosis, budget.max_intervals)
+    figs, axis = build_figures(run, diagnosis.summary, phase_steps, budget, intervals)
     data = {
         "figures": figs.figures,
-        "evidence": _evidence(diagnosis, axis, (budget or Budget()).max_intervals),
+        "evidence": {
+            str(i): axis.of(np.array(pairs, dtype=np.int64)).round(6).tolist()
+            for i, pairs in enumerate(intervals)
+            if pairs
+        },
         "selector": figs.gpu_selector,
         "unit": axis.unit,
         "end": axis.end,
@@ -338,19 +344,17 @@ def _phase_table(diagnosis: Diagnosis) -> str:
     return f'<table class="phases">{head}{"".join(rows)}</table>'
 
 
-def _evidence(diagnosis: Diagnosis, axis: TimeAxis, limit: int) -> dict[str, list]:
-    """Finding index → its evidence intervals in timeline units (at most ``limit``)."""
-    out: dict[str, list] = {}
-    for i, f in enumerate(diagnosis.findings):
-        intervals = (f.evidence or {}).get("intervals") or []
+def _intervals_ns(diagnosis: Diagnosis, limit: int) -> list[list[tuple[int, int]]]:
+    """Per finding (in order), its first ``limit`` evidence intervals as (start_ns, end_ns);
+    malformed entries are skipped and an end before its start is clamped to the start."""
+    out = []
+    for f in diagnosis.findings:
         pairs = []
-        for item in intervals[:limit]:
+        for item in ((f.evidence or {}).get("intervals") or [])[:limit]:
             try:
                 start, end = int(item[0]), int(item[1])
             except (TypeError, ValueError, IndexError):
                 continue
-            lo, hi = axis.of(np.array([start, end], dtype=np.int64)).tolist()
-            pairs.append([round(lo, 6), round(max(hi, lo), 6)])
-        if pairs:
-            out[str(i)] = pairs
+            pairs.append((start, max(start, end)))
+        out.append(pairs)
     return out
