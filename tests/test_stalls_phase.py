@@ -86,6 +86,7 @@ def test_finds_injected_stall(kind: str, severity: float, kw: dict) -> None:
         "reshard_idle",
         "reward_bound",
         "dataloader_starvation",
+        "generation_tail",
         "periodic_stall",
         "idle_unattributed",
         "pipeline_bubble",
