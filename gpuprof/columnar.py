@@ -85,6 +85,11 @@ def to_arrow(table: str, frame: pd.DataFrame) -> pa.Table:
             arrays.append(pa.array(values.to_numpy(object), type=fld.type))
         elif pa.types.is_boolean(fld.type):
             arrays.append(pa.array(col.fillna(False).to_numpy(bool), type=fld.type))
+        elif pa.types.is_integer(fld.type) and pd.api.types.is_integer_dtype(col.dtype):
+            # straight from the integers: a detour through float64 rounds ns timestamps
+            ints = col.astype("Int64")
+            mask = ints.isna().to_numpy()
+            arrays.append(pa.array(ints.fillna(0).to_numpy(np.int64), type=fld.type, mask=mask))
         else:
             values = pd.to_numeric(col, errors="coerce").to_numpy(np.float64)
             mask = np.isnan(values)

@@ -258,3 +258,15 @@ def test_a_listed_side_file_that_is_missing_or_damaged_is_one_clear_error(tmp_pa
     result = run_gpuprof("analyze", str(tmp_path))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_compaction_keeps_nanosecond_timestamps(tmp_path):
+    t = 1_767_225_600_026_401_323  # not representable in float64
+    writer = store.BufferedWriter(store.host_file(tmp_path, "h"))
+    writer.add_records("gpu", [GpuSample("h", 0, None, t + i, util_gpu_pct=1.0) for i in range(3)])
+    writer.add_records("spans", [Span("h", 1, 1, None, None, "rollout", "r", 0, 0, t, t + 1)])
+    writer.close()
+    store.compact_run(tmp_path)
+    run = store.load_run(tmp_path)
+    assert run.gpu["t_ns"].tolist() == [t, t + 1, t + 2]
+    assert (run.spans["start_ns"].iloc[0], run.spans["end_ns"].iloc[0]) == (t, t + 1)

@@ -96,7 +96,7 @@ FLAGS: dict[str, dict[str, str]] = {
         "verl": "data.max_response_length",
         "trl": "max_completion_length",
         "swift": "max_completion_length",
-        "openrlhf": "rollout.generate_max_len",
+        "openrlhf": "rollout.max_new_tokens",
         "pytorch": "max_new_tokens",
     },
     "dataloader_num_workers": {
@@ -140,7 +140,7 @@ FLAGS: dict[str, dict[str, str]] = {
         "verl": "trainer.test_freq",
         "trl": "eval_steps",
         "swift": "eval_steps",
-        "openrlhf": "eval.eval_steps",
+        "openrlhf": "eval.steps",
     },
     "colocate": {
         "trl": "vllm_mode",
