@@ -6,6 +6,7 @@ Screenshots go to ``artifacts/`` at the repository root (kept by CI, ignored by 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -149,5 +150,9 @@ def test_many_gpus_selector_switches_the_selected_trace(tmp_path, browser):
     page.evaluate("(() => { const s = document.getElementById('gp-gpu'); s.value = '17';"
                   " s.dispatchEvent(new Event('change')); })()")  # fmt: skip
     page.wait_for(f"{name} === 'selected: node2:1'", timeout_s=10)
+    x = page.evaluate(f"Array.from(document.getElementById('gp-timeline').data[{index}].x)")
+    deltas = page.evaluate("JSON.parse(document.getElementById('gp-data').textContent)"
+                           ".selector.x_deltas[17]")  # fmt: skip
+    assert len(x) == len(deltas) > 10 and all(b > a for a, b in itertools.pairwise(x))
     page.screenshot(ARTIFACTS / "report-32gpus.png")
     assert page.errors == []

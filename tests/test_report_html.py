@@ -187,6 +187,14 @@ def test_many_gpus_switch_to_aggregate_lines_and_a_gpu_selector():
     sel = data["selector"]
     assert len(sel["labels"]) == 24 and sel["labels"][0] == "node0:0"
     assert timeline[sel["trace_index"]]["name"] == "selected: node0:0"
+    # the picker's data decodes to that GPU's own samples (times as integer steps)
+    x = np.cumsum(sel["x_deltas"][13]) / sel["x_scale"]
+    assert np.all(np.diff(x) > 0) and x[0] >= 0 and x[-1] <= data["end"] + 1e-6
+    scale = {"s": 1e9, "min": 60e9, "h": 3600e9}[data["unit"]]
+    gpu = run.gpu[(run.gpu["host"] == "node1") & (run.gpu["gpu"] == 5)]  # node1:5 is the 14th
+    t = (gpu["t_ns"].to_numpy() - run.meta.start_ns) / scale
+    nearest = np.abs(t[None, :] - x[:, None]).argmin(axis=1)
+    assert np.allclose(gpu["util_gpu_pct"].to_numpy()[nearest], sel["y"][13], atol=0.51)
     assert 'id="gp-gpu"' in page and page.count("<option") == 24
     assert "24 GPUs: the timeline shows the mean and the min–max band" in page
     assert len(data["figures"]["gp-heatmap"]["data"][0]["z"]) == 24

@@ -116,8 +116,8 @@ class TimeAxis:
 
     @property
     def decimals(self) -> int:
-        """Decimals that resolve 10 ms on this axis (enough for 10 Hz sampling)."""
-        return max(0, math.ceil(math.log10(self.ns_per_unit / 1e7)))
+        """Decimals that resolve 50 ms on this axis (half a 10 Hz sampling interval)."""
+        return max(0, math.ceil(math.log10(self.ns_per_unit / 5e7)))
 
 
 @dataclass
@@ -590,6 +590,13 @@ def _binned_with_windows(
     return Binned(centers[order], mean[order], lo_[order], hi_[order], count[order], b.width)
 
 
+def _deltas(x: np.ndarray, dec: int) -> list[int]:
+    """Increasing times as integer steps of ``10**-dec`` from 0: about half the characters of
+    the decimals for the per-GPU picker data (report.js sums them back)."""
+    ticks = np.round(np.asarray(x, dtype=np.float64) * 10**dec).astype(np.int64)
+    return np.diff(ticks, prepend=0).tolist()
+
+
 def _selector(
     run: Run,
     series: _GpuSeries,
@@ -607,21 +614,24 @@ def _selector(
     for i in range(len(series)):
         part = series.slice(i)
         t, y = series.t[part], util[part]
-        keep = _with_windows(t, y, keep_shape(t, y, per_gpu), windows, budget.window_points // 2)
+        keep = _with_windows(t, y, keep_shape(t, y, per_gpu), windows, budget.window_points // 4)
         out.points += len(keep)
-        xs.append(_rounded(t[keep], dec))
+        xs.append(_deltas(t[keep], dec))
         ys.append(_rounded(y[keep], 0))
+    first = series.slice(0) if len(series) else slice(0, 0)
+    x0 = np.cumsum(xs[0]) / 10**dec if xs else np.zeros(0)
     trace = {
         "type": "scatter",
         "mode": "lines",
-        "x": xs[0] if xs else [],
+        "x": _rounded(x0, dec) if len(series.t[first]) else [],
         "y": ys[0] if ys else [],
         "name": f"selected: {series.labels[0]}",
         "yaxis": yref,
         "line": {"width": 1, "color": "#d62728"},
         "hovertemplate": "%{y:.0f}%<extra>selected GPU</extra>",
     }
-    return {"labels": series.labels, "x": xs, "y": ys, "trace_index": index, "trace": trace}
+    return {"labels": series.labels, "x_deltas": xs, "x_scale": 10**dec, "y": ys,
+            "trace_index": index, "trace": trace}  # fmt: skip
 
 
 def _band_process(spans: pd.DataFrame) -> tuple[str, int, str]:

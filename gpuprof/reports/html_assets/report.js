@@ -67,8 +67,9 @@
   var picker = document.getElementById("gp-gpu");
   if (picker && data.selector) {
     picker.addEventListener("change", function () {
-      var i = Number(picker.value), s = data.selector;
-      Plotly.restyle(timeline, { x: [s.x[i]], y: [s.y[i]], name: "selected: " + s.labels[i] },
+      var i = Number(picker.value), s = data.selector, tick = 0;
+      var x = s.x_deltas[i].map(function (d) { tick += d; return tick / s.x_scale; });
+      Plotly.restyle(timeline, { x: [x], y: [s.y[i]], name: "selected: " + s.labels[i] },
                      [s.trace_index]);
     });
   }
