@@ -1,0 +1,111 @@
+"""Importers: files users already have (nvidia-smi logs, DCGM scrapes, PyTorch-profiler traces,
+framework logs) turned into parts of a `Run`.
+
+Each importer is a module of this package with three names:
+
+- ``FORMAT``: a short name (``"nvidia-smi-csv"``, ``"kineto"``, ``"verl-log"``…);
+- ``sniff(head: str, path: Path) -> bool``: whether a file whose first 64 KiB of text (decoded
+  by `read_head`) is ``head`` is in this format — cheap, and never raises;
+- ``parse(path: Path) -> Imported``: the whole file; raises `ImportFormatError` with one line
+  naming the file (and the line where known) for malformed input, and nothing else.
+
+`IMPORTERS` lists the modules in the order `detect` tries them (specific formats first). The
+`gpuprof import` command (``api.import_files``) detects each file's format, parses it and merges
+the parts into one run directory.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pandas as pd
+
+HEAD_BYTES = 64 * 1024
+
+IMPORTERS: tuple[str, ...] = ()
+"""Module names (within this package) in detection order; each importer adds itself here."""
+
+
+class ImportFormatError(Exception):
+    """A file that can't be imported; the message is one line: ``path[:line]: reason``."""
+
+
+@dataclass
+class Imported:
+    """What one file contributed to a run.
+
+    ``frames``: table name (``gpu``, ``host``, ``procs``, ``gpu_procs``, ``spans``, ``events``,
+    ``logs``) → frame whose columns are the matching record's fields (`gpuprof.model`); missing
+    values NaN/None. ``meta``: `RunMeta` fields the file tells (``framework``, ``knobs``,
+    ``command``, ``hosts``, ``gpus``, ``start_ns``, ``end_ns``…). ``anchored``: False when the
+    file has no wall-clock times (a console log without timestamps: its spans start at 0 and
+    only their durations and order are real). ``notes``: facts worth telling the user.
+    """
+
+    source: Path
+    format: str
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    anchored: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+def open_text(path: Path) -> str:
+    """The whole file as text: gzip undone, UTF-8/UTF-16 (with BOM) decoded, errors replaced.
+
+    Raises `ImportFormatError` when the file can't be read.
+    """
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise ImportFormatError(f"{path}: cannot read ({exc})") from None
+    return _decode(raw)
+
+
+def read_head(path: Path) -> str:
+    """The first `HEAD_BYTES` of a file as text (gzip undone), for `sniff`; "" when unreadable."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(2)
+            fh.seek(0)
+            if raw == b"\x1f\x8b":
+                with gzip.open(fh) as gz:
+                    raw = gz.read(HEAD_BYTES)
+            else:
+                raw = fh.read(HEAD_BYTES)
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return ""
+    return _decode(raw)
+
+
+def _decode(raw: bytes) -> str:
+    if raw.startswith(codecs.BOM_UTF8):
+        return raw[3:].decode("utf-8", errors="replace")
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return raw.decode("utf-16", errors="replace")
+    return raw.decode("utf-8", errors="replace")
+
+
+def modules() -> list[ModuleType]:
+    """The importer modules, in detection order."""
+    return [importlib.import_module(f"{__name__}.{name}") for name in IMPORTERS]
+
+
+def detect(path: Path) -> ModuleType:
+    """The importer for ``path``; raises `ImportFormatError` when no importer recognises it."""
+    head = read_head(path)
+    for module in modules():
+        try:
+            if module.sniff(head, path):
+                return module
+        except Exception:  # a sniffer must never break detection of the others
+            continue
+    raise ImportFormatError(f"{path}: format not recognised")
