@@ -22,6 +22,7 @@ same spans) and are passed to `render_html`, which renders every 0.1 s sample. R
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -314,6 +315,7 @@ def main() -> None:
           + ", ".join(f"{k[3:]} {v / 1000:.2f} s" for k, v in per_figure.items()))  # fmt: skip
     floor = plotly_only_ms(out_dir, args.repeats + 2)
     print(f"  plotly.js alone (same Chromium, empty page): median {floor / 1000:.2f} s")
+    print(f"  load average    {os.getloadavg()[0]:.2f} (other jobs on the machine)")
     print(f"  peak RSS        {rss_mb:,.0f} MB (whole benchmark process)")
 
 

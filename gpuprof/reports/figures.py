@@ -609,12 +609,20 @@ def _selector(
 ) -> dict[str, Any]:
     """Per-GPU utilisation for the GPU picker and the (initially first) selected-GPU trace."""
     per_gpu = max(200, budget.selector_points // max(len(series), 1))
+    # windows share a quarter of the picker's budget: at 512 GPUs a few points per window
+    per_window = max(
+        20,
+        min(
+            budget.window_points // 4,
+            budget.selector_points // (4 * len(series) * max(len(windows), 1)),
+        ),
+    )
     util = series.values(run, "util_gpu_pct")
     xs, ys = [], []
     for i in range(len(series)):
         part = series.slice(i)
         t, y = series.t[part], util[part]
-        keep = _with_windows(t, y, keep_shape(t, y, per_gpu), windows, budget.window_points // 4)
+        keep = _with_windows(t, y, keep_shape(t, y, per_gpu), windows, per_window)
         out.points += len(keep)
         xs.append(_deltas(t[keep], dec))
         ys.append(_rounded(y[keep], 0))
