@@ -51,7 +51,8 @@ class Budget:
     """How much the report may draw (sizes that keep a 24 h × 64 GPU run under 10 MB).
 
     ``line_points``: points per individually drawn series; ``selector_points``: points over
-    all GPUs of the GPU-selector data (above ``max_gpu_lines`` GPUs); ``bins``: columns of the
+    all GPUs of the GPU-selector data (above ``max_gpu_lines`` GPUs; hosts above
+    ``max_host_lines`` get a mean and max CPU line instead of one each); ``bins``: columns of the
     aggregate grid; ``heatmap_cells``: GPU × time cells; ``max_bands``: phase spans drawn as
     bands (the shortest are left out above it); ``max_intervals``: evidence intervals kept per
     finding.
@@ -59,9 +60,10 @@ class Budget:
 
     line_points: int = 2000
     selector_points: int = 160_000
-    bins: int = 1500
+    bins: int = 1200
     heatmap_cells: int = 200_000
     max_gpu_lines: int = 16
+    max_host_lines: int = 4
     max_bands: int = 12_000
     max_intervals: int = 500
     evidence_windows: int = 3
@@ -744,7 +746,7 @@ def _host_cpu(
     names = host["host"].astype(str).to_numpy()
     hosts = sorted(set(names))
     traces = []
-    if len(hosts) <= budget.max_gpu_lines:
+    if len(hosts) <= budget.max_host_lines:
         for name in hosts:
             mask = names == name
             order = np.argsort(t[mask], kind="stable")
