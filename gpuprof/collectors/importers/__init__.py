@@ -28,7 +28,13 @@ import pandas as pd
 
 HEAD_BYTES = 64 * 1024
 
-IMPORTERS: tuple[str, ...] = ()
+IMPORTERS: tuple[str, ...] = (
+    "openrlhf_log",
+    "verl_jsonl",
+    "swift_log",
+    "verl_log",
+    "trl_log",
+)
 """Module names (within this package) in detection order; each importer adds itself here."""
 
 
