@@ -27,6 +27,7 @@ __all__ = [
     "analyze",
     "default_run_dir",
     "demo",
+    "import_files",
     "load_for_analysis",
     "load_run",
     "report",
@@ -305,6 +306,24 @@ def demo(
     run_dir = _unique_dir(Path(output or Path("gpuprof-runs") / f"demo-{scenario}")).absolute()
     store.save_run(run, run_dir)
     return run_dir, run
+
+
+def import_files(paths: list[str | os.PathLike], output: str | os.PathLike) -> Path:
+    """Import nvidia-smi / dmon / DCGM / profiler / framework-log files into one new run
+    directory ``output`` and return it (see `gpuprof.importing`).
+
+    Raises `ImportFormatError` (one line naming the file, and the line where known) for bad
+    input; nothing is written then. Draws a progress bar on a terminal.
+    """
+    from gpuprof.importing import import_files as run_import
+    from gpuprof.reports.progress import progress
+
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            total += Path(path).stat().st_size
+    with progress("importing", total=total or None) as advance:
+        return run_import(paths, output, advance=advance)
 
 
 def analyze(run: Run, thresholds=None):

@@ -227,6 +227,41 @@ def demo(
         console.print(f"report: {path}", soft_wrap=True)
 
 
+@app.command(
+    "import",
+    help="Import nvidia-smi CSV/dmon logs, DCGM exporter scrapes, PyTorch-profiler traces and "
+    "framework logs into one run directory (then analyze, report or compare it).",
+)
+def import_(
+    files: Annotated[
+        list[Path] | None, typer.Argument(help="Files to import (formats are detected).")
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="Run directory to create (must not exist)."),
+    ] = None,
+) -> None:
+    from gpuprof.collectors.importers import ImportFormatError
+
+    if not files:
+        _err("no files given: gpuprof import FILE... -o RUN_DIR")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    if output is None:
+        _err("no run directory given: gpuprof import FILE... -o RUN_DIR")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    try:
+        run_dir = api.import_files(files, output)
+    except (ImportFormatError, api.RunError) as exc:
+        _err(str(exc))
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    run = _load_or_exit(run_dir)
+    for notice in run.meta.notices:
+        print(f"gpuprof: {notice}", file=sys.stderr)
+    counts = f"{len(run.gpu)} GPU samples, {len(run.spans)} spans, {len(run.events)} events"
+    print(f"gpuprof: imported {len(files)} file(s): {counts}", file=sys.stderr)
+    print(run_dir)
+
+
 @app.command(help="Export a run: a Perfetto/Chrome trace (JSON) or Parquet files.")
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A run directory.")],

@@ -29,6 +29,9 @@ import pandas as pd
 HEAD_BYTES = 64 * 1024
 
 IMPORTERS: tuple[str, ...] = (
+    "dcgm",
+    "nvidia_smi_dmon",
+    "nvidia_smi",
     "openrlhf_log",
     "verl_jsonl",
     "swift_log",
