@@ -52,6 +52,9 @@ class WatchOptions:
     """Draw a live status at the bottom of the terminal (stderr) while the command runs."""
     spool_dir: Path | None = None
     """Where to write while running when the run directory is on a network filesystem."""
+    auto: bool = True
+    """Zero-code capture: put gpuprof's bootstrap on the command's ``PYTHONPATH`` so TRL,
+    ms-swift, verl, OpenRLHF and torch.distributed are instrumented as they are imported."""
 
 
 @dataclass
@@ -161,6 +164,12 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     env[hooks.ENV_RUN_DIR] = str(run_dir)
     env[hooks.ENV_DB] = str(db_path)
     env[hooks.ENV_HOST] = host
+    if options.auto:
+        from gpuprof.integrations import bootstrap_dir
+
+        # first on the path, the user's PYTHONPATH after it (the bootstrap chains to any
+        # sitecustomize it shadows)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [bootstrap_dir(), env.get("PYTHONPATH")]))
     sink = _LogSink(writer, host)
     child = ChildProcess(argv, env=env, on_line=sink)
     sampler = live = None
@@ -199,6 +208,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     if sink.dropped:
         notices.append(f"{sink.dropped} output lines beyond {MAX_LOG_LINES} were not stored")
     meta.notices = notices
+    _merge_recorded_knobs(meta, run_dir, db_path)
     attrs = {"exit_code": exit_code, "signal": meta.exit_signal}
     exit_event = Event(host, child.pgid or 0, None, meta.end_ns, "exit", "child", attrs)
     writer.add_records("events", [exit_event])
@@ -210,6 +220,17 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     except Exception as exc:
         _notify(f"samples left in SQLite (compaction failed: {exc})", options.quiet)
     return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices)
+
+
+def _merge_recorded_knobs(meta: RunMeta, run_dir: Path, db_path: Path) -> None:
+    """Knob values the framework adapters recorded in the command's processes → ``meta``."""
+    from gpuprof.integrations.recorded import merge_into_meta
+
+    paths = {db_path, *run_dir.glob("*.sqlite")}
+    try:
+        merge_into_meta(meta, sorted(paths))
+    except Exception as exc:  # the run is still good without them
+        meta.notices.append(f"recorded knobs not read: {exc}")
 
 
 def _start_live(options: WatchOptions, sampler, db_path: Path):

@@ -67,6 +67,14 @@ def watch(
             "bottom of the terminal while the command runs (needs a terminal on stderr).",
         ),
     ] = False,
+    no_auto: Annotated[
+        bool,
+        typer.Option(
+            "--no-auto",
+            help="Don't instrument TRL, ms-swift, verl, OpenRLHF and torch.distributed "
+            "in the command's Python processes (zero-code phase capture).",
+        ),
+    ] = False,
 ) -> None:
     if not command:
         _err("no command given: gpuprof watch [OPTIONS] -- CMD...")
@@ -78,6 +86,7 @@ def watch(
         nvml=not no_nvml,
         quiet=quiet,
         live=live,
+        auto=not no_auto,
     )
     try:
         result = api.watch(command, options)

@@ -147,9 +147,10 @@ class _Recorder:
                 )  # fmt: skip
                 events.append((host, pid, rank, end + offset, "step", str(n), encoded))
             else:
-                _, name, attrs, t = item
+                kind = item[4] if len(item) > 4 else "mark"  # "knobs" from `record_knobs`
+                _, name, attrs, t = item[:4]
                 events.append(
-                    (host, pid, rank, t + offset, "mark", _text(name), _encode_attrs(attrs))
+                    (host, pid, rank, t + offset, kind, _text(name), _encode_attrs(attrs))
                 )
         if self.conn is None:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,12 +203,16 @@ def _drain(queue: collections.deque) -> list:
 
 @functools.lru_cache(maxsize=4096)
 def _canonical(name: Any) -> str:
+    if type(name) is tuple:  # (framework name, canonical phase) from `framework_phase`
+        return name[1]
     return canonical_phase(_text(name))
 
 
 def _text(name: Any) -> str:
     # a phase named with a number or an enum must not stop the recording
-    return name if type(name) is str else str(name)
+    if type(name) is str:
+        return name
+    return str(name[0]) if type(name) is tuple else str(name)
 
 
 _json_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
@@ -494,6 +499,57 @@ def step(n: int | None = None, tokens: int | None = None, **attrs: Any) -> None:
         recorder.step_start = now
     except Exception as exc:
         _disable(exc)
+
+
+def framework_phase(name: str, canonical: str | None, **attrs: Any) -> phase:
+    """A phase stored under a framework's own ``name`` with the canonical phase an adapter
+    chose for it (``None``: the usual mapping of ``name``). For adapters whose names only
+    have a meaning in context (TRL's ``_get_per_token_logps_and_entropies`` is the old-,
+    the reference- or the update's log-prob pass depending on the caller)."""
+    return phase((name, canonical) if canonical else name, **attrs)  # type: ignore[arg-type]
+
+
+def begin_step() -> None:
+    """Mark the start of the current step: the next `step` span starts here rather than at
+    the previous step's end (time between steps is then outside every step)."""
+    recorder = _active()
+    if recorder is not None:
+        recorder.step_start = time.monotonic_ns()
+
+
+def record_knobs(framework: str | None, knobs: dict[str, Any], version: str | None = None) -> None:
+    """Record the framework settings a process read from its own configuration.
+
+    Stored as one ``knobs`` event (name: the framework, attrs: ``{"version", "knobs"}``);
+    ``gpuprof watch`` copies them into the run's ``RunMeta.knobs`` / ``framework`` when the
+    run ends, where the recommender reads current values. Values should be JSON scalars.
+    """
+    recorder = _active()
+    if recorder is None:
+        return
+    try:
+        attrs = {"version": version, "knobs": dict(knobs)}
+        recorder.other.append((_MARK, framework or "", attrs, time.monotonic_ns(), "knobs"))
+    except Exception as exc:
+        _disable(exc)
+
+
+def enable_cuda_events() -> bool:
+    """Time later phases on the GPU with CUDA events too (as ``GPUPROF_CUDA_EVENTS=1``).
+
+    For adapters that find out only at run time that work goes to a GPU (a collective on a
+    CUDA tensor). Returns True when CUDA event timing is on.
+    """
+    recorder = _active()
+    if recorder is None:
+        return False
+    if recorder.cuda is None:
+        try:
+            recorder.cuda = _CudaTimer()
+        except Exception as exc:
+            _warn_once(f"gpuprof: CUDA event timing unavailable: {exc!r}")
+            return False
+    return True
 
 
 def mark(name: str, **attrs: Any) -> None:
