@@ -1,7 +1,7 @@
 """Diagnosis accuracy over randomised simulated scenarios: per-kind precision and recall,
 top-1 accuracy, healthy false positives, and both-in-top-3 for two pathologies.
 
-    python benchmarks/diagnosis.py [--scenarios 240] [--seed 0] [--json FILE]
+    python benchmarks/diagnosis.py [--scenarios 240] [--seed 0] [--json FILE] [--merge N]
 
 Scenarios come from `gpuprof.sim.random_config` (kind, severity, GPU count 1–32, framework,
 step count, time scale, seed) with the noise level also drawn at random (2–15%), in three
@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,8 +27,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpuprof import store
 from gpuprof.analyzers.diagnose import diagnose
 from gpuprof.analyzers.findings import STALL_KINDS
+from gpuprof.loader import load_for_analysis
 from gpuprof.sim import random_config, simulate
 
 MATTERS_SHARE = 0.05
@@ -57,7 +60,13 @@ def main() -> None:
     parser.add_argument("--scenarios", type=int, default=240)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--merge", type=int, default=1, metavar="N",
+        help="analyse each run as a long run is analysed: written to disk, then loaded with "
+        "N consecutive GPU samples merged within phases (gpuprof.loader)",
+    )  # fmt: skip
     args = parser.parse_args()
+    merged = [0, 0]  # GPU samples analysed, recorded
 
     tp, fp, fn = Counter(), Counter(), Counter()
     top1 = [0, 0]
@@ -67,7 +76,15 @@ def main() -> None:
     t0 = time.perf_counter()
     for group, cfg in scenarios(args.scenarios, args.seed):
         result = simulate(cfg)
-        found = [f.kind for f in diagnose(result.run).findings]
+        run = result.run
+        if args.merge > 1:
+            with tempfile.TemporaryDirectory() as tmp:
+                store.save_run(run, tmp)
+                total = len(run.gpu)
+                run = load_for_analysis(tmp, merge=args.merge)
+                merged[0] += len(run.gpu)
+                merged[1] += total
+        found = [f.kind for f in diagnose(run).findings]
         matters = {t.kind for t in result.truth if t.share >= MATTERS_SHARE}
         injected = {t.kind for t in result.truth}
         for kind in STALL_KINDS:
@@ -102,6 +119,9 @@ def main() -> None:
         return f"{100 * a / b:5.1f}% ({a}/{b})" if b else "  n/a"
 
     print(f"{args.scenarios} scenarios in {elapsed:.0f} s (seed {args.seed})")
+    if args.merge > 1:
+        print(f"analysed after merging: {merged[0]:,} of {merged[1]:,} GPU samples "
+              f"({merged[1] / max(1, merged[0]):.1f}x fewer)")  # fmt: skip
     print(f"{'kind':24s} {'precision':>16s} {'recall':>16s}")
     per_kind = {}
     for kind in STALL_KINDS:

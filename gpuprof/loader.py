@@ -29,13 +29,19 @@ MAX_HOST_ROWS: dict[str, int] = {"host": 100_000, "procs": 400_000, "gpu_procs":
 
 
 def load_for_analysis(
-    run_dir: str | os.PathLike, max_gpu_samples: int | None = MAX_GPU_SAMPLES
+    run_dir: str | os.PathLike,
+    max_gpu_samples: int | None = MAX_GPU_SAMPLES,
+    *,
+    merge: int | None = None,
 ) -> Run:
     """The run in ``run_dir``, with about ``max_gpu_samples`` GPU samples at most.
 
-    ``None`` loads everything as recorded. Raises `store.RunError` (one line) for an
-    unreadable run.
+    ``None`` loads everything as recorded; ``merge`` merges exactly that many consecutive GPU
+    samples (within phases) whatever the run's size, to see what merging does. Raises
+    `store.RunError` (one line) for an unreadable run.
     """
+    if merge is not None and merge > 1:
+        return _load_merged(run_dir, store.count_rows(run_dir, "gpu"), None, set(), {}, merge)
     if max_gpu_samples is None:
         return store.load_run(run_dir)
     total = store.count_rows(run_dir, "gpu")
@@ -44,13 +50,24 @@ def load_for_analysis(
     if total <= max_gpu_samples and not big:
         return store.load_run(run_dir)
 
+    return _load_merged(run_dir, total, max_gpu_samples, big, rows, None)
+
+
+def _load_merged(
+    run_dir: str | os.PathLike,
+    total: int,
+    max_gpu_samples: int | None,
+    big: set[str],
+    rows: dict[str, int],
+    merge: int | None,
+) -> Run:
     factor = 1
     interval_ns = 0
-    if total > max_gpu_samples:
+    if merge is not None or (max_gpu_samples is not None and total > max_gpu_samples):
         stream = store.iter_gpu_samples(run_dir)
         interval_ns = _interval_ns(next(stream, None))
         stream.close()
-        factor = math.ceil(total / max(1, max_gpu_samples))
+        factor = merge or math.ceil(total / max(1, max_gpu_samples or 1))
     gpu_window_ns = factor * interval_ns
     windows: dict[str, int] = {}
 
@@ -66,7 +83,7 @@ def load_for_analysis(
     run = store.load_run(run_dir, skip=skip, reduce=reduce)
     notices = []
     if factor > 1:
-        run.gpu = _reduced_gpu(run_dir, run, total, max_gpu_samples)
+        run.gpu = _reduced_gpu(run_dir, run, total, max_gpu_samples, merge)
         notices.append(
             f"long run: {total:,} GPU samples analysed as {len(run.gpu):,} (up to "
             f"{run.gpu.attrs.get('factor', factor)} consecutive samples merged within each phase)"
@@ -77,8 +94,11 @@ def load_for_analysis(
     return run
 
 
-def _reduced_gpu(run_dir: str | os.PathLike, run: Run, total: int, budget: int) -> pd.DataFrame:
-    """The run's GPU samples merged to about ``budget`` rows, one GPU at a time."""
+def _reduced_gpu(
+    run_dir: str | os.PathLike, run: Run, total: int, budget: int | None, merge: int | None
+) -> pd.DataFrame:
+    """The run's GPU samples merged to about ``budget`` rows (or by exactly ``merge``), one
+    GPU at a time."""
     keys = store.gpu_keys(run_dir)
     inventory = pd.DataFrame(
         {"host": keys["host"].astype(object), "gpu": keys["gpu"].astype(np.int64),
@@ -89,7 +109,11 @@ def _reduced_gpu(run_dir: str | os.PathLike, run: Run, total: int, budget: int) 
     bounds = resample.owner_boundaries(spans, alignment.gpu_owner(stub))
     # every span boundary may add a row: leave room for them in the budget
     n_bounds = sum(len(b) for b in bounds.values())
-    factor = math.ceil(total / max(budget - n_bounds, budget // 4, 1))
+    if merge is not None:
+        factor = merge
+    else:
+        budget = budget or 1
+        factor = math.ceil(total / max(budget - n_bounds, budget // 4, 1))
     parts = []
     for frame in store.iter_gpu_samples(run_dir, categories=True):
         key = (frame["host"].iloc[0], int(frame["gpu"].iloc[0]))

@@ -142,31 +142,49 @@ def reduce_table(table: str, frame: pd.DataFrame, window_ns: int) -> pd.DataFram
     return out[[c for c in frame.columns if c in out]]
 
 
-def owner_boundaries(spans: pd.DataFrame, owners: pd.DataFrame) -> dict[tuple, np.ndarray]:
-    """(host, gpu) → sorted span starts and ends of the process that owns the GPU.
+SPAN_CUTS: dict[str, tuple[float, ...]] = {"rollout": (1.0 / 3.0, 0.9)}
+"""Extra boundaries inside spans of a phase, as fractions of the span: a rollout keeps its
+head (first third, its steady level) and its tail (last tenth) apart, which is what the
+generation-tail detector compares."""
+
+
+def owner_boundaries(
+    spans: pd.DataFrame, owners: pd.DataFrame, cuts: dict[str, tuple[float, ...]] | None = None
+) -> dict[tuple, np.ndarray]:
+    """(host, gpu) → sorted instants no merged sample of the GPU may straddle: the span starts
+    and ends of the process that owns the GPU, plus ``cuts`` (default `SPAN_CUTS`) inside spans.
 
     ``spans``: valid spans (`alignment.valid_spans`); ``owners``: `alignment.gpu_owner`.
     """
     if spans.empty or owners.empty:
         return {}
-    by_proc = spans.groupby(["host", "pid"], sort=False).indices
+    cuts = SPAN_CUTS if cuts is None else cuts
     starts = spans["start_ns"].to_numpy(np.int64)
     ends = spans["end_ns"].to_numpy(np.int64)
+    points = [starts, ends]
+    phase = spans["phase"].to_numpy(object)
+    for name, fractions in cuts.items():
+        sel = phase == name
+        for frac in fractions:
+            points.append(starts[sel] + ((ends[sel] - starts[sel]) * frac).astype(np.int64))
+    rows_of = np.concatenate([np.arange(len(spans))] * 2 + [
+        np.flatnonzero(phase == name) for name, fr in cuts.items() for _ in fr
+    ])  # fmt: skip
+    instants = np.concatenate(points)
+    key = pd.DataFrame({"host": spans["host"].to_numpy(object)[rows_of],
+                        "pid": spans["pid"].to_numpy(np.int64)[rows_of]})  # fmt: skip
+    by_proc = key.groupby(["host", "pid"], sort=False).indices
     cache: dict[tuple, np.ndarray] = {}
     out = {}
     for host, gpu, o_host, pid in zip(owners["host"], owners["gpu"], owners["owner_host"],
                                       owners["pid"]):  # fmt: skip
         if o_host is None or not np.isfinite(pid):
             continue
-        key = (o_host, int(pid))
-        if key not in cache:
-            rows = by_proc.get(key)
-            cache[key] = (
-                np.unique(np.concatenate([starts[rows], ends[rows]]))
-                if rows is not None
-                else np.empty(0, np.int64)
-            )
-        out[(host, int(gpu))] = cache[key]
+        proc = (o_host, int(pid))
+        if proc not in cache:
+            rows = by_proc.get(proc)
+            cache[proc] = np.unique(instants[rows]) if rows is not None else np.empty(0, np.int64)
+        out[(host, int(gpu))] = cache[proc]
     return out
 
 

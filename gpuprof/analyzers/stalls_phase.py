@@ -49,7 +49,7 @@ _CLAIMED_PHASES = ("reward", "reshard", "dataload", "checkpoint", "eval")
 """Phases another detector owns, in the order they claim GPUs that wait for them."""
 _TAIL_FIRST_FRAC = 1.0 / 3.0  # a rollout's steady level: its first third
 _TAIL_LAST_FRAC = 0.1  # its tail: the last tenth
-_TAIL_MIN_SAMPLES = 6
+_TAIL_MIN_SAMPLES = 3  # head, body and tail: what a merged long run keeps (see loader)
 _LONG_RESPONSE_RATIO = 3.0  # response length max / mean above this: long tail of responses
 _MAX_INTERVALS = 20
 _MAX_GPUS = 64
@@ -289,9 +289,21 @@ def _busy_by_bin(s: pd.DataFrame, th: Thresholds) -> tuple[np.ndarray, np.ndarra
     if not np.isfinite(period_ns) or period_ns <= 0:
         period_ns = 1e9
     bins = np.round((t - t.min()) / period_ns).astype(np.int64)
-    busy = (s["busy_frac"].to_numpy(np.float64) >= th.busy_util_pct / 100.0).astype(np.int64)
-    n_busy = pd.Series(busy).groupby(bins).transform("sum").to_numpy()
-    return n_busy - busy, bins
+    busy = s["busy_frac"].to_numpy(np.float64) >= th.busy_util_pct / 100.0
+    return _others(busy, bins, _gpu_key(s)), bins
+
+
+def _gpu_key(s: pd.DataFrame) -> np.ndarray:
+    return s.groupby(["host", "gpu"], sort=False, observed=True).ngroup().to_numpy()
+
+
+def _others(flag: np.ndarray, bins: np.ndarray, gpu: np.ndarray) -> np.ndarray:
+    """For each sample: how many samples of OTHER GPUs in its time bin have ``flag`` (samples
+    of unequal length — merged long runs — can put two of one GPU in one bin)."""
+    f = pd.Series(flag.astype(np.int64))
+    in_bin = f.groupby(bins).transform("sum").to_numpy()
+    own = f.groupby([bins, gpu]).transform("sum").to_numpy()
+    return in_bin - own
 
 
 def _is_idle(s: pd.DataFrame, th: Thresholds) -> np.ndarray:
@@ -586,22 +598,34 @@ def detect_generation_tail(ctx: AnalysisContext, th: Thresholds) -> Finding | No
             "step": s["step"].to_numpy(np.float64)[roll],
         }
     )
+    # position of each sample's midpoint within its rollout (0–1), by time rather than by
+    # sample count, so samples of unequal length (merged long runs) weigh what they cover
     g = r.groupby("inst", sort=False)
-    n = g["busy"].transform("size").to_numpy()
-    k = g.cumcount().to_numpy()
-    first = k < np.maximum(1, np.floor(n * _TAIL_FIRST_FRAC))
-    last = k >= n - np.maximum(1, np.ceil(n * _TAIL_LAST_FRAC))
-    after = k >= np.floor(n * _TAIL_FIRST_FRAC)
-    r["first"] = np.where(first, r["busy"], np.nan)
-    r["last"] = np.where(last, r["busy"], np.nan)
+    t0 = g["t"].transform("min").to_numpy(np.int64)
+    end = (r["t"] + (r["dt"] * 1e9).round()).groupby(r["inst"], sort=False).transform("max")
+    span_ns = np.maximum(end.to_numpy(np.float64) - t0, 1.0)
+    mid = ((r["t"].to_numpy(np.int64) - t0) + r["dt"].to_numpy() * 0.5e9) / span_ns
+    first = mid < _TAIL_FIRST_FRAC
+    last = mid >= 1.0 - _TAIL_LAST_FRAC
+    after = ~first
+    w = r["dt"].to_numpy(np.float64)
+    r["first_w"] = np.where(first, w, 0.0)
+    r["first_b"] = np.where(first, r["busy"] * w, 0.0)
+    r["last_w"] = np.where(last, w, 0.0)
+    r["last_b"] = np.where(last, r["busy"] * w, 0.0)
     per = r.groupby("inst", sort=False).agg(
         n=("busy", "size"),
-        first=("first", "mean"),
-        last=("last", "mean"),
+        first_w=("first_w", "sum"),
+        first_b=("first_b", "sum"),
+        last_w=("last_w", "sum"),
+        last_b=("last_b", "sum"),
         step=("step", "first"),
         t0=("t", "min"),
         t1=("t", "max"),
     )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per["first"] = np.where(per["first_w"] > 0, per["first_b"] / per["first_w"], np.nan)
+        per["last"] = np.where(per["last_w"] > 0, per["last_b"] / per["last_w"], np.nan)
     base = per["first"].reindex(r["inst"]).to_numpy()
     # lost: the signed shortfall below the span's steady level after its first third
     r["deficit"] = np.where(after, (base - r["busy"].to_numpy()) * r["dt"].to_numpy(), 0.0)
@@ -742,14 +766,14 @@ def _wait_split(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> dict[s
         in_wait = s["phase"].isin(list(_WAIT_PHASES)).to_numpy()
         waiting = in_wait & ~_step_head_claim(ctx, s, th)
         idle = np.nan_to_num(s["idle_gpu_s"].to_numpy(np.float64))
-        by_bin = pd.Series(~in_wait).groupby(bins)
-        others_in_phase = by_bin.transform("sum").to_numpy()  # waiting samples aren't counted
+        gpu = _gpu_key(s)
+        others_in_phase = _others(~in_wait, bins, gpu)  # waiting samples aren't counted
         bubble = waiting & _is_idle(s, th) & (others_busy > 0)
         rest = waiting & ~bubble
         claimed: dict[str, np.ndarray] = {}
         taken = np.zeros(len(s), dtype=bool)
         for p in _CLAIMED_PHASES:
-            n_p = pd.Series(phase == p).groupby(bins).transform("sum").to_numpy()
+            n_p = _others(phase == p, bins, gpu)
             claimed[p] = rest & ~taken & (n_p > 0)
             taken |= claimed[p]
         bubble |= rest & ~taken & (others_in_phase > 0) & _is_idle(s, th)
