@@ -258,3 +258,23 @@ def test_real_files_import_together(tmp_path):
     assert any("v100_node_scrape_excerpt.txt" in n and "approximate" in n for n in run.meta.notices)
     diagnosis = api.analyze(run)
     assert diagnosis.summary["gpus"] >= 4
+
+
+@needs_fixtures
+def test_real_framework_log_and_gpu_log_become_one_run(tmp_path):
+    """Phases from a verl console log (no timestamps) land on the GPU of an nvidia-smi log."""
+    log = SHARED_FIXTURES / "verl" / "gemma2b_ppo_2gpu_old_format.log"
+    smi = SHARED_FIXTURES / "nvidia_smi" / "rtx4090_inference.csv"
+    out = import_files([log, smi], tmp_path / "run")
+    run = api.load_for_analysis(out)
+    assert run.meta.framework == "verl" and run.meta.knobs
+    assert run.meta.hosts == ["rtx4090_inference"]
+    assert set(run.spans["host"]) == {"rtx4090_inference"}
+    assert run.spans["start_ns"].min() == run.gpu["t_ns"].min() == run.meta.start_ns
+    steps = run.spans[run.spans["phase"] == "step"]
+    # the log's steps, laid end to end from the GPU log's first sample
+    assert len(steps) == len(set(steps["step"]))
+    assert (steps["start_ns"].to_numpy()[1:] == steps["end_ns"].to_numpy()[:-1]).all()
+    diagnosis = api.analyze(run)
+    assert diagnosis.summary["steps"] == len(steps)
+    assert any("approximate" in n for n in run.meta.notices)

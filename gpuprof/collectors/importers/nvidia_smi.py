@@ -85,9 +85,12 @@ def _field(cell: str) -> tuple[str, str] | None:
 
 def _header(cells: list[str]) -> list[tuple[str, str]] | None:
     """The fields of a header line, or None when the line is not a header."""
-    fields = [_field(c) for c in cells]
-    if not fields or any(f is None for f in fields):
-        return None
+    fields = []
+    for cell in cells:  # a data row fails on its first cell: stop there
+        field = _field(cell)
+        if field is None:
+            return None
+        fields.append(field)
     if not any(name in _DISTINCTIVE for name, _ in fields):  # type: ignore[misc]
         return None
     return fields  # type: ignore[return-value]
@@ -232,15 +235,18 @@ def _numbers(
     path: Path, name: str, col: pd.Series, line_no: np.ndarray, header_unit: str
 ) -> tuple[pd.Series, pd.Series]:
     """Numbers and their units from cells like ``22 %``; ``[N/A]`` and friends → NaN."""
-    parts = col.str.extract(_NUMBER_RE)
-    number = pd.to_numeric(parts[0], errors="coerce")
-    missing = col.str.fullmatch(_NA_RE)
-    bad = number.isna() & ~missing
+    # logs repeat a few distinct cells (0-100 %, one total, one unit): parse each once
+    codes, uniques = pd.factorize(col.to_numpy(object))
+    cells = pd.Series(uniques, dtype=object).astype(str)
+    parts = cells.str.extract(_NUMBER_RE)
+    number = pd.to_numeric(parts[0], errors="coerce").to_numpy(np.float64)
+    bad = np.isnan(number) & ~cells.str.fullmatch(_NA_RE).to_numpy(bool)
     if bad.any():
-        i = int(np.argmax(bad.to_numpy()))
+        i = int(np.argmax(bad[codes]))
         raise ImportFormatError(f"{path}:{line_no[i]}: {name}: not a number: {col.iloc[i]!r}")
-    units = parts[1].fillna("").where(parts[1].fillna("") != "", header_unit)
-    return number.astype(np.float64), units
+    units = parts[1].fillna("")
+    units = units.where(units != "", header_unit).to_numpy(object)
+    return pd.Series(number[codes], index=col.index), pd.Series(units[codes], index=col.index)
 
 
 def _bitmasks(path: Path, name: str, col: pd.Series, line_no: np.ndarray) -> pd.Series:
