@@ -29,6 +29,7 @@ import pandas as pd
 HEAD_BYTES = 64 * 1024
 
 IMPORTERS: tuple[str, ...] = (
+    "kineto",
     "dcgm",
     "nvidia_smi_dmon",
     "nvidia_smi",
