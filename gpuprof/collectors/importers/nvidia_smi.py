@@ -72,6 +72,7 @@ _FIELD_RE = re.compile(r"^([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*)(?:\s*\[([^\]]*)\])?
 _SMI_TIME_RE = re.compile(r"^\d{4}/\d{2}/\d{2} \d{2}:\d{2}:\d{2}(\.\d+)?$")
 _NUMBER_RE = r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%]*)\s*$"
 _NA_RE = r"^\s*(\[.*\]|N/A|n/a|NA|Unknown|unknown|)\s*$"
+_NA = re.compile(_NA_RE)
 
 
 def _field(cell: str) -> tuple[str, str] | None:
@@ -97,7 +98,15 @@ def _header(cells: list[str]) -> list[tuple[str, str]] | None:
 
 
 def _cells(line: str) -> list[str]:
-    return [c.strip() for c in line.split(",")]
+    """A line's cells, not yet stripped (done once per distinct value, see `_distinct`)."""
+    return line.split(",")
+
+
+def _distinct(col: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """(codes, distinct stripped cells): logs repeat a few values (0-100 %, one total, one
+    name), so each distinct cell is read once and the result taken by code."""
+    codes, uniques = pd.factorize(col.to_numpy(object))
+    return codes, [str(u).strip() for u in uniques]
 
 
 def sniff(head: str, path: Path) -> bool:
@@ -196,15 +205,15 @@ def _segment(
     out = pd.DataFrame({"line": line_no})
     ignored: set[str] = set()
     for name, unit in fields:
-        col = raw[name].astype(str)
         if name == "timestamp":
             continue
-        if name in _ID_FIELDS:
-            values = col.where(~col.str.fullmatch(_NA_RE), None)
-            if name == "index":
-                out["gpu"] = _numbers(path, name, values.fillna(""), line_no, "")[0]
-            else:
-                out[_ID_FIELDS[name]] = values
+        col = raw[name]
+        if name == "index":
+            out["gpu"] = _numbers(path, name, col, line_no, "")[0]
+        elif name in _ID_FIELDS:
+            codes, uniques = _distinct(col)
+            values = np.array([None if _NA.fullmatch(u) else u for u in uniques], dtype=object)
+            out[_ID_FIELDS[name]] = pd.Series(values[codes], dtype=object)  # no str inference
         elif name in NUMERIC_FIELDS:
             target = NUMERIC_FIELDS[name]
             number, units = _numbers(path, name, col, line_no, unit)
@@ -224,7 +233,8 @@ def _segment(
             ignored.add(name)
     anchored, zone = True, None
     if "timestamp" in raw:
-        out["t_ns"], zone = _timestamps(path, raw["timestamp"].astype(str), line_no)
+        stamps = pd.Series([str(c).strip() for c in raw["timestamp"]], dtype=object)
+        out["t_ns"], zone = _timestamps(path, stamps, line_no)
     else:
         anchored = False
         out["t_ns"] = 0
@@ -235,15 +245,15 @@ def _numbers(
     path: Path, name: str, col: pd.Series, line_no: np.ndarray, header_unit: str
 ) -> tuple[pd.Series, pd.Series]:
     """Numbers and their units from cells like ``22 %``; ``[N/A]`` and friends → NaN."""
-    # logs repeat a few distinct cells (0-100 %, one total, one unit): parse each once
-    codes, uniques = pd.factorize(col.to_numpy(object))
-    cells = pd.Series(uniques, dtype=object).astype(str)
+    codes, uniques = _distinct(col)
+    cells = pd.Series(uniques, dtype=object)
     parts = cells.str.extract(_NUMBER_RE)
     number = pd.to_numeric(parts[0], errors="coerce").to_numpy(np.float64)
     bad = np.isnan(number) & ~cells.str.fullmatch(_NA_RE).to_numpy(bool)
     if bad.any():
         i = int(np.argmax(bad[codes]))
-        raise ImportFormatError(f"{path}:{line_no[i]}: {name}: not a number: {col.iloc[i]!r}")
+        text = str(col.iloc[i]).strip()
+        raise ImportFormatError(f"{path}:{line_no[i]}: {name}: not a number: {text!r}")
     units = parts[1].fillna("")
     units = units.where(units != "", header_unit).to_numpy(object)
     return pd.Series(number[codes], index=col.index), pd.Series(units[codes], index=col.index)
@@ -251,18 +261,19 @@ def _numbers(
 
 def _bitmasks(path: Path, name: str, col: pd.Series, line_no: np.ndarray) -> pd.Series:
     """``0x0000000000000004`` → 4; ``[N/A]`` → NaN (float: a mask fits 53 bits)."""
-    out = np.full(len(col), np.nan)
-    for i, text in enumerate(col):
-        text = text.strip()
-        if re.fullmatch(_NA_RE, text):
+    codes, uniques = _distinct(col)
+    masks = np.full(len(uniques), np.nan)
+    for j, text in enumerate(uniques):
+        if _NA.fullmatch(text):
             continue
         try:
-            out[i] = float(int(text, 16) if text.lower().startswith("0x") else int(text))
+            masks[j] = float(int(text, 16) if text.lower().startswith("0x") else int(text))
         except ValueError:
+            i = int(np.argmax(codes == j))
             raise ImportFormatError(
                 f"{path}:{line_no[i]}: {name}: not a bit mask: {text!r}"
             ) from None
-    return pd.Series(out)
+    return pd.Series(masks[codes])
 
 
 def epoch_scale(values: pd.Series) -> float:

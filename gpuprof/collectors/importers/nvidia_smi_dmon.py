@@ -128,13 +128,16 @@ def parse(path: Path) -> Imported:
 
 def _column(path: Path, raw: pd.DataFrame, name: str, line_no: np.ndarray) -> pd.Series:
     """A numeric column; ``-`` → NaN; anything else that is not a number is an error."""
-    col = raw[name].astype(str)
-    number = pd.to_numeric(col.where(col.str.match(_NUMBER_RE)), errors="coerce")
-    bad = number.isna() & ~col.isin(_MISSING)
-    if bad.any():
-        i = int(np.argmax(bad.to_numpy()))
-        raise ImportFormatError(f"{path}:{line_no[i]}: {name}: not a number: {col.iloc[i]!r}")
-    return number.astype(np.float64)
+    codes, uniques = pd.factorize(raw[name].to_numpy(object))  # each distinct cell read once
+    values = np.full(len(uniques), np.nan)
+    for j, cell in enumerate(uniques):
+        if cell in _MISSING:
+            continue
+        if not _NUMBER_RE.match(cell):
+            i = int(np.argmax(codes == j))
+            raise ImportFormatError(f"{path}:{line_no[i]}: {name}: not a number: {cell!r}")
+        values[j] = float(cell)
+    return pd.Series(values[codes], index=raw.index)
 
 
 def _times(
