@@ -294,6 +294,8 @@ def test_verl_spans_from_watched_lines_end_when_each_step_line_arrived():
     reward = spans[(spans["step"] == 1) & (spans["phase"] == "reward")].iloc[0]
     assert reward["start_ns"] == gen1["end_ns"]
     assert set(spans["pid"]) == {77}
+    assert set(spans["host"]) == {"(log)"}
+    assert set(verl_log.spans_from_lines(lines, host="node-1")["host"]) == {"node-1"}
     assert verl_log.spans_from_lines([(t, "nothing here")]).empty
 
 
@@ -489,6 +491,19 @@ def test_swift_logging_jsonl_steps_from_elapsed_time_and_knobs_from_args(tmp_pat
     assert steps.loc[1, "attrs"]["memory(GiB)"] == 31.2
 
 
+def test_swift_console_dicts_read_as_trainer_logs_with_their_step_numbers(tmp_path):
+    path = tmp_path / "swift_console.log"
+    rows = _swift_rows()[:4]
+    path.write_text("Train:  25%|██▌       | 5/20 [03:58<11:52]\n" + "\n".join(map(repr, rows)))
+    assert detect(path).FORMAT == "trl-log"
+    imported = trl_log.parse(path)
+    assert imported.meta["framework"] == "swift"
+    steps = imported.frames["spans"]
+    steps = steps[steps["phase"] == "step"]
+    assert sorted(steps["step"]) == list(range(1, 16))
+    assert steps["end_ns"].max() == 750 * 10**9
+
+
 def test_swift_elapsed_time_formats():
     assert trl_log.elapsed_seconds("34s") == 34
     assert trl_log.elapsed_seconds("1m 39s") == 99
@@ -655,8 +670,8 @@ def test_fuzz_arbitrary_text_raises_only_import_errors(tmp_path, text):
     verl_log.spans_from_lines([(i, line) for i, line in enumerate(text.split("\n"))])
 
 
-_PIECES = ["", ":", " - ", "{", "}", "'", '"', "\n", "nan", "-1", "1e999", "step:", "timing_s/",
-           "\x1b[2m", "\r", "9" * 30]  # fmt: skip
+_PIECES = ["", ":", " - ", "{", "}", "'", '"', "\n", "nan", "-1", "1e999", "1e300", "step:",
+           "timing_s/", "\x1b[2m", "\r", "9" * 30]  # fmt: skip
 
 
 @st.composite

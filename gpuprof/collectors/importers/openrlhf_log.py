@@ -28,6 +28,8 @@ from gpuprof.collectors.importers.steplog import (
     console_lines,
     frames_from_steps,
     literal_dict,
+    seconds_at,
+    step_at,
     to_float,
 )
 
@@ -71,7 +73,8 @@ def parse(path: Path) -> Imported:
         status = literal_dict(match.group(2))
         if status is None:
             raise ImportFormatError(f"{path}:{number}: the Global step line holds no dict")
-        record = _record(int(match.group(1)), status, path, number)
+        step = step_at(int(match.group(1)), f"{path}:{number}")
+        record = _record(step, status, path, number)
         stamp = _stamp(line)
         if stamp is not None:
             if previous is not None and stamp < previous:
@@ -130,9 +133,10 @@ def _record(step: int, status: dict[str, Any], path: Path, line: int) -> StepRec
         match = _TIMING.match(key)
         if match is None:
             continue
-        seconds = to_float(value)
-        if seconds is None or seconds < 0:
-            raise ImportFormatError(f"{path}:{line}: {key} is not a duration ({value!r:.40})")
+        seconds = seconds_at(value, f"{path}:{line}", key)
+        if seconds is None:
+            text = str(value)[:40]
+            raise ImportFormatError(f"{path}:{line}: {key} is not a duration ({text!r})")
         name = match.group(1)
         if name == "step_total":
             step_s = seconds

@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpuprof.collectors.importers import ImportFormatError
 from gpuprof.model import Event, Span, columns, empty_frame
 from gpuprof.phases import canonical_phase
 from gpuprof.redact import redact_command
@@ -57,6 +58,9 @@ class StepRecord:
     attrs: dict[str, Any] = field(default_factory=dict)
     whole_step: bool = True
     """False for phases between steps (an evaluation): no ``step`` span or event is made."""
+    after: list[tuple[str, float]] = field(default_factory=list)
+    """Phases the framework runs after its step timer stopped (verl's ``testing`` and
+    ``save_checkpoint``): laid out after the step span, in order."""
 
 
 def clean_line(text: str) -> tuple[str, int | None]:
@@ -100,6 +104,32 @@ def to_float(value: Any) -> float | None:
         except ValueError:
             return None
     return out if math.isfinite(out) else None
+
+
+MAX_SECONDS = 366 * 86400
+"""Longest duration or elapsed time a log entry may give (a year); more is a corrupt value."""
+MAX_STEP = 10**12
+"""Largest step number taken as real."""
+
+
+def seconds_at(value: Any, where: str, what: str) -> float | None:
+    """``value`` as seconds: None when it is no number (or NaN); `ImportFormatError` naming
+    ``where`` (``path:line``) when negative or longer than `MAX_SECONDS`."""
+    seconds = to_float(value)
+    if seconds is None:
+        if isinstance(value, str | int | float) and str(value).strip().lower() in ("inf", "-inf"):
+            raise ImportFormatError(f"{where}: {what} is infinite")
+        return None
+    if seconds < 0 or seconds > MAX_SECONDS:
+        raise ImportFormatError(f"{where}: {what} = {seconds:g} s is not a plausible duration")
+    return seconds
+
+
+def step_at(value: int, where: str) -> int:
+    """A step number, or `ImportFormatError` naming ``where`` when above `MAX_STEP`."""
+    if value > MAX_STEP:
+        raise ImportFormatError(f"{where}: step {str(value)[:20]} is not a plausible step number")
+    return value
 
 
 def coerce(text: str) -> Any:
@@ -206,8 +236,9 @@ def literal_dict(text: str) -> dict[str, Any] | None:
         if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
             out[key_sq or key_dq] = raw[1:-1]
             continue
-        number = re.fullmatch(r"(?:tensor\()?\s*([-+]?(?:[\d.]+(?:[eE][-+]?\d+)?|nan|inf))", raw)
-        out[key_sq or key_dq] = float(number.group(1)) if number else raw
+        number = re.fullmatch(r"(?:tensor\()?\s*([^\s(),]+)\)?", raw)
+        value = to_float(number.group(1)) if number else None
+        out[key_sq or key_dq] = value if value is not None else raw
     return out
 
 
@@ -235,7 +266,8 @@ def frames_from_steps(
     """``spans`` and ``events`` frames for step records, in the order given.
 
     Phase spans (depth 1) follow one another from the step's start; the ``step`` span (depth 0)
-    lasts the logged step time, or the phases' sum when the log gives none. A record with an
+    lasts the logged step time, or the phases' sum when the log gives none; ``after`` phases
+    follow the step span. A record with an
     ``end_ns`` ends there; otherwise it starts where the previous record's step and phases
     ended (the first at 0). Each step also gets a ``step`` event at its end carrying its
     tokens. ``phase_map`` maps the framework's names to canonical phases (`canonical_phase`
@@ -248,18 +280,27 @@ def frames_from_steps(
     for number, record in enumerate(records):
         step = record.step if record.step is not None else number
         phase_ns = [(name, round(seconds * 1e9)) for name, seconds in record.phases]
-        total_ns = sum(ns for _, ns in phase_ns)
-        step_ns = round(record.step_s * 1e9) if record.step_s is not None else total_ns
-        start = cursor if record.end_ns is None else record.end_ns - max(step_ns, total_ns)
-        cursor = start + max(step_ns, total_ns)
+        after_ns = [(name, round(seconds * 1e9)) for name, seconds in record.after]
+        inner_ns = sum(ns for _, ns in phase_ns)
+        step_ns = round(record.step_s * 1e9) if record.step_s is not None else inner_ns
+        length = max(step_ns, inner_ns) + sum(ns for _, ns in after_ns)
+        start = cursor if record.end_ns is None else record.end_ns - length
+        cursor = start + length
+        laid = []
         t = start
         for name, ns in phase_ns:
+            laid.append((name, t, ns))
+            t += ns
+        t = start + max(step_ns, inner_ns)
+        for name, ns in after_ns:
+            laid.append((name, t, ns))
+            t += ns
+        for name, t, ns in laid:
             if ns > 0:
                 attrs = {"framework": framework, "source": "log"}
                 phase = phase_map.get(name) or canonical_phase(name)
                 spans.append((host, pid, 0, None, None, phase, name, step, 1, t, t + ns,
                               None, None, attrs))  # fmt: skip
-            t += ns
         if not record.whole_step:
             continue
         attrs = {"framework": framework, "source": "log", **record.attrs}

@@ -29,10 +29,12 @@ from typing import Any
 
 from gpuprof.collectors.importers import Imported, ImportFormatError, open_text
 from gpuprof.collectors.importers.steplog import (
+    MAX_STEP,
     StepRecord,
     console_lines,
     frames_from_steps,
     literal_dict,
+    seconds_at,
     to_float,
 )
 
@@ -41,6 +43,8 @@ FORMAT = "trl-log"
 _DICT_AT = re.compile(r"\{\s*'[^']+'\s*:")
 _ELAPSED_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([dhms])")
 _UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+MAX_WINDOW = 100_000
+"""Most optimizer steps one log entry may stand for (``logging_steps`` is far smaller)."""
 _FINAL_KEYS = ("log_history", "last_model_checkpoint", "best_model_checkpoint")
 
 
@@ -121,7 +125,8 @@ def _step_of(entry: dict[str, Any]) -> int | None:
         text = entry.get("global_step/max_steps")
         if isinstance(text, str) and "/" in text:
             step = to_float(text.split("/", 1)[0])
-    return int(step) if step is not None and step == int(step) and step >= 0 else None
+    ok = step is not None and step == int(step) and 0 <= step <= MAX_STEP
+    return int(step) if ok else None
 
 
 def entries_to_imported(
@@ -150,10 +155,11 @@ def entries_to_imported(
         notes.append("the log names no step numbers: each log entry is taken as one step")
     timed = False
     for index, (number, entry) in enumerate(entries):
+        where = f"{path}:{number}" if number is not None else f"{path}: log entry {index + 1}"
         kind = _kind(entry)
         if kind == "eval":
-            runtime = to_float(entry.get("eval_runtime"))
-            if runtime is not None and runtime >= 0:
+            runtime = seconds_at(entry.get("eval_runtime"), where, "eval_runtime")
+            if runtime is not None:
                 pending_eval.append((number, runtime))
             continue
         if kind != "train":
@@ -163,11 +169,15 @@ def entries_to_imported(
             notes.append(f"entry {index + 1}: step {step} does not follow {prev_step}: skipped")
             continue
         n = step - prev_step
+        if n > MAX_WINDOW:
+            raise ImportFormatError(f"{where}: step jumps from {prev_step} to {step}")
         elapsed = elapsed_seconds(entry.get("elapsed_time"))
+        if elapsed is not None:
+            elapsed = seconds_at(elapsed, where, "elapsed_time")
         eval_s = sum(s for _, s in pending_eval)
-        step_time = to_float(entry.get("step_time"))
+        step_time = seconds_at(entry.get("step_time"), where, "step_time")
         per_step = None
-        if step_time is not None and step_time >= 0:
+        if step_time is not None:
             per_step = step_time
         elif elapsed is not None and elapsed >= prev_elapsed:
             per_step = max(0.0, elapsed - prev_elapsed - eval_s) / n
@@ -198,7 +208,7 @@ def entries_to_imported(
         if elapsed is not None:
             prev_elapsed = elapsed
     if not timed:
-        records = _mean_steps(summary, prev_step, notes)
+        records = _mean_steps(summary, prev_step, notes, f"{path}: final log entry")
     notes.append(
         "Trainer logs carry no phase times (TRL's profiling timings go to W&B/MLflow only): "
         "steps only"
@@ -235,13 +245,15 @@ def _attrs(entry: dict[str, Any], window: int) -> dict[str, Any]:
     return attrs
 
 
-def _mean_steps(summary: dict[str, Any] | None, steps: int, notes: list[str]) -> list[StepRecord]:
+def _mean_steps(
+    summary: dict[str, Any] | None, steps: int, notes: list[str], where: str
+) -> list[StepRecord]:
     """Steps of the mean duration when only the final ``train_runtime`` times the run."""
-    runtime = to_float(summary.get("train_runtime")) if summary else None
+    runtime = seconds_at(summary.get("train_runtime"), where, "train_runtime") if summary else None
     per_s = to_float(summary.get("train_steps_per_second")) if summary else None
     if runtime is not None and runtime > 0 and not steps and per_s:
-        steps = round(runtime * per_s)
-    if runtime is None or runtime <= 0 or steps <= 0:
+        steps = round(min(runtime * per_s, MAX_WINDOW + 1.0))
+    if runtime is None or runtime <= 0 or steps <= 0 or steps > MAX_WINDOW:
         notes.append("no step times in the log (no step_time, elapsed_time or train_runtime)")
         return []
     notes.append(

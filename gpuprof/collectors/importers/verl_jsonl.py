@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuprof.collectors.importers import Imported, ImportFormatError, open_text
-from gpuprof.collectors.importers.steplog import frames_from_steps, to_float
+from gpuprof.collectors.importers.steplog import (
+    frames_from_steps,
+    seconds_at,
+    step_at,
+    to_float,
+)
 from gpuprof.collectors.importers.verl_log import PHASES, record_from_pairs
 
 FORMAT = "verl-jsonl"
@@ -64,12 +69,13 @@ def parse(path: Path) -> Imported:
         step = to_float(obj.get("step", data.get("step")))
         if step is None or step != int(step):
             raise ImportFormatError(f"{path}:{number}: no integer 'step'")
+        step_at(int(step), f"{path}:{number}")
         pairs: list[tuple[str, Any]] = [(str(k), v) for k, v in data.items()]
         record = record_from_pairs(int(step), pairs, path, number)
         if record is None:
             continue  # validation-only or metrics-only entries
-        elapsed = to_float(obj.get("elapsed_seconds"))
-        if elapsed is not None and elapsed >= 0:
+        elapsed = seconds_at(obj.get("elapsed_seconds"), f"{path}:{number}", "elapsed_seconds")
+        if elapsed is not None:
             record.end_ns = round(elapsed * 1e9)
         records.append(record)
     if not records:

@@ -23,11 +23,14 @@ import pandas as pd
 
 from gpuprof.collectors.importers import Imported, ImportFormatError, open_text, steplog
 from gpuprof.collectors.importers.steplog import (
+    LOG_HOST,
     StepRecord,
     clean_line,
     command_meta,
     console_lines,
     frames_from_steps,
+    seconds_at,
+    step_at,
     to_float,
 )
 
@@ -55,9 +58,14 @@ PHASES: dict[str, str] = {
 bookkeeping; they are kept on the step span's attrs under ``sub_timing_s``, not laid out."""
 
 _ORDER = {name: i for i, name in enumerate(PHASES)}
+_AFTER_STEP = ("testing", "save_checkpoint")
+"""Phases ``RayPPOTrainer.fit`` times after ``timing_s/step`` has stopped (logs with a step
+key); in old logs without one, the step is taken as everything its line times."""
 _STEP_AT = re.compile(r"(?:^|\s)step:(\d+)\s+-\s")
 _TIMING_KEY = re.compile(r"^timing(?:_s)?/(.+)$")
-_SEGMENT_SPLIT = re.compile(r"\s+-\s+")
+_SEGMENT_SPLIT = re.compile(r"\s+-\s*|\s*-\s+")
+"""verl's `` - `` between segments; a rejoined wrap may have lost one of its spaces (a value's
+own minus, ``kl:-0.1``, follows a colon and never matches)."""
 _CONTINUATION = re.compile(r"^\S*(?:\s+-\s+[^\s:]+:\S*)+\s*-?\s*$|^[^\s:]+:[^\s:]+\s*$")
 _LOOSE_PAIR = re.compile(r"^\s*-\s+(timing(?:_s)?/[^\s:]+):\s*(\S+)\s*$")
 _LAUNCH = re.compile(
@@ -113,15 +121,19 @@ def parse(path: Path) -> Imported:
     return imported
 
 
-def spans_from_lines(lines: list[tuple[int, str]]) -> pd.DataFrame:
-    """Spans of the verl step lines among a watched run's log lines ``(t_ns, text)``.
+def spans_from_lines(
+    lines: list[tuple[int, str]], *, host: str = LOG_HOST, pid: int | None = None
+) -> pd.DataFrame:
+    """Spans of the verl step lines among a watched run's log lines ``(t_ns, text)`` — for a
+    stored run, ``zip(run.logs["t_ns"], run.logs["line"])``.
 
     Each step ends when its (last) line arrived; its phases are laid out before that end.
-    Lines that are no verl step lines are ignored; an empty frame when there are none.
+    ``host`` names the spans' host (the run's, for a watched run); ``pid`` defaults to the
+    first Ray prefix's pid, else 0. Lines that are no verl step lines are ignored; an empty
+    frame when there are none.
     """
     numbered = []
     arrival: dict[int, int] = {}
-    pid = None
     for index, (t_ns, raw) in enumerate(lines, start=1):
         for piece in str(raw).split("\r"):
             cleaned, line_pid = clean_line(piece)
@@ -135,7 +147,8 @@ def spans_from_lines(lines: list[tuple[int, str]]) -> pd.DataFrame:
         return frames_from_steps([], framework="verl")["spans"]
     for record in records:
         record.end_ns = arrival.get(record.last_line or record.line)
-    return frames_from_steps(records, framework="verl", phase_map=PHASES, pid=pid or 0)["spans"]
+    frames = frames_from_steps(records, framework="verl", phase_map=PHASES, host=host, pid=pid or 0)
+    return frames["spans"]
 
 
 def launch_command(text: str) -> list[str] | None:
@@ -170,6 +183,7 @@ def step_records(lines: list[tuple[int, str, int | None]], path: Path) -> list[S
     pending: dict[int, dict[str, float]] = {}
     for first, last, joined in texts:
         step, pairs = _pairs(joined)
+        step_at(step, f"{path}:{first}")
         record = record_from_pairs(step, pairs, path, first)
         if record is None:
             pending.setdefault(step, {}).update(_kept(pairs))
@@ -198,10 +212,11 @@ def step_records(lines: list[tuple[int, str, int | None]], path: Path) -> list[S
 
 
 def _pairs(text: str) -> tuple[int, list[tuple[str, str]]]:
-    segments = _SEGMENT_SPLIT.split(text)
-    step = int(segments[0].split(":", 1)[1])
+    """The step number and the ``key:value`` segments of a step line."""
+    match = re.match(r"\s*step:(\d+)", text)
+    step = int(match.group(1)) if match else 0
     pairs = []
-    for segment in segments[1:]:
+    for segment in _SEGMENT_SPLIT.split(text[match.end() if match else 0 :]):
         key, sep, value = segment.strip().partition(":")
         if sep and key:
             pairs.append((key, value.strip()))
@@ -230,13 +245,12 @@ def record_from_pairs(
         if match is None:
             continue
         name = match.group(1)
-        seconds = to_float(value)
+        seconds = seconds_at(value, f"{path}:{line}", key)
         if seconds is None:
             if value is None or value == "":
                 continue  # the line was cut right after the key (a truncated copy)
-            raise ImportFormatError(f"{path}:{line}: {key} value {value[:40]!r} is not a number")
-        if seconds < 0:
-            raise ImportFormatError(f"{path}:{line}: {key} is negative ({value})")
+            text = str(value)[:40]
+            raise ImportFormatError(f"{path}:{line}: {key} value {text!r} is not a number")
         if name == "step":
             step_s = seconds
         elif name in _ORDER:
@@ -246,8 +260,14 @@ def record_from_pairs(
     if not phases and step_s is None:
         return None
     phases.sort(key=lambda item: _ORDER[item[0]])
+    after: list[tuple[str, float]] = []
+    if step_s is not None:  # verl validates and saves after its step timer stops
+        after = [p for p in phases if p[0] in _AFTER_STEP]
+        phases = [p for p in phases if p[0] not in _AFTER_STEP]
     metrics = _kept(pairs)
-    record = StepRecord(step=step, phases=phases, step_s=step_s, line=line, attrs=metrics)
+    record = StepRecord(
+        step=step, phases=phases, after=after, step_s=step_s, line=line, attrs=metrics
+    )
     if sub:
         record.attrs["sub_timing_s"] = sub
     tokens = metrics.get("perf/total_num_tokens")
