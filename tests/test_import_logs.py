@@ -352,6 +352,27 @@ def test_verl_jsonl_steps_phases_tokens_and_elapsed(tmp_path):
     assert len(verl_jsonl.parse(flat).frames["spans"]) == 2
 
 
+def test_verl_validation_and_checkpoint_follow_the_step_timer(tmp_path):
+    """verl times testing and save_checkpoint after its step timer stopped: with a step key
+    they come after the step span (and after its untimed rest), in that order."""
+    path = tmp_path / "console.log"
+    path.write_text(
+        "(TaskRunner pid=9) step:10 - timing_s/gen:5.0 - timing_s/update_actor:3.0 - "
+        "timing_s/step:10.0 - timing_s/testing:4.0 - timing_s/save_checkpoint:2.0\n"
+        "(TaskRunner pid=9) step:11 - timing_s/gen:5.0 - timing_s/step:6.0\n"
+    )
+    spans = verl_log.parse(path).frames["spans"].set_index("name")
+    step10 = spans[(spans["phase"] == "step") & (spans["step"] == 10)].iloc[0]
+    assert step10["end_ns"] == 10 * 10**9
+    assert (spans.loc["testing", "start_ns"], spans.loc["testing", "end_ns"]) == (
+        10 * 10**9,
+        14 * 10**9,
+    )
+    assert spans.loc["save_checkpoint", "end_ns"] == 16 * 10**9
+    step11 = spans[(spans["phase"] == "step") & (spans["step"] == 11)].iloc[0]
+    assert step11["start_ns"] == 16 * 10**9
+
+
 def test_verl_jsonl_without_elapsed_is_laid_end_to_end(tmp_path):
     spans = verl_jsonl.parse(_verl_jsonl(tmp_path, elapsed=False)).frames["spans"]
     steps = spans[spans["phase"] == "step"].sort_values("start_ns")
@@ -549,6 +570,10 @@ def test_openrlhf_timing_keys_become_phases_in_step_order(tmp_path):
     imported = openrlhf_log.parse(path)
     assert imported.meta["framework"] == "openrlhf"
     knobs = imported.meta["knobs"]
+    from gpuprof.analyzers.knobs import CATALOGUE
+
+    catalogue = {e.knob.lstrip("-") for e in CATALOGUE if e.framework == "openrlhf"}
+    assert {"vllm.gpu_memory_utilization", "train.colocate_all"} <= catalogue
     assert knobs["vllm.gpu_memory_utilization"] == 0.5
     assert knobs["train.colocate_all"] is True
     assert knobs["vllm.num_engines"] == 4
