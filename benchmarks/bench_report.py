@@ -271,7 +271,21 @@ def main() -> None:
     parser.add_argument("--diagnose-interval", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="keep the report here")
+    parser.add_argument(
+        "--load-only", type=Path, default=None, metavar="REPORT",
+        help="only time opening an existing report (and plotly.js alone) in Chromium",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.load_only:
+        loads = browser_load(args.load_only, args.repeats + 2)
+        drawn = statistics.median(r["drawn"] for r in loads)
+        floor = plotly_only_ms(Path(tempfile.mkdtemp(prefix="gpuprof-bench-")), args.repeats + 2)
+        runs = ", ".join(f"{r['drawn'] / 1000:.2f}" for r in loads)
+        print(f"{args.load_only}: {args.load_only.stat().st_size / 1e6:.2f} MB")
+        print(f"  Chromium load   median {drawn / 1000:.2f} s (runs: {runs})")
+        print(f"  plotly.js alone median {floor / 1000:.2f} s")
+        print(f"  load average    {os.getloadavg()[0]:.2f}")
+        return
 
     t0 = time.perf_counter()
     run = make_run(args.hours, args.gpus, args.interval)
