@@ -75,10 +75,12 @@ def _frame_hosts(part: Imported) -> set[str]:
 
 
 def _gpu_indices(part: Imported) -> set[int]:
+    """GPU indices a part has samples of or lists in its inventory."""
+    found = {int(g["index"]) for g in part.meta.get("gpus", []) if g.get("index") is not None}
     gpu = part.frames.get("gpu")
-    if gpu is None or gpu.empty:
-        return set()
-    return {int(g) for g in gpu["gpu"].dropna().unique()}
+    if gpu is not None and len(gpu):
+        found.update(int(g) for g in gpu["gpu"].dropna().unique())
+    return found
 
 
 def _one_host(parts: list[Imported]) -> tuple[str, list[str]] | None:
@@ -236,7 +238,9 @@ def merge(parts: Sequence[Imported], run_id: str, command: list[str]) -> Run:
         for key, value in (pm.get("knobs") or {}).items():
             meta.knobs.setdefault(key, value)
         for gpu in pm.get("gpus", []):
-            key = (str(gpu.get("host")), int(gpu.get("index", 0)))
+            if gpu.get("index") is None:
+                continue
+            key = (str(gpu.get("host")), int(gpu["index"]))
             gpus.setdefault(key, {}).update({k: v for k, v in gpu.items() if v is not None})
         hosts |= _frame_hosts(part) | set(pm.get("hosts", []))
         if pm.get("interval_s"):

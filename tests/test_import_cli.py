@@ -159,6 +159,16 @@ def test_empty_output_directory_is_used(tmp_path):
     assert run.meta.run_id == "run"
 
 
+def test_progress_advances_by_each_file_size(tmp_path):
+    smi = tmp_path / "smi.csv"
+    smi.write_text(SMI)
+    dmon = tmp_path / "dmon.txt"
+    dmon.write_text("# gpu sm\n# Idx %\n 0 5\n 0 6\n")
+    done: list[int] = []
+    import_files([smi, dmon], tmp_path / "run", advance=done.append)
+    assert done == [smi.stat().st_size, dmon.stat().st_size]
+
+
 # ---------------------------------------------------------------------------------------------
 # the command
 
