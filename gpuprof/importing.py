@@ -42,6 +42,7 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
 """Integer-ns time columns of each table (``t_ns`` for the tables not listed)."""
 
 Advance = Callable[..., None]
+"""``advance(n)``: ``n`` more bytes of input done (a progress bar's callback)."""
 
 
 def _time_columns(table: str) -> tuple[str, ...]:
