@@ -6,13 +6,13 @@ import pytest
 
 pytest.importorskip("trl")
 
-from trl import GRPOConfig  # noqa: E402
-from trl.extras import profiling  # noqa: E402
-from transformers import TrainerControl, TrainerState  # noqa: E402
+from transformers import TrainerControl, TrainerState
+from trl import GRPOConfig
+from trl.extras import profiling
 
-from gpuprof import hooks  # noqa: E402
-from gpuprof.api import load_run  # noqa: E402
-from gpuprof.integrations import trl as adapter  # noqa: E402
+from gpuprof import hooks
+from gpuprof.api import load_run
+from gpuprof.integrations import trl as adapter
 
 
 @pytest.fixture
@@ -35,14 +35,19 @@ def test_trl_profiling_contexts_become_canonical_phases(run_dir):
     with PC("GRPOTrainer._prepare_inputs", report_to=[]):
         with PC("GRPOTrainer.transformers.generate", report_to=[]):
             pass
-        with PC("GRPOTrainer._calculate_rewards", report_to=[]):
-            with PC("GRPOTrainer.my_reward_func", report_to=[]):  # the user's own name
-                pass
+        # the user's reward function, timed under its own name inside _calculate_rewards
+        with (
+            PC("GRPOTrainer._calculate_rewards", report_to=[]),
+            PC("GRPOTrainer.my_reward_func", report_to=[]),
+        ):
+            pass
         with PC("GRPOTrainer.sync_weights", report_to=[]):
             pass
-    with PC("GRPOTrainer.compute_loss", report_to=[]):
-        with PC("GRPOTrainer._get_per_token_logps_and_entropies", report_to=[]):
-            pass
+    with (
+        PC("GRPOTrainer.compute_loss", report_to=[]),
+        PC("GRPOTrainer._get_per_token_logps_and_entropies", report_to=[]),
+    ):
+        pass
     with PC("standalone_name", report_to=[]):
         pass
     got = list(zip(*(_spans(run_dir)[c] for c in ("name", "phase"))))
