@@ -68,7 +68,8 @@ METHODS: dict[str, list[tuple[str, str, str]]] = {
 """Module → (class, method, canonical phase) wrapped when the module is imported."""
 
 tracker = Tracker(
-    "openrlhf", {method: phase for rows in METHODS.values() for _, method, phase in rows}
+    "openrlhf",  # keyed by class and method: the actor's and the critic's ppo_train differ
+    {f"{cls}.{method}": phase for rows in METHODS.values() for cls, method, phase in rows},
 )
 
 
@@ -84,7 +85,7 @@ def _step_start(fn: Any) -> Any:
 
     def generate_samples(*args: Any, **kwargs: Any) -> Any:
         hooks.begin_step()
-        with tracker.span(label, "generate_samples"):
+        with tracker.span(label, label):
             return fn(*args, **kwargs)
 
     return generate_samples
@@ -126,7 +127,7 @@ def patch_module(module: Any) -> int:
         if (cls_name, method) == ("SamplesGenerator", "generate_samples"):
             count += wrap_method(cls, method, _step_start)
         else:
-            count += span_method(tracker, cls, method)
+            count += span_method(tracker, cls, method, f"{cls_name}.{method}")
     if module.__name__ == "openrlhf.trainer.ppo_trainer":
         # the base class where there is one (its subclasses call it), else PPOTrainer
         for name in ("BasePPOTrainer", "PPOTrainer"):
