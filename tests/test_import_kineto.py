@@ -348,6 +348,80 @@ def test_samples_are_busy_share_of_each_bin(tmp_path):
     assert list(gpu["t_ns"] - T0_US * 1000) == [100_000_000, 200_000_000, 300_000_000]
 
 
+def test_gpu_memory_from_profile_memory_records(tmp_path):
+    def memory(ts, reserved, device=0, device_type=1):
+        return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1,
+                "tid": 1, "ts": ts, "args": {"Total Reserved": reserved, "Total Allocated": 1,
+                "Device Type": device_type, "Device Id": device}}  # fmt: skip
+
+    events = [
+        ev("Trace", "PyTorch Profiler (0)", T0_US, 300_000, pid="Spans", tid="PyTorch Profiler"),
+        kernel("a", T0_US + 10_000, 1_000),
+        memory(T0_US + 20_000, 4 << 30),  # bin 1 peaks at 6 GiB, ends at 2 GiB
+        memory(T0_US + 30_000, 6 << 30),
+        memory(T0_US + 40_000, 2 << 30),
+        memory(T0_US + 250_000, 3 << 30),  # bin 3: 2 GiB carried in, then 3 GiB
+        memory(T0_US + 50_000, 9 << 30, device_type=0),  # host memory: not a GPU's
+        memory(T0_US + 60_000, 1 << 30, device=1),  # a GPU with memory but no activity
+    ]
+    gpu = kineto.parse(write_trace(tmp_path / "m.json", events)).frames["gpu"]
+    zero = gpu[gpu["gpu"] == 0]
+    assert list(zero["mem_used_bytes"]) == [6 << 30, 2 << 30, 3 << 30]
+    assert list(zero["util_gpu_pct"].round(6)) == [1.0, 0.0, 0.0]
+    one = gpu[gpu["gpu"] == 1]
+    assert list(one["mem_used_bytes"]) == [1 << 30] * 3
+    assert list(one["util_gpu_pct"]) == [0.0] * 3  # activity was recorded: none on GPU 1
+
+
+def test_real_torch_profiler_trace_on_cpu(tmp_path):
+    """A trace torch.profiler writes here (CPU only): phases, DataLoader, steps, host."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import (
+        ProfilerActivity,
+        profile,
+        record_function,
+        schedule,
+        tensorboard_trace_handler,
+    )
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=8)
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=4, repeat=1),
+        profile_memory=True,
+        on_trace_ready=tensorboard_trace_handler(str(tmp_path)),
+    ) as prof:
+        for (x,) in loader:
+            with record_function("generate"):
+                y = model(x)
+            with record_function("compute_reward"):
+                reward = y.sum()
+            with record_function("update_actor"):
+                reward.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            prof.step()
+    (path,) = tmp_path.glob("*.pt.trace.json")
+    assert detect(path) is kineto
+    imported = kineto.parse(path)
+    assert imported.anchored and "gpu" not in imported.frames
+    assert imported.meta["hosts"] == [path.name.rsplit("_", 1)[0]]
+    spans = imported.frames["spans"]
+    steps = sorted(spans.loc[spans["phase"] == "step", "step"])
+    assert len(steps) == 4 and steps == list(range(steps[0], steps[0] + 4))
+    for phase in ("rollout", "reward", "update_actor", "dataload"):
+        mine = spans[spans["phase"] == phase]
+        assert len(mine) >= 4, phase
+        assert set(mine["step"].dropna()) <= set(steps)
+    # the wall clock: within a minute of now
+    import time
+
+    assert abs(spans["start_ns"].min() - time.time_ns()) < 60e9
+
+
 def test_host_from_handler_file_name(tmp_path):
     path = tmp_path / "node7_12345.1700000000000.pt.trace.json"
     imported = kineto.parse(write_trace(path, [kernel("k", T0_US, 1)]))

@@ -152,6 +152,11 @@ class KinetoTrace:
     gpu_class: np.ndarray
     window_ns: tuple[int, int] | None
     """The profiled window: the profiler's own ``Trace`` span widened to every event."""
+    mem_t_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """GPU memory records (``[memory]`` instants of ``profile_memory=True``): time, device,
+    and the caching allocator's reserved bytes after the (de)allocation."""
+    mem_device: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    mem_reserved_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     dropped: int = 0
     """Complete events dropped for a missing, non-numeric or negative time."""
     notes: list[str] = field(default_factory=list)
@@ -263,23 +268,22 @@ def _columns(path: Path, meta: dict[str, Any], events: list[dict]) -> KinetoTrac
     valid = has_time & (dur >= 0) & (np.abs(ts) < _MAX_US) & (dur < _MAX_US)
     dropped = int((complete & ph.notna().to_numpy() & ~valid).sum())
     rows = np.flatnonzero(valid)
-    ts, dur = ts[rows], dur[rows]
+    mem_rows, mem_device, mem_reserved = _memory_records(events, ph, ts)
+    mem_ts, ts, dur = ts[mem_rows], ts[rows], dur[rows]
 
     base = meta.get("baseTimeNanoseconds")
     base = int(base) if isinstance(base, int | float) and not isinstance(base, bool) else None
-    if base is not None and not np.isfinite(base):
+    if base is not None and not (np.isfinite(base) and abs(base) < 2**62):
         base = None
-    whole = np.floor(ts)
-    start = whole.astype(np.int64) * 1000 + np.rint((ts - whole) * 1000).astype(np.int64)
+    start, mem_t_ns = _to_ns(ts, base), _to_ns(mem_ts, base)
     dur_ns = np.rint(dur * 1000).astype(np.int64)
     anchored = True
-    if base is not None and abs(base) < 2**62:
-        start = start + base
     if len(start) and not (
         _EPOCH_NS[0] <= int(start.min()) and int((start + dur_ns).max()) < _EPOCH_NS[1]
     ):
         anchored = False
-        start = start - int(start.min())
+        origin = int(start.min())
+        start, mem_t_ns = start - origin, mem_t_ns - origin
         notes.append("times are not on the wall clock: the trace is placed at time 0")
 
     picked = [events[i] for i in rows] if len(rows) != len(events) else events
@@ -326,9 +330,40 @@ def _columns(path: Path, meta: dict[str, Any], events: list[dict]) -> KinetoTrac
         stream=stream,
         gpu_class=gpu_class,
         window_ns=window,
+        mem_t_ns=mem_t_ns,
+        mem_device=mem_device,
+        mem_reserved_bytes=mem_reserved,
         dropped=dropped,
         notes=notes,
     )
+
+
+def _to_ns(ts_us: np.ndarray, base: int | None) -> np.ndarray:
+    """µs (float) → int64 ns, whole and fractional parts apart so no precision is lost
+    beyond what the float already lost; plus the trace's base time when it has one."""
+    whole = np.floor(ts_us)
+    ns = whole.astype(np.int64) * 1000 + np.rint((ts_us - whole) * 1000).astype(np.int64)
+    return ns + base if base is not None else ns
+
+
+_GPU_DEVICE_TYPES = (1, 6)
+"""c10::DeviceType of CUDA and HIP in ``[memory]`` records (CPU is 0)."""
+
+
+def _memory_records(events: list[dict], ph: pd.Series, ts: np.ndarray):
+    """Rows, device and reserved bytes of the GPU ``[memory]`` instants with a usable time."""
+    instant = np.flatnonzero(ph.eq("i").to_numpy() & ~np.isnan(ts) & (np.abs(ts) < _MAX_US))
+    names = _get([events[i] for i in instant], "name")
+    is_memory = map(operator.eq, names, repeat("[memory]"))
+    instant = instant[np.fromiter(is_memory, dtype=bool, count=len(names))]
+    args = [a if type(a) is dict else {} for a in _get([events[i] for i in instant], "args")]
+    device_type = _ints(_get(args, "Device Type"))
+    device = _ints(_get(args, "Device Id"))
+    reserved = _numbers(_get(args, "Total Reserved"))
+    allocated = _numbers(_get(args, "Total Allocated"))
+    reserved = np.where(np.isnan(reserved), allocated, reserved)
+    ok = np.isin(device_type, _GPU_DEVICE_TYPES) & (device >= 0) & ~np.isnan(reserved)
+    return instant[ok], device[ok], reserved[ok]
 
 
 def _classify(names: np.ndarray, kind: np.ndarray) -> np.ndarray:
@@ -409,6 +444,8 @@ def covered_ns(starts: np.ndarray, ends: np.ndarray) -> int:
 
 def busy_before(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
     """For disjoint sorted intervals, the busy time before each instant of ``t``."""
+    if len(starts) == 0:
+        return np.zeros(len(t), dtype=np.int64)
     cum = np.concatenate([[0], np.cumsum(ends - starts)])
     k = np.searchsorted(starts, t, side="right")
     inside = np.where(k > 0, np.maximum(ends[np.maximum(k - 1, 0)] - t, 0), 0)
@@ -468,7 +505,7 @@ def _imported(trace: KinetoTrace) -> Imported:
         frames["events"] = events.reset_index(drop=True)
     if len(gpu):
         frames["gpu"] = gpu
-    if not len(trace.gpu_rows):
+    if not len(gpu):
         notes.append("no GPU activity in the trace: phases only")
     meta: dict[str, Any] = {"gpus": gpus}
     if trace.host_known:
@@ -621,11 +658,18 @@ def _step_records(trace: KinetoTrace, rank: int, steps: _Steps):
 
 
 def _gpu_samples(trace: KinetoTrace, rank: int, main_pid: int, notes: list[str]):
-    """GPU samples per `BIN_NS`, one exact-figures event per GPU, and the GPU inventory."""
+    """GPU samples per `BIN_NS`, one exact-figures event per GPU, and the GPU inventory.
+
+    ``util_gpu_pct`` is the busy share of each bin when the trace recorded GPU activity (NaN
+    when it recorded memory only); ``mem_used_bytes`` the most the caching allocator had
+    reserved during the bin (``profile_memory=True`` traces; without the CUDA context's few
+    hundred MB that NVML also counts).
+    """
     props = _device_properties(trace.meta)
     rows = trace.gpu_rows
     samples, events, gpus = [], [], []
-    if len(rows) == 0 or trace.window_ns is None:
+    devices = np.union1d(trace.device, trace.mem_device)
+    if len(devices) == 0 or trace.window_ns is None:
         empty_events = pd.DataFrame({c: [] for c in columns(Event)})
         return pd.DataFrame(), empty_events, gpus
     lo, hi = trace.window_ns
@@ -636,31 +680,41 @@ def _gpu_samples(trace: KinetoTrace, rank: int, main_pid: int, notes: list[str])
         )
     edges = np.arange(lo, max(hi, lo + 1), bin_ns, dtype=np.int64)
     bin_ends = np.minimum(np.append(edges[1:], hi), hi)
+    width = np.maximum(bin_ends - edges, 1)
     starts, ends = trace.start_ns[rows], trace.end_ns[rows]
-    for device in np.unique(trace.device):
+    window = hi - lo
+    for device in devices:
         mine = trace.device == device
-        s, e, cls = starts[mine], ends[mine], trace.gpu_class[mine]
-        times = class_times(s, e, cls)
-        merged = union(s, e)
-        window = hi - lo
-        active = int(e.max() - s.min())
-        busy_bins = busy_before(*merged, bin_ends) - busy_before(*merged, edges)
-        width = np.maximum(bin_ends - edges, 1)
-        kinds = trace.kind[rows][mine]
-        figures = {
-            "gpu": int(device),
-            "window_ns": window,
-            "active_ns": active,
-            "idle_ns": window - times["busy_ns"],
-            **times,
-            "kernels": int((kinds == KERNEL).sum()),
-            "memcpys": int((kinds == MEMCPY).sum()),
-            "memsets": int((kinds == MEMSET).sum()),
-            "streams": len(np.unique(trace.stream[mine])),
-        }
         prop = props.get(int(device), {})
         total = prop.get("totalGlobalMem")
         total = total if isinstance(total, int) and not isinstance(total, bool) else None
+        util = np.full(len(edges), np.nan)
+        if len(rows):
+            s, e, cls = starts[mine], ends[mine], trace.gpu_class[mine]
+            times = class_times(s, e, cls)
+            merged = union(s, e)
+            util = 100.0 * (busy_before(*merged, bin_ends) - busy_before(*merged, edges)) / width
+            kinds = trace.kind[rows][mine]
+            figures = {
+                "gpu": int(device),
+                "window_ns": window,
+                "active_ns": int(e.max() - s.min()) if len(s) else 0,
+                "idle_ns": window - times["busy_ns"],
+                **times,
+                "kernels": int((kinds == KERNEL).sum()),
+                "memcpys": int((kinds == MEMCPY).sum()),
+                "memsets": int((kinds == MEMSET).sum()),
+                "streams": len(np.unique(trace.stream[mine])),
+            }
+            events.append((trace.host, main_pid, rank, hi, "gpu_time", "kineto", figures))
+            notes.append(
+                f"GPU {int(device)}: busy {times['busy_ns'] / 1e9:.6g} s of "
+                f"{window / 1e9:.6g} s ({100 * times['busy_ns'] / max(window, 1):.1f}%): "
+                f"compute {times['compute_ns'] / 1e9:.6g} s, communication "
+                f"{times['communication_ns'] / 1e9:.6g} s, memory "
+                f"{times['memory_ns'] / 1e9:.6g} s; {figures['kernels']} kernels"
+            )
+        at = trace.mem_device == device
         samples.append(
             pd.DataFrame(
                 {
@@ -668,31 +722,44 @@ def _gpu_samples(trace: KinetoTrace, rank: int, main_pid: int, notes: list[str])
                     "gpu": np.full(len(edges), int(device), dtype=np.int64),
                     "uuid": None,
                     "t_ns": bin_ends,
-                    "util_gpu_pct": 100.0 * busy_bins / width,
+                    "util_gpu_pct": util,
+                    "mem_used_bytes": _peak_per_bin(
+                        trace.mem_t_ns[at], trace.mem_reserved_bytes[at], edges
+                    ),
                     "mem_total_bytes": float(total) if total is not None else np.nan,
                 }
             )
         )
-        events.append((trace.host, main_pid, rank, hi, "gpu_time", "kineto", figures))
         entry: dict[str, Any] = {"host": trace.host, "index": int(device)}
         if isinstance(prop.get("name"), str):
             entry["name"] = prop["name"]
         if total is not None:
             entry["mem_total_bytes"] = total
         gpus.append(entry)
-        notes.append(
-            f"GPU {int(device)}: busy {times['busy_ns'] / 1e9:.6g} s of {window / 1e9:.6g} s "
-            f"({100 * times['busy_ns'] / max(window, 1):.1f}%): compute "
-            f"{times['compute_ns'] / 1e9:.6g} s, communication "
-            f"{times['communication_ns'] / 1e9:.6g} s, memory {times['memory_ns'] / 1e9:.6g} s; "
-            f"{figures['kernels']} kernels"
-        )
+    if not len(rows):
+        notes.append("GPU memory recorded but no GPU activity: utilisation unknown")
     gpu = pd.concat(samples, ignore_index=True)
     for col in columns(GpuSample):
         if col not in gpu:
             gpu[col] = np.nan
     event_frame = pd.DataFrame(events, columns=columns(Event))
     return gpu[columns(GpuSample)], event_frame, gpus
+
+
+def _peak_per_bin(t: np.ndarray, level: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The highest value a step function (``level`` from each time ``t`` on) takes in each
+    bin starting at ``edges``; NaN before its first change."""
+    out = np.full(len(edges), np.nan)
+    if len(t) == 0:
+        return out
+    order = np.argsort(t, kind="stable")
+    t, level = t[order], level[order]
+    carried = np.searchsorted(t, edges, side="right") - 1  # the level as each bin opens
+    known = carried >= 0
+    out[known] = level[carried[known]]
+    inside = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(edges) - 1)
+    np.fmax.at(out, inside, level)  # and every level reached inside the bin
+    return out
 
 
 def _bin_ns(window: tuple[int, int] | None) -> int:
