@@ -16,6 +16,9 @@ What is read:
   A kernel whose name contains ``nccl`` is communication; memcpy/memset (and kernels named
   ``Memcpy…``/``Memset…``/``dma…``) are memory; everything else is compute. Where kinds
   overlap in time, compute wins over communication over memory.
+- **GPU memory** (traces taken with ``profile_memory=True``): the ``[memory]`` records of CUDA
+  or HIP devices give ``mem_used_bytes``, the caching allocator's peak reserved bytes in each
+  sample's bin.
 - **Phases**: ``user_annotation`` ranges (``record_function``) and DataLoader ``__next__``
   ops become spans, their names mapped to canonical phases (`gpuprof.phases`): ``## name ##``
   markers lose their hashes, ``Optimizer.step#SGD.step`` is ``optimizer.step`` (the update).
