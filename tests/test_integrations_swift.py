@@ -107,3 +107,55 @@ def test_profiling_contexts_become_canonical_phases(tmp_path, bootstrap):
     assert list(zip(spans["name"], spans["phase"])) == EXPECTED
     generate = spans[spans["name"] == "GRPOTrainer.generate"].iloc[0]
     assert generate["end_ns"] - generate["start_ns"] >= 10_000_000
+
+
+# -- ms-swift's GRPO end to end, in ms-swift's own environment --------------------------------
+# ms-swift 4.6 pins trl<1.0 and transformers<5.20, so its trainer runs in an environment of
+# its own: SWIFT_PYTHON names that environment's interpreter (with torch 2.13 CPU, ms-swift
+# and msgspec installed), e.g. `python -m venv swiftenv && swiftenv/bin/pip install
+# torch==2.13.0 ms-swift==4.6.0 msgspec`.
+SWIFT_PYTHON = os.environ.get("SWIFT_PYTHON")
+
+
+@pytest.mark.skipif(not SWIFT_PYTHON, reason="SWIFT_PYTHON (an ms-swift environment) not set")
+def test_swift_grpo_under_watch_has_rollout_reward_and_update_each_step(tmp_path):
+    from conftest import run_gpuprof
+
+    model_dir, data = tmp_path / "tiny", tmp_path / "prompts.jsonl"
+    build = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import trl_grpo_tiny as ex; "
+        "tok = ex.build_tokenizer(); m = ex.build_model(tok); "
+        "m.save_pretrained(sys.argv[2]); tok.save_pretrained(sys.argv[2]); "
+        "rows = [{'messages': [{'role': 'user', 'content': f'{s} {v}'}]} "
+        "for s in ('the cat', 'a dog', 'the red cat') for v in ('runs', 'sits')]; "
+        "open(sys.argv[3], 'w').write(''.join(json.dumps(r) + chr(10) for r in rows))"
+    )
+    subprocess.run(
+        [SWIFT_PYTHON, "-c", build, str(ROOT / "examples"), str(model_dir), str(data)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    run_dir = tmp_path / "run"
+    proc = run_gpuprof(
+        "watch", "--no-nvml", "-q", "-o", str(run_dir), "--",
+        SWIFT_PYTHON, "-m", "swift.cli.rlhf", "--rlhf_type", "grpo",
+        "--model", str(model_dir), "--model_type", "llama", "--template", "default",
+        "--dataset", str(data), "--reward_funcs", "repetition", "--num_generations", "4",
+        "--per_device_train_batch_size", "4", "--max_completion_length", "8",
+        "--max_steps", "2", "--beta", "0.04", "--use_vllm", "false",
+        "--torch_dtype", "float32", "--tuner_type", "full", "--report_to", "none",
+        "--save_strategy", "no", "--dataloader_num_workers", "0",
+        "--output_dir", str(tmp_path / "out"),
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "could not instrument" not in proc.stderr
+    run = load_run(run_dir)
+    spans = run.spans
+    assert sorted(spans[spans["name"] == "step"]["step"]) == [0, 1]
+    for n in (0, 1):
+        phases = set(spans[(spans["step"] == n) & (spans["name"] != "step")]["phase"])
+        assert {"rollout", "reward", "old_logprob", "ref_logprob", "update_actor"} <= phases
+    assert run.meta.framework == "swift"
+    assert run.meta.knobs["max_completion_length"] == 8

@@ -51,6 +51,7 @@ SWIFT_PHASES: dict[str, str] = {
 """ms-swift's profiling names → canonical phases."""
 
 UTILS_MODULES = ("swift.rlhf_trainers.utils", "swift.trainers.rlhf_trainer.utils")
+TRAINER_MODULES = ("swift.rlhf_trainers.grpo_trainer", "swift.trainers.rlhf_trainer.grpo_trainer")
 
 tracker = Tracker("swift", SWIFT_PHASES)
 _replacements: dict[int, tuple[Any, Any]] = {}
@@ -72,10 +73,18 @@ def patch_utils(module: Any) -> bool:
     return True
 
 
+def _patch_trainer(module: Any) -> None:
+    from gpuprof.integrations.trl import patch_logprob_passes
+
+    patch_logprob_passes(module, tracker)
+
+
 def on_import(module: Any) -> None:
     """Bootstrap entry: called for every ``swift`` module as it is imported."""
     if module.__name__ in UTILS_MODULES:
         safely("ms-swift", lambda: patch_utils(module))
+    if module.__name__ in TRAINER_MODULES:
+        safely("ms-swift", lambda: _patch_trainer(module))
     if _replacements:
         with contextlib.suppress(Exception):
             rebind([module], _replacements)
@@ -88,5 +97,9 @@ def install() -> bool:
         module = sys.modules.get(name)
         if module is not None:
             safely("ms-swift", lambda m=module: patch_utils(m))
+    for name in TRAINER_MODULES:
+        module = sys.modules.get(name)
+        if module is not None:
+            safely("ms-swift", lambda m=module: _patch_trainer(m))
     safely("ms-swift", lambda: rebind(modules_under("swift"), _replacements))
     return bool(_replacements)

@@ -183,7 +183,7 @@ def _patch_profiling_function(module: Any) -> None:
     rebind(modules_under("trl"), {id(fn): (fn, wrapper)})
 
 
-def _logps_phase(trainer: Any, model: Any) -> str | None:
+def _logps_phase(tracker: Tracker, trainer: Any, model: Any) -> str | None:
     """Which log-prob pass a ``_get_per_token_logps_and_entropies`` call is."""
     if tracker.inside("compute_loss"):
         return None  # the policy's own forward inside compute_loss: part of the update
@@ -199,8 +199,10 @@ def _logps_phase(trainer: Any, model: Any) -> str | None:
     return "old_logprob"
 
 
-def _patch_trainer_classes(module: Any) -> None:
-    """Let each TRL trainer tell old-policy from reference log-prob passes."""
+def patch_logprob_passes(module: Any, tracker: Tracker) -> int:
+    """Let the trainer classes ``module`` defines tell old-policy from reference log-prob
+    passes (TRL and ms-swift share the method and its ``(self, model, …)`` signature)."""
+    count = 0
     for value in list(vars(module).values()):
         if not isinstance(value, type) or value.__module__ != module.__name__:
             continue
@@ -208,12 +210,13 @@ def _patch_trainer_classes(module: Any) -> None:
 
             def make(fn: Any) -> Any:
                 def wrapper(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
-                    with tracker.hint(_logps_phase(self, model)):
+                    with tracker.hint(_logps_phase(tracker, self, model)):
                         return fn(self, model, *args, **kwargs)
 
                 return wrapper
 
-            wrap_method(value, attr, make)
+            count += wrap_method(value, attr, make)
+    return count
 
 
 def _patch_transformers_trainer(module: Any) -> None:
@@ -244,7 +247,7 @@ def on_import(module: Any) -> None:
     if name == "trl.extras.profiling":
         safely("trl", lambda: _patch_profiling(module))
     elif name.startswith("trl.trainer.") or name.startswith("trl.experimental."):
-        safely("trl", lambda: _patch_trainer_classes(module))
+        safely("trl", lambda: patch_logprob_passes(module, tracker))
     elif name == "transformers.trainer":
         safely("transformers", lambda: _patch_transformers_trainer(module))
 
