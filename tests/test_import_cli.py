@@ -234,6 +234,7 @@ def test_import_then_analyze_report_compare(tmp_path):
     assert report.returncode == 0, report.stderr
     html = (tmp_path / "b" / "report.html").read_text()
     assert "node2" in html and "gpuprof import" in html
+    assert "not recorded (imported from files)" in html  # no exit status to report
 
     compared = run_gpuprof("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
     assert compared.returncode == 0, compared.stderr

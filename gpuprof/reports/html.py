@@ -150,7 +150,9 @@ def _header(run: Run, diagnosis: Diagnosis) -> str:
     host_text = ", ".join(hosts[:8]) + (f" … (+{len(hosts) - 8})" if len(hosts) > 8 else "")
     names = sorted({str(g.get("name")) for g in meta.gpus if isinstance(g, dict) and g.get("name")})
     gpus = s.get("gpus") or len(meta.gpus)
-    if meta.exit_code is None:
+    if meta.exit_code is None and meta.command[:2] == ["gpuprof", "import"]:
+        status = "not recorded (imported from files)"
+    elif meta.exit_code is None:
         status = "unknown (still running, or the watcher was killed)"
     elif meta.exit_signal:
         status = f"{meta.exit_code} (killed by signal {meta.exit_signal})"
