@@ -1,7 +1,7 @@
 """torch.distributed collectives recorded as spans: two real gloo processes under a run.
 
-The ranks run as ``gpuprof watch`` runs them: plain scripts with the bootstrap on their path
-and the run in their environment; nothing in the script mentions gpuprof.
+The ranks run as under ``gpuprof watch -- torchrun …``: torchrun's workers inherit the bootstrap
+on their path and the run in their environment; nothing in the script mentions gpuprof.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ RANK_SCRIPT = textwrap.dedent(
     import torch
     import torch.distributed as dist
 
-    rank, store = int(sys.argv[1]), sys.argv[2]
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    dist.init_process_group("gloo")  # torchrun's environment: RANK, WORLD_SIZE, MASTER_*
+    rank = dist.get_rank()
 
     x = torch.full((1000,), float(rank + 1))                      # 4000 bytes
     dist.all_reduce(x)
@@ -72,29 +72,25 @@ EXPECTED = [
 
 
 def test_every_collective_of_two_gloo_ranks_is_a_span_with_its_bytes(tmp_path):
+    """Two ranks started by torchrun, which passes the bootstrap on to its workers."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
-    store = tmp_path / "store"
-    procs = []
+    env = clean_env(GPUPROF_RUN_DIR=str(run_dir), OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([bootstrap_dir(), str(ROOT)])
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
-        env = clean_env(GPUPROF_RUN_DIR=str(run_dir), RANK=str(rank), WORLD_SIZE="2")
-        env["PYTHONPATH"] = os.pathsep.join([bootstrap_dir(), str(ROOT)])
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script), str(rank), str(store)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    for rank, proc in enumerate(procs):
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        assert f"rank {rank} done" in out
-        assert "gpuprof" not in err  # no warning: every op was patched
+        assert f"rank {rank} done" in proc.stdout
+    assert "gpuprof:" not in proc.stderr  # no warning: every op was patched
 
     spans = load_run(run_dir).spans
     assert set(spans["phase"]) == {"collective"}

@@ -123,3 +123,49 @@ def test_trainer_references_are_rebound_and_knobs_read_from_verls_config(verl_ru
     assert knobs["actor_rollout_ref.rollout.gpu_memory_utilization"] == result["gmu"]
     assert "data.dataloader_num_workers" in knobs
     assert "actor_rollout_ref.actor.use_dynamic_bsz" in knobs
+
+
+RAY_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+    @ray.remote
+    class TaskRunner:  # where verl's trainer loop runs: a Ray actor on the driver's node
+        def run(self):
+            import os, sys, time
+            from verl.utils.debug import marked_timer
+            timing = {}
+            with marked_timer("gen", timing):
+                time.sleep(0.01)
+            with marked_timer("update_actor", timing):
+                pass
+            time.sleep(1.5)  # the hooks' writer commits twice a second
+            bootstrapped = any(type(f).__name__ == "_Finder" for f in sys.meta_path)
+            return {"pid": os.getpid(), "bootstrapped": bootstrapped}
+
+    runner = TaskRunner.remote()
+    print(json.dumps({"driver": __import__("os").getpid(), **ray.get(runner.run.remote())}))
+    ray.shutdown()
+    """
+)
+
+
+def test_the_bootstrap_reaches_a_local_ray_actor(tmp_path):
+    run_dir = tmp_path / "run"
+    env = clean_env(GPUPROF_RUN_DIR=str(run_dir), RAY_USAGE_STATS_ENABLED="0")
+    env["PYTHONPATH"] = os.pathsep.join([bootstrap_dir(), str(ROOT)])
+    proc = subprocess.run(
+        [sys.executable, "-c", RAY_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bootstrapped"] and result["pid"] != result["driver"]
+    spans = load_run(run_dir).spans
+    assert list(zip(spans["name"], spans["phase"])) == [
+        ("gen", "rollout"),
+        ("update_actor", "update_actor"),
+    ]
+    assert set(spans["pid"]) == {result["pid"]}  # recorded by the actor's own process
