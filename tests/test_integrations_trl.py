@@ -105,17 +105,23 @@ def test_callback_steps_update_and_knobs(run_dir, tmp_path):
         use_cpu=True,
     )
     state, control = TrainerState(), TrainerControl()
-    callback = adapter.GpuprofCallback()
-    callback.on_train_begin(args, state, control)
+    # two callbacks, as when one is added by hand to a trainer watch already equipped
+    callbacks = [adapter.GpuprofCallback(), adapter.GpuprofCallback()]
+
+    def event(name):
+        for callback in callbacks:
+            getattr(callback, name)(args, state, control)
+
+    event("on_train_begin")
     for step in range(3):
-        callback.on_step_begin(args, state, control)
+        event("on_step_begin")
         with adapter.tracker.span("GRPOTrainer.transformers.generate", "transformers.generate"):
             pass
-        callback.on_pre_optimizer_step(args, state, control)
-        callback.on_optimizer_step(args, state, control)
+        event("on_pre_optimizer_step")
+        event("on_optimizer_step")
         state.global_step = step + 1
-        callback.on_step_end(args, state, control)
-    callback.on_train_end(args, state, control)
+        event("on_step_end")
+    event("on_train_end")
 
     run = load_run(run_dir)
     spans = run.spans

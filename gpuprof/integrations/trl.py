@@ -88,34 +88,55 @@ class GpuprofCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     few microseconds per optimizer step; does nothing outside a gpuprof run.
     """
 
+    _owner: tuple[GpuprofCallback, Any] | None = None
+    """The instance recording a training run, with that run's ``TrainerState``: a second one
+    on the same trainer (added by hand where ``gpuprof watch`` already added one) stays silent
+    instead of doubling spans; a new trainer's state takes over (even after a crashed run)."""
+
     def __init__(self, framework: str | None = "trl") -> None:
         self.framework = framework
         self._step_span: Any = None
         self._opt_span: Any = None
         self._tokens_seen = 0
 
+    def _mine(self, state: Any) -> bool:
+        owner = GpuprofCallback._owner
+        if owner is None or owner[1] is not state:
+            GpuprofCallback._owner = owner = (self, state)
+        return owner[0] is self
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._mine(state):
+            return
         framework = self.framework
         if framework:
             dist = {"trl": "trl", "swift": "ms-swift"}.get(framework, framework)
             hooks.record_knobs(framework, read_knobs(framework, args), version_of(dist))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._mine(state):
+            return
         hooks.begin_step()
         self._close_step()
         self._step_span = tracker.span("training_step")
         self._step_span.__enter__()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._mine(state):
+            return
         self._opt_span = tracker.span("optimizer_step")
         self._opt_span.__enter__()
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._mine(state):
+            return
         span, self._opt_span = self._opt_span, None
         if span is not None:
             span.__exit__(None, None, None)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._mine(state):
+            return
         self._close_step()
         seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
         tokens = seen - self._tokens_seen if seen > self._tokens_seen else None
@@ -123,7 +144,10 @@ class GpuprofCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         hooks.step(n=max(0, int(state.global_step) - 1), tokens=tokens)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._mine(state):
+            return
         self._close_step()
+        GpuprofCallback._owner = None
         hooks.flush()
 
     def _close_step(self) -> None:
