@@ -169,3 +169,25 @@ def test_recorded_knobs_reach_the_run_and_the_recommender(tmp_path):
     gmu = recs["actor_rollout_ref.rollout.gpu_memory_utilization"]
     assert gmu.current == 0.35  # read from what the process recorded, not a default
     assert gmu.suggested > 0.35
+
+
+def test_knobs_recorded_without_a_watcher_merge_from_the_loaded_run(tmp_path):
+    from gpuprof.integrations.recorded import merge_run_events
+
+    run_dir = tmp_path / "run"
+    code = (
+        "import sys, gpuprof, gpuprof.hooks as h; gpuprof.init(sys.argv[1]); "
+        "h.record_knobs('trl', {'max_completion_length': 64}, '1.16.0'); "
+        "h.record_knobs('trl', {'max_completion_length': 128, 'num_generations': 8})"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(run_dir)], env=clean_env(), capture_output=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    run = load_run(run_dir)
+    assert run.meta.knobs == {}
+    assert merge_run_events(run)
+    assert run.meta.framework == "trl"
+    assert run.meta.knobs["max_completion_length"] == 128  # the later record wins
+    assert run.meta.knobs["num_generations"] == 8
+    assert run.meta.knobs["trl.__version__"] == "1.16.0"

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gpuprof.model import RunMeta
+from gpuprof.model import Run, RunMeta
 
 
 def read_knob_events(paths: Iterable[Path]) -> list[tuple[int, str, dict[str, Any]]]:
@@ -48,7 +48,25 @@ def read_knob_events(paths: Iterable[Path]) -> list[tuple[int, str, dict[str, An
 def merge_into_meta(meta: RunMeta, paths: Iterable[Path]) -> bool:
     """Copy recorded knobs (later records win) and the framework into ``meta``; True when
     anything was recorded. A framework already set on ``meta`` is kept."""
-    events = read_knob_events(paths)
+    return _merge(meta, read_knob_events(paths))
+
+
+def merge_run_events(run: Run) -> bool:
+    """The same for a loaded run whose ``knobs`` events are in ``run.events`` (a run written
+    by processes that called ``gpuprof.init`` themselves, with no watcher to merge them)."""
+    events = run.events
+    if events is None or not len(events):
+        return False
+    rows = events[events["kind"] == "knobs"]
+    found = [
+        (int(t), str(name or ""), attrs)
+        for t, name, attrs in zip(rows["t_ns"], rows["name"], rows["attrs"])
+        if isinstance(attrs, dict)
+    ]
+    return _merge(run.meta, sorted(found, key=lambda e: e[0]))
+
+
+def _merge(meta: RunMeta, events: list[tuple[int, str, dict[str, Any]]]) -> bool:
     if not events:
         return False
     knobs = dict(meta.knobs or {})
