@@ -20,6 +20,7 @@ import pandas as pd
 
 from gpuprof import store
 from gpuprof.analyzers import alignment, resample
+from gpuprof.integrations.recorded import merge_run_events
 from gpuprof.model import Run
 
 MAX_GPU_SAMPLES = 1_500_000
@@ -37,9 +38,17 @@ def load_for_analysis(
     """The run in ``run_dir``, with about ``max_gpu_samples`` GPU samples at most.
 
     ``None`` loads everything as recorded; ``merge`` merges exactly that many consecutive GPU
-    samples (within phases) whatever the run's size, to see what merging does. Raises
+    samples (within phases) whatever the run's size, to see what merging does. Framework knobs
+    that adapters recorded as events join the run's metadata (a watcher does this when the run
+    ends; processes that called ``gpuprof.init`` themselves have none). Raises
     `store.RunError` (one line) for an unreadable run.
     """
+    run = _load(run_dir, max_gpu_samples, merge)
+    merge_run_events(run)
+    return run
+
+
+def _load(run_dir: str | os.PathLike, max_gpu_samples: int | None, merge: int | None) -> Run:
     if merge is not None and merge > 1:
         return _load_merged(run_dir, store.count_rows(run_dir, "gpu"), None, set(), {}, merge)
     if max_gpu_samples is None:

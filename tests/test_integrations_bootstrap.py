@@ -191,3 +191,19 @@ def test_knobs_recorded_without_a_watcher_merge_from_the_loaded_run(tmp_path):
     assert run.meta.knobs["max_completion_length"] == 128  # the later record wins
     assert run.meta.knobs["num_generations"] == 8
     assert run.meta.knobs["trl.__version__"] == "1.16.0"
+
+
+def test_analysis_loading_merges_knobs_recorded_without_a_watcher(tmp_path):
+    from gpuprof.loader import load_for_analysis
+
+    run_dir = tmp_path / "run"
+    code = (
+        "import sys, gpuprof, gpuprof.hooks as h; gpuprof.init(sys.argv[1]); "
+        "h.record_knobs('trl', {'num_generations': 8}, '1.16.0')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(run_dir)], env=clean_env(), capture_output=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    run = load_for_analysis(run_dir)
+    assert run.meta.framework == "trl" and run.meta.knobs["num_generations"] == 8
