@@ -54,7 +54,7 @@ RANK_SCRIPT = textwrap.dedent(
     work.wait()
     dist.barrier()
     dist.destroy_process_group()
-    print("rank", rank, "done")
+    print(f"rank {rank} done", flush=True)  # one write: the two ranks share a pipe
     """
 )
 
