@@ -69,3 +69,15 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
+
+
+def knob_value(value: Any, default: Any = None) -> str:
+    """A knob value as the user would type it (``true``, ``0.6``); an unset knob shows its
+    default as ``"<default> (default)"``, or ``?`` when that is unknown too."""
+    if value is None:
+        return "?" if default is None else f"{knob_value(default)} (default)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

@@ -207,16 +207,6 @@ def _headline(s: dict[str, Any], diagnosis: Diagnosis) -> str:
     return f'<div class="cards">{out}</div>'
 
 
-def _value(value: Any, default: Any = None) -> str:
-    if value is None:
-        return "?" if default is None else f"{_value(default)} (default)"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
 def _knob(name: Any) -> str:
     """A knob name, escaped, that may wrap after its dots (long dotted config paths)."""
     return "<wbr>".join(_e(part) + "." for part in str(name).split("."))[:-1]
@@ -244,7 +234,8 @@ def _recommendations(diagnosis: Diagnosis) -> str:
             f"<td>{i}</td><td class=knob><code>{_knob(r.knob)}</code>"
             f"<div class=sub>{_e(r.framework)}"
             f"{' · ' + _e(r.versions) if r.versions else ''}</div></td>"
-            f"<td>{_e(_value(r.current, r.default))}</td><td><b>{_e(_value(r.suggested))}</b></td>"
+            f"<td>{_e(fmt.knob_value(r.current, r.default))}</td>"
+            f"<td><b>{_e(fmt.knob_value(r.suggested))}</b></td>"
             f"<td>~{100 * r.expected_gain_share:.1f}%<div class=sub>"
             f"{_e(fmt.gpu_seconds(r.expected_gain_gpu_s))}</div></td>"
             f"<td>{_e(r.kind)}<div class=sub>confidence {r.confidence:.2f}</div></td>"

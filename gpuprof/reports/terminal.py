@@ -25,17 +25,6 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
-def _value(value: Any, default: Any = None) -> str:
-    """A knob value as the user would type it; an unset knob shows its default."""
-    if value is None:
-        return "?" if default is None else f"{_value(default)} (default)"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
 def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
     """Headline, findings, recommendations and notes as one rich renderable."""
     s = diagnosis.summary
@@ -93,8 +82,8 @@ def _findings_parts(diagnosis: Diagnosis, top: int | None) -> list[Any]:
         for i, r in enumerate(recs, 1):
             head = Text(f"{i:2d}. ")
             head.append(str(r.knob), style="bold cyan")
-            change = Text(f"{_value(r.current, getattr(r, 'default', None))} → ")
-            change.append(_value(r.suggested), style="bold")
+            change = Text(f"{fmt.knob_value(r.current, getattr(r, 'default', None))} → ")
+            change.append(fmt.knob_value(r.suggested), style="bold")
             change.append(f"  ~{100 * r.expected_gain_share:.1f}% of GPU-time  [{r.kind}]")
             parts.append(HeadLine(head, change, joiner=": "))
             parts.append(_indented(Text(str(r.rationale))))
