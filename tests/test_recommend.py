@@ -544,3 +544,12 @@ def test_sim_every_kind_gets_advice(framework):
         assert {r.kind for r in recs} == {f.kind for f in findings}, (framework, kind)
         for r in recs:
             assert 0.0 <= r.expected_gain_share <= 1.0 and r.expected_gain_gpu_s >= 0.0
+
+
+def test_environment_assignments_before_the_program_are_not_knobs():
+    knobs = parse_knobs(
+        ["CUDA_VISIBLE_DEVICES=0,1", "HF_HOME=/x", "python3", "-m", "verl.trainer.main_ppo",
+         "trainer.n_gpus_per_node=2", "data.train_batch_size=256"]
+    )  # fmt: skip
+    assert knobs == {"trainer.n_gpus_per_node": "2", "data.train_batch_size": "256"}
+    assert parse_knobs(["a.b=1"]) == {"a.b": "1"}  # a Hydra override is no shell variable

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import itertools
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
 from gpuprof.analyzers.findings import Finding
 from gpuprof.analyzers.knobs import CATALOGUE, FRAMEWORKS, RELATIVE, SUGGEST_RULES, KnobEntry
+from gpuprof.commandline import coerce, parse_knobs, tokens
 from gpuprof.model import RunMeta
 
 _ALIASES: dict[str, str] = {
@@ -28,7 +28,6 @@ _ALIASES: dict[str, str] = {
     "ms_swift": "swift",
     "torch": "pytorch",
 }
-_HYDRA = re.compile(r"^(\+{1,2})?([A-Za-z_][\w\-]*(?:\.[\w\-]+)*)=(.*)$", re.S)
 _TRL_FLAGS = frozenset(
     {"use_vllm", "vllm_mode", "num_generations", "max_completion_length", "steps_per_generation"}
 )
@@ -86,82 +85,6 @@ class Recommendation:
 # Command-line parsing
 
 
-def _tokens(command: list[str]) -> list[str]:
-    """argv with any whitespace-containing element (``bash -c "..."``) split shell-style."""
-    out: list[str] = []
-    for token in command:
-        token = str(token)
-        if any(c.isspace() for c in token.strip()) and ("=" in token or "--" in token):
-            try:
-                out.extend(shlex.split(token))
-            except ValueError:
-                out.extend(token.split())
-        else:
-            out.append(token)
-    return out
-
-
-def _unquote(value: str) -> str:
-    value = value.strip()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1]
-    return value
-
-
-def parse_knobs(command: list[str]) -> dict[str, str]:
-    """Settings on a command line, keyed by name without dashes or Hydra ``+``/``++``.
-
-    Understands Hydra overrides (``a.b=1``, ``+a.b=1``, ``++a.b=1``; deletions ``~a.b`` are
-    skipped), ``--flag value``, ``--flag=value`` and bare switches (``--flag`` -> ``"true"``).
-    Values stay strings (see `coerce`); a later setting wins.
-    """
-    knobs: dict[str, str] = {}
-    tokens = _tokens(command)
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        i += 1
-        if token.startswith("--") and len(token) > 2:
-            body = token[2:]
-            if "=" in body:
-                key, value = body.split("=", 1)
-                knobs[key] = _unquote(value)
-            elif i < len(tokens) and not tokens[i].startswith("--"):
-                knobs[body] = _unquote(tokens[i])
-                i += 1
-            else:
-                knobs[body] = "true"
-            continue
-        if token.startswith("-"):
-            continue  # single-dash options (python -m, -u …) carry no framework knobs
-        match = _HYDRA.match(token)
-        if match:
-            knobs[match.group(2)] = _unquote(match.group(3))
-    return knobs
-
-
-def coerce(value: Any) -> Any:
-    """A command-line string as a Python value: bool, int, float, None (``null``) or str."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    low = text.lower()
-    if low in ("true", "yes"):
-        return True
-    if low in ("false", "no"):
-        return False
-    if low in ("null", "none", "~"):
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 def _norm(name: str) -> str:
     return name.lstrip("-+").replace("-", "_").lower()
 
@@ -173,20 +96,20 @@ def detect_framework(meta: RunMeta) -> str:
         name = _ALIASES.get(name, name)
         if name in FRAMEWORKS:
             return name
-    tokens = _tokens(meta.command)
-    text = " ".join(tokens)
+    argv = tokens(meta.command)
+    text = " ".join(argv)
     low = text.lower()
-    if "verl.trainer" in low or any(t.lstrip("+").startswith("actor_rollout_ref.") for t in tokens):
+    if "verl.trainer" in low or any(t.lstrip("+").startswith("actor_rollout_ref.") for t in argv):
         return "verl"
     if "openrlhf" in low:
         return "openrlhf"
-    for a, b in itertools.pairwise(tokens):
+    for a, b in itertools.pairwise(argv):
         if a.rsplit("/", 1)[-1] == "swift" and b in ("rlhf", "sft", "pt", "rollout"):
             return "swift"
     if "swift.cli" in low or "swift/cli" in low:
         return "swift"
     if (
-        any(t.rsplit("/", 1)[-1] == "trl" for t in tokens)
+        any(t.rsplit("/", 1)[-1] == "trl" for t in argv)
         or re.search(r"\btrl\b", low)
         or "grpotrainer" in low
         or "open_r1" in low
@@ -194,7 +117,7 @@ def detect_framework(meta: RunMeta) -> str:
     ):
         return "trl"
     # a GRPO script launched with TRL's GRPOConfig flags (swift was ruled out above)
-    flags = {_norm(k) for k in parse_knobs(tokens)}
+    flags = {_norm(k) for k in parse_knobs(argv)}
     if flags & _TRL_FLAGS:
         return "trl"
     return "pytorch"

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from gpuprof.collectors.importers import ImportFormatError
+from gpuprof.commandline import coerce, parse_knobs
 from gpuprof.model import Event, Span, columns, empty_frame
 from gpuprof.phases import canonical_phase
 from gpuprof.redact import redact_command
@@ -33,7 +34,6 @@ LOG_HOST = "(log)"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 _RAY_PREFIX = re.compile(r"^\s*\((?P<actor>[^()]*?)\s*pid=(?P<pid>\d+)(?:,\s*ip=[^)]*)?\)\s?")
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
-_HYDRA = re.compile(r"^(\+{1,2})?([A-Za-z_][\w\-]*(?:\.[\w\-]+)*)=(.*)$", re.S)
 
 
 @dataclass
@@ -132,21 +132,6 @@ def step_at(value: int, where: str) -> int:
     return value
 
 
-def coerce(text: str) -> Any:
-    """A command-line value as bool, int, float, None (``null``) or the text itself."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("null", "none", "~"):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            continue
-    return text
-
-
 def split_command(text: str) -> list[str]:
     """A shell command line as argv (quotes removed); plain whitespace split if unbalanced."""
     try:
@@ -156,33 +141,9 @@ def split_command(text: str) -> list[str]:
 
 
 def command_knobs(argv: list[str]) -> dict[str, Any]:
-    """Settings on a command line: Hydra overrides (``a.b=1``, ``+a.b=1``; ``~a.b`` skipped),
-    ``--flag value``, ``--flag=value`` and bare ``--switch`` (True), keyed without dashes or
-    ``+``; values coerced (`coerce`); a later setting wins. Environment assignments before the
-    program (``CUDA_VISIBLE_DEVICES=0 python …``) are not knobs and are skipped."""
-    knobs: dict[str, Any] = {}
-    program_seen = False
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        i += 1
-        if token.startswith("--") and len(token) > 2:
-            body = token[2:]
-            if "=" in body:
-                key, value = body.split("=", 1)
-                knobs[key] = coerce(value)
-            elif i < len(argv) and not argv[i].startswith("--"):
-                knobs[body] = coerce(argv[i])
-                i += 1
-            else:
-                knobs[body] = True
-            continue
-        match = _HYDRA.match(token)
-        if match and program_seen:
-            knobs[match.group(2)] = coerce(match.group(3))
-        elif not match and not token.startswith("-"):
-            program_seen = True
-    return knobs
+    """Settings on a launch command (`gpuprof.commandline.parse_knobs`), values coerced to
+    bool, int, float or None where they read as one."""
+    return {key: coerce(value) for key, value in parse_knobs(argv).items()}
 
 
 def launch_command(text: str, program: re.Pattern[str], stop: re.Pattern[str]) -> list[str] | None:
