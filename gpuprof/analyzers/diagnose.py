@@ -51,10 +51,16 @@ class Diagnosis:
         }
 
 
-def diagnose(run: Run, thresholds: Thresholds | None = None) -> Diagnosis:
-    """Findings, recommendations and summary of ``run`` (pure; no I/O)."""
+def diagnose(
+    run: Run, thresholds: Thresholds | None = None, *, context: AnalysisContext | None = None
+) -> Diagnosis:
+    """Findings, recommendations and summary of ``run`` (pure; no I/O).
+
+    ``context``: an `AnalysisContext` of the same run whose alignment the caller also uses
+    (the report's per-step table), so it is computed once.
+    """
     th = thresholds or Thresholds()
-    ctx = AnalysisContext(run)
+    ctx = context if context is not None and context.run is run else AnalysisContext(run)
     notes = data_notes(run)
     findings: list[Finding] = []
     for kind in STALL_KINDS:

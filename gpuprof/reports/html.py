@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
-from gpuprof.analyzers.alignment import phase_breakdown
 from gpuprof.analyzers.diagnose import Diagnosis, diagnose
 from gpuprof.analyzers.findings import AnalysisContext
 from gpuprof.model import Run
@@ -56,11 +55,11 @@ def render_html(
     them for runs too big to align sample by sample in memory.
     """
     if diagnosis is None or phase_steps is None:
-        ctx = AnalysisContext(run)
+        ctx = AnalysisContext(run)  # one alignment for the diagnosis and the per-step table
         if diagnosis is None:
-            diagnosis = diagnose(run)
+            diagnosis = diagnose(run, context=ctx)
         if phase_steps is None and len(run.spans) and len(run.gpu):
-            phase_steps = phase_breakdown(run, by=("phase", "step"), samples=ctx.samples)
+            phase_steps = ctx.by_phase_step
     budget = budget or Budget()
     intervals = _intervals_ns(diagnosis, budget.max_intervals)
     figs, axis = build_figures(run, diagnosis.summary, phase_steps, budget, intervals)
