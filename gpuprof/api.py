@@ -215,7 +215,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     writer.set_meta("run", meta.to_dict())
     writer.close()
     store.finalize_file(db_path, final_path)
-    try:  # columnar samples load ~100x faster; the SQLite rows stay readable if this fails
+    try:  # Parquet tables load 7-9x faster; the SQLite rows stay readable if this fails
         store.compact_run(final_path)
     except Exception as exc:
         _notify(f"samples left in SQLite (compaction failed: {exc})", options.quiet)

@@ -1,21 +1,22 @@
-"""Columnar side files of a run file: the sample tables of a finished run, in Parquet.
+"""Columnar side files of a run file: the tables of a finished run, in Parquet.
 
-While a run goes on, every sample is a row in its host's SQLite file (crash-safe, many
-writers). A day on a big node is millions of rows per table, which SQLite gives back at about a
-million values a second; the same samples as Parquet columns load a hundred times faster, take
-a tenth of the disk, and open in pandas, DuckDB or Spark as they are. So when a run ends (and
-when `save_run` writes a whole run) the four sample tables of each file are moved into
+While a run goes on, every record is a row in its host's SQLite file (crash-safe, many
+writers). Read back, SQLite hands over each row as Python objects; the same tables as Parquet
+columns load 7–9× faster and take 2.4× less disk (`benchmarks/bench_columnar.py`, 1–4 h on 8
+GPUs), can be read one GPU at a time, and open in pandas, DuckDB or Spark as they are. So when
+a run ends (and when `save_run` writes a whole run) the tables of each file move into
 ``<file stem>.<table>.parquet`` beside it::
 
-    <run>/node0.sqlite              spans, events, logs, metadata (and any rows written later)
+    <run>/node0.sqlite              metadata (and any rows a late writer adds)
     <run>/node0.gpu.parquet         GPU samples, one row group per GPU, sorted by time
     <run>/node0.host.parquet        host samples
     <run>/node0.procs.parquet       process samples
     <run>/node0.gpu_procs.parquet   per-GPU process samples
+    <run>/node0.spans.parquet       spans (attrs as JSON text), likewise events and logs
 
 The SQLite file's ``meta`` table lists the side files under the key ``columnar``; the listing
 and the deletion of the moved rows happen in one transaction, after the Parquet file is in
-place, so a crash at any point leaves every sample either in SQLite or in a listed side file,
+place, so a crash at any point leaves every row either in SQLite or in a listed side file,
 never in both and never in neither (an unlisted side file is ignored). Columns and types are
 those of the record classes in `gpuprof.model`.
 """
