@@ -29,9 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuprof import store
 from gpuprof.analyzers.diagnose import diagnose
-from gpuprof.analyzers.findings import STALL_KINDS
 from gpuprof.loader import load_for_analysis
-from gpuprof.sim import random_config, simulate
+from gpuprof.sim import (
+    STALL_KINDS,  # the kinds the simulator can inject
+    random_config,
+    simulate,
+)
 
 MATTERS_SHARE = 0.05
 

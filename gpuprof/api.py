@@ -276,7 +276,7 @@ DEMO_SCENARIOS: dict[str, list[tuple[str, float]]] = {
 
 def demo_scenarios() -> list[str]:
     """The names ``gpuprof demo --scenario`` accepts."""
-    from gpuprof.analyzers.findings import STALL_KINDS
+    from gpuprof.sim import STALL_KINDS  # the kinds the simulator can inject
 
     return [*DEMO_SCENARIOS, *STALL_KINDS]
 
@@ -294,8 +294,7 @@ def demo(
 
     Raises `ValueError` for an unknown scenario or an impossible size.
     """
-    from gpuprof.analyzers.findings import STALL_KINDS
-    from gpuprof.sim import Pathology, SimConfig, simulate
+    from gpuprof.sim import STALL_KINDS, Pathology, SimConfig, simulate
     from gpuprof.sim.config import DEFAULT_PHASE_S
 
     if scenario in DEMO_SCENARIOS:

@@ -6,6 +6,11 @@ import dataclasses
 
 import pytest
 
+from gpuprof.analyzers.evidence import (
+    GenerationTailEvidence,
+    MemoryHeadroomEvidence,
+    PeriodicStallEvidence,
+)
 from gpuprof.analyzers.findings import STALL_KINDS, Finding
 from gpuprof.analyzers.knobs import CATALOGUE, FRAMEWORKS, SUGGEST_RULES, KnobEntry, entries
 from gpuprof.analyzers.recommend import (
@@ -271,9 +276,9 @@ def test_version_helpers():
 
 def test_rule_values():
     mf = SUGGEST_RULES["memory_fraction"]
-    assert mf(0.3, 0.9, {"headroom_frac": 0.5}, {}) == 0.7  # 0.3 + 0.5 × 0.8
-    assert mf(0.3, 0.9, {"headroom_frac": 0.9}, {}) == 0.9  # capped
-    assert mf(0.3, 0.9, {"peak_mem_frac": 0.35}, {}) == 0.82
+    assert mf(0.3, 0.9, MemoryHeadroomEvidence(mem_peak_frac=0.5), {}) == 0.7  # 0.3 + 0.5 × 0.8
+    assert mf(0.3, 0.9, MemoryHeadroomEvidence(mem_peak_frac=0.1), {}) == 0.9  # capped
+    assert mf(0.3, 0.9, MemoryHeadroomEvidence(mem_peak_frac=0.35), {}) == 0.82
     assert mf(0.3, 0.9, {}, {}) == 0.78  # headroom = what is left below 0.9
     assert mf(0.95, 0.9, {}, {}) == 0.95  # never lowered
     assert SUGGEST_RULES["workers"](0, 4, {}, {}) == 4
@@ -286,8 +291,9 @@ def test_rule_values():
     assert SUGGEST_RULES["less_often"](5, 4, {}, {}) == 20
     assert SUGGEST_RULES["less_often"](-1, 4, {}, {}) is None  # already never
     cap = SUGGEST_RULES["cap_length"]
-    assert cap(16384, 4, {"response_len_mean_tokens": 700}, {}) == 4096
-    assert cap(2048, 4, {"response_len_mean_tokens": 700}, {}) == 2048
+    tail = GenerationTailEvidence(response_length_mean_tokens=700)
+    assert cap(16384, 4, tail, {}) == 4096
+    assert cap(2048, 4, tail, {}) == 2048
     assert cap(8192, 4, {}, {}) == 4096
 
 
@@ -324,7 +330,7 @@ def test_suggestions_follow_rules_on_verl_command():
     # test_freq is not on the command line and defaults to -1: a relative suggestion
     assert recs["trainer.test_freq"].current is None
     assert recs["trainer.test_freq"].suggested == "every 4× as many steps as now"
-    assert SUGGEST_RULES["less_often"](-1, 4, {"period_steps": 5}, {}) == 20
+    assert SUGGEST_RULES["less_often"](-1, 4, PeriodicStallEvidence(every_n_steps=5), {}) == 20
     # gains: share × factor, GPU-seconds × factor
     assert gmu.expected_gain_share == pytest.approx(0.2 * 0.6)
     assert gmu.expected_gain_gpu_s == pytest.approx(100.0 * 0.6)

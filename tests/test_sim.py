@@ -183,6 +183,17 @@ def _evidence(kind: str, res, healthy) -> None:
         busy = util > 50
         mixed = (busy.any(axis=1) & (~busy).any(axis=1)).mean()
         assert mixed > 0.5
+    elif kind == "unused_gpu":
+        gpus = res.truth[0].gpus
+        idle = run.gpu[run.gpu["gpu"].isin(gpus)]
+        assert idle["util_gpu_pct"].max() == 0 and idle["mem_used_bytes"].max() < 2**30
+        assert not run.spans["rank"].isin(gpus).any()  # no process of the job on them
+    elif kind == "idle_allocation":
+        t = res.truth[0].intervals_ns[0]
+        during = run.gpu[(run.gpu["t_ns"] >= t[0]) & (run.gpu["t_ns"] < t[1])]
+        assert (t[1] - t[0]) / 1e9 >= 300 and during["util_gpu_pct"].max() == 0
+        named = run.spans[(run.spans["depth"] > 0) & (run.spans["phase"] != "collective")]
+        assert not ((named["start_ns"] < t[1]) & (named["end_ns"] > t[0])).any()
     else:  # pragma: no cover - a new kind must get its evidence check
         raise AssertionError(f"no evidence check for {kind}")
 
@@ -192,8 +203,11 @@ def test_pathology_evidence_and_cost_scale(kind, healthy):
     strong = sim((kind, 1.0))
     _evidence(kind, strong, healthy)
     costs = [truth_gs(sim((kind, s)), kind) for s in (0.05, 0.5, 1.0)]
-    assert costs[0] < costs[1] < costs[2], costs
-    assert costs[0] < 0.15 * costs[2]  # a near miss loses little
+    if kind == "unused_gpu":  # whole GPUs: one until severity 0.7, then two
+        assert costs[0] == costs[1] < costs[2], costs
+    else:
+        assert costs[0] < costs[1] < costs[2], costs
+        assert costs[0] < 0.15 * costs[2]  # a near miss loses little
     t = strong.truth[0]
     assert t.kind == kind and 0 < t.share < 1 and t.intervals_ns and t.gpus
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpuprof.analyzers.findings import STALL_KINDS, AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.stalls_phase import DETECTORS
+from gpuprof.analyzers.stalls import DETECTORS, STALLS
 from gpuprof.model import Run, RunMeta
 from gpuprof.sim import Pathology, SimConfig, simulate
 
@@ -33,16 +33,8 @@ def _findings(run: Run) -> dict[str, Finding]:
 
 
 def test_kinds_are_known() -> None:
-    assert set(DETECTORS) <= set(STALL_KINDS)
-    assert set(DETECTORS) == {
-        "reshard_idle",
-        "reward_bound",
-        "dataloader_starvation",
-        "generation_tail",
-        "periodic_stall",
-        "idle_unattributed",
-        "pipeline_bubble",
-    }
+    assert tuple(DETECTORS) == tuple(s.kind for s in STALLS)
+    assert set(DETECTORS) == set(STALL_KINDS)
 
 
 @pytest.mark.parametrize(

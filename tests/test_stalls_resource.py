@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from gpuprof.analyzers.findings import STALL_KINDS, AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.stalls_resource import DETECTORS
+from gpuprof.analyzers.stalls import DETECTORS, STALLS
 from gpuprof.model import Run, RunMeta
 from gpuprof.sim import Pathology, SimConfig, simulate
 
@@ -26,11 +26,8 @@ def _sim(kind: str | None, severity: float = 0.8, gpus: int = 8, **kw):
 
 
 def test_detectors_cover_known_kinds() -> None:
-    assert set(DETECTORS) <= set(STALL_KINDS)
-    assert set(DETECTORS) == {
-        "memory_headroom", "offload_thrash", "comm_bound", "host_bound", "imbalance",
-        "throttling",
-    }  # fmt: skip
+    assert tuple(DETECTORS) == tuple(s.kind for s in STALLS)
+    assert set(DETECTORS) == set(STALL_KINDS)
 
 
 @pytest.mark.parametrize(

@@ -7,23 +7,20 @@ reported in ``notes`` and the others go on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from gpuprof.analyzers import stalls_phase, stalls_resource
 from gpuprof.analyzers.basic import finite_or_none, step_times, tokens_per_s
-from gpuprof.analyzers.findings import STALL_KINDS, AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls import DETECTORS, STALLS
 from gpuprof.model import Run
 
 JSON_SCHEMA_VERSION = 1
 """Version of the ``gpuprof analyze --json`` document (docs/ANALYZE_JSON.md)."""
 
-Detector = Callable[[AnalysisContext, Thresholds], "Finding | None"]
-DETECTORS: dict[str, Detector] = {**stalls_phase.DETECTORS, **stalls_resource.DETECTORS}
-"""Stall kind → its detector, in the taxonomy's order where available."""
+__all__ = ["DETECTORS", "Diagnosis", "diagnose", "summarize"]
 
 CLOCK_SKEW_NOTE_S = 2.0
 """Hosts whose records start further apart than this are noted as possibly skewed."""
@@ -63,14 +60,11 @@ def diagnose(
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
     notes = data_notes(run)
     findings: list[Finding] = []
-    for kind in STALL_KINDS:
-        detector = DETECTORS.get(kind)
-        if detector is None:
-            continue
+    for stall in STALLS:  # in their declared order: earlier stalls claim GPU-time first
         try:
-            finding = detector(ctx, th)
+            finding = stall.detect(ctx, th)
         except Exception as exc:  # one broken detector must not hide the others' findings
-            notes.append(f"{kind} analysis failed: {type(exc).__name__}: {exc}")
+            notes.append(f"{stall.kind} analysis failed: {type(exc).__name__}: {exc}")
             continue
         if finding is not None and finding.share >= th.min_share:
             findings.append(finding)

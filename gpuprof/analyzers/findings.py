@@ -8,10 +8,12 @@ detector is, and the evidence it rests on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpuprof.model import Run
@@ -30,6 +32,8 @@ STALL_KINDS: tuple[str, ...] = (
     "throttling",
     "periodic_stall",
     "idle_unattributed",
+    "unused_gpu",
+    "idle_allocation",
 )
 """The stable ``kind`` of every finding (DESIGN.md, "Stall taxonomy")."""
 
@@ -50,7 +54,7 @@ class Finding:
     share: float
     confidence: float
     summary: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,7 +63,9 @@ class Finding:
             "share": round(float(self.share), 5),
             "confidence": round(float(self.confidence), 3),
             "summary": self.summary,
-            "evidence": self.evidence,
+            "evidence": self.evidence.to_dict()
+            if hasattr(self.evidence, "to_dict")
+            else dict(self.evidence),
         }
 
 
@@ -107,6 +113,18 @@ class Thresholds:
     """Share of update time a well-overlapped job spends in collectives."""
     collective_min_frac: float = 0.2
     """Collectives above this share of update time make a run comm-bound."""
+    unused_util_pct: float = 1.0
+    """A GPU whose busy measure never exceeds this over the whole run was never used: NVML
+    reads 0% on a GPU without work (public nvidia-smi logs of idle GPUs: 0%)."""
+    unused_mem_bytes: float = 2**30
+    """...and whose memory stays at or below this: a CUDA context alone holds a few hundred
+    MiB (PyTorch on Ampere/Hopper: ~300-600 MiB); more is data someone put there."""
+    unused_min_s: float = 10.0
+    """Sampled time a GPU needs before it can be called unused (a few seconds of start-up
+    before the first kernel are not a run)."""
+    idle_allocation_min_s: float = 300.0
+    """A stretch with every GPU idle and nothing running, at least this long, is an idle
+    allocation (a hang, a wait on storage or a service); shorter gaps are unattributed idle."""
 
 
 @dataclass
@@ -158,6 +176,33 @@ class AnalysisContext:
         return phase_breakdown(
             self.run, ("phase", "step"), self.samples, spans=self.spans, owners=self.owners
         )
+
+    @property
+    def claimed(self) -> np.ndarray:
+        """Per row of `samples`: claimed by a stall applied earlier (a GPU the job never used,
+        an idle allocation), so later detectors leave it alone. All False until a claim."""
+        mask = self.__dict__.get("_claimed")
+        if mask is None or len(mask) != len(self.samples):
+            mask = np.zeros(len(self.samples), dtype=bool)
+            self.__dict__["_claimed"] = mask
+        return mask
+
+    def claim(self, mask: np.ndarray) -> None:
+        """Mark rows of `samples` as explained by the stall applied now (see `claimed`)."""
+        self.__dict__["_claimed"] = self.claimed | np.asarray(mask, dtype=bool)
+
+    @property
+    def unclaimed_samples(self) -> pd.DataFrame:
+        """`samples` less the rows already claimed (the frame itself when nothing is)."""
+        mask = self.claimed
+        if not mask.any():
+            return self.samples
+        key = int(mask.sum())
+        cached = self.__dict__.get("_unclaimed")
+        if cached is None or cached[0] != key:
+            cached = (key, self.samples[~mask])
+            self.__dict__["_unclaimed"] = cached
+        return cached[1]
 
     @property
     def total_gpu_s(self) -> float:

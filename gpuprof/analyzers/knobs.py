@@ -22,9 +22,11 @@ hand-written loop's own settings.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from gpuprof.analyzers.evidence import Evidence
 
 FRAMEWORKS: tuple[str, ...] = ("verl", "trl", "swift", "openrlhf", "pytorch")
 """Frameworks the catalogue covers; ``pytorch`` is also the fallback for the others."""
@@ -57,7 +59,7 @@ class KnobEntry:
 # ``base`` is the current value, or the framework default when the current one is unknown.
 # ``context`` holds run facts (``gpus_per_host``). Returning None means "no concrete value".
 
-SuggestFn = Callable[[Any, Any, dict[str, Any], dict[str, Any]], Any]
+SuggestFn = Callable[[Any, Any, Mapping[str, Any], dict[str, Any]], Any]
 
 
 def _num(value: Any) -> float | None:
@@ -77,16 +79,32 @@ def _like(base: Any, value: float) -> int | float:
     return round(value, 3)
 
 
-def _headroom(evidence: dict[str, Any], base: float) -> float:
-    """Unused memory share (0–1) from the evidence, else what ``base`` leaves below 0.9."""
-    for key in ("headroom_frac", "mem_headroom_frac", "free_mem_frac"):
-        value = _num(evidence.get(key))
-        if value is not None:
-            return min(1.0, max(0.0, value))
-    for key in ("peak_mem_frac", "peak_mem_used_frac", "mem_peak_frac"):
-        value = _num(evidence.get(key))
-        if value is not None:
-            return min(1.0, max(0.0, 1.0 - value))
+def evidence_value(evidence: Mapping[str, Any], name: str) -> Any:
+    """Field ``name`` of a finding's evidence, as a rule reads it.
+
+    Typed evidence (`Evidence`) is read by attribute, so a rule and a detector that disagree on
+    a name fail loudly (``AttributeError``) instead of falling back to a generic suggestion;
+    a plain mapping (a hand-built finding) is read with ``.get``.
+    """
+    if isinstance(evidence, Evidence):
+        return getattr(evidence, name)
+    return evidence.get(name) if isinstance(evidence, Mapping) else None
+
+
+EVIDENCE_READS: dict[str, str] = {
+    "memory_fraction": "mem_peak_frac",
+    "less_often": "every_n_steps",
+    "cap_length": "response_length_mean_tokens",
+}
+"""Rule → the evidence field its evidence-driven branch reads (tests check every catalogue row
+whose rule is here against the real finding of its kind)."""
+
+
+def _headroom(evidence: Mapping[str, Any], base: float) -> float:
+    """Unused memory share (0–1) at the measured peak, else what ``base`` leaves below 0.9."""
+    peak = _num(evidence_value(evidence, EVIDENCE_READS["memory_fraction"]))
+    if peak is not None:
+        return min(1.0, max(0.0, 1.0 - peak))
     return max(0.0, 0.9 - base)
 
 
@@ -123,13 +141,13 @@ def _rule_divide(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, Any]) -
 
 
 def _rule_less_often(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, Any]) -> Any:
-    # every-N-steps settings: N <= 0 means "never" already, so nothing to suggest
+    # every-N-steps settings: N <= 0 means "never" already, so nothing to suggest; without a
+    # current value, the period the detector measured stands in for it
     current = _num(base)
     if current is None or current <= 0:
-        for key in ("period_steps", "every_steps", "interval_steps"):
-            period = _num(ev.get(key))
-            if period is not None and period > 0:
-                return int(period * float(arg))
+        period = _num(evidence_value(ev, EVIDENCE_READS["less_often"]))
+        if period is not None and period > 0:
+            return int(period * float(arg))
         return None
     return _like(base, current * float(arg))
 
@@ -148,11 +166,7 @@ def _rule_cap_length(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, Any
     # cap the response length near ``arg`` × the mean response (a power of two), never above
     # the current cap; without a measured mean, halve the current cap
     current = _num(base)
-    mean = None
-    for key in ("response_len_mean_tokens", "response_len_mean", "mean_response_tokens"):
-        mean = _num(ev.get(key))
-        if mean is not None:
-            break
+    mean = _num(evidence_value(ev, EVIDENCE_READS["cap_length"]))
     if mean is not None and mean > 0:
         cap = 2 ** math.ceil(math.log2(mean * float(arg)))
         return int(cap if current is None else min(current, cap))
@@ -210,6 +224,11 @@ _DYN = (
 _SYNC_LESS = (
     "{knob}={current}: weights move to the inference engine once per generation round; "
     "{suggested} generates for more optimizer steps per sync, so GPUs idle in syncs less often."
+)
+
+_UNUSED = (
+    "{knob}={current}: some GPUs given to the job never ran work; {suggested} puts every GPU "
+    "of the node to work (or ask the scheduler / CUDA_VISIBLE_DEVICES for fewer GPUs)."
 )
 
 CATALOGUE: tuple[KnobEntry, ...] = (
@@ -506,7 +525,21 @@ CATALOGUE: tuple[KnobEntry, ...] = (
        "multiply", 10, 1, 0.3,
        "{knob}={current}: logging gathers metrics across ranks and syncs the GPU; every "
        "{suggested} steps does it less often."),
+    # ------------------------------------------------------------- unused GPUs, any launcher
+    _K("verl", "unused_gpu", "gpus", "trainer.n_gpus_per_node", "", "gpus_per_host", 8, 8, 0.9,
+       _UNUSED),
+    _K("trl", "unused_gpu", "gpus", "num_processes", "", "gpus_per_host", 1, 1, 0.9, _UNUSED),
+    _K("swift", "unused_gpu", "gpus", "NPROC_PER_NODE", "", "gpus_per_host", 1, 1, 0.9,
+       _UNUSED),
     # ------------------------------------------------------ plain PyTorch (and the fallback)
+    _K("pytorch", "unused_gpu", "gpus", "nproc_per_node", "", "gpus_per_host", 1, 1, 0.9,
+       _UNUSED),
+    _K("pytorch", "idle_allocation", "timeout", "init_process_group.timeout", "", "set",
+       "timedelta(minutes=10)", None, 0.5,
+       "The job held its GPUs idle for minutes with nothing running: a hung collective or a "
+       "wait on storage or a service. A collective timeout of {suggested} (with "
+       "TORCH_NCCL_ASYNC_ERROR_HANDLING=1) makes a hang fail fast instead of holding the "
+       "allocation; the evidence intervals show when it happened."),
     _K("pytorch", "reshard_idle", "bucket", "weight_sync_bucket_mb", "", "multiply", 4, 64, 0.4,
        "{knob}={current}: a hand-written weight sync that sends tensors one by one pays a "
        "launch and sync per tensor; flatten them into {suggested} MB buckets."),

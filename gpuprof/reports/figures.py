@@ -19,6 +19,7 @@ from plotly.colors import qualitative
 
 from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE, valid_spans
 from gpuprof.analyzers.basic import step_times
+from gpuprof.intervals import union
 from gpuprof.model import Run
 from gpuprof.reports.downsample import Binned, bin_stats, keep_shape
 
@@ -664,19 +665,6 @@ def _band_process(spans: pd.DataFrame) -> tuple[str, int, str]:
     return str(best["host"]), int(best["pid"]), f"process {int(best['pid'])} on {best['host']}"
 
 
-def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge overlapping or touching [start, end) intervals (vectorised)."""
-    order = np.argsort(start, kind="stable")
-    start, end = start[order], end[order]
-    reach = np.maximum.accumulate(end)
-    new = np.ones(len(start), dtype=bool)
-    new[1:] = start[1:] > reach[:-1]
-    groups = np.cumsum(new) - 1
-    merged_end = np.zeros(groups[-1] + 1 if len(groups) else 0, dtype=end.dtype)
-    np.maximum.at(merged_end, groups, end)
-    return start[new], merged_end
-
-
 def _phase_bands(
     run: Run, axis: TimeAxis, budget: Budget, out: FigureSet, yref: str
 ) -> list[dict[str, Any]]:
@@ -706,9 +694,7 @@ def _phase_bands(
     extra = iter(_EXTRA_COLORS)
     for phase, group in mine.groupby("phase", sort=False):
         color = PHASE_COLORS.get(str(phase)) or next(extra, "#aaaaaa")
-        start, end = _union(
-            group["start_ns"].to_numpy(np.int64), group["end_ns"].to_numpy(np.int64)
-        )
+        start, end = union(group["start_ns"].to_numpy(np.int64), group["end_ns"].to_numpy(np.int64))
         x = axis.of(np.column_stack([start, end]).ravel())
         y = np.tile([100.0, 0.0], len(start))
         traces.append(

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof import __version__
+from gpuprof.intervals import union
 from gpuprof.model import Run
 from gpuprof.reports.fmt import json_safe
 from gpuprof.reports.progress import progress
@@ -422,16 +423,6 @@ def _counter_track(
     return out
 
 
-def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
-
-
 def _finding_events(
     findings: list[Any], t0: int, pid: int, meta: list[dict[str, Any]]
 ) -> Iterator[dict[str, Any]]:
@@ -460,7 +451,8 @@ def _finding_events(
             yield {"ph": "i", "s": "t", "cat": "finding", "name": finding.kind, "pid": pid,
                    "tid": tid, "ts": 0.0, "args": args}  # fmt: skip
             continue
-        for s, e in _merge(intervals):
+        starts, ends = union(*np.array(intervals, dtype=np.int64).T)
+        for s, e in zip(starts.tolist(), ends.tolist()):
             yield {"ph": "X", "cat": "finding", "name": finding.kind, "pid": pid, "tid": tid,
                    "ts": _us(s, t0), "dur": (e - s) / 1000, "args": args}  # fmt: skip
 

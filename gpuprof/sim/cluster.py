@@ -29,7 +29,7 @@ from gpuprof.model import (
 from gpuprof.sim.config import SimConfig
 from gpuprof.sim.frameworks import PHASE_NAMES, build_command
 from gpuprof.sim.pathologies import TAIL_DECAY, Level, Plan, build_plan
-from gpuprof.sim.timeline import Group, Timeline, layout
+from gpuprof.sim.timeline import Cost, Group, Timeline, layout
 
 MEM_TOTAL_BYTES = 81559 * 2**20  # H100 80GB HBM3 as NVML reports it
 IDLE_CLOCK_MHZ, MAX_CLOCK_MHZ = 345.0, 1980.0
@@ -104,9 +104,13 @@ def simulate(config: SimConfig) -> SimResult:
     gpu, series = gen.gpu_frame()
     spans, events = gen.spans_events()
     host, procs, gpu_procs = gen.host_frames(series)
+    if plan.unused:
+        gpu, spans, events, procs, gpu_procs = gen.unuse(gpu, spans, events, procs, gpu_procs)
+        tl.costs["unused_gpu"] = Cost(tl.duration_s * len(plan.unused), [(0.0, tl.duration_s)])
     end_ns = config.start_ns + round(tl.duration_s * 1e9)
+    used = config.gpus - len(plan.unused)  # the command asks for the GPUs it uses
     argv, knobs = build_command(
-        config.framework, plan.settings, config.gpus, config.gpus_per_host, config.algorithm
+        config.framework, plan.settings, used, config.gpus_per_host, config.algorithm
     )
     meta = RunMeta(
         run_id=f"sim-{config.seed}",
@@ -286,6 +290,31 @@ class _Gen:
         order = np.lexsort((np.repeat(np.arange(n), m), frame["t_ns"].to_numpy()))
         frame = frame.iloc[order].reset_index(drop=True)
         return frame, {"util": util, "mem": mem, "t": t, "per_group": per_group}
+
+    def unuse(self, gpu: pd.DataFrame, *frames: pd.DataFrame) -> tuple[pd.DataFrame, ...]:
+        """The frames with the plan's unused GPUs idle and their rank processes absent: no
+        context on the GPU (a few MiB used), no spans, events or process samples."""
+        unused = np.asarray(self.plan.unused, dtype=np.int64)
+        keys = pd.MultiIndex.from_arrays([gpu["host"], gpu["gpu"]])
+        off = keys.isin(pd.MultiIndex.from_arrays([self.host_of[unused], self.local[unused]]))
+        gpu = gpu.copy()
+        for col in ("util_gpu_pct", "util_mem_pct", "pcie_tx_bytes_s", "pcie_rx_bytes_s",
+                    "nvlink_tx_bytes_s", "nvlink_rx_bytes_s"):  # fmt: skip
+            gpu.loc[off, col] = 0.0
+        for col in ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_active_pct"):
+            if gpu[col].notna().any():
+                gpu.loc[off, col] = 0.0
+        gpu.loc[off, "mem_used_bytes"] = 2 * 2**20
+        gpu.loc[off, "power_w"] = 68.0
+        gpu.loc[off, "sm_clock_mhz"] = IDLE_CLOCK_MHZ
+        gpu.loc[off, "clock_event_reasons"] = REASON_GPU_IDLE
+        pids = set(self.pid[unused].tolist())
+        out = [gpu]
+        for frame in frames:
+            if frame is not None and len(frame) and "pid" in frame:
+                frame = frame[~frame["pid"].isin(pids)].reset_index(drop=True)
+            out.append(frame)
+        return tuple(out)
 
     # ---------------------------------------------------------------- spans and events
     def spans_events(self) -> tuple[pd.DataFrame, pd.DataFrame]:

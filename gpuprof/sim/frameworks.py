@@ -156,7 +156,7 @@ _ENTRY: dict[str, list[str]] = {
     "trl": ["accelerate", "launch", "--config_file", "zero3.yaml", "grpo_train.py"],
     "swift": ["swift", "rlhf", "--rlhf_type", "grpo"],
     "openrlhf": ["python3", "-m", "openrlhf.cli.train_ppo_ray"],
-    "pytorch": ["torchrun", "--nproc_per_node=8", "train_grpo.py"],
+    "pytorch": ["torchrun", "train_grpo.py"],
 }
 
 
@@ -180,10 +180,18 @@ def build_command(
     """
     argv = list(_ENTRY[framework])
     knobs: dict[str, Any] = {}
+    per_node = min(gpus, gpus_per_host)  # the launcher's processes per node
+    if framework == "pytorch":
+        argv.insert(1, f"--nproc_per_node={per_node}")
+        knobs["nproc_per_node"] = per_node
+    elif framework == "trl":
+        argv[2:2] = ["--num_processes", str(per_node)]
+        knobs["num_processes"] = per_node
     if framework == "verl":
         adv = "grpo" if algorithm == "grpo" else "gae"
         argv.append(f"algorithm.adv_estimator={adv}")
-        argv.append(f"trainer.n_gpus_per_node={min(gpus, gpus_per_host)}")
+        argv.append(f"trainer.n_gpus_per_node={per_node}")
+        knobs["trainer.n_gpus_per_node"] = per_node
         argv.append(f"trainer.nnodes={-(-gpus // gpus_per_host)}")
         argv.append("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct")
         knobs["algorithm.adv_estimator"] = adv

@@ -108,6 +108,10 @@ class Plan:
     response_len: tuple[float, float] = (900.0, 1400.0)
     """(mean, max) response length in tokens."""
     clip_ratio: float = 0.01
+    unused: list[int] = field(default_factory=list)
+    """GPUs given to the job that it never runs work on (the last ones of the job)."""
+    hang: tuple[int, float] | None = None
+    """(step, seconds): every GPU idles with nothing running after that step's weight sync."""
     scope: dict[str, tuple[list[str], list[int] | None]] = field(default_factory=dict)
     """Kind -> (affected phases, affected GPUs or None for all)."""
 
@@ -306,6 +310,21 @@ def _idle_unattributed(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Gene
     plan.scope["idle_unattributed"] = ([], None)
 
 
+def _unused_gpu(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
+    # e.g. torchrun --nproc_per_node one short of the GPUs the scheduler handed out
+    n = 1 if s < 0.7 or cfg.gpus < 4 else 2
+    plan.unused = list(range(cfg.gpus - n, cfg.gpus))
+    plan.scope["unused_gpu"] = ([], plan.unused)
+
+
+def _idle_allocation(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
+    # e.g. a collective that hangs until a timeout, or a wait on storage: minutes, whatever
+    # the step length (25 min at full severity; below s = 0.2 shorter than the 5 min that
+    # make an idle allocation, a near miss)
+    plan.hang = (min(1, cfg.steps - 1), 1500.0 * s)
+    plan.scope["idle_allocation"] = ([], None)
+
+
 def _healthy(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
     """No stall: the healthy plan as it is."""
 
@@ -325,6 +344,8 @@ PATHOLOGIES: dict[str, ApplyFn] = {
     "throttling": _throttling,
     "periodic_stall": _periodic_stall,
     "idle_unattributed": _idle_unattributed,
+    "unused_gpu": _unused_gpu,
+    "idle_allocation": _idle_allocation,
 }
 """Stall kind -> function editing a `Plan` at a severity. ``healthy`` injects nothing."""
 
@@ -339,6 +360,9 @@ def build_plan(config: SimConfig, rng: np.random.Generator) -> Plan:
             raise ValueError(f"unknown pathology {p.kind!r}; known: {sorted(PATHOLOGIES)}")
         PATHOLOGIES[p.kind](plan, p.severity, config, rng)
     return plan
+
+
+_MULTI_GPU = ("pipeline_bubble", "imbalance", "unused_gpu")
 
 
 def random_config(
@@ -362,10 +386,10 @@ def random_config(
     pool = [k for k in pool if k != "healthy"]
     n_gpus = int(rng.choice(list(gpus)))
     if n_gpus < 2:  # these need more than one GPU to exist
-        pool = [k for k in pool if k not in ("pipeline_bubble", "imbalance")] or pool
+        pool = [k for k in pool if k not in _MULTI_GPU] or pool
     n = 0 if not pool or rng.random() < healthy_share else int(rng.integers(1, max_pathologies + 1))
     chosen = list(rng.choice(pool, size=min(n, len(pool)), replace=False)) if n else []
-    if n_gpus < 2 and any(k in ("pipeline_bubble", "imbalance") for k in chosen):
+    if n_gpus < 2 and any(k in _MULTI_GPU for k in chosen):
         n_gpus = 2
     pathologies = [Pathology(str(k), float(rng.uniform(*severity))) for k in chosen]
     placement = "split" if "pipeline_bubble" in chosen else "colocated"

@@ -176,6 +176,9 @@ def layout(config: SimConfig, plan: Plan, rng: np.random.Generator) -> Timeline:
         else:
             t = _split_step(lay, t, train_phases, step)
         t = lay.stage(t, "reshard", groups, step)
+        if plan.hang is not None and step == plan.hang[0]:
+            lay.cost("idle_allocation").add(plan.hang[1] * lay.n, t, t + plan.hang[1])
+            t = lay.idle(t, plan.hang[1], groups, step)
         if plan.periodic is not None and (step + 1) % plan.periodic[0] == 0:
             _, ckpt_s, eval_s = plan.periodic
             for phase, secs in (("checkpoint", ckpt_s), ("eval", eval_s)):

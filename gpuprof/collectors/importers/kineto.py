@@ -59,6 +59,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.collectors.importers import Imported, ImportFormatError, _decode
+from gpuprof.intervals import covered_ns, union
 from gpuprof.model import Event, GpuSample, Span, columns, span_depths
 from gpuprof.phases import canonical_phase
 
@@ -422,27 +423,6 @@ def _host(path: Path, meta: dict[str, Any]) -> tuple[str, bool]:
 
 # --------------------------------------------------------------------------------------------
 # Intervals
-
-
-def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The disjoint, sorted intervals covering ``[starts, ends)``; touching ones are merged."""
-    if len(starts) == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    reach = np.maximum.accumulate(e)
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > reach[:-1]
-    first = np.flatnonzero(new)
-    return s[first], np.maximum.reduceat(e, first)
-
-
-def covered_ns(starts: np.ndarray, ends: np.ndarray) -> int:
-    """Total time covered by the union of ``[starts, ends)``."""
-    s, e = union(starts, ends)
-    return int((e - s).sum())
 
 
 def busy_before(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -1,0 +1,275 @@
+"""Typed evidence: one dataclass per stall kind, produced by its detector and read by the knob
+rules of the recommender.
+
+Every class has the three fields every finding carries — ``intervals`` (``[[start_ns,
+end_ns], …]``, the worst stretches, for "zoom to evidence"), ``gpus`` (``"host:index"``) and
+``phases`` — plus ``basis``: what the figures were measured from (``"gpu_samples"``: NVML or
+trace samples aligned with phase spans; ``"phase_timing"``: a framework's per-step phase times
+alone, with no GPU samples). The other fields are that kind's figures, units in their names;
+``None`` means "not measured".
+
+An `Evidence` is also a read-only mapping of its field names, so renderers and the JSON output
+treat it like the dict it serialises to (`to_dict`); a misspelt field is an ``AttributeError``
+at the producer and a ``KeyError`` at a reader, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+GPU_SAMPLES = "gpu_samples"
+PHASE_TIMING = "phase_timing"
+
+
+@dataclass(kw_only=True)
+class Evidence(Mapping[str, Any]):
+    """Fields every finding has; subclasses add their kind's figures."""
+
+    kind: ClassVar[str] = ""
+    intervals: list[list[int]] = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)
+    phases: list[str] = field(default_factory=list)
+    basis: str = GPU_SAMPLES
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.field_names():
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.field_names())
+
+    def __len__(self) -> int:
+        return len(self.field_names())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able dict of the ``gpuprof analyze --json`` document."""
+        return {name: getattr(self, name) for name in self.field_names()}
+
+
+@dataclass(kw_only=True)
+class ReshardIdleEvidence(Evidence):
+    kind: ClassVar[str] = "reshard_idle"
+    reshard_gpu_s: float | None = None
+    reshard_idle_gpu_s: float | None = None
+    reshard_util_gpu_pct: float | None = None
+    reshard_span_mean_s: float | None = None
+    reshard_syncs: int | None = None
+    reshard_share_of_step: float | None = None
+    weight_bytes: float | None = None
+    effective_bandwidth_bytes_s: float | None = None
+    pcie_bytes_s: float | None = None
+    nvlink_bytes_s: float | None = None
+    link_burst: bool | None = None
+    waiting_gpus_idle_gpu_s: float | None = None
+    allowance_share: float | None = None
+
+
+@dataclass(kw_only=True)
+class PipelineBubbleEvidence(Evidence):
+    kind: ClassVar[str] = "pipeline_bubble"
+    bubble_idle_gpu_s: float | None = None
+    serial_extra_gpu_s: float | None = None
+    idle_gpus_frac_in_bubble: float | None = None
+    bubble_time_share: float | None = None
+
+
+@dataclass(kw_only=True)
+class DataloaderStarvationEvidence(Evidence):
+    kind: ClassVar[str] = "dataloader_starvation"
+    dataload_idle_gpu_s: float | None = None
+    dataload_share_of_step: float | None = None
+    loader_cpu_pct: float | None = None
+    main_cpu_pct: float | None = None
+    dataloader_num_workers: int | None = None
+    loader_saturated: bool | None = None
+    loader_ops: int | None = None
+    allowance_share: float | None = None
+
+
+@dataclass(kw_only=True)
+class RewardBoundEvidence(Evidence):
+    kind: ClassVar[str] = "reward_bound"
+    reward_gpu_s: float | None = None
+    reward_idle_gpu_s: float | None = None
+    reward_util_gpu_pct: float | None = None
+    reward_share_of_step: float | None = None
+    host_cpu_pct: float | None = None
+    scorer_process_cpu_pct: float | None = None
+    host_cpu_busy: bool | None = None
+    scorer_pinned: bool | None = None
+    waiting_gpus_idle_gpu_s: float | None = None
+    allowance_share: float | None = None
+
+
+@dataclass(kw_only=True)
+class GenerationTailEvidence(Evidence):
+    kind: ClassVar[str] = "generation_tail"
+    tail_to_head_util_ratio: float | None = None
+    tail_steps: int | None = None
+    steps: int | None = None
+    tail_idle_gpu_s: float | None = None
+    response_length_max_tokens: float | None = None
+    response_length_mean_tokens: float | None = None
+    response_length_max_to_mean: float | None = None
+    response_clip_ratio: float | None = None
+    generation_worker_s_min: float | None = None
+    generation_worker_s_max: float | None = None
+    rollout_share_of_step: float | None = None
+
+
+@dataclass(kw_only=True)
+class MemoryHeadroomEvidence(Evidence):
+    kind: ClassVar[str] = "memory_headroom"
+    mem_peak_frac: float | None = None
+    mem_peak_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    mem_target_frac: float | None = None
+    phase_gpu_s: float | None = None
+    model: str | None = None
+    knobs: dict[str, Any] | None = None
+
+    @property
+    def headroom_frac(self) -> float | None:
+        """Unused memory share at the peak (0–1): ``1 - mem_peak_frac``."""
+        return None if self.mem_peak_frac is None else max(0.0, 1.0 - self.mem_peak_frac)
+
+
+@dataclass(kw_only=True)
+class OffloadThrashEvidence(Evidence):
+    kind: ClassVar[str] = "offload_thrash"
+    pcie_bytes_s_per_direction: float | None = None
+    pcie_link_bytes_s: float | None = None
+    pcie_link: str | None = None
+    pcie_heavy_share_of_update: float | None = None
+    update_gpu_s: float | None = None
+    util_gpu_pct: float | None = None
+    sm_active_pct: float | None = None
+    knobs: dict[str, Any] | None = None
+
+
+@dataclass(kw_only=True)
+class CommBoundEvidence(Evidence):
+    kind: ClassVar[str] = "comm_bound"
+    collective_share_of_update: float | None = None
+    collective_s_per_owner_mean: float | None = None
+    update_s_per_owner_mean: float | None = None
+    nvlink_bytes_s_per_direction: float | None = None
+    sm_active_pct_in_collectives: float | None = None
+    util_gpu_pct_in_collectives: float | None = None
+
+
+@dataclass(kw_only=True)
+class HostBoundEvidence(Evidence):
+    kind: ClassVar[str] = "host_bound"
+    util_gpu_pct: float | None = None
+    process_cpu_pct_of_core: float | None = None
+    pinned_share_of_compute: float | None = None
+    rank_process_pinned_share: float | None = None
+    sm_active_pct: float | None = None
+    sync_ops: int | None = None
+    sync_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class ImbalanceEvidence(Evidence):
+    kind: ClassVar[str] = "imbalance"
+    straggler_rank: int | None = None
+    straggler_pid: int | None = None
+    straggler_host: str | None = None
+    slowdown_frac_median: float | None = None
+    delay_s_total: float | None = None
+    phase_steps_flagged: int | None = None
+    barrier_spans: int | None = None
+    util_gpu_pct_spread: float | None = None
+    mem_peak_bytes_spread: float | None = None
+    low_gpus: list[str] | None = None
+    low_util_gpu_pct: float | None = None
+    peer_util_gpu_pct: float | None = None
+    measure: str | None = None
+
+
+@dataclass(kw_only=True)
+class ThrottlingEvidence(Evidence):
+    kind: ClassVar[str] = "throttling"
+    clock_event_reasons: list[str] = field(default_factory=list)
+    clock_event_reasons_mask: int | None = None
+    sm_clock_mhz_throttled: float | None = None
+    sm_clock_mhz_max: float | None = None
+    throttled_share_of_busy: float | None = None
+    temp_c_throttled: float | None = None
+    power_w_throttled: float | None = None
+
+
+@dataclass(kw_only=True)
+class PeriodicStallEvidence(Evidence):
+    kind: ClassVar[str] = "periodic_stall"
+    every_n_steps: float | None = None
+    occurrences: int | None = None
+    steps_total: int | None = None
+    stall_steps: list[int] = field(default_factory=list)
+    idle_gpu_s: float | None = None
+    idle_gpu_s_per_occurrence: float | None = None
+    seconds_per_occurrence: float | None = None
+    normal_step_s: float | None = None
+    normal_step_idle_gpu_s: float | None = None
+    waiting_gpus_idle_gpu_s: float | None = None
+    util_gpu_pct: float | None = None
+
+
+@dataclass(kw_only=True)
+class IdleUnattributedEvidence(Evidence):
+    kind: ClassVar[str] = "idle_unattributed"
+    idle_gpu_s: float | None = None
+    idle_in_step_gpu_s: float | None = None
+    idle_outside_spans_gpu_s: float | None = None
+    run_idle_share: float | None = None
+    spans_recorded: bool | None = None
+
+
+@dataclass(kw_only=True)
+class UnusedGpuEvidence(Evidence):
+    kind: ClassVar[str] = "unused_gpu"
+    util_gpu_pct_max: float | None = None
+    mem_used_bytes_max: float | None = None
+    unused_gpu_s: float | None = None
+    used_gpus: int | None = None
+
+
+@dataclass(kw_only=True)
+class IdleAllocationEvidence(Evidence):
+    kind: ClassVar[str] = "idle_allocation"
+    idle_stretch_s_longest: float | None = None
+    idle_stretches: int | None = None
+    mem_held_bytes: float | None = None
+    idle_gpu_s: float | None = None
+    whole_run: bool | None = None
+
+
+EVIDENCE: dict[str, type[Evidence]] = {
+    cls.kind: cls
+    for cls in (
+        ReshardIdleEvidence,
+        PipelineBubbleEvidence,
+        DataloaderStarvationEvidence,
+        RewardBoundEvidence,
+        GenerationTailEvidence,
+        MemoryHeadroomEvidence,
+        OffloadThrashEvidence,
+        CommBoundEvidence,
+        HostBoundEvidence,
+        ImbalanceEvidence,
+        ThrottlingEvidence,
+        PeriodicStallEvidence,
+        IdleUnattributedEvidence,
+        UnusedGpuEvidence,
+        IdleAllocationEvidence,
+    )
+}
+"""Stall kind → its evidence class."""

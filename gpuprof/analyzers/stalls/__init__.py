@@ -1,0 +1,99 @@
+"""The stall detectors, one module per kind, and the order `diagnose` applies them in.
+
+Each module holds one detector, ``detect(ctx, th) -> Finding | None`` over an
+`AnalysisContext` (pure: no I/O, no printing), whose finding carries that kind's typed evidence
+(`gpuprof.analyzers.evidence`). `STALLS` lists them as `Stall` records in the order they are
+applied; a record says what GPU-time its kind claims, so that later kinds don't count it again:
+
+- GPUs the job never used (``unused_gpu``) and long stretches of an allocation with nothing
+  running (``idle_allocation``) are claimed first, in ``ctx.claimed``: no later detector
+  explains that time again (a bubble, unattributed idle, memory headroom, imbalance…);
+- then idle time by where it happens, partitioned through the owners' phases (see `_phase`):
+  inside a claimed phase or waiting for it, the decaying tail of rollouts, waiting while other
+  GPUs work, idle with nothing explaining it;
+- then resource limits on busy GPUs, with the hand-offs described in `_resource`.
+
+Detectors that only need phase timing (framework logs without GPU samples) fall back to the
+framework's own per-step times (`_timing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuprof.analyzers.evidence import EVIDENCE, Evidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls import (
+    comm_bound,
+    dataloader_starvation,
+    generation_tail,
+    host_bound,
+    idle_allocation,
+    idle_unattributed,
+    imbalance,
+    memory_headroom,
+    offload_thrash,
+    periodic_stall,
+    pipeline_bubble,
+    reshard_idle,
+    reward_bound,
+    throttling,
+    unused_gpu,
+)
+
+Detector = Callable[[AnalysisContext, Thresholds], "Finding | None"]
+
+
+@dataclass(frozen=True)
+class Stall:
+    """One stall kind: its detector, what GPU-time it claims, and its evidence class."""
+
+    kind: str
+    detect: Detector
+    claims: str
+    evidence: type[Evidence]
+
+
+def _stall(kind: str, detect: Detector, claims: str) -> Stall:
+    return Stall(kind, detect, claims, EVIDENCE[kind])
+
+
+STALLS: tuple[Stall, ...] = (
+    _stall("unused_gpu", unused_gpu.detect,
+           "every sample of a GPU the job never ran on (recorded in ctx.claimed)"),
+    _stall("idle_allocation", idle_allocation.detect,
+           "stretches of minutes with every GPU idle (recorded in ctx.claimed)"),
+    _stall("reshard_idle", reshard_idle.detect,
+           "idle in reshard spans and GPUs waiting on them, beyond an allowance"),
+    _stall("reward_bound", reward_bound.detect,
+           "idle in reward spans and GPUs waiting on them, beyond an allowance"),
+    _stall("dataloader_starvation", dataloader_starvation.detect,
+           "idle in dataload spans (or at step heads with a visibly slow loader)"),
+    _stall("periodic_stall", periodic_stall.detect,
+           "idle in checkpoint/eval spans and GPUs waiting on them"),
+    _stall("generation_tail", generation_tail.detect,
+           "the shortfall below a rollout's steady level after its first third"),
+    _stall("pipeline_bubble", pipeline_bubble.detect,
+           "waiting GPUs while others work, capped by what serialising added"),
+    _stall("idle_unattributed", idle_unattributed.detect,
+           "waiting GPUs while the whole job idles, outside claimed phases"),
+    _stall("offload_thrash", offload_thrash.detect,
+           "update samples with heavy PCIe and low compute"),
+    _stall("comm_bound", comm_bound.detect,
+           "collective share of update time above a healthy allowance"),
+    _stall("throttling", throttling.detect,
+           "time lost to reduced clocks on power/thermal-limited GPUs"),
+    _stall("host_bound", host_bound.detect,
+           "compute-phase samples while a process is pinned (not offload samples)"),
+    _stall("memory_headroom", memory_headroom.detect,
+           "a share of rollout (or update) time on GPUs with unused memory"),
+    _stall("imbalance", imbalance.detect,
+           "others' wait for a straggler rank, or work a low GPU left to its peers"),
+)  # fmt: skip
+"""Every stall kind, in the order `diagnose` applies them."""
+
+DETECTORS: dict[str, Detector] = {s.kind: s.detect for s in STALLS}
+"""Stall kind → detector."""
+
+__all__ = ["DETECTORS", "STALLS", "Detector", "Stall"]

@@ -1,0 +1,334 @@
+"""Shared helpers of the resource-stall detectors: the GPUs are not idle-waiting on a phase, a
+resource limits them (``memory_headroom``, ``offload_thrash``, ``comm_bound``, ``host_bound``,
+``imbalance``, ``throttling``; one module each in this package). Work is vectorised over
+samples and spans; loops run over GPUs, steps or phases.
+
+Who claims what (no double counting):
+
+- ``offload_thrash`` claims update-phase samples with heavy PCIe traffic and low compute;
+  ``host_bound`` and ``memory_headroom`` leave those samples alone.
+- ``comm_bound`` claims the collective (non-barrier) share of update time above a healthy
+  allowance; barrier waits (``nccl:barrier`` / ``attrs.wait``) are left to ``imbalance`` and
+  ``throttling``.
+- ``throttling`` claims the time lost to reduced clocks on GPUs whose clock-event reasons show
+  a power or thermal limit; ``imbalance`` ignores stragglers that are throttled GPUs.
+- ``host_bound`` claims compute-phase samples while the rank's process (or the main process)
+  is pinned at ~one full core.
+- ``memory_headroom`` claims a share of rollout time (or update time when no rollout is
+  recorded) on GPUs whose peak memory leaves headroom.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.evidence import Evidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+
+UPDATE_PHASES = ("update_actor", "update_critic")
+
+
+COMPUTE_PHASES = ("old_logprob", "ref_logprob", "values", "update_actor", "update_critic")
+"""Trainer-side GPU phases (forward/backward passes) where launch overhead shows."""
+
+
+NOT_WORK_PHASES = ("step", "collective", "(none)", "(unnamed)")
+"""Phases that are not units of per-rank work (compared across ranks by ``imbalance``)."""
+
+
+# NVML nvmlClocksEventReason* bits (nvml.h) that mean "a power or thermal limit cut the clocks"
+REASON_SW_POWER_CAP = 0x4
+
+
+REASON_HW_SLOWDOWN = 0x8
+
+
+REASON_SW_THERMAL = 0x20
+
+
+REASON_HW_THERMAL = 0x40
+
+
+REASON_HW_POWER_BRAKE = 0x80
+
+
+THROTTLE_REASON_MASK = (
+    REASON_SW_POWER_CAP
+    | REASON_HW_SLOWDOWN
+    | REASON_SW_THERMAL
+    | REASON_HW_THERMAL
+    | REASON_HW_POWER_BRAKE
+)
+
+
+THROTTLE_REASON_NAMES = {
+    REASON_SW_POWER_CAP: "sw_power_cap",
+    REASON_HW_SLOWDOWN: "hw_slowdown",
+    REASON_SW_THERMAL: "sw_thermal_slowdown",
+    REASON_HW_THERMAL: "hw_thermal_slowdown",
+    REASON_HW_POWER_BRAKE: "hw_power_brake",
+}
+
+
+MEM_TARGET_FRAC = 0.9
+"""Memory use a well-tuned rollout/update reaches (share of total)."""
+
+
+MEM_UPDATE_FACTOR = 0.25
+"""Update phases gain less from memory than generation (compute-bound): a quarter of the model."""
+
+
+PCIE_LINK_BYTES_S = 64e9
+"""Nominal PCIe Gen5 x16 rate per direction: copies take at least bytes / this."""
+
+
+_COLLECTIVE_WORDS = ("allreduce", "all_reduce", "all_gather", "allgather", "reduce_scatter",
+                     "reducescatter", "broadcast", "all_to_all", "alltoall")  # fmt: skip
+
+
+HOST_BOUND_UTIL_REF = 0.95
+"""A launch-bound phase loses ``HOST_BOUND_UTIL_REF - util`` of its time (util as 0–1)."""
+
+
+_MAX_INTERVALS = 20
+
+
+def _num(frame: pd.DataFrame, name: str) -> np.ndarray:
+    if frame is None or name not in frame:
+        return np.full(0 if frame is None else len(frame), np.nan)
+    return pd.to_numeric(frame[name], errors="coerce").to_numpy(np.float64, na_value=np.nan)
+
+
+def _gpu_label(host: Any, gpu: Any) -> str:
+    return f"{host}:{int(gpu)}"
+
+
+def _spans(ctx: AnalysisContext) -> pd.DataFrame:
+    """The run's usable spans with name and a barrier flag; empty frame when none (computed
+    once per context: several detectors use them)."""
+    cache = ctx.__dict__.setdefault("_stalls_resource_cache", {})
+    if "spans" not in cache:
+        cache["spans"] = _usable_spans(ctx)
+    return cache["spans"]
+
+
+def _usable_spans(ctx: AnalysisContext) -> pd.DataFrame:
+    cols = ["host", "pid", "rank", "phase", "name", "step", "start_ns", "end_ns", "wait"]
+    spans = ctx.run.spans
+    if spans is None or len(spans) == 0 or "start_ns" not in spans or "end_ns" not in spans:
+        return pd.DataFrame({c: pd.Series([], dtype=object) for c in cols})
+    start, end, pid = _num(spans, "start_ns"), _num(spans, "end_ns"), _num(spans, "pid")
+    ok = np.isfinite(start) & np.isfinite(end) & (end >= start) & np.isfinite(pid)
+    ok &= spans["host"].notna().to_numpy() if "host" in spans else False
+    kept = spans.loc[ok]
+    phase = kept["phase"].astype(object).fillna("(unnamed)") if "phase" in kept else None
+    name = kept["name"].astype(object).fillna("") if "name" in kept else None
+    attrs = kept["attrs"] if "attrs" in kept else pd.Series([{}] * len(kept), dtype=object)
+    wait = np.array([bool(a.get("wait")) if isinstance(a, dict) else False for a in attrs])
+    out = pd.DataFrame(
+        {
+            "host": kept["host"].astype(str).to_numpy(object),
+            "pid": pid[ok],
+            "rank": _num(kept, "rank"),
+            "phase": phase.to_numpy(object) if phase is not None else "(unnamed)",
+            "name": name.astype(str).to_numpy(object) if name is not None else "",
+            "step": _num(kept, "step"),
+            "start_ns": pd.to_numeric(kept["start_ns"]).to_numpy(np.int64),
+            "end_ns": pd.to_numeric(kept["end_ns"]).to_numpy(np.int64),
+            "wait": wait.astype(bool),
+        }
+    )
+    lname = out["name"].str.lower()
+    out["wait"] = out["wait"] | lname.str.contains("barrier", regex=False)
+    return out
+
+
+def _collective_mask(spans: pd.DataFrame) -> np.ndarray:
+    """Spans that are collectives: phase ``collective``, ``nccl:*`` names or collective words."""
+    if spans.empty:
+        return np.zeros(0, dtype=bool)
+    lname = spans["name"].astype(str).str.lower()
+    hit = (spans["phase"] == "collective").to_numpy() | lname.str.startswith("nccl").to_numpy()
+    for word in _COLLECTIVE_WORDS:
+        hit |= lname.str.contains(word, regex=False).to_numpy()
+    return hit
+
+
+def _inside(samples: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
+    """Position in ``spans`` of a span of the sample's owner covering the sample (-1: none).
+
+    Spans of one owner are assumed not to overlap each other (e.g. all of one phase).
+    """
+    out = np.full(len(samples), -1, dtype=np.int64)
+    if samples.empty or spans.empty:
+        return out
+    left = pd.DataFrame(
+        {
+            "t_ns": samples["t_ns"].to_numpy(np.int64),
+            "owner_host": samples["owner_host"].astype(object).to_numpy(),
+            "pid": _num(samples, "pid"),
+            "row": np.arange(len(samples)),
+        }
+    ).dropna(subset=["owner_host", "pid"])
+    if left.empty:
+        return out
+    right = pd.DataFrame(
+        {
+            "t_ns": spans["start_ns"].to_numpy(np.int64),
+            "owner_host": spans["host"].astype(object).to_numpy(),
+            "pid": spans["pid"].to_numpy(np.float64),
+            "end_ns": spans["end_ns"].to_numpy(np.int64),
+            "pos": np.arange(len(spans)),
+        }
+    )
+    merged = pd.merge_asof(
+        left.sort_values("t_ns", kind="stable"),
+        right.sort_values("t_ns", kind="stable"),
+        on="t_ns",
+        by=["owner_host", "pid"],
+        direction="backward",
+    )
+    hit = merged["pos"].notna().to_numpy() & (
+        merged["t_ns"].to_numpy() < merged["end_ns"].to_numpy(np.float64, na_value=-1.0)
+    )
+    out[merged["row"].to_numpy()[hit]] = merged["pos"].to_numpy()[hit].astype(np.int64)
+    return out
+
+
+def _gpu_columns(ctx: AnalysisContext) -> pd.DataFrame:
+    """The clock and power columns of ``run.gpu`` for each row of ``ctx.samples``, in order."""
+    g, rows = ctx.run.gpu, ctx.samples["row"].to_numpy(np.int64)
+    return pd.DataFrame(
+        {
+            "sm_clock_mhz": _num(g, "sm_clock_mhz")[rows],
+            "reasons": _num(g, "clock_event_reasons")[rows],
+            "temp_c": _num(g, "temp_c")[rows],
+            "power_w": _num(g, "power_w")[rows],
+        },
+        index=ctx.samples.index,
+    )
+
+
+def _intervals(frame: pd.DataFrame, weight: str, n: int = _MAX_INTERVALS) -> list[list[int]]:
+    """The ``n`` worst ``[start_ns, end_ns]`` rows of ``frame`` by ``weight``, in time order."""
+    if frame.empty:
+        return []
+    top = frame.nlargest(n, weight).sort_values("start_ns")
+    return [[int(a), int(b)] for a, b in zip(top["start_ns"], top["end_ns"])]
+
+
+def _runs(samples: pd.DataFrame, mask: np.ndarray, weight: np.ndarray) -> pd.DataFrame:
+    """Contiguous runs of masked samples per GPU: start_ns, end_ns, summed weight."""
+    s = samples
+    if s.empty or not mask.any():
+        return pd.DataFrame({"start_ns": [], "end_ns": [], "w": []})
+    gid = s.groupby(["host", "gpu"], sort=False).ngroup().to_numpy()
+    m = mask.astype(bool)
+    brk = np.ones(len(s), dtype=bool)
+    brk[1:] = (gid[1:] != gid[:-1]) | (m[1:] != m[:-1])
+    run_id = np.cumsum(brk)
+    t = s["t_ns"].to_numpy(np.int64)
+    end = t + np.round(s["dt_s"].to_numpy(np.float64) * 1e9).astype(np.int64)
+    f = pd.DataFrame({"run": run_id[m], "t": t[m], "e": end[m], "w": weight[m]})
+    agg = f.groupby("run").agg(start_ns=("t", "min"), end_ns=("e", "max"), w=("w", "sum"))
+    return agg.reset_index(drop=True)
+
+
+def _finding(
+    kind: str,
+    ctx: AnalysisContext,
+    th: Thresholds,
+    gpu_s: float,
+    confidence: float,
+    summary: str,
+    evidence: Evidence,
+) -> Finding | None:
+    if not np.isfinite(gpu_s) or gpu_s <= 0:
+        return None
+    share = ctx.share(gpu_s)
+    if share < th.min_share:
+        return None
+    return Finding(
+        kind=kind,
+        gpu_seconds_lost=float(gpu_s),
+        share=share,
+        confidence=float(np.clip(confidence, 0.0, 1.0)),
+        summary=summary.replace("{share}", f"{share:.0%}"),
+        evidence=evidence,
+    )
+
+
+def _fmt_gpu_s(gpu_s: float) -> str:
+    return f"{gpu_s / 60:.1f} GPU-min" if gpu_s >= 60 else f"{gpu_s:.1f} GPU-s"
+
+
+def _sorted_gpus(frame: pd.DataFrame) -> list[str]:
+    keys = frame[["host", "gpu"]].drop_duplicates().sort_values(["host", "gpu"])
+    return [_gpu_label(h, g) for h, g in zip(keys["host"], keys["gpu"])]
+
+
+def _offload_mask(samples: pd.DataFrame, th: Thresholds) -> np.ndarray:
+    """Update samples with heavy PCIe traffic and low compute (claimed by ``offload_thrash``)."""
+    s = samples
+    dt = s["dt_s"].to_numpy(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_dir = s["pcie_bytes"].to_numpy(np.float64) / np.where(dt > 0, dt, np.nan) / 2.0
+    heavy = per_dir > th.pcie_heavy_bytes_s
+    return heavy & s["phase"].isin(UPDATE_PHASES).to_numpy()
+
+
+def _update_windows(ctx: AnalysisContext, spans: pd.DataFrame) -> np.ndarray:
+    """Per sample: inside an update span of its owner (also where a child span is innermost)."""
+    s = ctx.samples
+    in_update = s["phase"].isin(UPDATE_PHASES).to_numpy()
+    if spans.empty:
+        return in_update
+    upd = spans[spans["phase"].isin(UPDATE_PHASES).to_numpy()].reset_index(drop=True)
+    return in_update | (_inside(s, upd) >= 0)
+
+
+def _throttle_samples(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | None:
+    """Busy samples with their lost share to reduced clocks (``lost_frac``), or None."""
+    s = ctx.samples
+    if s.empty:
+        return None
+    g = _gpu_columns(ctx)
+    if not np.isfinite(g["sm_clock_mhz"]).any():
+        return None
+    m = pd.concat([s[["host", "gpu", "t_ns", "dt_s", "step", "util_gpu_pct"]], g], axis=1)
+    m = m.drop_duplicates(["host", "gpu", "t_ns"])
+    clock = m["sm_clock_mhz"].to_numpy(np.float64)
+    max_seen = float(np.nanmax(clock)) if np.isfinite(clock).any() else np.nan
+    inv_max = [
+        float(x.get("max_sm_clock_mhz"))
+        for x in ctx.run.meta.gpus or []
+        if isinstance(x, dict) and isinstance(x.get("max_sm_clock_mhz"), int | float)
+    ]
+    max_clock = max([max_seen, *inv_max]) if inv_max else max_seen
+    if not np.isfinite(max_clock) or max_clock <= 0:
+        return None
+    reasons = m["reasons"].to_numpy(np.float64)
+    has_reasons = np.isfinite(reasons)
+    bits = np.where(has_reasons, reasons, 0).astype(np.int64)
+    busy = m["util_gpu_pct"].to_numpy(np.float64) >= th.busy_util_pct
+    ratio = clock / max_clock
+    limited = np.where(has_reasons, (bits & THROTTLE_REASON_MASK) != 0, ratio < th.clock_drop_frac)
+    hot = busy & limited & np.isfinite(clock)
+    m["hot"] = hot
+    m["bits"] = bits
+    m["lost_frac"] = np.where(hot, np.clip(1.0 - ratio, 0.0, 1.0), 0.0)
+    m["has_reasons"] = has_reasons
+    m.attrs["max_clock_mhz"] = max_clock
+    return m
+
+
+def _throttled_gpus(ctx: AnalysisContext, th: Thresholds) -> set[tuple[str, int]]:
+    m = _throttle_samples(ctx, th)
+    if m is None or not m["hot"].any():
+        return set()
+    busy = m[m["util_gpu_pct"] >= th.busy_util_pct]
+    share = busy.groupby(["host", "gpu"])["hot"].mean()
+    return {(str(h), int(g)) for (h, g), v in share.items() if v >= 0.2}

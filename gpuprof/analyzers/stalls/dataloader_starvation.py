@@ -1,0 +1,85 @@
+"""``dataloader_starvation``: GPUs waiting for the next batch of input."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuprof.analyzers.alignment import STEP_PHASE
+from gpuprof.analyzers.evidence import DataloaderStarvationEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._phase import (
+    _allowance,
+    _conf,
+    _excess,
+    _gpu_labels,
+    _loader_evidence,
+    _minutes,
+    _num,
+    _phase_idle,
+    _phase_intervals,
+    _samples,
+    _spans,
+    _step_head_claim,
+    _waiting_on,
+)
+from gpuprof.intervals import top_intervals, union
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """GPUs waiting for input: idle in ``dataload`` spans, or at each step's head when no
+    dataload span exists and the loader is visibly slow."""
+    s = _samples(ctx)
+    if s is None:
+        return None
+    sp = _spans(ctx)
+    if (sp["phase"] == "dataload").any():
+        st = _phase_idle(ctx, s, ["dataload"])
+        if st is None or st["idle_frac"] < 0.5:
+            return None
+        waiting = _waiting_on(ctx, s, th, ["dataload"])
+        idle_gpu_s, where = st["idle_gpu_s"] + waiting, "dataload spans"
+        gpus, intervals = st["gpus"], _phase_intervals(ctx, ["dataload"])
+        ev = _loader_evidence(ctx, s, th)
+    else:
+        head = _step_head_claim(ctx, s, th)
+        if not head.any():
+            return None
+        sub = s[head]
+        idle_gpu_s, where = float(np.nansum(sub["idle_gpu_s"].to_numpy())), "the head of steps"
+        gpus = _gpu_labels(sub)
+        t = sub["t_ns"].to_numpy(np.int64)
+        a, b = union(t, t + (sub["dt_s"].to_numpy(np.float64) * 1e9).astype(np.int64))
+        intervals = top_intervals(a, b)
+        ev = _loader_evidence(ctx, s, th, head=True)
+    lost = _excess(ctx, th, idle_gpu_s, "dataload")
+    share = ctx.share(lost)
+    if share < th.min_share:
+        return None
+    reasons = []
+    if ev.get("saturated"):
+        cpu = max(ev.get("loader_cpu_pct", 0.0), ev.get("main_cpu_pct", 0.0))
+        reasons.append(f"loader CPU {cpu:.0f}% of a core")
+    if ev.get("few_workers"):
+        reasons.append(f"{ev['num_workers']} dataloader workers")
+    conf = _conf((0.75 if ev.get("any") else 0.45) + 0.1 * len(reasons) + 0.5 * share - 0.1)
+    summary = f"GPUs wait for input in {where}: {_minutes(lost)} ({share:.0%}) idle" + (
+        f"; {', '.join(reasons)}" if reasons else ""
+    )
+    return Finding(
+        kind="dataloader_starvation",
+        gpu_seconds_lost=lost,
+        share=share,
+        confidence=conf,
+        summary=summary,
+        evidence=DataloaderStarvationEvidence(
+            intervals=intervals,
+            gpus=gpus,
+            phases=["dataload"] if where == "dataload spans" else [STEP_PHASE],
+            dataload_idle_gpu_s=_num(idle_gpu_s),
+            loader_cpu_pct=_num(ev.get("loader_cpu_pct", np.nan)),
+            main_cpu_pct=_num(ev.get("main_cpu_pct", np.nan)),
+            dataloader_num_workers=ev.get("num_workers"),
+            loader_saturated=bool(ev.get("saturated")),
+            allowance_share=_allowance(th, "dataload"),
+        ),
+    )

@@ -1,0 +1,131 @@
+"""``generation_tail``: Rollout utilisation decaying while the last, longest responses finish."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.evidence import GenerationTailEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._phase import (
+    _LONG_RESPONSE_RATIO,
+    _TAIL_FIRST_FRAC,
+    _TAIL_LAST_FRAC,
+    _TAIL_MIN_SAMPLES,
+    _conf,
+    _gpu_labels,
+    _minutes,
+    _num,
+    _samples,
+    _span_attr,
+)
+from gpuprof.intervals import top_intervals, union
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """Rollout utilisation decaying at the end of each rollout span (few sequences left)."""
+    s = _samples(ctx)
+    if s is None:
+        return None
+    phase = s["phase"].to_numpy(object)
+    gkey = s.groupby(["host", "gpu"], sort=False).ngroup().to_numpy()
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = (phase[1:] != phase[:-1]) | (gkey[1:] != gkey[:-1])
+    inst = np.cumsum(new)
+    roll = (phase == "rollout") & np.isfinite(s["busy_frac"].to_numpy(np.float64))
+    if not roll.any():
+        return None
+    r = pd.DataFrame(
+        {
+            "inst": inst[roll],
+            "busy": s["busy_frac"].to_numpy(np.float64)[roll],
+            "dt": s["dt_s"].to_numpy(np.float64)[roll],
+            "t": s["t_ns"].to_numpy(np.int64)[roll],
+            "step": s["step"].to_numpy(np.float64)[roll],
+        }
+    )
+    # position of each sample's midpoint within its rollout (0–1), by time rather than by
+    # sample count, so samples of unequal length (merged long runs) weigh what they cover
+    g = r.groupby("inst", sort=False)
+    t0 = g["t"].transform("min").to_numpy(np.int64)
+    end = (r["t"] + (r["dt"] * 1e9).round()).groupby(r["inst"], sort=False).transform("max")
+    span_ns = np.maximum(end.to_numpy(np.float64) - t0, 1.0)
+    mid = ((r["t"].to_numpy(np.int64) - t0) + r["dt"].to_numpy() * 0.5e9) / span_ns
+    first = mid < _TAIL_FIRST_FRAC
+    last = mid >= 1.0 - _TAIL_LAST_FRAC
+    after = ~first
+    w = r["dt"].to_numpy(np.float64)
+    r["first_w"] = np.where(first, w, 0.0)
+    r["first_b"] = np.where(first, r["busy"] * w, 0.0)
+    r["last_w"] = np.where(last, w, 0.0)
+    r["last_b"] = np.where(last, r["busy"] * w, 0.0)
+    per = r.groupby("inst", sort=False).agg(
+        n=("busy", "size"),
+        first_w=("first_w", "sum"),
+        first_b=("first_b", "sum"),
+        last_w=("last_w", "sum"),
+        last_b=("last_b", "sum"),
+        step=("step", "first"),
+        t0=("t", "min"),
+        t1=("t", "max"),
+    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per["first"] = np.where(per["first_w"] > 0, per["first_b"] / per["first_w"], np.nan)
+        per["last"] = np.where(per["last_w"] > 0, per["last_b"] / per["last_w"], np.nan)
+    base = per["first"].reindex(r["inst"]).to_numpy()
+    # lost: the signed shortfall below the span's steady level after its first third
+    r["deficit"] = np.where(after, (base - r["busy"].to_numpy()) * r["dt"].to_numpy(), 0.0)
+    per["deficit"] = r.groupby("inst", sort=False)["deficit"].sum().clip(lower=0.0)
+    per = per[(per["n"] >= _TAIL_MIN_SAMPLES) & (per["first"] >= th.busy_util_pct / 100.0)]
+    if per.empty:
+        return None
+    per["ratio"] = per["last"] / per["first"]
+    step_key = per["step"].fillna(-1.0)
+    by_step = per.groupby(step_key)["ratio"].median()
+    tail_steps = by_step[by_step < th.tail_util_drop_frac]
+    if len(tail_steps) == 0 or len(tail_steps) < 0.5 * len(by_step):
+        return None
+    tailing = per[step_key.isin(tail_steps.index) & (per["ratio"] < th.tail_util_drop_frac)]
+    lost = float(tailing["deficit"].sum())
+    share = ctx.share(lost)
+    if share < th.min_share:
+        return None
+    resp_max = _span_attr(ctx, "rollout", ("response_length_max", "response_length/max"))
+    resp_mean = _span_attr(ctx, "rollout", ("response_length_mean", "response_length/mean"))
+    resp_ratio = resp_max / resp_mean if resp_mean and np.isfinite(resp_mean) else np.nan
+    long_resp = bool(resp_ratio >= _LONG_RESPONSE_RATIO)
+    ratio = float(by_step.median())
+    conf = _conf(0.55 + 0.5 * (th.tail_util_drop_frac - ratio) + (0.15 if long_resp else 0.0))
+    resp_txt = (
+        f"; response length max {resp_max:.0f} vs mean {resp_mean:.0f} tokens"
+        if np.isfinite(resp_ratio)
+        else ""
+    )
+    summary = (
+        f"Rollout utilisation falls to {ratio:.0%} of its level at the end of generation in "
+        f"{len(tail_steps)}/{len(by_step)} steps: {_minutes(lost)} ({share:.0%}) idle in the "
+        f"tail{resp_txt}"
+    )
+    worst = tailing.sort_values("deficit", ascending=False)
+    starts = worst["t0"].to_numpy(np.int64)
+    ends = worst["t1"].to_numpy(np.int64)
+    m_s, m_e = union(starts, ends)
+    return Finding(
+        kind="generation_tail",
+        gpu_seconds_lost=lost,
+        share=share,
+        confidence=conf,
+        summary=summary,
+        evidence=GenerationTailEvidence(
+            intervals=top_intervals(m_s, m_e),
+            gpus=_gpu_labels(s[np.isin(inst, tailing.index.to_numpy()) & roll]),
+            phases=["rollout"],
+            tail_to_head_util_ratio=_num(ratio, ".3f"),
+            tail_steps=len(tail_steps),
+            steps=len(by_step),
+            tail_idle_gpu_s=_num(lost),
+            response_length_max_tokens=_num(resp_max),
+            response_length_mean_tokens=_num(resp_mean),
+            response_length_max_to_mean=_num(resp_ratio, ".2f"),
+        ),
+    )

@@ -1,0 +1,142 @@
+"""``host_bound``: Kernel launches / Python too slow to keep the GPU busy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.evidence import HostBoundEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._resource import (
+    COMPUTE_PHASES,
+    HOST_BOUND_UTIL_REF,
+    _finding,
+    _fmt_gpu_s,
+    _intervals,
+    _num,
+    _offload_mask,
+    _sorted_gpus,
+)
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """Moderate utilisation in compute phases while the rank's (or main) process is pinned.
+
+    A compute-phase sample is host-bound when, at that instant (nearest earlier process
+    sample, within three process-sampling intervals), the GPU owner's process or a ``main``
+    process (the driver, which dispatches for every GPU) reads at least
+    ``th.process_core_pinned_pct`` of one core.
+    Per (GPU, phase, step) the lost share of those samples' time is
+    ``HOST_BOUND_UTIL_REF - mean util`` (kernels are launched too slowly to keep the GPU busy).
+    Update samples claimed by ``offload_thrash`` are skipped.
+    """
+    s = ctx.samples
+    procs = ctx.run.procs
+    if s.empty or procs is None or procs.empty or "cpu_pct" not in procs:
+        return None
+    cpu = _num(procs, "cpu_pct")
+    p = pd.DataFrame(
+        {
+            "host": procs["host"].astype(str).to_numpy(object),
+            "pid": _num(procs, "pid"),
+            "t_ns": _num(procs, "t_ns"),
+            "cpu": cpu,
+            "role": procs["role"].astype(object).to_numpy() if "role" in procs else None,
+        }
+    ).dropna(subset=["pid", "t_ns", "cpu"])
+    if p.empty:
+        return None
+    p["t_ns"] = p["t_ns"].astype(np.int64)
+    t_sorted = np.sort(np.unique(p["t_ns"].to_numpy()))
+    step_ns = float(np.median(np.diff(t_sorted))) if len(t_sorted) > 1 else 1e9
+    tol = pd.Timedelta(int(max(3 * step_ns, 1e9)), "ns").value
+    compute = s["phase"].isin(COMPUTE_PHASES).to_numpy() & ~_offload_mask(s, th)
+    if not compute.any():
+        return None
+    sel = s[compute]
+    left = pd.DataFrame(
+        {
+            "t_ns": sel["t_ns"].to_numpy(np.int64),
+            "host": sel["owner_host"].astype(object).to_numpy(),
+            "pid": _num(sel, "pid"),
+            "row": np.flatnonzero(compute),
+        }
+    ).sort_values("t_ns", kind="stable")
+    own = pd.merge_asof(
+        left.dropna(subset=["host", "pid"]),
+        p[["t_ns", "host", "pid", "cpu"]].sort_values("t_ns", kind="stable"),
+        on="t_ns",
+        by=["host", "pid"],
+        direction="backward",
+        tolerance=tol,
+    )
+    main = p[p["role"] == "main"] if "role" in p else p.iloc[:0]
+    # the main (driver) process dispatches work for every GPU of the job, wherever it runs
+    main_max = main.groupby("t_ns", sort=False)["cpu"].max().reset_index()
+    own_cpu = np.full(len(s), np.nan)
+    own_cpu[own["row"].to_numpy()] = own["cpu"].to_numpy()
+    main_cpu = np.full(len(s), np.nan)
+    if not main_max.empty:
+        mm = pd.merge_asof(
+            left,
+            main_max.sort_values("t_ns", kind="stable"),
+            on="t_ns",
+            direction="backward",
+            tolerance=tol,
+        )
+        main_cpu[mm["row"].to_numpy()] = mm["cpu"].to_numpy()
+    pinned_cpu = np.fmax(own_cpu, main_cpu)
+    pinned = compute & (pinned_cpu >= th.process_core_pinned_pct)
+    util = _num(s, "util_gpu_pct")
+    pinned &= np.isfinite(util)
+    if not pinned.any():
+        return None
+    dt = s["dt_s"].to_numpy(np.float64)
+    work = pd.DataFrame(
+        {
+            "host": s["host"].to_numpy(object)[pinned],
+            "gpu": s["gpu"].to_numpy()[pinned],
+            "phase": s["phase"].to_numpy(object)[pinned],
+            "step": np.nan_to_num(_num(s, "step")[pinned], nan=-1.0),
+            "dt": dt[pinned],
+            "uw": util[pinned] * dt[pinned],
+            "t0": s["t_ns"].to_numpy(np.int64)[pinned],
+            "t1": s["t_ns"].to_numpy(np.int64)[pinned] + (dt[pinned] * 1e9).astype(np.int64),
+        }
+    )
+    g = work.groupby(["host", "gpu", "phase", "step"], sort=False).agg(
+        gpu_s=("dt", "sum"), uw=("uw", "sum"), start_ns=("t0", "min"), end_ns=("t1", "max")
+    )
+    g = g[g["gpu_s"] > 0].reset_index()
+    g["util"] = g["uw"] / g["gpu_s"] / 100.0
+    g["lost"] = g["gpu_s"] * (HOST_BOUND_UTIL_REF - g["util"]).clip(0)
+    gpu_s = float(g["lost"].sum())
+    mean_util = float(g["uw"].sum() / g["gpu_s"].sum())
+    if mean_util >= HOST_BOUND_UTIL_REF * 100:
+        return None
+    pinned_share = float(dt[pinned].sum() / dt[compute].sum()) if dt[compute].sum() > 0 else 0
+    cpu_mean = float(np.nanmean(pinned_cpu[pinned]))
+    own_share = float(np.mean(own_cpu[pinned] >= th.process_core_pinned_pct))
+    sm = _num(s, "sm_active_pct")[pinned]
+    confidence = 0.45 + 0.3 * min(1.0, pinned_share) + 0.15 * own_share
+    confidence += 0.1 if mean_util < 85 else 0.0
+    intervals = g.groupby(["phase", "step"]).agg(
+        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"), w=("lost", "sum")
+    )
+    summary = (
+        f"util {mean_util:.0f}% in compute phases while a process is pinned at "
+        f"{cpu_mean:.0f}% of one core ({pinned_share:.0%} of compute time): "
+        f"~{_fmt_gpu_s(gpu_s)} ({{share}}) lost to launch/Python overhead"
+    )
+    evidence = HostBoundEvidence(
+        intervals=_intervals(intervals.reset_index(), "w"),
+        gpus=_sorted_gpus(g),
+        phases=sorted(set(g["phase"])),
+        util_gpu_pct=round(mean_util, 1),
+        process_cpu_pct_of_core=round(cpu_mean, 1),
+        pinned_share_of_compute=round(pinned_share, 4),
+        rank_process_pinned_share=round(own_share, 4),
+    )
+    if np.isfinite(sm).any():
+        evidence.sm_active_pct = round(float(np.nanmean(sm)), 1)
+    return _finding("host_bound", ctx, th, gpu_s, confidence, summary, evidence)

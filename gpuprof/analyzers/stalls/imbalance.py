@@ -1,0 +1,129 @@
+"""``imbalance``: A straggler rank or GPU the others wait for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.evidence import ImbalanceEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._resource import (
+    NOT_WORK_PHASES,
+    _collective_mask,
+    _finding,
+    _fmt_gpu_s,
+    _gpu_label,
+    _intervals,
+    _spans,
+    _throttled_gpus,
+)
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """A straggler rank whose phases run longer while the other ranks wait.
+
+    Per (phase, step), each rank's (process's) summed span time is compared with the median
+    rank's; when the slowest exceeds it by ``th.imbalance_spread_frac``, every other GPU of
+    the phase waits for it (data-parallel steps synchronise): lost = ``(slowest - median) x
+    (GPUs of the phase - GPUs of the straggler)``, i.e. (n−1) × delay. Ranks on throttled GPUs
+    are compared only with each other (their shared slowdown is ``throttling``'s).
+    """
+    spans = _spans(ctx)
+    s = ctx.unclaimed_samples
+    if spans.empty or s.empty:
+        return None
+    work = spans[
+        ~spans["phase"].isin(NOT_WORK_PHASES).to_numpy()
+        & ~_collective_mask(spans)
+        & ~spans["wait"].to_numpy()
+        & np.isfinite(spans["step"].to_numpy(np.float64))
+    ]
+    if work.empty:
+        return None
+    # GPUs per owner process (a controller may drive several)
+    owners = s.dropna(subset=["pid"]).drop_duplicates(["host", "gpu"])
+    n_gpu = owners.groupby(["owner_host", "pid"]).size()
+    gpu_of = owners.groupby(["owner_host", "pid"])[["host", "gpu"]].first()
+    d = work.assign(dur=(work["end_ns"] - work["start_ns"]) / 1e9)
+    per = (
+        d.groupby(["phase", "step", "host", "pid"], sort=False)
+        .agg(dur=("dur", "sum"), start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+        .reset_index()
+    )
+    idx = pd.MultiIndex.from_arrays([per["host"], per["pid"]])
+    per["n_gpu"] = n_gpu.reindex(idx).to_numpy()
+    per = per[np.isfinite(per["n_gpu"].to_numpy(np.float64))]
+    if per.empty:
+        return None
+    # ranks on throttled GPUs are compared with each other only: their common slowdown is
+    # ``throttling``'s, a straggler among them is still imbalance
+    throttled = _throttled_gpus(ctx, th)
+    where = gpu_of.reindex(pd.MultiIndex.from_arrays([per["host"], per["pid"]]))
+    per["hot"] = [
+        isinstance(h, str) and g == g and (h, int(g)) in throttled
+        for h, g in zip(where["host"], where["gpu"])
+    ]
+    grp = per.groupby(["phase", "step", "hot"], sort=False)
+    per["ranks"] = grp["dur"].transform("size")
+    per["mx"] = grp["dur"].transform("max")
+    # the pace the others kept: the median of every rank but the slowest (with two ranks the
+    # median of both would hide half the delay)
+    others = per["dur"].where(per["dur"] < per["mx"])
+    per["med"] = others.groupby([per["phase"], per["step"], per["hot"]], sort=False).transform(
+        "median"
+    )
+    per["med"] = per["med"].fillna(per["mx"])
+    per["all_gpus"] = per.groupby(["phase", "step"], sort=False)["n_gpu"].transform("sum")
+    per = per[per["ranks"] >= 2]
+    if per.empty:
+        return None
+    slow = (per["mx"] > per["med"] * (1 + th.imbalance_spread_frac)) & (per["mx"] > 0)
+    stragglers = per[slow & (per["dur"] >= per["mx"])]
+    # the slowest subgroup's straggler sets the pace of the phase-step
+    stragglers = stragglers.sort_values("dur", ascending=False).drop_duplicates(["phase", "step"])
+    if stragglers.empty:
+        return None
+    stragglers = stragglers.assign(
+        delay_s=stragglers["mx"] - stragglers["med"],
+    )
+    stragglers["w"] = stragglers["delay_s"] * (stragglers["all_gpus"] - stragglers["n_gpu"])
+    flagged = stragglers.assign(lost=stragglers["w"])
+    gpu_s = float(flagged["lost"].sum())
+    who = stragglers.groupby(["host", "pid"])["w"].sum().sort_values(ascending=False)
+    top_host, top_pid = who.index[0]
+    top = gpu_of.loc[(top_host, top_pid)] if (top_host, top_pid) in gpu_of.index else None
+    rank_vals = spans.loc[(spans["host"] == top_host) & (spans["pid"] == top_pid), "rank"].dropna()
+    rank = int(rank_vals.iloc[0]) if len(rank_vals) else None
+    spread = float((stragglers["mx"] / stragglers["med"].where(stragglers["med"] > 0)).median())
+    # per-GPU utilisation / memory spread as supporting figures
+    per_gpu = s.groupby(["host", "gpu"]).agg(
+        util=("util_gpu_pct", "mean"), mem=("mem_used_bytes", "max")
+    )
+    barrier = spans[spans["wait"].to_numpy()]
+    confidence = 0.5 + 0.2 * min(1.0, (spread - 1.0) / 0.5 if np.isfinite(spread) else 0.0)
+    confidence += 0.15 * min(1.0, who.iloc[0] / max(gpu_s, 1e-12))
+    confidence += 0.15 if not barrier.empty else 0.0
+    straggler_label = f"rank {rank}" if rank is not None else f"pid {int(top_pid)} on {top_host}"
+    summary = (
+        f"{straggler_label} straggles: its phases run {spread - 1:.0%} longer than the median "
+        f"rank in {len(stragglers)} phase-steps; others wait ~{_fmt_gpu_s(gpu_s)} ({{share}})"
+    )
+    evidence = ImbalanceEvidence(
+        intervals=_intervals(stragglers, "w"),
+        gpus=[_gpu_label(top["host"], top["gpu"])] if top is not None else [],
+        phases=sorted(set(stragglers["phase"])),
+        straggler_rank=rank,
+        straggler_pid=int(top_pid),
+        straggler_host=str(top_host),
+        slowdown_frac_median=round(spread - 1.0, 4) if np.isfinite(spread) else None,
+        delay_s_total=round(float(stragglers["delay_s"].sum()), 3),
+        phase_steps_flagged=len(stragglers),
+        barrier_spans=len(barrier),
+        util_gpu_pct_spread=round(float(per_gpu["util"].max() - per_gpu["util"].min()), 2)
+        if per_gpu["util"].notna().any()
+        else None,
+        mem_peak_bytes_spread=float(per_gpu["mem"].max() - per_gpu["mem"].min())
+        if per_gpu["mem"].notna().any()
+        else None,
+    )
+    return _finding("imbalance", ctx, th, gpu_s, confidence, summary, evidence)

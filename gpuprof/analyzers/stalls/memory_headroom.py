@@ -1,0 +1,116 @@
+"""``memory_headroom``: Device memory left unused that a larger KV cache or batch could use."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.evidence import MemoryHeadroomEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._resource import (
+    MEM_TARGET_FRAC,
+    MEM_UPDATE_FACTOR,
+    UPDATE_PHASES,
+    _finding,
+    _fmt_gpu_s,
+    _intervals,
+    _num,
+    _offload_mask,
+    _runs,
+    _sorted_gpus,
+)
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """Peak device memory far below total during rollout (or, without rollout, update).
+
+    Gain model: generation throughput grows with the KV cache (sequences in flight), so a
+    rollout whose peak memory ``p`` (share of total) sits below the ``MEM_TARGET_FRAC`` a tuned
+    job reaches runs ``1 + d`` times longer than it would, ``d = MEM_TARGET_FRAC - p``; the
+    recoverable share of its GPU-time is ``d / (1 + d)``. Update phases gain less from larger
+    micro-batches (they are compute-bound): a quarter of that (`MEM_UPDATE_FACTOR`). Only GPUs
+    whose peak is below ``1 - th.memory_headroom_frac`` count; update samples with heavy PCIe
+    (offload frees memory on purpose) are left to ``offload_thrash``.
+    """
+    s = ctx.unclaimed_samples
+    if s.empty:
+        return None
+    used, total = _num(s, "mem_used_bytes"), _num(s, "mem_total_bytes")
+    if not np.isfinite(used).any():
+        return None
+    # total from the inventory when samples lack it
+    if not np.isfinite(total).all():
+        listed = [g for g in ctx.run.meta.gpus or [] if isinstance(g, dict)]
+        inv = pd.DataFrame(
+            [(str(g.get("host")), g.get("index"), g.get("mem_total_bytes")) for g in listed],
+            columns=["host", "gpu", "total"],
+        )
+        inv["gpu"] = pd.to_numeric(inv["gpu"], errors="coerce")
+        inv["total"] = pd.to_numeric(inv["total"], errors="coerce").astype(np.float64)
+        inv = inv.dropna(subset=["gpu"]).drop_duplicates(["host", "gpu"])
+        keys = pd.DataFrame({"host": s["host"].astype(str).to_numpy(object),
+                             "gpu": s["gpu"].to_numpy(np.float64)})  # fmt: skip
+        fill = keys.merge(inv.astype({"gpu": np.float64}), on=["host", "gpu"], how="left")
+        fill = fill["total"].to_numpy(np.float64)
+        total = np.where(np.isfinite(total), total, fill)
+    phase = s["phase"].to_numpy(object)
+    if (phase == "rollout").any():
+        use = phase == "rollout"
+        factor = 1.0
+        phases = ["rollout"]
+    else:
+        use = np.isin(phase, UPDATE_PHASES) & ~_offload_mask(s, th)
+        factor = MEM_UPDATE_FACTOR
+        phases = sorted(set(phase[use]))
+    use &= np.isfinite(used) & np.isfinite(total) & (total > 0)
+    if not use.any():
+        return None
+    work = pd.DataFrame(
+        {
+            "host": s["host"].to_numpy(object)[use],
+            "gpu": s["gpu"].to_numpy()[use],
+            "frac": used[use] / total[use],
+            "dt": s["dt_s"].to_numpy(np.float64)[use],
+            "used": used[use],
+            "total": total[use],
+        }
+    )
+    per_gpu = work.groupby(["host", "gpu"], sort=True).agg(
+        peak=("frac", "max"), gpu_s=("dt", "sum"), peak_b=("used", "max"), total_b=("total", "max")
+    )
+    per_gpu = per_gpu.reset_index()
+    limit = 1.0 - th.memory_headroom_frac
+    low = per_gpu[per_gpu["peak"] < limit].copy()
+    if low.empty:
+        return None
+    d = np.clip(MEM_TARGET_FRAC - low["peak"].to_numpy(), 0.0, None)
+    low["lost"] = low["gpu_s"].to_numpy() * factor * d / (1.0 + d)
+    gpu_s = float(low["lost"].sum())
+    peak = float(low["peak"].median())
+    knobs = ctx.run.meta.knobs or {}
+    gmu = {k: v for k, v in knobs.items() if "gpu_memory_utilization" in str(k)}
+    # intervals: the phase's contiguous runs on the low-memory GPUs
+    on_low = pd.MultiIndex.from_arrays([s["host"].astype(str), s["gpu"]]).isin(
+        pd.MultiIndex.from_arrays([low["host"].astype(str), low["gpu"]])
+    )
+    runs = _runs(s, use & on_low, s["dt_s"].to_numpy(np.float64))
+    confidence = 0.5 + 0.4 * min(1.0, (limit - peak) / 0.3) + (0.1 if gmu else 0.0)
+    summary = (
+        f"peak memory {peak:.0%} of total during {'/'.join(phases)} on {len(low)} GPU(s): "
+        f"a larger KV cache/batch could recover ~{_fmt_gpu_s(gpu_s)} ({{share}})"
+    )
+    evidence = MemoryHeadroomEvidence(
+        intervals=_intervals(runs.rename(columns={"w": "w"}), "w"),
+        gpus=_sorted_gpus(low),
+        phases=phases,
+        mem_peak_frac=round(peak, 4),
+        mem_peak_bytes=int(low["peak_b"].max()),
+        mem_total_bytes=int(low["total_b"].max()),
+        mem_target_frac=MEM_TARGET_FRAC,
+        phase_gpu_s=round(float(low["gpu_s"].sum()), 3),
+        model="lost = phase GPU-s x d/(1+d), d = target - peak"
+        + (f" x {MEM_UPDATE_FACTOR}" if factor != 1.0 else ""),
+    )
+    if gmu:
+        evidence.knobs = {str(k): v for k, v in gmu.items()}
+    return _finding("memory_headroom", ctx, th, gpu_s, confidence, summary, evidence)

@@ -1,0 +1,88 @@
+"""``offload_thrash``: Parameter / optimizer offload saturating PCIe during the update."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuprof.analyzers.evidence import OffloadThrashEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._resource import (
+    PCIE_LINK_BYTES_S,
+    UPDATE_PHASES,
+    _finding,
+    _fmt_gpu_s,
+    _intervals,
+    _num,
+    _runs,
+    _sorted_gpus,
+    _spans,
+    _update_windows,
+)
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """Heavy PCIe traffic with low compute during update: parameter/optimizer offload.
+
+    Per update sample with PCIe above ``th.pcie_heavy_bytes_s`` per direction, the lost share
+    of its time is the larger of the kernel-free share (``1 - util``) and the time the copies
+    need at the nominal link rate (``rate / PCIE_LINK_BYTES_S``), i.e. the copies are assumed
+    not to overlap compute. Reported only when those samples' compute is low (util below
+    ``th.low_compute_util_pct`` or, with GPM, SM activity below ``th.low_compute_sm_pct``), which
+    keeps collective traffic over the NIC (util stays ~100%) for ``comm_bound``.
+    """
+    s = ctx.samples
+    if s.empty or not np.isfinite(_num(s, "pcie_bytes")).any():
+        return None
+    spans = _spans(ctx)
+    window = _update_windows(ctx, spans)
+    dt = s["dt_s"].to_numpy(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_dir = s["pcie_bytes"].to_numpy(np.float64) / np.where(dt > 0, dt, np.nan) / 2.0
+    heavy = window & (per_dir > th.pcie_heavy_bytes_s)
+    if not heavy.any() or dt[heavy].sum() <= 0:
+        return None
+    util = _num(s, "util_gpu_pct")
+    sm = _num(s, "sm_active_pct")
+    w = dt[heavy]
+    u_ok = np.isfinite(util[heavy])
+    sm_ok = np.isfinite(sm[heavy])
+    mean_util = float(np.average(util[heavy][u_ok], weights=w[u_ok])) if u_ok.any() else np.nan
+    mean_sm = float(np.average(sm[heavy][sm_ok], weights=w[sm_ok])) if sm_ok.any() else np.nan
+    # util (kernel running) first: NCCL traffic over the NIC keeps it ~100% with SMs low
+    if np.isfinite(mean_util):
+        low_compute = mean_util < th.low_compute_util_pct
+    else:
+        low_compute = bool(np.isfinite(mean_sm) and mean_sm < th.low_compute_sm_pct)
+    if not low_compute:
+        return None
+    idle_frac = np.where(np.isfinite(util), 1.0 - np.clip(util / 100.0, 0, 1), 0.0)
+    copy_frac = np.clip(np.nan_to_num(per_dir) / PCIE_LINK_BYTES_S, 0.0, 1.0)
+    lost = np.where(heavy, dt * np.maximum(idle_frac, copy_frac), 0.0)
+    gpu_s = float(lost.sum())
+    update_s = float(dt[window].sum())
+    heavy_share = float(w.sum() / update_s) if update_s > 0 else 0.0
+    runs = _runs(s, heavy, lost)
+    rate = float(np.average(per_dir[heavy], weights=w))
+    knobs = {k: v for k, v in (ctx.run.meta.knobs or {}).items() if "offload" in str(k)}
+    confidence = 0.45 + 0.3 * min(1.0, heavy_share) + 0.15 * min(1.0, rate / 30e9)
+    confidence += 0.1 if any(v is True for v in knobs.values()) else 0.0
+    phases = sorted(set(s["phase"].to_numpy(object)[heavy]) & set(UPDATE_PHASES)) or list(
+        UPDATE_PHASES[:1]
+    )
+    summary = (
+        f"PCIe {rate / 1e9:.0f} GB/s per direction during {heavy_share:.0%} of update with "
+        f"util {mean_util:.0f}%: offload copies cost ~{_fmt_gpu_s(gpu_s)} ({{share}})"
+    )
+    evidence = OffloadThrashEvidence(
+        intervals=_intervals(runs, "w"),
+        gpus=_sorted_gpus(s[heavy]),
+        phases=phases,
+        pcie_bytes_s_per_direction=round(rate, 0),
+        pcie_heavy_share_of_update=round(heavy_share, 4),
+        update_gpu_s=round(update_s, 3),
+        util_gpu_pct=None if not np.isfinite(mean_util) else round(mean_util, 1),
+        sm_active_pct=None if not np.isfinite(mean_sm) else round(mean_sm, 1),
+    )
+    if knobs:
+        evidence.knobs = {str(k): v for k, v in knobs.items()}
+    return _finding("offload_thrash", ctx, th, gpu_s, confidence, summary, evidence)

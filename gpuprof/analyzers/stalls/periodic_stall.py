@@ -1,0 +1,82 @@
+"""``periodic_stall``: Checkpoint / evaluation phases every N steps that stop training."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuprof.analyzers.evidence import PeriodicStallEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._phase import (
+    _MAX_INTERVALS,
+    _PERIODIC_PHASES,
+    _conf,
+    _minutes,
+    _num,
+    _phase_idle,
+    _phase_intervals,
+    _samples,
+    _spans,
+    _starts_ends,
+    _waiting_on,
+)
+from gpuprof.intervals import union
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """Checkpoint / eval phases every N steps with the GPUs idle."""
+    s = _samples(ctx)
+    if s is None:
+        return None
+    sp = _spans(ctx)
+    sp = sp[sp["phase"].isin(list(_PERIODIC_PHASES))]
+    if sp.empty:
+        return None
+    phases = sorted(set(sp["phase"]))
+    st = _phase_idle(ctx, s, phases)
+    if st is None:
+        return None
+    waiting = _waiting_on(ctx, s, th, phases)
+    lost = st["idle_gpu_s"] + waiting
+    share = ctx.share(lost)
+    if share < th.min_share:
+        return None
+    steps = np.unique(sp["step"].dropna().to_numpy(np.float64))
+    all_steps = np.unique(_spans(ctx)["step"].dropna().to_numpy(np.float64))
+    period = float(np.median(np.diff(steps))) if len(steps) >= 2 else np.nan
+    regular = len(steps) >= 2 and bool(np.all(np.diff(steps) == period))
+    occurrences = max(1, len(steps)) if len(steps) else len(union(*_starts_ends(sp))[0])
+    per_event = lost / occurrences
+    # a normal step's idle GPU-seconds, for scale
+    normal = s[~s["phase"].isin(phases) & ~s["step"].isin(steps) & s["step"].notna()]
+    n_normal = normal["step"].nunique()
+    normal_idle = float(np.nansum(normal["idle_gpu_s"])) / n_normal if n_normal else np.nan
+    ratio = per_event / normal_idle if normal_idle and np.isfinite(normal_idle) else np.nan
+    spike = bool(ratio >= th.periodic_min_ratio) if np.isfinite(ratio) else False
+    conf = _conf(0.5 + (0.2 if regular else 0.0) + (0.15 if spike else 0.0) + 0.5 * share)
+    every = f"every {period:.0f} steps" if np.isfinite(period) else f"{occurrences}×"
+    summary = (
+        f"{'/'.join(phases)} {every} keeps GPUs idle {st['idle_frac']:.0%} of the time: "
+        f"{_minutes(lost)} ({share:.0%})"
+        + (f", {ratio:.1f}× a normal step's idle" if np.isfinite(ratio) else "")
+    )
+    return Finding(
+        kind="periodic_stall",
+        gpu_seconds_lost=lost,
+        share=share,
+        confidence=conf,
+        summary=summary,
+        evidence=PeriodicStallEvidence(
+            intervals=_phase_intervals(ctx, phases),
+            gpus=st["gpus"],
+            phases=phases,
+            every_n_steps=_num(period, ".0f"),
+            occurrences=int(occurrences),
+            steps_total=len(all_steps),
+            stall_steps=[int(x) for x in steps[:_MAX_INTERVALS]],
+            idle_gpu_s=_num(lost),
+            idle_gpu_s_per_occurrence=_num(per_event),
+            normal_step_idle_gpu_s=_num(normal_idle),
+            waiting_gpus_idle_gpu_s=_num(waiting),
+            util_gpu_pct=_num(st["util_pct"]),
+        ),
+    )

@@ -1,0 +1,79 @@
+"""``reshard_idle``: GPUs idle while weights move from the trainer to the inference engine."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuprof.analyzers.evidence import ReshardIdleEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._phase import (
+    _allowance,
+    _conf,
+    _excess,
+    _minutes,
+    _num,
+    _phase_idle,
+    _phase_intervals,
+    _rate,
+    _samples,
+    _span_attr,
+    _spans,
+    _waiting_on,
+)
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """GPUs idle inside weight-sync (``reshard``) spans beyond a healthy sync's share."""
+    s = _samples(ctx)
+    if s is None:
+        return None
+    st = _phase_idle(ctx, s, ["reshard"])
+    if st is None or st["idle_frac"] < 0.5:  # a sync that keeps GPUs busy is not this stall
+        return None
+    waiting = _waiting_on(ctx, s, th, ["reshard"])
+    lost = _excess(ctx, th, st["idle_gpu_s"] + waiting, "reshard")
+    share = ctx.share(lost)
+    if share < th.min_share:
+        return None
+    sp = _spans(ctx)
+    sp = sp[sp["phase"] == "reshard"]
+    mean_span_s = float(((sp["end_ns"] - sp["start_ns"]) / 1e9).mean()) if len(sp) else np.nan
+    nbytes = _span_attr(ctx, "reshard", ("bytes", "weight_bytes", "nbytes"))
+    bw = nbytes / mean_span_s if np.isfinite(nbytes) and mean_span_s > 0 else np.nan
+    # a transfer burst: link traffic during the sync well above the run's mean
+    out = s[s["phase"] != "reshard"]
+    base = np.nanmax([_rate(out["pcie_bytes"].to_numpy(float), out["dt_s"].to_numpy(float)),
+                      _rate(out["nvlink_bytes"].to_numpy(float), out["dt_s"].to_numpy(float)),
+                      0.0])  # fmt: skip
+    link = np.nanmax([st["pcie_bytes_s"], st["nvlink_bytes_s"], 0.0])
+    burst = bool(link > 2.0 * base and link > 0)
+    conf = _conf(0.45 + 0.4 * st["idle_frac"] + (0.1 if burst else 0.0) + 0.5 * share)
+    bw_txt = f"; {bw / 1e9:.1f} GB/s effective for {nbytes / 1e9:.1f} GB" if np.isfinite(bw) else ""
+    summary = (
+        f"GPUs idle {st['idle_frac']:.0%} of weight sync (reshard, {mean_span_s:.1f} s per sync); "
+        f"{_minutes(lost)} ({share:.0%}) beyond a healthy sync{bw_txt}"
+    )
+    return Finding(
+        kind="reshard_idle",
+        gpu_seconds_lost=lost,
+        share=share,
+        confidence=conf,
+        summary=summary,
+        evidence=ReshardIdleEvidence(
+            intervals=_phase_intervals(ctx, ["reshard"]),
+            gpus=st["gpus"],
+            phases=["reshard"],
+            reshard_gpu_s=_num(st["gpu_s"]),
+            reshard_idle_gpu_s=_num(st["idle_gpu_s"]),
+            reshard_util_gpu_pct=_num(st["util_pct"]),
+            reshard_span_mean_s=_num(mean_span_s, ".3f"),
+            reshard_syncs=len(sp),
+            weight_bytes=_num(nbytes, ".0f"),
+            effective_bandwidth_bytes_s=_num(bw, ".0f"),
+            pcie_bytes_s=_num(st["pcie_bytes_s"], ".0f"),
+            nvlink_bytes_s=_num(st["nvlink_bytes_s"], ".0f"),
+            link_burst=burst,
+            waiting_gpus_idle_gpu_s=_num(waiting),
+            allowance_share=_allowance(th, "reshard"),
+        ),
+    )

@@ -1,0 +1,78 @@
+"""``reward_bound``: GPUs idle while rewards are scored (usually on the CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuprof.analyzers.evidence import RewardBoundEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._phase import (
+    _allowance,
+    _conf,
+    _cpu_during,
+    _excess,
+    _minutes,
+    _num,
+    _phase_idle,
+    _phase_intervals,
+    _phase_where,
+    _samples,
+    _waiting_on,
+)
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """GPUs idle inside reward spans (beyond a healthy scoring share), host CPU busy."""
+    s = _samples(ctx)
+    if s is None:
+        return None
+    st = _phase_idle(ctx, s, ["reward"])
+    if st is None or st["idle_frac"] < 0.5:  # a GPU reward model keeps the GPUs busy
+        return None
+    waiting = _waiting_on(ctx, s, th, ["reward"])
+    lost = _excess(ctx, th, st["idle_gpu_s"] + waiting, "reward")
+    share = ctx.share(lost)
+    if share < th.min_share:
+        return None
+    cpu = _cpu_during(ctx, _phase_where(ctx, "reward"), {"main", "trainer", "other", "reward"})
+    host_cpu = cpu.get("host_cpu_pct", np.nan)
+    proc_cpu = cpu.get("proc_cpu_pct", np.nan)
+    host_busy = bool(host_cpu >= th.host_cpu_busy_pct)
+    pinned = bool(proc_cpu >= th.process_core_pinned_pct)
+    if host_busy or pinned:
+        conf = 0.7 + 0.15 * (host_busy + pinned)
+        cpu_txt = f"host CPU {host_cpu:.0f}% busy"
+        if not host_busy:
+            cpu_txt = f"scorer at {proc_cpu:.0f}% of a core"
+    elif cpu:  # CPU measured and not busy: the scorer waits on something else
+        conf = 0.35
+        cpu_txt = f"host CPU only {host_cpu:.0f}% (remote scorer or I/O?)"
+    else:
+        conf = 0.5
+        cpu_txt = "host CPU not measured"
+    conf = _conf(conf + 0.5 * share - 0.1)
+    summary = (
+        f"GPUs idle {st['idle_frac']:.0%} of reward scoring "
+        f"({_minutes(lost)}, {share:.0%} beyond a healthy share); {cpu_txt}"
+    )
+    return Finding(
+        kind="reward_bound",
+        gpu_seconds_lost=lost,
+        share=share,
+        confidence=conf,
+        summary=summary,
+        evidence=RewardBoundEvidence(
+            intervals=_phase_intervals(ctx, ["reward"]),
+            gpus=st["gpus"],
+            phases=["reward"],
+            reward_gpu_s=_num(st["gpu_s"]),
+            reward_idle_gpu_s=_num(st["idle_gpu_s"]),
+            reward_util_gpu_pct=_num(st["util_pct"]),
+            host_cpu_pct=_num(host_cpu),
+            scorer_process_cpu_pct=_num(proc_cpu),
+            host_cpu_busy=host_busy,
+            scorer_pinned=pinned,
+            waiting_gpus_idle_gpu_s=_num(waiting),
+            allowance_share=_allowance(th, "reward"),
+        ),
+    )

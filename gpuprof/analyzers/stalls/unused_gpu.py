@@ -1,0 +1,88 @@
+"""``unused_gpu``: a GPU of the allocation the job never ran work on.
+
+The commonest waste is the one no phase explains: a job given two GPUs that uses one (a
+missing ``--nproc_per_node``, ``CUDA_VISIBLE_DEVICES`` or ``n_gpus_per_node``; a device
+string hard-coded to ``cuda:0``), or a job on a GPU node whose PyTorch never saw CUDA.
+Such a GPU reads ~0% for the whole run with little or no memory used (a CUDA context alone is a
+few hundred MiB). Every sample of it is lost and is claimed here, so that later stalls (bubbles,
+unattributed idle, memory headroom, imbalance) don't explain it again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.evidence import UnusedGpuEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._phase import _conf, _minutes, _num, _sample_intervals
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """GPUs whose busy measure stayed at ~0% (``th.unused_util_pct``) for the whole run, at
+    least ``th.unused_min_s`` of samples, with at most ``th.unused_mem_bytes`` used."""
+    s = ctx.samples
+    if s is None or s.empty or ctx.total_gpu_s <= 0:
+        return None
+    util = s["util_gpu_pct"].to_numpy(np.float64)
+    sm = s["sm_active_pct"].to_numpy(np.float64)
+    busy = np.where(np.isfinite(util), util, sm)
+    if not np.isfinite(busy).any():
+        return None
+    frame = pd.DataFrame(
+        {
+            "host": s["host"].to_numpy(object),
+            "gpu": s["gpu"].to_numpy(),
+            "busy": busy,
+            "measured": np.isfinite(busy),
+            "dt": s["dt_s"].to_numpy(np.float64),
+            "mem": s["mem_used_bytes"].to_numpy(np.float64),
+        }
+    )
+    per = frame.groupby(["host", "gpu"], sort=True).agg(
+        busy_max=("busy", "max"), measured=("measured", "sum"), gpu_s=("dt", "sum"),
+        mem_max=("mem", "max"),
+    )  # fmt: skip
+    unused = (
+        (per["measured"] > 0)
+        & (per["busy_max"] <= th.unused_util_pct)
+        & (per["gpu_s"] >= th.unused_min_s)
+        & ~(per["mem_max"] > th.unused_mem_bytes)  # NaN memory (not reported) passes
+    )
+    if not unused.any():
+        return None
+    idle = per[unused]
+    lost = float(idle["gpu_s"].sum())
+    share = ctx.share(lost)
+    if share < th.min_share:
+        return None
+    keys = pd.MultiIndex.from_arrays([frame["host"], frame["gpu"]])
+    mask = keys.isin(idle.index)
+    ctx.claim(mask)
+    labels = [f"{h}:{int(g)}" for h, g in idle.index]
+    n_all = len(per)
+    used = n_all - len(idle)
+    mem = float(idle["mem_max"].max()) if np.isfinite(idle["mem_max"]).any() else np.nan
+    mem_txt = f", at most {mem / 2**20:.0f} MiB used" if np.isfinite(mem) else ""
+    if used:
+        what = f"{len(idle)} of {n_all} GPUs never ran work ({', '.join(labels[:8])}){mem_txt}"
+    else:
+        what = f"the job never ran work on its GPU{'s' if n_all > 1 else ''}{mem_txt}"
+    summary = f"{what}: {_minutes(lost)} ({share:.0%}) of the allocation unused"
+    idle_s = s["dt_s"].to_numpy(np.float64)
+    return Finding(
+        kind="unused_gpu",
+        gpu_seconds_lost=lost,
+        share=share,
+        confidence=_conf(0.8 + 0.2 * share),
+        summary=summary,
+        evidence=UnusedGpuEvidence(
+            intervals=_sample_intervals(s, mask, idle_s),
+            gpus=labels,
+            phases=[],
+            util_gpu_pct_max=_num(float(idle["busy_max"].max())),
+            mem_used_bytes_max=_num(mem, ".0f"),
+            unused_gpu_s=_num(lost),
+            used_gpus=int(used),
+        ),
+    )
