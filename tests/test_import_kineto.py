@@ -99,10 +99,10 @@ def test_real_trace_figures_match_the_json(path):
         assert got["compute_ns"] + got["communication_ns"] + got["memory_ns"] == got["busy_ns"]
         nccl = [e for e in mine if "nccl" in e["name"].lower()]
         assert (got["communication_ns"] > 0) == bool(nccl)
-        # the 100 ms samples carry the same busy time
+        # the samples carry the same busy time (each stands for [t_ns, next sample))
         rows = samples[samples["gpu"] == device].sort_values("t_ns")
         t = rows["t_ns"].to_numpy(np.int64)
-        width = np.diff(np.concatenate([[imported.meta["start_ns"]], t]))
+        width = np.diff(np.concatenate([t, [imported.meta["end_ns"]]]))
         busy_from_samples = float(np.sum(rows["util_gpu_pct"].to_numpy() / 100 * width))
         assert busy_from_samples == pytest.approx(got["busy_ns"], rel=1e-9, abs=1)
         assert rows["util_gpu_pct"].between(0, 100).all()
@@ -344,8 +344,11 @@ def test_samples_are_busy_share_of_each_bin(tmp_path):
         kernel("c", T0_US + 190_000, 20_000),  # 10 ms in bin 2, 10 ms in bin 3
     ]
     gpu = kineto.parse(write_trace(tmp_path / "t.json", events)).frames["gpu"]
-    assert list(gpu["util_gpu_pct"].round(9)) == [50.0, 10.0, 10.0]
-    assert list(gpu["t_ns"] - T0_US * 1000) == [100_000_000, 200_000_000, 300_000_000]
+    # a 300 ms trace gets 1 ms bins, each sample stamped at its bin's start
+    assert list(gpu["t_ns"] - T0_US * 1000) == [i * 1_000_000 for i in range(300)]
+    busy_ms = set(np.flatnonzero(gpu["util_gpu_pct"].round(9) == 100.0))
+    assert busy_ms == set(range(10, 60)) | set(range(190, 210))
+    assert gpu["util_gpu_pct"].drop(list(busy_ms)).eq(0).all()
 
 
 def test_gpu_memory_from_profile_memory_records(tmp_path):
@@ -365,12 +368,18 @@ def test_gpu_memory_from_profile_memory_records(tmp_path):
         memory(T0_US + 60_000, 1 << 30, device=1),  # a GPU with memory but no activity
     ]
     gpu = kineto.parse(write_trace(tmp_path / "m.json", events)).frames["gpu"]
-    zero = gpu[gpu["gpu"] == 0]
-    assert list(zero["mem_used_bytes"]) == [6 << 30, 2 << 30, 3 << 30]
-    assert list(zero["util_gpu_pct"].round(6)) == [1.0, 0.0, 0.0]
-    one = gpu[gpu["gpu"] == 1]
-    assert list(one["mem_used_bytes"]) == [1 << 30] * 3
-    assert list(one["util_gpu_pct"]) == [0.0] * 3  # activity was recorded: none on GPU 1
+    # 1 ms bins (a 300 ms trace): the peak reserved while each bin lasts, carried between records
+    zero = gpu[gpu["gpu"] == 0].reset_index(drop=True)
+    one = gpu[gpu["gpu"] == 1].reset_index(drop=True)
+    assert len(zero) == len(one) == 300
+    mem = zero["mem_used_bytes"]
+    assert mem[:20].isna().all()  # before the first record
+    assert [mem[25], mem[35], mem[45], mem[249], mem[260]] == [
+        4 << 30, 6 << 30, 2 << 30, 2 << 30, 3 << 30,
+    ]  # fmt: skip
+    assert zero["util_gpu_pct"][10] == 100.0 and zero["util_gpu_pct"].drop(10).eq(0).all()
+    assert one["mem_used_bytes"][:60].isna().all() and (one["mem_used_bytes"][60:] == 1 << 30).all()
+    assert one["util_gpu_pct"].eq(0.0).all()  # activity was recorded: none on GPU 1
 
 
 def test_real_torch_profiler_trace_on_cpu(tmp_path):

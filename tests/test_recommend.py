@@ -330,7 +330,8 @@ def test_suggestions_follow_rules_on_verl_command():
     # test_freq is not on the command line and defaults to -1: a relative suggestion
     assert recs["trainer.test_freq"].current is None
     assert recs["trainer.test_freq"].suggested == "every 4× as many steps as now"
-    assert SUGGEST_RULES["less_often"](-1, 4, PeriodicStallEvidence(every_n_steps=5), {}) == 20
+    assert SUGGEST_RULES["less_often"](None, 4, PeriodicStallEvidence(every_n_steps=5), {}) == 20
+    assert SUGGEST_RULES["less_often"](-1, 4, PeriodicStallEvidence(every_n_steps=5), {}) is None
     # gains: share × factor, GPU-seconds × factor
     assert gmu.expected_gain_share == pytest.approx(0.2 * 0.6)
     assert gmu.expected_gain_gpu_s == pytest.approx(100.0 * 0.6)

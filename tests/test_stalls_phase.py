@@ -180,10 +180,20 @@ def test_empty_run() -> None:
     _robust(Run(meta=RunMeta(run_id="x")))
 
 
-def test_no_gpu_samples() -> None:
+def test_no_gpu_samples_falls_back_to_phase_timing() -> None:
+    """Without GPU samples only what the phase times justify is found, and says so."""
     run = _sim("reward_bound", 0.9).run
     run.gpu = run.gpu.iloc[0:0]
-    _robust(run)
+    ctx = AnalysisContext(run)
+    found = {k: f for k, d in DETECTORS.items() if (f := d(ctx, TH)) is not None}
+    assert set(found) == {"reward_bound"}
+    ev = found["reward_bound"].evidence
+    assert ev.basis == "phase_timing" and ev.reward_share_of_step > 0.1
+    # the run's 8 GPUs come from its inventory: reward seconds × 8
+    assert ev.reward_gpu_s == pytest.approx(
+        8 * (run.spans.query("phase == 'reward'").eval("end_ns - start_ns").sum() / 8 / 1e9),
+        rel=0.01,
+    )
 
 
 def test_all_nan_metrics() -> None:
@@ -193,7 +203,11 @@ def test_all_nan_metrics() -> None:
         if col not in ("host", "gpu", "uuid", "t_ns"):
             gpu[col] = np.nan
     run.gpu = gpu
-    _robust(run)
+    ctx = AnalysisContext(run)
+    found = {k: f for k, d in DETECTORS.items() if (f := d(ctx, TH)) is not None}
+    # utilisation never read: as without samples, only the phase times speak
+    assert set(found) == {"reward_bound"}
+    assert found["reward_bound"].evidence.basis == "phase_timing"
 
 
 def test_no_spans_no_procs_no_gpm() -> None:

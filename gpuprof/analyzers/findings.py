@@ -92,6 +92,10 @@ class Thresholds:
     """PCIe traffic above this (per GPU, per direction) is heavy."""
     imbalance_spread_frac: float = 0.15
     """A rank's phase time above the median rank's by this fraction makes it a straggler."""
+    periodic_spike_ratio: float = 1.8
+    """Without a named checkpoint/eval phase, steps at least this many times the median step,
+    recurring at one period, are periodic stalls (a verl log's every-10th step: 26 s on an
+    11 s median, 2.4×)."""
     periodic_min_ratio: float = 3.0
     """A periodic phase (checkpoint/eval) at least this many times a normal step's idle."""
     reward_allowance_share: float = 0.035

@@ -141,13 +141,13 @@ def _rule_divide(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, Any]) -
 
 
 def _rule_less_often(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, Any]) -> Any:
-    # every-N-steps settings: N <= 0 means "never" already, so nothing to suggest; without a
-    # current value, the period the detector measured stands in for it
+    # every-N-steps settings: N <= 0 means "never" already, so this setting is not the cause;
+    # without a current value or default, the period the detector measured stands in for it
     current = _num(base)
-    if current is None or current <= 0:
+    if current is None:
         period = _num(evidence_value(ev, EVIDENCE_READS["less_often"]))
-        if period is not None and period > 0:
-            return int(period * float(arg))
+        return int(period * float(arg)) if period is not None and period > 0 else None
+    if current <= 0:
         return None
     return _like(base, current * float(arg))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuprof.analyzers.alignment import STEP_PHASE
-from gpuprof.analyzers.evidence import DataloaderStarvationEvidence
+from gpuprof.analyzers.evidence import PHASE_TIMING, DataloaderStarvationEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
@@ -22,6 +22,7 @@ from gpuprof.analyzers.stalls._phase import (
     _step_head_claim,
     _waiting_on,
 )
+from gpuprof.analyzers.stalls._timing import phase_loss
 from gpuprof.intervals import top_intervals, union
 
 
@@ -30,7 +31,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     dataload span exists and the loader is visibly slow."""
     s = _samples(ctx)
     if s is None:
-        return None
+        return _from_timing(ctx, th)
     sp = _spans(ctx)
     if (sp["phase"] == "dataload").any():
         st = _phase_idle(ctx, s, ["dataload"])
@@ -83,3 +84,44 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             allowance_share=_allowance(th, "dataload"),
         ),
     )
+
+
+def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """From phase times alone (a framework log, or a trace without GPU kernels): time in
+    ``dataload`` spans beyond a healthy share, every GPU waiting for the batch."""
+    pl = phase_loss(ctx, ["dataload"], _allowance(th, "dataload"))
+    if pl is None or pl.share < th.min_share:
+        return None
+    t = pl.timing
+    ev = _workers(ctx)
+    summary = (
+        f"loading input takes {pl.share_of_step:.0%} of step time: {_minutes(pl.lost_gpu_s)} "
+        f"({pl.share:.0%}) with the GPUs waiting{t.gpu_note()}"
+        + (f"; {ev} dataloader workers" if ev is not None and ev <= 1 else "")
+    )
+    return Finding(
+        kind="dataloader_starvation",
+        gpu_seconds_lost=pl.lost_gpu_s,
+        share=pl.share,
+        confidence=_conf(0.45 + 0.5 * pl.share + (0.15 if ev is not None and ev <= 1 else 0.0)),
+        summary=summary,
+        evidence=DataloaderStarvationEvidence(
+            intervals=t.intervals(["dataload"]),
+            phases=["dataload"],
+            basis=PHASE_TIMING,
+            dataload_idle_gpu_s=_num(pl.seconds * t.gpus),
+            dataload_share_of_step=_num(pl.share_of_step, ".3f"),
+            dataloader_num_workers=ev,
+            allowance_share=_allowance(th, "dataload"),
+        ),
+    )
+
+
+def _workers(ctx: AnalysisContext) -> int | None:
+    for k, v in (ctx.run.meta.knobs or {}).items():
+        if str(k).endswith("num_workers"):
+            try:
+                return int(v)
+            except (TypeError, ValueError):
+                continue
+    return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers.evidence import GenerationTailEvidence
+from gpuprof.analyzers.evidence import PHASE_TIMING, GenerationTailEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._phase import (
     _LONG_RESPONSE_RATIO,
@@ -19,6 +19,7 @@ from gpuprof.analyzers.stalls._phase import (
     _samples,
     _span_attr,
 )
+from gpuprof.analyzers.stalls._timing import phase_seconds, timing
 from gpuprof.intervals import top_intervals, union
 
 
@@ -26,7 +27,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     """Rollout utilisation decaying at the end of each rollout span (few sequences left)."""
     s = _samples(ctx)
     if s is None:
-        return None
+        return _from_timing(ctx, th)
     phase = s["phase"].to_numpy(object)
     gkey = s.groupby(["host", "gpu"], sort=False).ngroup().to_numpy()
     new = np.ones(len(s), dtype=bool)
@@ -127,5 +128,68 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             response_length_max_tokens=_num(resp_max),
             response_length_mean_tokens=_num(resp_mean),
             response_length_max_to_mean=_num(resp_ratio, ".2f"),
+        ),
+    )
+
+
+def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """From a framework's step metrics alone: per-worker generation times (verl's
+    ``timing_s/generation_timing/max`` and ``/min``) where the slowest worker takes more than
+    1 / ``th.tail_util_drop_frac`` times the fastest: the others wait for its long responses.
+    Lost per step: ``(max - (max + min) / 2) × GPUs`` (the mean worker waits half the spread)."""
+    t = timing(ctx)
+    if t is None:
+        return None
+    mx = t.step_attr("generation_timing/max", "timing_s/generation_timing/max")
+    mn = t.step_attr("generation_timing/min", "timing_s/generation_timing/min")
+    ok = np.isfinite(mx) & np.isfinite(mn) & (mx > 0)
+    if not ok.any():
+        return None
+    tail = ok & (mn < th.tail_util_drop_frac * np.where(ok, mx, np.inf))
+    if not tail.any() or tail.sum() < 0.5 * ok.sum():
+        return None
+    lost = float(((mx - (mx + mn) / 2.0)[tail]).sum()) * t.gpus
+    share = t.share(lost)
+    if share < th.min_share:
+        return None
+    resp_max = float(np.nanmean(t.step_attr("response_length/max"))) if ok.any() else np.nan
+    resp_mean = float(np.nanmean(t.step_attr("response_length/mean"))) if ok.any() else np.nan
+    clip = float(np.nanmean(t.step_attr("response_length/clip_ratio")))
+    roll_share = float(phase_seconds(t, ["rollout"]).sum() / t.wall_s) if t.wall_s > 0 else np.nan
+    ratio = float(np.median((mn / mx)[tail]))
+    extra = []
+    if np.isfinite(resp_max) and np.isfinite(resp_mean):
+        extra.append(f"response length max {resp_max:.0f} vs mean {resp_mean:.0f} tokens")
+    if np.isfinite(clip):
+        extra.append(f"{clip:.0%} of responses cut at the length limit")
+    summary = (
+        f"generation workers finish {1 / ratio:.1f}× apart (fastest {np.median(mn[tail]):.0f} s, "
+        f"slowest {np.median(mx[tail]):.0f} s) in {int(tail.sum())}/{int(ok.sum())} steps: "
+        f"{_minutes(lost)} ({share:.0%}) waiting for the longest responses{t.gpu_note()}"
+        + (f"; {'; '.join(extra)}" if extra else "")
+    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        max_to_mean = resp_max / resp_mean
+    return Finding(
+        kind="generation_tail",
+        gpu_seconds_lost=lost,
+        share=share,
+        confidence=_conf(0.5 + 0.5 * (th.tail_util_drop_frac - ratio) + 0.5 * share),
+        summary=summary,
+        evidence=GenerationTailEvidence(
+            intervals=t.intervals(["rollout"]),
+            phases=["rollout"],
+            basis=PHASE_TIMING,
+            tail_to_head_util_ratio=_num(ratio, ".3f"),
+            tail_steps=int(tail.sum()),
+            steps=int(ok.sum()),
+            tail_idle_gpu_s=_num(lost),
+            response_length_max_tokens=_num(resp_max),
+            response_length_mean_tokens=_num(resp_mean),
+            response_length_max_to_mean=_num(max_to_mean, ".2f"),
+            response_clip_ratio=_num(clip, ".3f"),
+            generation_worker_s_min=_num(float(np.median(mn[tail]))),
+            generation_worker_s_max=_num(float(np.median(mx[tail]))),
+            rollout_share_of_step=_num(roll_share, ".3f"),
         ),
     )

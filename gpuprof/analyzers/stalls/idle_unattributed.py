@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from gpuprof.analyzers.alignment import NO_PHASE
 from gpuprof.analyzers.evidence import IdleUnattributedEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._phase import (
     _conf,
     _gpu_labels,
+    _is_idle,
     _minutes,
     _num,
     _sample_intervals,
@@ -23,12 +26,15 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if s is None:
         return None
     split = _wait_split(ctx, s, th)
-    mask, idle = split["alone"], split["idle"]
+    # idle samples only: the gaps between kernels of a busy stretch are not idle time
+    mask, idle = split["alone"] & _is_idle(s, th), split["idle"]
     lost = float(idle[mask].sum())
     share = ctx.share(lost)
     no_spans = _spans(ctx).empty
-    run_idle = ctx.totals.get("idle_gpu_s") or 0.0
-    measured = ctx.total_gpu_s - (ctx.totals.get("unknown_gpu_s") or 0.0)
+    # over the samples no earlier stall claimed (a GPU never used is not this job's idle)
+    measured_dt = s["dt_s"].to_numpy(np.float64)[np.isfinite(s["busy_frac"].to_numpy(np.float64))]
+    run_idle = float(np.nansum(idle))
+    measured = float(measured_dt.sum())
     run_idle_share = run_idle / measured if measured > 0 else 0.0
     if share < th.min_share or (no_spans and run_idle_share < th.no_span_idle_share):
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuprof.analyzers.evidence import PeriodicStallEvidence
+from gpuprof.analyzers.evidence import PHASE_TIMING, PeriodicStallEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._phase import (
     _MAX_INTERVALS,
@@ -19,6 +19,7 @@ from gpuprof.analyzers.stalls._phase import (
     _starts_ends,
     _waiting_on,
 )
+from gpuprof.analyzers.stalls._timing import phase_seconds, timing
 from gpuprof.intervals import union
 
 
@@ -26,7 +27,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     """Checkpoint / eval phases every N steps with the GPUs idle."""
     s = _samples(ctx)
     if s is None:
-        return None
+        return _from_timing(ctx, th)
     sp = _spans(ctx)
     sp = sp[sp["phase"].isin(list(_PERIODIC_PHASES))]
     if sp.empty:
@@ -80,3 +81,71 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             util_gpu_pct=_num(st["util_pct"]),
         ),
     )
+
+
+def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """From a framework's phase times alone: checkpoint / evaluation phases that come back
+    every N steps (training stops on every GPU meanwhile), or, with no such phase named, step
+    times that spike at a regular period (at least ``th.periodic_spike_ratio`` × the median)."""
+    t = timing(ctx)
+    if t is None or len(t.steps) < 3:
+        return None
+    steps = t.steps.index.to_numpy(np.float64)
+    wall = t.steps["wall_s"].to_numpy(np.float64)
+    phases = [p for p in _PERIODIC_PHASES if p in t.phases]
+    if phases:
+        secs = phase_seconds(t, phases)
+        hit = secs > 0
+        extra = secs
+    else:
+        median = float(np.median(wall))
+        hit = wall >= th.periodic_spike_ratio * median
+        extra = np.where(hit, wall - median, 0.0)
+        if hit.sum() < 2 or not _regular(steps[hit]):
+            return None
+    if not hit.any() or hit.all():
+        return None
+    lost = float(extra[hit].sum()) * t.gpus
+    share = t.share(lost)
+    if share < th.min_share:
+        return None
+    at = steps[hit]
+    period = float(np.median(np.diff(at))) if len(at) >= 2 else np.nan
+    normal = float(np.median(wall[~hit]))
+    per = float(extra[hit].mean())
+    names = "/".join(phases) if phases else "unnamed work"
+    every = f"every {period:.0f} steps" if np.isfinite(period) else f"{len(at)}×"
+    summary = (
+        f"{names} {every} adds {per:.1f} s to a {normal:.1f} s step: {_minutes(lost)} "
+        f"({share:.0%}) of GPU-time not training{t.gpu_note()} — from the framework's step times"
+    )
+    return Finding(
+        kind="periodic_stall",
+        gpu_seconds_lost=lost,
+        share=share,
+        confidence=_conf(
+            0.5 + (0.2 if _regular(at) else 0.0) + 0.5 * share - (0 if phases else 0.1)
+        ),
+        summary=summary,
+        evidence=PeriodicStallEvidence(
+            intervals=t.intervals(phases) if phases else [],
+            phases=phases,
+            basis=PHASE_TIMING,
+            every_n_steps=_num(period, ".0f"),
+            occurrences=int(hit.sum()),
+            steps_total=len(steps),
+            stall_steps=[int(x) for x in at[:20]],
+            idle_gpu_s=_num(lost),
+            idle_gpu_s_per_occurrence=_num(per * t.gpus),
+            seconds_per_occurrence=_num(per, ".2f"),
+            normal_step_s=_num(normal, ".2f"),
+        ),
+    )
+
+
+def _regular(steps: np.ndarray) -> bool:
+    """Steps at one period (a last one missing or an off-by-one start allowed)."""
+    if len(steps) < 2:
+        return False
+    gaps = np.diff(steps)
+    return bool(np.all(gaps == gaps[0]) or np.mean(gaps == np.median(gaps)) >= 0.8)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuprof.analyzers.evidence import ReshardIdleEvidence
+from gpuprof.analyzers.evidence import PHASE_TIMING, ReshardIdleEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
@@ -20,13 +20,14 @@ from gpuprof.analyzers.stalls._phase import (
     _spans,
     _waiting_on,
 )
+from gpuprof.analyzers.stalls._timing import phase_loss
 
 
 def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     """GPUs idle inside weight-sync (``reshard``) spans beyond a healthy sync's share."""
     s = _samples(ctx)
     if s is None:
-        return None
+        return _from_timing(ctx, th)
     st = _phase_idle(ctx, s, ["reshard"])
     if st is None or st["idle_frac"] < 0.5:  # a sync that keeps GPUs busy is not this stall
         return None
@@ -74,6 +75,38 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             nvlink_bytes_s=_num(st["nvlink_bytes_s"], ".0f"),
             link_burst=burst,
             waiting_gpus_idle_gpu_s=_num(waiting),
+            allowance_share=_allowance(th, "reshard"),
+        ),
+    )
+
+
+def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """From a framework's phase times alone: weight-sync time beyond a healthy share of the
+    run, every GPU waiting (the sync stops generation and training alike)."""
+    pl = phase_loss(ctx, ["reshard"], _allowance(th, "reshard"))
+    if pl is None or pl.share < th.min_share:
+        return None
+    t = pl.timing
+    per_sync = pl.seconds / max(1, pl.steps_with_phase)
+    summary = (
+        f"weight sync takes {pl.share_of_step:.0%} of step time ({per_sync:.1f} s per sync): "
+        f"{_minutes(pl.lost_gpu_s)} ({pl.share:.0%}) beyond a healthy sync with the {t.gpus} "
+        f"GPUs waiting{t.gpu_note()} — from the framework's phase times"
+    )
+    return Finding(
+        kind="reshard_idle",
+        gpu_seconds_lost=pl.lost_gpu_s,
+        share=pl.share,
+        confidence=_conf(0.45 + 0.5 * pl.share),
+        summary=summary,
+        evidence=ReshardIdleEvidence(
+            intervals=t.intervals(["reshard"]),
+            phases=["reshard"],
+            basis=PHASE_TIMING,
+            reshard_gpu_s=_num(pl.seconds * t.gpus),
+            reshard_span_mean_s=_num(per_sync, ".3f"),
+            reshard_syncs=pl.steps_with_phase,
+            reshard_share_of_step=_num(pl.share_of_step, ".3f"),
             allowance_share=_allowance(th, "reshard"),
         ),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuprof.analyzers.evidence import RewardBoundEvidence
+from gpuprof.analyzers.evidence import PHASE_TIMING, RewardBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
@@ -19,13 +19,14 @@ from gpuprof.analyzers.stalls._phase import (
     _samples,
     _waiting_on,
 )
+from gpuprof.analyzers.stalls._timing import phase_loss
 
 
 def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     """GPUs idle inside reward spans (beyond a healthy scoring share), host CPU busy."""
     s = _samples(ctx)
     if s is None:
-        return None
+        return _from_timing(ctx, th)
     st = _phase_idle(ctx, s, ["reward"])
     if st is None or st["idle_frac"] < 0.5:  # a GPU reward model keeps the GPUs busy
         return None
@@ -73,6 +74,38 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             host_cpu_busy=host_busy,
             scorer_pinned=pinned,
             waiting_gpus_idle_gpu_s=_num(waiting),
+            allowance_share=_allowance(th, "reward"),
+        ),
+    )
+
+
+def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """From a framework's phase times alone: reward time beyond a healthy share of the run,
+    with every GPU assumed idle while it runs (rule-based scoring on the CPU, as in verl's
+    colocated trainer; a reward model on the GPUs would be busy time)."""
+    pl = phase_loss(ctx, ["reward"], _allowance(th, "reward"))
+    if pl is None or pl.share < th.min_share:
+        return None
+    t = pl.timing
+    per_step = pl.seconds / max(1, pl.steps_with_phase)
+    summary = (
+        f"reward scoring takes {pl.share_of_step:.0%} of step time ({per_step:.1f} s per "
+        f"step): {_minutes(pl.lost_gpu_s)} ({pl.share:.0%}) beyond a healthy share with the "
+        f"{t.gpus} GPUs waiting{t.gpu_note()} — from the framework's phase times, assuming a "
+        "CPU-side scorer"
+    )
+    return Finding(
+        kind="reward_bound",
+        gpu_seconds_lost=pl.lost_gpu_s,
+        share=pl.share,
+        confidence=_conf(0.4 + 0.5 * pl.share),
+        summary=summary,
+        evidence=RewardBoundEvidence(
+            intervals=t.intervals(["reward"]),
+            phases=["reward"],
+            basis=PHASE_TIMING,
+            reward_gpu_s=_num(pl.seconds * t.gpus),
+            reward_share_of_step=_num(pl.share_of_step, ".3f"),
             allowance_share=_allowance(th, "reward"),
         ),
     )

@@ -10,7 +10,7 @@ What is read:
 - **GPU activity**: kernels, memcpys and memsets, under today's categories (``kernel``,
   ``gpu_memcpy``, ``gpu_memset``) or the old ones (``Kernel``, ``Memcpy``, ``Memset``). Their
   union per device gives exact busy and idle time; the import turns it into `GpuSample` rows
-  every `BIN_NS` (``util_gpu_pct`` = busy share of the bin, so it is the same "a kernel was
+  every bin (at most `BIN_NS`; ``util_gpu_pct`` = busy share of the bin, so it is the same "a kernel was
   running" measure NVML gives) and keeps the exact figures as one ``gpu_time`` event per GPU
   (attrs in ns: window, busy, idle, compute, communication, memory; counts) and in the notes.
   A kernel whose name contains ``nccl`` is communication; memcpy/memset (and kernels named
@@ -71,7 +71,11 @@ except ImportError:  # pragma: no cover - orjson is a dependency; the fallback k
 FORMAT = "kineto"
 
 BIN_NS = 100_000_000
-"""Width of the bins the exact busy intervals are turned into GPU samples over (100 ms)."""
+"""Widest bin the exact busy intervals are turned into GPU samples over (100 ms); shorter
+traces get narrower bins (`MIN_BINS` at least, down to `MIN_BIN_NS`) so that phases shorter
+than 100 ms — a 60 ms data-loader wait in a 150 ms step — keep their own samples."""
+MIN_BIN_NS = 1_000_000
+MIN_BINS = 2_000
 MAX_BINS = 100_000
 """Samples per GPU at most: a trace longer than 2.8 h (stray timestamps) gets wider bins."""
 
@@ -641,7 +645,7 @@ def _step_records(trace: KinetoTrace, rank: int, steps: _Steps):
 
 
 def _gpu_samples(trace: KinetoTrace, rank: int, main_pid: int, notes: list[str]):
-    """GPU samples per `BIN_NS`, one exact-figures event per GPU, and the GPU inventory.
+    """GPU samples per bin (`_bin_ns`), one exact-figures event per GPU, and the GPU inventory.
 
     ``util_gpu_pct`` is the busy share of each bin when the trace recorded GPU activity (NaN
     when it recorded memory only); ``mem_used_bytes`` the most the caching allocator had
@@ -704,7 +708,8 @@ def _gpu_samples(trace: KinetoTrace, rank: int, main_pid: int, notes: list[str])
                     "host": trace.host,
                     "gpu": np.full(len(edges), int(device), dtype=np.int64),
                     "uuid": None,
-                    "t_ns": bin_ends,
+                    # a sample stands for [t_ns, next sample): stamped at its bin's start
+                    "t_ns": edges,
                     "util_gpu_pct": util,
                     "mem_used_bytes": _peak_per_bin(
                         trace.mem_t_ns[at], trace.mem_reserved_bytes[at], edges
@@ -746,10 +751,12 @@ def _peak_per_bin(t: np.ndarray, level: np.ndarray, edges: np.ndarray) -> np.nda
 
 
 def _bin_ns(window: tuple[int, int] | None) -> int:
-    """The sample period: `BIN_NS`, widened so a window gives at most `MAX_BINS` samples."""
+    """The sample period: ``window / MIN_BINS`` between `MIN_BIN_NS` and `BIN_NS`, widened so
+    a window gives at most `MAX_BINS` samples."""
     if window is None:
         return BIN_NS
-    return max(BIN_NS, -(-(window[1] - window[0]) // MAX_BINS))
+    span = window[1] - window[0]
+    return max(min(BIN_NS, max(MIN_BIN_NS, span // MIN_BINS)), -(-span // MAX_BINS))
 
 
 def _device_properties(meta: dict[str, Any]) -> dict[int, dict[str, Any]]:
