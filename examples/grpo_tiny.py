@@ -88,10 +88,11 @@ class PromptDataset(Dataset):
     DataLoader workers and whichever worker produces the item.
     """
 
-    def __init__(self, size: int, num_digits: int, seed: int) -> None:
+    def __init__(self, size: int, num_digits: int, seed: int, item_cost_s: float = 0.0) -> None:
         self.size = size
         self.num_digits = num_digits
         self.seed = seed
+        self.item_cost_s = item_cost_s
 
     def __len__(self) -> int:
         return self.size
@@ -99,6 +100,7 @@ class PromptDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor | str]:
         rng = random.Random(self.seed * 1_000_003 + index)
         prompt, answer = make_problem(rng, self.num_digits)
+        burn_cpu(self.item_cost_s)  # e.g. decoding and augmenting a real sample
         return {"prompt_ids": torch.tensor(encode(prompt)), "answer": answer}
 
 
@@ -197,9 +199,23 @@ def completion_logprobs(
     return logits.log_softmax(-1).gather(-1, completion_ids[..., None]).squeeze(-1)
 
 
-def score_batch(completion_ids: torch.Tensor, answers: Sequence[str]) -> torch.Tensor:
-    """Rule-based reward per completion: [B, N] ids + B answers -> [B] rewards in [0, 1]."""
+def burn_cpu(seconds: float) -> None:
+    """Busy the calling thread for ``seconds`` of wall time (CPU work, not a sleep)."""
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x = (x * 1103515245 + 12345) % 2147483648
+
+
+def score_batch(
+    completion_ids: torch.Tensor, answers: Sequence[str], cost_s: float = 0.0
+) -> torch.Tensor:
+    """Rule-based reward per completion: [B, N] ids + B answers -> [B] rewards in [0, 1].
+
+    ``cost_s``: extra CPU seconds per batch, as a verifier that runs code in a sandbox costs.
+    """
     texts = [decode(row) for row in completion_ids.tolist()]
+    burn_cpu(cost_s)
     return torch.tensor([score(text, ans) for text, ans in zip(texts, answers, strict=True)])
 
 
@@ -314,6 +330,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mini-batches", type=int, default=2, help="optimizer steps per step")
     p.add_argument("--seed", type=int, default=0, help="seed for data, init and sampling")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument(
+        "--reward-cost", type=float, default=0.0,
+        help="extra CPU seconds the reward takes per step (a slow verifier)",
+    )  # fmt: skip
+    p.add_argument(
+        "--item-cost", type=float, default=0.0,
+        help="extra CPU seconds per dataset item (a slow loader)",
+    )  # fmt: skip
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = p.parse_args(argv)
     if args.group_size < 2:
@@ -331,7 +355,9 @@ def main(argv: Sequence[str] | None = None) -> list[StepStats]:
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
 
-    dataset = PromptDataset(max(args.steps, 1) * args.batch_size, args.num_digits, args.seed)
+    dataset = PromptDataset(
+        max(args.steps, 1) * args.batch_size, args.num_digits, args.seed, args.item_cost
+    )
     loader = DataLoader(
         dataset,
         batch_size=args.batch_size,
@@ -373,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> list[StepStats]:
         num_tokens = int(completion_mask(completion_ids).sum())
 
         with gpuprof.phase("reward"):
-            rewards = score_batch(completion_ids, answers)
+            rewards = score_batch(completion_ids, answers, args.reward_cost)
 
         with gpuprof.phase("old_logprob"), torch.no_grad():
             old_logp = completion_logprobs(policy, prompt_ids, completion_ids)

@@ -8,6 +8,7 @@ import sys
 import pytest
 from conftest import ROOT, run_gpuprof
 
+from gpuprof.analyzers.diagnose import diagnose
 from gpuprof.api import load_run
 
 pytest.importorskip("trl")
@@ -64,3 +65,9 @@ def test_the_run_knows_trl_and_its_settings(watched):
     assert knobs["max_completion_length"] == 8
     assert knobs["per_device_train_batch_size"] == 4
     assert knobs["gradient_accumulation_steps"] == 1
+
+
+def test_a_healthy_tiny_trl_run_gets_no_finding(watched):
+    """Hand-labelled: nothing in this run stalls (rollout, reward and update each take their
+    part of a short CPU step); the diagnosis must not invent a stall."""
+    assert diagnose(watched).findings == []

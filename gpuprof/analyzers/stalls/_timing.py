@@ -59,7 +59,11 @@ class Timing:
         return float(min(1.0, max(0.0, gpu_s / total))) if total > 0 else 0.0
 
     def gpu_note(self) -> str:
-        return "" if self.gpus_known else " (GPU count unknown: per GPU)"
+        return "" if self.gpus_known else " (GPU count unknown: figures per GPU)"
+
+    def the_gpus(self) -> str:
+        """"the 16 GPUs", or "the GPUs" when the count is unknown."""
+        return f"the {self.gpus} GPUs" if self.gpus_known else "the GPUs"
 
     def intervals(self, phases: list[str]) -> list[list[int]]:
         sp = self.spans[self.spans["phase"].isin(phases)]

@@ -90,8 +90,8 @@ def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     per_sync = pl.seconds / max(1, pl.steps_with_phase)
     summary = (
         f"weight sync takes {pl.share_of_step:.0%} of step time ({per_sync:.1f} s per sync): "
-        f"{_minutes(pl.lost_gpu_s)} ({pl.share:.0%}) beyond a healthy sync with the {t.gpus} "
-        f"GPUs waiting{t.gpu_note()} — from the framework's phase times"
+        f"{_minutes(pl.lost_gpu_s)} ({pl.share:.0%}) beyond a healthy sync with "
+        f"{t.the_gpus()} waiting{t.gpu_note()} — from the framework's phase times"
     )
     return Finding(
         kind="reshard_idle",

@@ -88,22 +88,33 @@ def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         return None
     t = pl.timing
     per_step = pl.seconds / max(1, pl.steps_with_phase)
+    # a watched run has host samples: the scorer's CPU confirms a CPU-side scorer
+    cpu = _cpu_during(ctx, _phase_where(ctx, "reward"), {"main", "trainer", "other", "reward"})
+    proc_cpu = cpu.get("proc_cpu_pct", np.nan)
+    pinned = bool(proc_cpu >= th.process_core_pinned_pct)
+    how = (
+        f"the scorer at {proc_cpu:.0f}% of a core"
+        if np.isfinite(proc_cpu)
+        else "from the framework's phase times, assuming a CPU-side scorer"
+    )
     summary = (
         f"reward scoring takes {pl.share_of_step:.0%} of step time ({per_step:.1f} s per "
-        f"step): {_minutes(pl.lost_gpu_s)} ({pl.share:.0%}) beyond a healthy share with the "
-        f"{t.gpus} GPUs waiting{t.gpu_note()} — from the framework's phase times, assuming a "
-        "CPU-side scorer"
+        f"step): {_minutes(pl.lost_gpu_s)} ({pl.share:.0%}) beyond a healthy share with "
+        f"{t.the_gpus()} waiting{t.gpu_note()}; {how}"
     )
     return Finding(
         kind="reward_bound",
         gpu_seconds_lost=pl.lost_gpu_s,
         share=pl.share,
-        confidence=_conf(0.4 + 0.5 * pl.share),
+        confidence=_conf(0.4 + 0.5 * pl.share + (0.15 if pinned else 0.0)),
         summary=summary,
         evidence=RewardBoundEvidence(
             intervals=t.intervals(["reward"]),
             phases=["reward"],
             basis=PHASE_TIMING,
+            host_cpu_pct=_num(cpu.get("host_cpu_pct", np.nan)),
+            scorer_process_cpu_pct=_num(proc_cpu),
+            scorer_pinned=pinned,
             reward_gpu_s=_num(pl.seconds * t.gpus),
             reward_share_of_step=_num(pl.share_of_step, ".3f"),
             allowance_share=_allowance(th, "reward"),

@@ -1,0 +1,156 @@
+"""Hand-labelled runs: real third-party files and runs the tests make, each with the findings
+a person reading it would name, and no others.
+
+The third-party files are in ``../shared/fixtures`` (skipped without them). The public-format
+files of `labelled.builders` describe situations users reported (a verl run checkpointing every
+10th step, per-worker generation spreading from 170 s to 690 s, a second GPU nobody used, a
+``num_workers=0`` loader in a profiler trace). The CPU runs are the GRPO example, healthy, with
+a slow verifier and with a slow loader. Everything goes through the CLI as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SHARED_FIXTURES, run_gpuprof
+from labelled import builders
+
+needs_fixtures = pytest.mark.skipif(not SHARED_FIXTURES.is_dir(), reason="no shared fixtures")
+EXAMPLE = ROOT / "examples" / "grpo_tiny.py"
+
+
+def analyze(run_dir: Path) -> dict:
+    proc = run_gpuprof("analyze", str(run_dir), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def imported(path: Path, tmp_path: Path) -> dict:
+    run_dir = tmp_path / "run"
+    proc = run_gpuprof("import", str(path), "-o", str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    return analyze(run_dir)
+
+
+def kinds(doc: dict) -> set[str]:
+    return {f["kind"] for f in doc["findings"]}
+
+
+def finding(doc: dict, kind: str) -> dict:
+    return next(f for f in doc["findings"] if f["kind"] == kind)
+
+
+def knobs(doc: dict) -> dict[str, dict]:
+    return {r["knob"]: r for r in doc["recommendations"]}
+
+
+# ------------------------------------------------------------------ public formats, labelled
+
+
+def test_verl_checkpoint_and_validation_every_10th_step(tmp_path):
+    doc = imported(builders.verl_periodic_checkpoint(tmp_path / "ppo.log"), tmp_path)
+    assert kinds(doc) == {"periodic_stall"}
+    ev = finding(doc, "periodic_stall")["evidence"]
+    assert ev["basis"] == "phase_timing" and ev["every_n_steps"] == 10
+    assert ev["occurrences"] == 4 and ev["stall_steps"] == [10, 20, 30, 40]
+    assert 13 < ev["seconds_per_occurrence"] < 17 and 10 < ev["normal_step_s"] < 12
+    # 4 × ~15 s on 2 × 8 GPUs over a ~500 s run
+    assert finding(doc, "periodic_stall")["gpu_seconds_lost"] == pytest.approx(16 * 60, rel=0.1)
+    recs = knobs(doc)
+    assert (
+        recs["trainer.save_freq"]["current"] == 10 and recs["trainer.save_freq"]["suggested"] == 40
+    )
+    assert recs["trainer.test_freq"]["suggested"] == 40
+
+
+def test_verl_generation_long_tail_from_worker_spread(tmp_path):
+    doc = imported(builders.verl_long_tail(tmp_path / "grpo.log"), tmp_path)
+    assert kinds(doc) == {"generation_tail"}
+    f = finding(doc, "generation_tail")
+    ev = f["evidence"]
+    assert 160 < ev["generation_worker_s_min"] < 180 and 660 < ev["generation_worker_s_max"] < 700
+    assert ev["response_clip_ratio"] == pytest.approx(0.9)
+    assert ev["rollout_share_of_step"] == pytest.approx(0.55, abs=0.02)
+    # the mean worker waits half the spread: ~(683 - 170) / 2 of a ~1250 s step
+    assert f["share"] == pytest.approx((683 - 170) / 2 / 1250, rel=0.1)
+
+
+def test_nvidia_smi_second_gpu_never_used(tmp_path):
+    doc = imported(builders.nvidia_smi_unused_second_gpu(tmp_path / "gpus.csv"), tmp_path)
+    assert kinds(doc) == {"unused_gpu"}
+    f = finding(doc, "unused_gpu")
+    assert [g.split(":")[1] for g in f["evidence"]["gpus"]] == ["1"]
+    assert f["share"] == pytest.approx(0.5, abs=0.01)
+    assert f["evidence"]["mem_used_bytes_max"] == 15 * 2**20
+
+
+def test_kineto_trace_num_workers_0_is_dataloader_starvation(tmp_path):
+    trace = builders.kineto_resnet_num_workers_0(tmp_path / "resnet.json.gz")
+    doc = imported(trace, tmp_path)
+    assert kinds(doc) == {"dataloader_starvation"}
+    # ~60 ms of every 150 ms step, minus the healthy allowance
+    assert finding(doc, "dataloader_starvation")["share"] == pytest.approx(0.38, abs=0.05)
+    assert "num_workers" in knobs(doc)
+
+
+# ------------------------------------------------------------------ real third-party files
+
+
+@needs_fixtures
+def test_real_verl_log_validation_every_10_steps(tmp_path):
+    """gemma-2-2b PPO on 2 GPUs, trainer.test_freq=10: validation (~77 s) every 10th step on
+    a ~137 s step; nothing else stands out in its phase times."""
+    doc = imported(SHARED_FIXTURES / "verl" / "gemma2b_ppo_2gpu_old_format.log", tmp_path)
+    assert kinds(doc) == {"periodic_stall"}
+    ev = finding(doc, "periodic_stall")["evidence"]
+    assert ev["phases"] == ["eval"] and ev["every_n_steps"] == 10 and ev["occurrences"] == 10
+    assert finding(doc, "periodic_stall")["share"] == pytest.approx(0.05, abs=0.01)
+    assert knobs(doc)["trainer.test_freq"]["current"] == 10
+    assert "trainer.save_freq" not in knobs(doc)  # save_freq=-1: never saves, not the cause
+
+
+@needs_fixtures
+@pytest.mark.parametrize(
+    "name", ["verl/issue_excerpt_16xh100.txt", "verl/issue_excerpt_gh200_sglang.txt",
+             "nvidia_smi/rtx4090_inference.csv"],
+)  # fmt: skip
+def test_real_files_without_a_stall(name, tmp_path):
+    """One step of an update-dominated GSPO run (no idle phase to name; its per-worker
+    generation spread, 654-1120 s, costs ~1% of the step), one healthy SGLang step, and a
+    GPU at 80-100% doing batch inference."""
+    assert kinds(imported(SHARED_FIXTURES / name, tmp_path)) == set()
+
+
+# ------------------------------------------------------------------ CPU runs the tests make
+
+
+def watched(tmp_path: Path, *args: str) -> dict:
+    run_dir = tmp_path / "run"
+    proc = run_gpuprof(
+        "watch", "--no-nvml", "-q", "-o", str(run_dir), "--",
+        sys.executable, str(EXAMPLE), "--steps", "6", *args, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return analyze(run_dir)
+
+
+def test_grpo_example_healthy_has_no_finding(tmp_path):
+    assert kinds(watched(tmp_path)) == set()
+
+
+def test_grpo_example_slow_verifier_is_reward_bound(tmp_path):
+    doc = watched(tmp_path, "--reward-cost", "0.4")
+    assert kinds(doc) == {"reward_bound"}
+    ev = finding(doc, "reward_bound")["evidence"]
+    assert ev["basis"] == "phase_timing" and ev["reward_share_of_step"] > 0.5
+    assert ev["scorer_pinned"] is True  # the watched main process burns a core while scoring
+
+
+def test_grpo_example_slow_loader_is_dataloader_starvation(tmp_path):
+    doc = watched(tmp_path, "--item-cost", "0.015")
+    assert kinds(doc) == {"dataloader_starvation"}
+    ev = finding(doc, "dataloader_starvation")["evidence"]
+    assert ev["dataloader_num_workers"] == 0 or "num_workers" in knobs(doc)
