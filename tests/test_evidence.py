@@ -1,0 +1,61 @@
+"""Typed evidence: each detector's real finding, fed to every catalogue rule of its kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprof.analyzers.diagnose import diagnose
+from gpuprof.analyzers.evidence import EVIDENCE, Evidence
+from gpuprof.analyzers.knobs import CATALOGUE, EVIDENCE_READS, SUGGEST_RULES
+from gpuprof.analyzers.stalls import STALLS
+from gpuprof.sim import STALL_KINDS, Pathology, SimConfig, simulate
+
+
+@pytest.fixture(scope="module")
+def found() -> dict:
+    """Each simulated stall kind's own finding, from a run with only that stall."""
+    out = {}
+    for kind in STALL_KINDS:
+        cfg = SimConfig(gpus=8, steps=6, time_scale=0.1, pathologies=[Pathology(kind, 0.8)], seed=3)
+        if kind == "pipeline_bubble":
+            cfg = SimConfig(**{**cfg.__dict__, "placement": "split"})
+        findings = {f.kind: f for f in diagnose(simulate(cfg).run).findings}
+        out[kind] = findings.get(kind)
+    return out
+
+
+def test_every_kind_has_an_evidence_class_and_a_stall():
+    assert set(EVIDENCE) == {s.kind for s in STALLS}
+    for stall in STALLS:
+        assert stall.evidence is EVIDENCE[stall.kind] and stall.claims
+
+
+@pytest.mark.parametrize("kind", STALL_KINDS)
+def test_detector_evidence_drives_every_rule_of_its_kind(kind, found):
+    finding = found[kind]
+    assert finding is not None, f"the simulator's {kind} was not found"
+    evidence = finding.evidence
+    assert type(evidence) is EVIDENCE[kind]
+    assert finding.to_dict()["evidence"] == evidence.to_dict()  # JSON is the typed fields
+    rows = [e for e in CATALOGUE if e.kind == kind]
+    assert rows, f"no catalogue row for {kind}"
+    empty = EVIDENCE[kind]()
+    for entry in rows:
+        rule = SUGGEST_RULES[entry.rule]
+        rule(entry.default, entry.arg, evidence, {"gpus_per_host": 8})  # never raises
+        field = EVIDENCE_READS.get(entry.rule)
+        if field is None:
+            continue  # the rule does not read evidence
+        assert getattr(evidence, field) is not None, (entry.knob, field)
+        # the evidence-driven branch: the suggestion changes with the measured figure
+        base = 0.3 if entry.rule == "memory_fraction" else None  # a low setting, or unknown
+        with_ev = rule(base, entry.arg, evidence, {})
+        assert with_ev is not None and with_ev != rule(base, entry.arg, empty, {}), entry.knob
+
+
+def test_a_rule_reading_a_field_its_kind_lacks_fails_loudly():
+    class Other(Evidence):
+        pass
+
+    with pytest.raises(AttributeError):
+        SUGGEST_RULES["cap_length"](None, 4, Other(), {})
