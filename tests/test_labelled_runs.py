@@ -87,6 +87,18 @@ def test_nvidia_smi_second_gpu_never_used(tmp_path):
     assert f["evidence"]["mem_used_bytes_max"] == 15 * 2**20
 
 
+def test_nvidia_smi_one_gpu_far_less_busy_than_its_peers(tmp_path):
+    doc = imported(builders.nvidia_smi_one_gpu_underused(tmp_path / "gpus.csv"), tmp_path)
+    assert kinds(doc) == {"imbalance"}
+    f = finding(doc, "imbalance")
+    ev = f["evidence"]
+    assert [g.split(":")[1] for g in ev["low_gpus"]] == ["3"]
+    assert ev["low_util_gpu_pct"] == pytest.approx(27.5, abs=1.5)
+    assert ev["peer_util_gpu_pct"] == pytest.approx(92.5, abs=1.5)
+    # a quarter of the GPU-time at (92.5 - 27.5) points
+    assert f["share"] == pytest.approx(0.25 * 0.65, abs=0.02)
+
+
 def test_kineto_trace_num_workers_0_is_dataloader_starvation(tmp_path):
     trace = builders.kineto_resnet_num_workers_0(tmp_path / "resnet.json.gz")
     doc = imported(trace, tmp_path)

@@ -90,6 +90,10 @@ class Thresholds:
     """Rollout utilisation in its last part below this fraction of its first part: a tail."""
     pcie_heavy_bytes_s: float = 8e9
     """PCIe traffic above this (per GPU, per direction) is heavy."""
+    imbalance_busy_gap_frac: float = 0.5
+    """A GPU whose busy measure in a phase is below this fraction of its peers' median (peers
+    busy) does less work than they do. Data-parallel ranks of one phase run within ~10% of each
+    other; half is far outside that noise."""
     imbalance_spread_frac: float = 0.15
     """A rank's phase time above the median rank's by this fraction makes it a straggler."""
     periodic_spike_ratio: float = 1.8

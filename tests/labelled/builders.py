@@ -138,11 +138,27 @@ def kineto_resnet_num_workers_0(path: Path, steps: int = 8) -> Path:
         t += step_us
     doc = {
         "schemaVersion": 1,
-        "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-40GB",
-                              "totalGlobalMem": 42_505_273_344}],  # fmt: skip
+        "deviceProperties": [
+            {"id": 0, "name": "NVIDIA A100-SXM4-40GB", "totalGlobalMem": 42_505_273_344}
+        ],
         "traceEvents": events,
         "displayTimeUnit": "ms",
     }
     with gzip.open(path, "wt") as f:
         json.dump(doc, f)
+    return path
+
+
+def nvidia_smi_one_gpu_underused(path: Path, minutes: int = 15, seed: int = 3) -> Path:
+    """Four GPUs of one data-parallel job logged once a second: GPUs 0-2 at 85-100%, GPU 3 at
+    20-35% with as much memory (it gets a small share of every batch)."""
+    rng = random.Random(seed)
+    t0 = datetime(2026, 3, 4, 14, 0, 0)
+    rows = ["timestamp, index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB]"]
+    for i in range(minutes * 60):
+        ts = (t0 + timedelta(seconds=i)).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+        for gpu in range(4):
+            util = rng.randint(20, 35) if gpu == 3 else rng.randint(85, 100)
+            rows.append(f"{ts}, {gpu}, NVIDIA H100 80GB HBM3, {util} %, 70112 MiB, 81559 MiB")
+    path.write_text("\n".join(rows) + "\n")
     return path

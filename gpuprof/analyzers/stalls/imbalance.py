@@ -1,4 +1,12 @@
-"""``imbalance``: A straggler rank or GPU the others wait for."""
+"""``imbalance``: a straggler rank the others wait for, or a GPU doing far less work than its
+peers in the same phases.
+
+Two signs, the first that shows wins: span times (a rank whose phases run longer than the
+median rank's, `_stragglers`), and, when the spans show none or there are no spans, the GPUs'
+own busy measure (`_low_gpus`): a GPU whose utilisation (or GPM SM activity) in a phase stays
+far below its peers' is given less work — an uneven split of batches or sequences, a rank that
+skips work, a device placement that sends everything to the others.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +22,18 @@ from gpuprof.analyzers.stalls._resource import (
     _fmt_gpu_s,
     _gpu_label,
     _intervals,
+    _runs,
     _spans,
     _throttled_gpus,
 )
 
 
 def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """A straggler rank (from span times), else a GPU far less busy than its peers."""
+    return _stragglers(ctx, th) or _low_gpus(ctx, th)
+
+
+def _stragglers(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     """A straggler rank whose phases run longer while the other ranks wait.
 
     Per (phase, step), each rank's (process's) summed span time is compared with the median
@@ -125,5 +139,85 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         mem_peak_bytes_spread=float(per_gpu["mem"].max() - per_gpu["mem"].min())
         if per_gpu["mem"].notna().any()
         else None,
+    )
+    return _finding("imbalance", ctx, th, gpu_s, confidence, summary, evidence)
+
+
+def _low_gpus(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """GPUs far less busy than their peers in the same phase.
+
+    Per (phase, GPU), the time-weighted busy measure (GPM SM activity where every sample has
+    it, else NVML utilisation). In a phase where the peers' median is at least
+    ``th.busy_util_pct``, a GPU below ``th.imbalance_busy_gap_frac`` of that median does less
+    work: lost = its GPU-seconds in the phase × (median − its level) / 100, the work its peers'
+    pace says it could have done. Phases where every GPU idles (reward, sync) say nothing.
+    """
+    s = ctx.unclaimed_samples
+    if s is None or s.empty or s[["host", "gpu"]].drop_duplicates().shape[0] < 2:
+        return None
+    sm = s["sm_active_pct"].to_numpy(np.float64)
+    util = s["util_gpu_pct"].to_numpy(np.float64)
+    use_sm = bool(np.isfinite(sm).all())
+    level = sm if use_sm else util
+    ok = np.isfinite(level) & (s["dt_s"].to_numpy(np.float64) > 0)
+    if ok.sum() == 0:
+        return None
+    dt = s["dt_s"].to_numpy(np.float64)
+    frame = pd.DataFrame(
+        {
+            "phase": s["phase"].to_numpy(object)[ok],
+            "host": s["host"].to_numpy(object)[ok],
+            "gpu": s["gpu"].to_numpy()[ok],
+            "w": dt[ok],
+            "lw": (level * dt)[ok],
+            "mem": s["mem_used_bytes"].to_numpy(np.float64)[ok],
+        }
+    )
+    per = frame.groupby(["phase", "host", "gpu"], sort=False).agg(
+        gpu_s=("w", "sum"), lw=("lw", "sum"), mem=("mem", "max")
+    )
+    per = per[per["gpu_s"] > 0].reset_index()
+    per["level"] = per["lw"] / per["gpu_s"]
+    grp = per.groupby("phase", sort=False)["level"]
+    per["peers"] = grp.transform("size")
+    per["median"] = grp.transform("median")
+    low = per[
+        (per["peers"] >= 2)
+        & (per["median"] >= th.busy_util_pct)
+        & (per["level"] < th.imbalance_busy_gap_frac * per["median"])
+    ].copy()
+    if low.empty:
+        return None
+    low["lost"] = low["gpu_s"] * (low["median"] - low["level"]) / 100.0
+    gpu_s = float(low["lost"].sum())
+    labels = sorted({_gpu_label(h, g) for h, g in zip(low["host"], low["gpu"])})
+    level_low = float(np.average(low["level"], weights=low["gpu_s"]))
+    level_peers = float(np.average(low["median"], weights=low["gpu_s"]))
+    measure = "sm_active_pct" if use_sm else "util_gpu_pct"
+    what = "SM activity" if use_sm else "utilisation"
+    phases = sorted({str(p) for p in low["phase"]})
+    mem = per.groupby(["host", "gpu"])["mem"].max()
+    confidence = 0.5 + 0.3 * min(1.0, (level_peers - level_low) / max(level_peers, 1e-9))
+    named = [p for p in phases if p not in NOT_WORK_PHASES]
+    where = f"in the same phases ({', '.join(named[:4])})" if named else "over the same time"
+    summary = (
+        f"{len(labels)} GPU(s) ({', '.join(labels[:6])}) run at {level_low:.0f}% {what} "
+        f"while their peers run at {level_peers:.0f}% {where}: ~{_fmt_gpu_s(gpu_s)} "
+        "({share}) of work left undone"
+    )
+    on_low = pd.MultiIndex.from_arrays([s["host"], s["gpu"]]).isin(
+        pd.MultiIndex.from_arrays([low["host"], low["gpu"]])
+    )
+    runs = _runs(s, on_low & np.isin(s["phase"].to_numpy(object), phases), dt)
+    evidence = ImbalanceEvidence(
+        intervals=_intervals(runs, "w"),
+        gpus=labels,
+        phases=phases,
+        low_gpus=labels,
+        low_util_gpu_pct=round(level_low, 1),
+        peer_util_gpu_pct=round(level_peers, 1),
+        measure=measure,
+        util_gpu_pct_spread=round(level_peers - level_low, 2),
+        mem_peak_bytes_spread=float(mem.max() - mem.min()) if mem.notna().any() else None,
     )
     return _finding("imbalance", ctx, th, gpu_s, confidence, summary, evidence)
