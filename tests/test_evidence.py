@@ -59,3 +59,20 @@ def test_a_rule_reading_a_field_its_kind_lacks_fails_loudly():
 
     with pytest.raises(AttributeError):
         SUGGEST_RULES["cap_length"](None, 4, Other(), {})
+
+
+def test_summary_keeps_idle_apart_from_busy_losses():
+    """Idle time by cause holds idle kinds only (it sums to the run's idle time with
+    ``other_idle``); memory headroom and throttling are busy-but-slow losses."""
+    from gpuprof.analyzers.findings import BUSY_LOSS_KINDS
+
+    cfg = SimConfig(gpus=8, steps=6, time_scale=0.1, seed=5,
+                    pathologies=[Pathology("reward_bound", 0.7), Pathology("memory_headroom", 0.7),
+                                 Pathology("throttling", 0.7)])  # fmt: skip
+    d = diagnose(simulate(cfg).run)
+    kinds = {f.kind for f in d.findings}
+    assert {"reward_bound", "memory_headroom", "throttling"} <= kinds
+    idle, busy = d.summary["idle_gpu_s_by_cause"], d.summary["busy_loss_gpu_s_by_cause"]
+    assert "reward_bound" in idle and not set(idle) & BUSY_LOSS_KINDS
+    assert {"memory_headroom", "throttling"} <= set(busy) <= BUSY_LOSS_KINDS
+    assert sum(idle.values()) == pytest.approx(d.summary["idle_gpu_s"], rel=1e-3)

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from gpuprof.analyzers.basic import finite_or_none, step_times, tokens_per_s
-from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.findings import BUSY_LOSS_KINDS, AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls import DETECTORS, STALLS
+from gpuprof.analyzers.stalls._timing import timing
 from gpuprof.model import Run
 
 JSON_SCHEMA_VERSION = 1
@@ -91,11 +92,13 @@ def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
     steps = step_times(run)
     durations = steps["duration_s"].to_numpy(dtype=float) if len(steps) else np.array([])
     idle_total = finite_or_none(totals.get("idle_gpu_s"))
-    by_cause = {f.kind: round(f.gpu_seconds_lost, 3) for f in findings}
+    by_cause: dict[str, float] = {}
+    busy_loss: dict[str, float] = {}
+    for f in findings:
+        into = busy_loss if f.kind in BUSY_LOSS_KINDS else by_cause
+        into[f.kind] = round(into.get(f.kind, 0.0) + f.gpu_seconds_lost, 3)
     if idle_total is not None:
-        by_cause["other_idle"] = round(
-            max(0.0, idle_total - sum(f.gpu_seconds_lost for f in findings)), 3
-        )
+        by_cause["other_idle"] = round(max(0.0, idle_total - sum(by_cause.values())), 3)
     phases = []
     if len(run.spans) and len(run.gpu):
         table = ctx.by_phase
@@ -110,17 +113,34 @@ def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
                     "share": finite_or_none(row.share),
                 }
             )
+    basis = "gpu_samples"
+    gpus = int(totals.get("gpus") or run.gpu[["host", "gpu"]].drop_duplicates().shape[0])
+    gpu_hours = (finite_or_none(totals.get("gpu_s")) or 0.0) / 3600.0
+    t = timing(ctx)
+    if t is not None:  # no GPU samples: the framework's phase times are the figures
+        basis = "phase_timing"
+        gpus = t.gpus if t.gpus_known else gpus
+        gpu_hours = t.total_gpu_s / 3600.0 if t.gpus_known else gpu_hours
+        phases = [
+            {"phase": p, "wall_s": finite_or_none(w), "gpu_s": None, "idle_gpu_s": None,
+             "util_gpu_pct": None, "share": finite_or_none(w / t.wall_s) if t.wall_s else None}
+            for p, w in sorted(
+                ((p, float(t.steps[p].sum())) for p in t.phases), key=lambda x: -x[1]
+            )
+        ]  # fmt: skip
     return {
         "run_id": run.meta.run_id,
+        "basis": basis,
         "framework": run.meta.framework,
         "duration_s": run.duration_s,
-        "gpus": int(totals.get("gpus") or run.gpu[["host", "gpu"]].drop_duplicates().shape[0]),
-        "gpu_hours": (finite_or_none(totals.get("gpu_s")) or 0.0) / 3600.0,
+        "gpus": gpus,
+        "gpu_hours": gpu_hours,
         "mean_util_gpu_pct": finite_or_none(totals.get("util_gpu_pct")),
         "mean_sm_active_pct": finite_or_none(totals.get("sm_active_pct")),
         "busy_measure": totals.get("busy_measure", "util_gpu_pct"),
         "idle_gpu_s": idle_total,
         "idle_gpu_s_by_cause": by_cause,
+        "busy_loss_gpu_s_by_cause": busy_loss,
         "steps": int(steps["step"].nunique()) if len(steps) else 0,
         "step_time_p50_s": finite_or_none(np.percentile(durations, 50)) if len(durations) else None,
         "step_time_p95_s": finite_or_none(np.percentile(durations, 95)) if len(durations) else None,

@@ -37,6 +37,13 @@ STALL_KINDS: tuple[str, ...] = (
 )
 """The stable ``kind`` of every finding (DESIGN.md, "Stall taxonomy")."""
 
+BUSY_LOSS_KINDS: frozenset[str] = frozenset(
+    {"memory_headroom", "throttling", "host_bound", "comm_bound", "low_mfu"}
+)
+"""Kinds whose loss is time the GPUs were busy but slow (too little memory used, reduced
+clocks, launch-bound kernels, exposed collectives, low model FLOPs utilisation) rather
+than idle time; `summarize` keeps them apart from idle time by cause."""
+
 
 @dataclass
 class Finding:

@@ -48,6 +48,10 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
         if s.get("tokens_per_s"):
             line += f"  {s['tokens_per_s']:.0f} tokens/s"
         parts.append(Text(line))
+    if s.get("basis") == "phase_timing" and s.get("phases"):
+        # no GPU samples: the step-time composition is what the framework's timings show
+        shares = [f"{p['phase']} {p['share']:.0%}" for p in s["phases"] if p.get("share")]
+        parts.append(Text("step time (framework's phase times): " + ", ".join(shares[:8])))
 
     parts.extend(_findings_parts(diagnosis, top))
     for note in diagnosis.notes:

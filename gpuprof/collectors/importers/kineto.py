@@ -10,9 +10,10 @@ What is read:
 - **GPU activity**: kernels, memcpys and memsets, under today's categories (``kernel``,
   ``gpu_memcpy``, ``gpu_memset``) or the old ones (``Kernel``, ``Memcpy``, ``Memset``). Their
   union per device gives exact busy and idle time; the import turns it into `GpuSample` rows
-  every bin (at most `BIN_NS`; ``util_gpu_pct`` = busy share of the bin, so it is the same "a kernel was
-  running" measure NVML gives) and keeps the exact figures as one ``gpu_time`` event per GPU
-  (attrs in ns: window, busy, idle, compute, communication, memory; counts) and in the notes.
+  every bin (at most `BIN_NS`; ``util_gpu_pct`` = busy share of the bin, so it is the same "a
+  kernel was running" measure NVML gives) and keeps the exact figures as one ``gpu_time``
+  event per GPU (attrs in ns: window, busy, idle, compute, communication, memory; counts) and
+  in the notes.
   A kernel whose name contains ``nccl`` is communication; memcpy/memset (and kernels named
   ``Memcpy…``/``Memset…``/``dma…``) are memory; everything else is compute. Where kinds
   overlap in time, compute wins over communication over memory.
