@@ -76,3 +76,26 @@ def test_summary_keeps_idle_apart_from_busy_losses():
     assert "reward_bound" in idle and not set(idle) & BUSY_LOSS_KINDS
     assert {"memory_headroom", "throttling"} <= set(busy) <= BUSY_LOSS_KINDS
     assert sum(idle.values()) == pytest.approx(d.summary["idle_gpu_s"], rel=1e-3)
+
+
+def test_every_threshold_names_its_source():
+    """Thresholds are one documented table: each field's docstring says where its value
+    comes from (measured, vendor or seed), so a simulator-only number is visible as one."""
+    import ast
+    import inspect
+
+    from gpuprof.analyzers import findings
+
+    tree = ast.parse(inspect.getsource(findings.Thresholds))
+    body = tree.body[0].body
+    fields = {}
+    for i, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign):
+            doc = body[i + 1] if i + 1 < len(body) else None
+            text = doc.value.value if isinstance(doc, ast.Expr) else ""
+            fields[node.target.id] = " ".join(text.split())
+    assert len(fields) >= 30
+    for name, doc in fields.items():
+        assert "Source: " in doc, name
+        source = doc.split("Source: ", 1)[1]
+        assert source.startswith(("measured", "vendor", "seed")), name

@@ -23,9 +23,6 @@ JSON_SCHEMA_VERSION = 1
 
 __all__ = ["DETECTORS", "Diagnosis", "diagnose", "summarize"]
 
-CLOCK_SKEW_NOTE_S = 2.0
-"""Hosts whose records start further apart than this are noted as possibly skewed."""
-
 
 @dataclass
 class Diagnosis:
@@ -59,7 +56,7 @@ def diagnose(
     """
     th = thresholds or Thresholds()
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
-    notes = data_notes(run)
+    notes = data_notes(run, th)
     findings: list[Finding] = []
     for stall in STALLS:  # in their declared order: earlier stalls claim GPU-time first
         try:
@@ -149,7 +146,7 @@ def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
     }
 
 
-def data_notes(run: Run) -> list[str]:
+def data_notes(run: Run, th: Thresholds | None = None) -> list[str]:
     """What the run lacks or gets wrong, as human lines (the analysis still runs)."""
     notes = list(run.meta.notices)
     if run.gpu.empty:
@@ -172,17 +169,17 @@ def data_notes(run: Run) -> list[str]:
         bad = int((run.spans["end_ns"] < run.spans["start_ns"]).sum())
         if bad:
             notes.append(f"{bad} spans end before they start and were ignored")
-    notes.extend(_clock_skew_notes(run))
+    notes.extend(_clock_skew_notes(run, th or Thresholds()))
     return notes
 
 
-def _clock_skew_notes(run: Run) -> list[str]:
+def _clock_skew_notes(run: Run, th: Thresholds) -> list[str]:
     hosts = run.gpu["host"].dropna().unique() if len(run.gpu) else []
     if len(hosts) < 2:
         return []
     first = run.gpu.groupby("host")["t_ns"].min()
     spread_s = float(first.max() - first.min()) / 1e9
-    if spread_s > CLOCK_SKEW_NOTE_S:
+    if spread_s > th.clock_skew_note_s:
         return [
             f"hosts' first samples are {spread_s:.1f} s apart: clocks may be skewed "
             "(cross-host figures such as pipeline bubbles are less certain)"

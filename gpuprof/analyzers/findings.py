@@ -78,68 +78,120 @@ class Finding:
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Every tunable number of the detectors, in one place (units in the names)."""
+    """Every decision threshold and loss-model constant of the detectors, in one place (units
+    in the names).
+
+    Each says where its value comes from: ``measured`` (a figure read off a real run or public
+    file, named), ``vendor`` (a data sheet or a framework's documented default), or ``seed`` (a
+    judgement not yet checked against real runs; ``seed (simulator)`` where only the project's
+    simulator supports it — the first to revisit when a real run disagrees).
+    `tests/test_evidence.py` checks that every field names its source.
+    """
 
     min_share: float = 0.02
-    """A finding below this share of total GPU-time is noise and is not reported."""
+    """A finding below this share of total GPU-time is noise and is not reported.
+    Source: seed (a change worth making wins back at least 2% of the GPU bill)."""
     idle_util_pct: float = 10.0
-    """A GPU sample below this utilisation counts as idle."""
+    """A GPU sample below this utilisation counts as idle. Source: measured — idle GPUs read
+    0–1% in the public nvidia-smi logs (rtx4090_inference.csv between batches)."""
     busy_util_pct: float = 50.0
-    """A GPU sample at or above this utilisation counts as working."""
+    """A GPU sample at or above this utilisation counts as working. Source: seed."""
     host_cpu_busy_pct: float = 60.0
-    """Host CPU (all cores) above this during a phase marks it CPU-heavy."""
+    """Host CPU (all cores) above this during a phase marks it CPU-heavy. Source: seed."""
     process_core_pinned_pct: float = 85.0
-    """A process above this percent of one core is pinned (Python/launch bound)."""
+    """A process above this percent of one core is pinned. Source: measured — the GRPO
+    example's scorer thread reads 98–101% of a core while it scores (tests/test_labelled_runs).
+    Trainer processes read 100% or more from CUDA spin-wait and NCCL threads alone, so this is
+    evidence of a CPU-bound step only together with low GPU utilisation."""
     memory_headroom_frac: float = 0.25
-    """Peak memory below (1 - this) of total during rollout/update leaves headroom (engines
-    reserve up to ~90% by default, so a peak under 75% leaves a sizeable KV cache unused)."""
+    """Peak memory below (1 - this) of total during rollout/update leaves headroom. Source:
+    vendor — vLLM reserves ``gpu_memory_utilization`` = 0.9 of the GPU by default, so a peak
+    under 75% leaves a sizeable KV cache unused."""
+    mem_target_frac: float = 0.9
+    """Memory share a well-tuned rollout/update reaches (the memory-headroom loss model's
+    target). Source: vendor — vLLM's default ``gpu_memory_utilization``."""
+    mem_update_factor: float = 0.25
+    """Update phases gain less from memory than generation (compute-bound): this share of the
+    rollout's gain model. Source: seed."""
     tail_util_drop_frac: float = 0.5
-    """Rollout utilisation in its last part below this fraction of its first part: a tail."""
+    """Rollout utilisation in its last part below this fraction of its first part, or the
+    fastest generation worker under this fraction of the slowest: a tail. Source: seed."""
+    tail_head_frac: float = 1.0 / 3.0
+    """A rollout's steady level is read over its first third. Source: seed."""
+    tail_end_frac: float = 0.1
+    """A rollout's tail is its last tenth. Source: seed."""
+    long_response_ratio: float = 3.0
+    """Response length max / mean at or above this: a long tail of responses. Source: measured
+    — the 16×H100 verl excerpt logs max 30000 / mean 11018 (2.7) for a run its user called
+    long-tailed; the GH200 excerpt's healthy step 1024 / 325 (3.2) sits at the line."""
+    phase_idle_min_frac: float = 0.5
+    """A reward / weight-sync / loading phase whose GPUs are busy more than half of it (a
+    reward model on the GPUs, a sync overlapped with compute) is not an idle stall. Source:
+    seed."""
+    link_burst_ratio: float = 2.0
+    """Link traffic during weight sync above this many times the rest of the run's is a
+    transfer burst. Source: seed."""
     pcie_heavy_bytes_s: float = 8e9
-    """PCIe traffic above this (per GPU, per direction) is heavy."""
+    """PCIe traffic above this (per GPU, per direction) is heavy. Source: vendor — a third of
+    a PCIe Gen4 x16 link's ~25 GB/s usable per direction (the least an A100/H100 host has)."""
     imbalance_busy_gap_frac: float = 0.5
     """A GPU whose busy measure in a phase is below this fraction of its peers' median (peers
-    busy) does less work than they do. Data-parallel ranks of one phase run within ~10% of each
-    other; half is far outside that noise."""
+    busy) does less work than they do. Source: seed — data-parallel ranks of one phase run
+    within ~10% of each other; half is far outside that noise."""
     imbalance_spread_frac: float = 0.15
-    """A rank's phase time above the median rank's by this fraction makes it a straggler."""
+    """A rank's phase time above the median rank's by this fraction makes it a straggler.
+    Source: seed."""
     periodic_spike_ratio: float = 1.8
     """Without a named checkpoint/eval phase, steps at least this many times the median step,
-    recurring at one period, are periodic stalls (a verl log's every-10th step: 26 s on an
-    11 s median, 2.4×)."""
+    recurring at one period, are periodic stalls. Source: measured — a verl log's every-10th
+    step with save_checkpoint + testing: ~26 s on an ~11 s median (2.4×)."""
     periodic_min_ratio: float = 3.0
-    """A periodic phase (checkpoint/eval) at least this many times a normal step's idle."""
+    """A periodic phase (checkpoint/eval) at least this many times a normal step's idle is a
+    spike (raises confidence only). Source: seed."""
     reward_allowance_share: float = 0.035
     """Idle GPU-time a healthy job spends scoring rewards (share of the run's GPU-time); only
-    idle beyond it counts as lost."""
+    idle beyond it counts as lost. Source: measured — reward is 0.4% of the step in the
+    16×H100 verl excerpt and 0% in the GH200 one; 3.5% leaves room for rule-based scorers."""
     reshard_allowance_share: float = 0.035
-    """The same for weight sync (reshard)."""
+    """The same for weight sync (reshard). Source: seed."""
     dataload_allowance_share: float = 0.015
-    """The same for data loading."""
+    """The same for data loading. Source: seed."""
     no_span_idle_share: float = 0.25
-    """With no spans at all, idle is reported as unattributed only above this run-wide share."""
+    """With no spans at all, idle is reported as unattributed only above this run-wide share.
+    Source: seed."""
     clock_drop_frac: float = 0.9
-    """Without clock-event reasons, an SM clock below this fraction of the max seen throttles."""
+    """Without clock-event reasons, an SM clock below this fraction of the max seen throttles.
+    Source: vendor — H100 SXM boosts to 1980 MHz and holds ≥ 1755 MHz (0.89) under sustained
+    load within its power limit."""
     low_compute_util_pct: float = 92.0
-    """Update utilisation below this, with heavy PCIe, reads as offload traffic."""
+    """Update utilisation below this, with heavy PCIe, reads as offload traffic. Source: seed
+    (simulator)."""
     low_compute_sm_pct: float = 40.0
-    """The same with GPM SM activity, where utilisation is missing."""
+    """The same with GPM SM activity, where utilisation is missing. Source: seed (simulator)."""
+    host_bound_util_ref: float = 0.95
+    """A launch-bound compute phase loses ``this - util`` (util as 0–1) of its time. Source:
+    seed — a compute-bound training step keeps NVML utilisation at 95–100%."""
     collective_healthy_frac: float = 0.1
-    """Share of update time a well-overlapped job spends in collectives."""
+    """Share of update time a well-overlapped job spends in collectives. Source: seed."""
     collective_min_frac: float = 0.2
-    """Collectives above this share of update time make a run comm-bound."""
+    """Collectives above this share of update time make a run comm-bound. Source: seed."""
     unused_util_pct: float = 1.0
-    """A GPU whose busy measure never exceeds this over the whole run was never used: NVML
-    reads 0% on a GPU without work (public nvidia-smi logs of idle GPUs: 0%)."""
+    """A GPU whose busy measure never exceeds this over the whole run was never used. Source:
+    measured — NVML reads 0% on a GPU without work (public nvidia-smi logs)."""
     unused_mem_bytes: float = 2**30
-    """...and whose memory stays at or below this: a CUDA context alone holds a few hundred
-    MiB (PyTorch on Ampere/Hopper: ~300-600 MiB); more is data someone put there."""
+    """...and whose memory stays at or below this. Source: vendor — a CUDA context alone
+    holds a few hundred MiB (PyTorch on Ampere/Hopper: ~300–600 MiB); more is data."""
     unused_min_s: float = 10.0
     """Sampled time a GPU needs before it can be called unused (a few seconds of start-up
-    before the first kernel are not a run)."""
+    before the first kernel are not a run). Source: seed."""
     idle_allocation_min_s: float = 300.0
     """A stretch with every GPU idle and nothing running, at least this long, is an idle
-    allocation (a hang, a wait on storage or a service); shorter gaps are unattributed idle."""
+    allocation (a hang, a wait on storage or a service); shorter gaps are unattributed idle.
+    Source: seed (PyTorch's NCCL watchdog gives up on a hung collective after 10 min by
+    default; half of that is already a hang, not a pause)."""
+    clock_skew_note_s: float = 2.0
+    """Hosts whose records start further apart than this are noted as possibly skewed.
+    Source: seed."""
 
 
 @dataclass

@@ -30,6 +30,13 @@ import pandas as pd
 
 from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+from gpuprof.analyzers.grouping import (
+    BinGroups,
+    appearance_codes,
+    first_rows,
+    label_codes,
+    time_bins,
+)
 from gpuprof.intervals import in_union, top_intervals, union
 
 
@@ -54,16 +61,7 @@ _CLAIMED_PHASES = ("reward", "reshard", "dataload", "checkpoint", "eval")
 """Phases another detector owns, in the order they claim GPUs that wait for them."""
 
 
-_TAIL_FIRST_FRAC = 1.0 / 3.0  # a rollout's steady level: its first third
-
-
-_TAIL_LAST_FRAC = 0.1  # its tail: the last tenth
-
-
 _TAIL_MIN_SAMPLES = 3  # head, body and tail: what a merged long run keeps (see loader)
-
-
-_LONG_RESPONSE_RATIO = 3.0  # response length max / mean above this: long tail of responses
 
 
 _MAX_INTERVALS = 20
@@ -121,10 +119,19 @@ def _phase_gpu_s(ctx: AnalysisContext, s: pd.DataFrame, phase: str) -> float:
     if not np.isfinite(wall) or wall <= 0:
         return np.nan
     sp = _spans(ctx)
-    owners = sp.loc[sp["phase"] == phase, ["host", "pid"]].drop_duplicates()
-    owners = owners.rename(columns={"host": "owner_host"}).astype({"pid": np.float64})
-    gpus = s.dropna(subset=["pid"])[["owner_host", "pid", "host", "gpu"]].drop_duplicates()
-    n = len(gpus.merge(owners, on=["owner_host", "pid"], how="inner"))
+    owners = sp.loc[sp["phase"] == phase, ["host", "pid"]]
+    owners = {(h, float(p)) for h, p in zip(owners["host"], owners["pid"])}
+    # each (owner_host, pid, host, gpu) of the samples once; computed once per sample frame
+    cache = ctx.__dict__.setdefault("_stalls_phase_gpus", {})
+    hit = cache.get(id(s))
+    if hit is None or hit[0] is not s:  # the frame is held, so its id is not reused
+        owned = s[["owner_host", "pid", "host", "gpu"]]
+        owned = owned[owned["pid"].notna().to_numpy()]
+        first = first_rows(appearance_codes([owned[c] for c in owned.columns]))
+        keys = list(zip(owned["owner_host"].to_numpy(object)[first],
+                        owned["pid"].to_numpy(np.float64)[first]))  # fmt: skip
+        hit = cache[id(s)] = (s, keys)
+    n = sum(key in owners for key in hit[1])
     return wall * n if n else np.nan
 
 
@@ -132,32 +139,39 @@ def _phase_idle(ctx: AnalysisContext, s: pd.DataFrame, phases: Iterable[str]) ->
     """Idle figures of the samples in ``phases``: GPU-s (span-exact where possible), idle GPU-s,
     idle share, mean util, PCIe/NVLink bytes and rates; None when nothing was measured."""
     phases = list(phases)
-    sub = s[s["phase"].isin(phases)]
-    util = sub["util_gpu_pct"].to_numpy(np.float64)
-    dt = sub["dt_s"].to_numpy(np.float64)
+    codes, names = label_codes(s["phase"])
+    code_of = {name: i for i, name in enumerate(names)}
+    in_phases = np.isin(codes, [code_of[p] for p in phases if p in code_of])
+    codes = codes[in_phases]
+    util = s["util_gpu_pct"].to_numpy(np.float64)[in_phases]
+    dt = s["dt_s"].to_numpy(np.float64)[in_phases]
     m = np.isfinite(util)
     meas_dt = float(dt[m].sum())
     if meas_dt <= 0:
         return None
+    idle = s["idle_gpu_s"].to_numpy(np.float64)[in_phases]
     gpu_s = idle_gpu_s = 0.0
     for phase in phases:
-        p = (sub["phase"] == phase).to_numpy() & m
+        in_phase = codes == code_of.get(phase, -2)
+        p = in_phase & m
         if not p.any():
             continue
-        frac = float(sub["idle_gpu_s"].to_numpy(np.float64)[p].sum() / dt[p].sum())
+        frac = float(idle[p].sum() / dt[p].sum())
         exact = _phase_gpu_s(ctx, s, phase)
-        sampled = float(sub["dt_s"].to_numpy(np.float64)[(sub["phase"] == phase).to_numpy()].sum())
+        sampled = float(dt[in_phase].sum())
         g = exact if np.isfinite(exact) and exact > 0 else sampled
         gpu_s += g
         idle_gpu_s += g * frac
-    pcie = sub["pcie_bytes"].to_numpy(np.float64)
-    nvl = sub["nvlink_bytes"].to_numpy(np.float64)
+    pcie = s["pcie_bytes"].to_numpy(np.float64)[in_phases]
+    nvl = s["nvlink_bytes"].to_numpy(np.float64)[in_phases]
+    measured = in_phases.copy()
+    measured[in_phases] = m
     return {
         "gpu_s": gpu_s,
         "idle_gpu_s": idle_gpu_s,
         "idle_frac": idle_gpu_s / gpu_s if gpu_s > 0 else np.nan,
         "util_pct": float((util[m] * dt[m]).sum() / meas_dt),
-        "gpus": _gpu_labels(sub[m]),
+        "gpus": _gpu_labels(s.loc[measured, ["host", "gpu"]]),
         "pcie_bytes": float(np.nansum(pcie)) if np.isfinite(pcie).any() else np.nan,
         "nvlink_bytes": float(np.nansum(nvl)) if np.isfinite(nvl).any() else np.nan,
         "pcie_bytes_s": _rate(pcie, dt),
@@ -264,27 +278,20 @@ def _by_host(frame: pd.DataFrame, ok: bool) -> tuple[np.ndarray, np.ndarray, dic
 def _busy_by_bin(s: pd.DataFrame, th: Thresholds) -> tuple[np.ndarray, np.ndarray]:
     """For each sample: how many *other* GPUs of the job were working at that instant, and the
     sample's time bin (samples of all GPUs binned on the median sampling period)."""
-    t = s["t_ns"].to_numpy(np.int64)
-    dt = s["dt_s"].to_numpy(np.float64)
-    period_ns = float(np.nanmedian(dt)) * 1e9 if np.isfinite(dt).any() else 0.0
-    if not np.isfinite(period_ns) or period_ns <= 0:
-        period_ns = 1e9
-    bins = np.round((t - t.min()) / period_ns).astype(np.int64)
+    bins = time_bins(s["t_ns"].to_numpy(np.int64), s["dt_s"].to_numpy(np.float64))
     busy = s["busy_frac"].to_numpy(np.float64) >= th.busy_util_pct / 100.0
     return _others(busy, bins, _gpu_key(s)), bins
 
 
 def _gpu_key(s: pd.DataFrame) -> np.ndarray:
-    return s.groupby(["host", "gpu"], sort=False, observed=True).ngroup().to_numpy()
+    """Each sample's GPU as a group number (``groupby(["host", "gpu"], sort=False).ngroup()``)."""
+    return appearance_codes([s["host"], s["gpu"]])
 
 
 def _others(flag: np.ndarray, bins: np.ndarray, gpu: np.ndarray) -> np.ndarray:
     """For each sample: how many samples of OTHER GPUs in its time bin have ``flag`` (samples
     of unequal length — merged long runs — can put two of one GPU in one bin)."""
-    f = pd.Series(flag.astype(np.int64))
-    in_bin = f.groupby(bins).transform("sum").to_numpy()
-    own = f.groupby([bins, gpu]).transform("sum").to_numpy()
-    return in_bin - own
+    return BinGroups(bins, gpu).others(flag)
 
 
 def _is_idle(s: pd.DataFrame, th: Thresholds) -> np.ndarray:
@@ -395,22 +402,29 @@ def _wait_split(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> dict[s
     """
 
     def compute() -> dict[str, Any]:
-        others_busy, bins = _busy_by_bin(s, th)
-        phase = s["phase"].to_numpy(object)
-        in_wait = s["phase"].isin(list(_WAIT_PHASES)).to_numpy()
+        # one grouping by (time bin, GPU) serves every count over the other GPUs
+        bins = time_bins(s["t_ns"].to_numpy(np.int64), s["dt_s"].to_numpy(np.float64))
+        groups = BinGroups(bins, _gpu_key(s))
+        others_busy = groups.others(s["busy_frac"].to_numpy(np.float64) >= th.busy_util_pct / 100.0)
+        codes, names = label_codes(s["phase"])
+        code_of = {name: i for i, name in enumerate(names)}
+        in_wait = np.isin(codes, [code_of[p] for p in _WAIT_PHASES if p in code_of])
         waiting = in_wait & ~_step_head_claim(ctx, s, th)
         idle = np.nan_to_num(s["idle_gpu_s"].to_numpy(np.float64))
-        gpu = _gpu_key(s)
-        others_in_phase = _others(~in_wait, bins, gpu)  # waiting samples aren't counted
-        bubble = waiting & _is_idle(s, th) & (others_busy > 0)
+        is_idle = _is_idle(s, th)
+        others_in_phase = groups.others(~in_wait)  # waiting samples aren't counted
+        bubble = waiting & is_idle & (others_busy > 0)
         rest = waiting & ~bubble
         claimed: dict[str, np.ndarray] = {}
         taken = np.zeros(len(s), dtype=bool)
         for p in _CLAIMED_PHASES:
-            n_p = _others(phase == p, bins, gpu)
-            claimed[p] = rest & ~taken & (n_p > 0)
+            if p in code_of:
+                n_p = groups.others(codes == code_of[p])
+                claimed[p] = rest & ~taken & (n_p > 0)
+            else:  # no sample in the phase: nobody waits for it
+                claimed[p] = np.zeros(len(s), dtype=bool)
             taken |= claimed[p]
-        bubble |= rest & ~taken & (others_in_phase > 0) & _is_idle(s, th)
+        bubble |= rest & ~taken & (others_in_phase > 0) & is_idle
         alone = rest & ~taken & (others_in_phase == 0)
         return {"bubble": bubble, "alone": alone, "claimed": claimed, "idle": idle, "bins": bins}
 

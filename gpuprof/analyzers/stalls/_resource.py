@@ -73,24 +73,12 @@ THROTTLE_REASON_NAMES = {
 }
 
 
-MEM_TARGET_FRAC = 0.9
-"""Memory use a well-tuned rollout/update reaches (share of total)."""
-
-
-MEM_UPDATE_FACTOR = 0.25
-"""Update phases gain less from memory than generation (compute-bound): a quarter of the model."""
-
-
 PCIE_LINK_BYTES_S = 64e9
 """Nominal PCIe Gen5 x16 rate per direction: copies take at least bytes / this."""
 
 
 _COLLECTIVE_WORDS = ("allreduce", "all_reduce", "all_gather", "allgather", "reduce_scatter",
                      "reducescatter", "broadcast", "all_to_all", "alltoall")  # fmt: skip
-
-
-HOST_BOUND_UTIL_REF = 0.95
-"""A launch-bound phase loses ``HOST_BOUND_UTIL_REF - util`` of its time (util as 0–1)."""
 
 
 _MAX_INTERVALS = 20

@@ -62,7 +62,7 @@ class Timing:
         return "" if self.gpus_known else " (GPU count unknown: figures per GPU)"
 
     def the_gpus(self) -> str:
-        """"the 16 GPUs", or "the GPUs" when the count is unknown."""
+        """ "the 16 GPUs", or "the GPUs" when the count is unknown."""
         return f"the {self.gpus} GPUs" if self.gpus_known else "the GPUs"
 
     def intervals(self, phases: list[str]) -> list[list[int]]:

@@ -35,7 +35,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     sp = _spans(ctx)
     if (sp["phase"] == "dataload").any():
         st = _phase_idle(ctx, s, ["dataload"])
-        if st is None or st["idle_frac"] < 0.5:
+        if st is None or st["idle_frac"] < th.phase_idle_min_frac:
             return None
         waiting = _waiting_on(ctx, s, th, ["dataload"])
         idle_gpu_s, where = st["idle_gpu_s"] + waiting, "dataload spans"

@@ -8,9 +8,6 @@ import pandas as pd
 from gpuprof.analyzers.evidence import PHASE_TIMING, GenerationTailEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._phase import (
-    _LONG_RESPONSE_RATIO,
-    _TAIL_FIRST_FRAC,
-    _TAIL_LAST_FRAC,
     _TAIL_MIN_SAMPLES,
     _conf,
     _gpu_labels,
@@ -52,8 +49,8 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     end = (r["t"] + (r["dt"] * 1e9).round()).groupby(r["inst"], sort=False).transform("max")
     span_ns = np.maximum(end.to_numpy(np.float64) - t0, 1.0)
     mid = ((r["t"].to_numpy(np.int64) - t0) + r["dt"].to_numpy() * 0.5e9) / span_ns
-    first = mid < _TAIL_FIRST_FRAC
-    last = mid >= 1.0 - _TAIL_LAST_FRAC
+    first = mid < th.tail_head_frac
+    last = mid >= 1.0 - th.tail_end_frac
     after = ~first
     w = r["dt"].to_numpy(np.float64)
     r["first_w"] = np.where(first, w, 0.0)
@@ -94,7 +91,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     resp_max = _span_attr(ctx, "rollout", ("response_length_max", "response_length/max"))
     resp_mean = _span_attr(ctx, "rollout", ("response_length_mean", "response_length/mean"))
     resp_ratio = resp_max / resp_mean if resp_mean and np.isfinite(resp_mean) else np.nan
-    long_resp = bool(resp_ratio >= _LONG_RESPONSE_RATIO)
+    long_resp = bool(resp_ratio >= th.long_response_ratio)
     ratio = float(by_step.median())
     conf = _conf(0.55 + 0.5 * (th.tail_util_drop_frac - ratio) + (0.15 if long_resp else 0.0))
     resp_txt = (

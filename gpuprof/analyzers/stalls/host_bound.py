@@ -9,7 +9,6 @@ from gpuprof.analyzers.evidence import HostBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._resource import (
     COMPUTE_PHASES,
-    HOST_BOUND_UTIL_REF,
     _finding,
     _fmt_gpu_s,
     _intervals,
@@ -27,7 +26,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     process (the driver, which dispatches for every GPU) reads at least
     ``th.process_core_pinned_pct`` of one core.
     Per (GPU, phase, step) the lost share of those samples' time is
-    ``HOST_BOUND_UTIL_REF - mean util`` (kernels are launched too slowly to keep the GPU busy).
+    ``th.host_bound_util_ref - mean util`` (kernels are launched too slowly to keep the GPU busy).
     Update samples claimed by ``offload_thrash`` are skipped.
     """
     s = ctx.samples
@@ -109,10 +108,10 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     )
     g = g[g["gpu_s"] > 0].reset_index()
     g["util"] = g["uw"] / g["gpu_s"] / 100.0
-    g["lost"] = g["gpu_s"] * (HOST_BOUND_UTIL_REF - g["util"]).clip(0)
+    g["lost"] = g["gpu_s"] * (th.host_bound_util_ref - g["util"]).clip(0)
     gpu_s = float(g["lost"].sum())
     mean_util = float(g["uw"].sum() / g["gpu_s"].sum())
-    if mean_util >= HOST_BOUND_UTIL_REF * 100:
+    if mean_util >= th.host_bound_util_ref * 100:
         return None
     pinned_share = float(dt[pinned].sum() / dt[compute].sum()) if dt[compute].sum() > 0 else 0
     cpu_mean = float(np.nanmean(pinned_cpu[pinned]))

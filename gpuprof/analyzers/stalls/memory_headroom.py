@@ -8,8 +8,6 @@ import pandas as pd
 from gpuprof.analyzers.evidence import MemoryHeadroomEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._resource import (
-    MEM_TARGET_FRAC,
-    MEM_UPDATE_FACTOR,
     UPDATE_PHASES,
     _finding,
     _fmt_gpu_s,
@@ -25,10 +23,10 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     """Peak device memory far below total during rollout (or, without rollout, update).
 
     Gain model: generation throughput grows with the KV cache (sequences in flight), so a
-    rollout whose peak memory ``p`` (share of total) sits below the ``MEM_TARGET_FRAC`` a tuned
-    job reaches runs ``1 + d`` times longer than it would, ``d = MEM_TARGET_FRAC - p``; the
+    rollout whose peak memory ``p`` (share of total) sits below the ``th.mem_target_frac`` a tuned
+    job reaches runs ``1 + d`` times longer than it would, ``d = th.mem_target_frac - p``; the
     recoverable share of its GPU-time is ``d / (1 + d)``. Update phases gain less from larger
-    micro-batches (they are compute-bound): a quarter of that (`MEM_UPDATE_FACTOR`). Only GPUs
+    micro-batches (they are compute-bound): a quarter of that (``th.mem_update_factor``). Only GPUs
     whose peak is below ``1 - th.memory_headroom_frac`` count; update samples with heavy PCIe
     (offload frees memory on purpose) are left to ``offload_thrash``.
     """
@@ -60,7 +58,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         phases = ["rollout"]
     else:
         use = np.isin(phase, UPDATE_PHASES) & ~_offload_mask(s, th)
-        factor = MEM_UPDATE_FACTOR
+        factor = th.mem_update_factor
         phases = sorted(set(phase[use]))
     use &= np.isfinite(used) & np.isfinite(total) & (total > 0)
     if not use.any():
@@ -83,7 +81,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     low = per_gpu[per_gpu["peak"] < limit].copy()
     if low.empty:
         return None
-    d = np.clip(MEM_TARGET_FRAC - low["peak"].to_numpy(), 0.0, None)
+    d = np.clip(th.mem_target_frac - low["peak"].to_numpy(), 0.0, None)
     low["lost"] = low["gpu_s"].to_numpy() * factor * d / (1.0 + d)
     gpu_s = float(low["lost"].sum())
     peak = float(low["peak"].median())
@@ -106,10 +104,10 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         mem_peak_frac=round(peak, 4),
         mem_peak_bytes=int(low["peak_b"].max()),
         mem_total_bytes=int(low["total_b"].max()),
-        mem_target_frac=MEM_TARGET_FRAC,
+        mem_target_frac=th.mem_target_frac,
         phase_gpu_s=round(float(low["gpu_s"].sum()), 3),
         model="lost = phase GPU-s x d/(1+d), d = target - peak"
-        + (f" x {MEM_UPDATE_FACTOR}" if factor != 1.0 else ""),
+        + (f" x {th.mem_update_factor}" if factor != 1.0 else ""),
     )
     if gmu:
         evidence.knobs = {str(k): v for k, v in gmu.items()}

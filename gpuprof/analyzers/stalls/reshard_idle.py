@@ -29,7 +29,9 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if s is None:
         return _from_timing(ctx, th)
     st = _phase_idle(ctx, s, ["reshard"])
-    if st is None or st["idle_frac"] < 0.5:  # a sync that keeps GPUs busy is not this stall
+    if (
+        st is None or st["idle_frac"] < th.phase_idle_min_frac
+    ):  # a sync that keeps GPUs busy is not this stall
         return None
     waiting = _waiting_on(ctx, s, th, ["reshard"])
     lost = _excess(ctx, th, st["idle_gpu_s"] + waiting, "reshard")
@@ -47,7 +49,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
                       _rate(out["nvlink_bytes"].to_numpy(float), out["dt_s"].to_numpy(float)),
                       0.0])  # fmt: skip
     link = np.nanmax([st["pcie_bytes_s"], st["nvlink_bytes_s"], 0.0])
-    burst = bool(link > 2.0 * base and link > 0)
+    burst = bool(link > th.link_burst_ratio * base and link > 0)
     conf = _conf(0.45 + 0.4 * st["idle_frac"] + (0.1 if burst else 0.0) + 0.5 * share)
     bw_txt = f"; {bw / 1e9:.1f} GB/s effective for {nbytes / 1e9:.1f} GB" if np.isfinite(bw) else ""
     summary = (

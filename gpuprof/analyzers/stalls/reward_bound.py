@@ -28,7 +28,9 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if s is None:
         return _from_timing(ctx, th)
     st = _phase_idle(ctx, s, ["reward"])
-    if st is None or st["idle_frac"] < 0.5:  # a GPU reward model keeps the GPUs busy
+    if (
+        st is None or st["idle_frac"] < th.phase_idle_min_frac
+    ):  # a GPU reward model keeps the GPUs busy
         return None
     waiting = _waiting_on(ctx, s, th, ["reward"])
     lost = _excess(ctx, th, st["idle_gpu_s"] + waiting, "reward")

@@ -1,0 +1,125 @@
+"""Integer group codes and per-group counts over sample arrays, in numpy.
+
+The analyzers group hundreds of thousands of GPU samples by time bin, by GPU and by both;
+``pandas`` ``groupby(...).transform("sum")`` builds (and sorts) a group index each time, which
+made those group-bys the slowest part of a diagnosis. Here a group is a dense integer code
+(``0 .. n-1``) computed once, and a per-group sum is one ``np.bincount``. Codes are dense
+offsets when the values span a small range (time bins, GPU numbers) and hash-factorized
+otherwise, so a few far-apart values never allocate a huge count array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+_DENSE_SLACK = 1024
+"""A value range up to ``4 · len + _DENSE_SLACK`` is counted as offsets, not factorized."""
+
+
+def dense_codes(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Codes ``0 .. n-1`` (int64) that are equal exactly where integer ``values`` are, and n.
+
+    Not necessarily consecutive: offsets from the minimum when the range is small (then n is
+    the range), else the order of first appearance.
+    """
+    values = np.asarray(values)
+    if len(values) == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo <= 4 * len(values) + _DENSE_SLACK:
+        return values.astype(np.int64) - lo, hi - lo + 1
+    codes, uniques = pd.factorize(values)
+    return codes.astype(np.int64, copy=False), len(uniques)
+
+
+def appearance_codes(columns: Sequence[np.ndarray | pd.Series]) -> np.ndarray:
+    """For rows given as parallel columns: the group number of each row's combination of
+    values, numbered in order of first appearance; -1 where any value is missing (as
+    ``DataFrame.groupby(columns, sort=False, observed=True).ngroup()``)."""
+    n = len(columns[0]) if len(columns) else 0
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    key = np.zeros(n, dtype=np.int64)
+    valid = np.ones(n, dtype=bool)
+    for column in columns:
+        codes = _codes(column)
+        valid &= codes >= 0
+        width = int(codes.max()) + 1 if len(codes) else 0
+        key = key * max(width, 1) + np.maximum(codes, 0)
+        if len(columns) > 2:  # keep the combined key small: renumber after each column
+            key = pd.factorize(key)[0].astype(np.int64)
+    out = np.full(n, -1, dtype=np.int64)
+    out[valid] = pd.factorize(key[valid])[0]
+    return out
+
+
+def _codes(column: np.ndarray | pd.Series) -> np.ndarray:
+    """Codes of one column's values (-1: missing), categorical codes as they are."""
+    if isinstance(column, pd.Series) and isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy(np.int64)
+    return pd.factorize(column, use_na_sentinel=True)[0].astype(np.int64, copy=False)
+
+
+def first_rows(codes: np.ndarray) -> np.ndarray:
+    """Positions of the first row of each group (codes from `appearance_codes`, -1 skipped),
+    in group order."""
+    valid = np.flatnonzero(codes >= 0)
+    _, first = np.unique(codes[valid], return_index=True)
+    return valid[first]
+
+
+def time_bins(t_ns: np.ndarray, dt_s: np.ndarray) -> np.ndarray:
+    """Each sample's time bin: samples of all GPUs binned on the median sampling period (1 s
+    when unknown), counted from the first sample."""
+    period_ns = float(np.nanmedian(dt_s)) * 1e9 if np.isfinite(dt_s).any() else 0.0
+    if not np.isfinite(period_ns) or period_ns <= 0:
+        period_ns = 1e9
+    return np.round((t_ns - t_ns.min()) / period_ns).astype(np.int64)
+
+
+class BinGroups:
+    """Samples grouped by time bin and by (time bin, GPU), for counts over *other* GPUs.
+
+    ``bins`` and ``gpu`` are integer arrays, one value per sample (any integers: GPU -1 is a
+    GPU like the others). Built once, `others` then costs two ``np.bincount``.
+    """
+
+    def __init__(self, bins: np.ndarray, gpu: np.ndarray) -> None:
+        bins = np.asarray(bins)
+        gpu = np.asarray(gpu)
+        self.bin, self.n_bins = dense_codes(bins)
+        gpu_code, n_gpus = dense_codes(gpu)
+        if self.n_bins * max(n_gpus, 1) <= 4 * len(bins) + _DENSE_SLACK:
+            self.pair, self.n_pairs = self.bin * n_gpus + gpu_code, self.n_bins * n_gpus
+        else:
+            self.pair, self.n_pairs = dense_codes(self.bin * n_gpus + gpu_code)
+
+    def others(self, flag: np.ndarray) -> np.ndarray:
+        """For each sample: the sum of ``flag`` over the samples of OTHER GPUs in its time bin
+        (int64; a bool flag counts them)."""
+        flag = np.asarray(flag)
+        if len(flag) == 0:
+            return np.zeros(0, dtype=np.int64)
+        if flag.dtype == bool:
+            in_bin = np.bincount(self.bin[flag], minlength=self.n_bins)
+            own = np.bincount(self.pair[flag], minlength=self.n_pairs)
+        else:
+            w = flag.astype(np.int64)
+            in_bin = np.zeros(self.n_bins, dtype=np.int64)
+            own = np.zeros(self.n_pairs, dtype=np.int64)
+            np.add.at(in_bin, self.bin, w)
+            np.add.at(own, self.pair, w)
+        return (in_bin[self.bin] - own[self.pair]).astype(np.int64, copy=False)
+
+
+def label_codes(column: pd.Series) -> tuple[np.ndarray, list]:
+    """A label column as integer codes (-1: missing) and the labels they stand for: the
+    categories of a categorical column as they are, else the labels in order of appearance.
+    ``codes == names.index(x)`` is ``column == x``, without comparing strings row by row."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy(np.int64), list(column.cat.categories)
+    codes, uniques = pd.factorize(column, use_na_sentinel=True)
+    return codes.astype(np.int64, copy=False), list(uniques)
