@@ -62,6 +62,8 @@ def two_gpus() -> dict:
             },
             {
                 "name": "NVIDIA A100-SXM4-40GB",
+                "pcie_link_gen": 4,  # an A100 on a Gen4 x8 slot
+                "pcie_link_width": 8,
                 "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000001",
                 "pci_bus_id": "00000000:3B:00.0",
                 "mem_total_bytes": 40 * GiB,
@@ -159,6 +161,8 @@ def test_inventory_and_versions(simnvml, collectors):
             "name": "NVIDIA H100 80GB HBM3",
             "pci_bus_id": "00000000:18:00.0",
             "mem_total_bytes": 80 * GiB,
+            "pcie_link_gen_max": 5,  # the simulated library's default link
+            "pcie_link_width_max": 16,
             "gpm_supported": True,
             "lost": False,
         },
@@ -169,6 +173,8 @@ def test_inventory_and_versions(simnvml, collectors):
             "name": "NVIDIA A100-SXM4-40GB",
             "pci_bus_id": "00000000:3B:00.0",
             "mem_total_bytes": 40 * GiB,
+            "pcie_link_gen_max": 4,
+            "pcie_link_width_max": 8,
             "gpm_supported": False,
             "lost": False,
         },

@@ -134,3 +134,23 @@ def test_junk_columns_do_not_raise() -> None:
     gpu["clock_event_reasons"] = pd.Series([None] * len(gpu), dtype=object)
     procs = base.procs.drop(columns=["role"])
     _run_all(Run(meta=base.meta, gpu=gpu, spans=spans, procs=procs))
+
+
+def test_offload_loss_uses_each_gpus_own_pcie_link():
+    """The copy-time model divides by the GPU's own link: the same traffic costs twice the
+    time on a Gen4 x8 link as on Gen4 x16; without an inventory entry Gen4 x16 is assumed."""
+    res = _sim("offload_thrash", 0.9)
+    run = res.run
+    base = _run_all(run)["offload_thrash"]
+    assert base.evidence.pcie_link == "Gen4 x16"
+    assert base.evidence.pcie_link_bytes_s == pytest.approx(16 * 1.969e9)
+    for g in run.meta.gpus:
+        g["pcie_link_width_max"] = 8
+    narrow = _run_all(run)["offload_thrash"]
+    assert narrow.evidence.pcie_link == "Gen4 x8"
+    assert narrow.gpu_seconds_lost > base.gpu_seconds_lost
+    for g in run.meta.gpus:
+        g.pop("pcie_link_gen_max"), g.pop("pcie_link_width_max")
+    assumed = _run_all(run)["offload_thrash"]
+    assert assumed.evidence.pcie_link == "Gen4 x16 (assumed)"
+    assert assumed.gpu_seconds_lost == pytest.approx(base.gpu_seconds_lost)

@@ -132,6 +132,8 @@ class _Gpu:
     name: str | None = None
     pci_bus_id: str | None = None
     mem_total_bytes: int | None = None
+    pcie_link_gen_max: int | None = None
+    pcie_link_width_max: int | None = None
     gpm_supported: bool = False
     lost: bool = False
     util_seen_us: dict[int, int] = field(default_factory=dict)
@@ -243,6 +245,9 @@ class NvmlCollector:
             gpu.pci_bus_id = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
         memory = self._memory(gpu)
         gpu.mem_total_bytes = memory.total if memory is not None else None
+        # the link's maximum (an idle GPU trains its link down: the current one says little)
+        gpu.pcie_link_gen_max = self._query(gpu, "nvmlDeviceGetMaxPcieLinkGeneration", handle)
+        gpu.pcie_link_width_max = self._query(gpu, "nvmlDeviceGetMaxPcieLinkWidth", handle)
         support = self._query(gpu, "nvmlGpmQueryDeviceSupport", handle, quiet=True)
         if support is not None and support.isSupportedDevice:
             gpu.gpm_supported = self._open_gpm(gpu)
@@ -375,7 +380,8 @@ class NvmlCollector:
 
     def inventory(self) -> list[dict[str, Any]]:
         """One dict per GPU: host, index, uuid, name, pci_bus_id, mem_total_bytes,
-        gpm_supported, lost. A lost GPU stays listed with ``lost: True``."""
+        pcie_link_gen_max, pcie_link_width_max (the PCIe link's maximum generation and lanes the
+        GPU and system allow), gpm_supported, lost. A lost GPU stays listed with ``lost: True``."""
         return [
             {
                 "host": self.host,
@@ -384,6 +390,8 @@ class NvmlCollector:
                 "name": g.name,
                 "pci_bus_id": g.pci_bus_id,
                 "mem_total_bytes": g.mem_total_bytes,
+                "pcie_link_gen_max": g.pcie_link_gen_max,
+                "pcie_link_width_max": g.pcie_link_width_max,
                 "gpm_supported": g.gpm_supported,
                 "lost": g.lost,
             }

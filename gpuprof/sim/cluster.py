@@ -181,6 +181,9 @@ class _Gen:
                 "name": cfg.gpu_name,
                 "mem_total_bytes": MEM_TOTAL_BYTES,
                 "gpm": cfg.has_gpm,
+                # PCIe Gen4 x16: what most public A100/H100 PCIe hosts report
+                "pcie_link_gen_max": 4,
+                "pcie_link_width_max": 16,
             }
             for i in range(n)
         ]

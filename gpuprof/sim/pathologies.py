@@ -239,7 +239,7 @@ def _offload_thrash(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generat
     for phase in ("update_actor", "update_critic"):
         plan.add_extra(phase, "offload_thrash", s * 1.0 * plan.dur[phase])
         lv = plan.levels[phase]
-        lv.pcie_bps = 1e9 + 44e9 * s  # toward the ~50 GB/s of PCIe Gen5 x16
+        lv.pcie_bps = 6e9 + 18e9 * s  # toward the ~25 GB/s a PCIe Gen4 x16 link carries
         lv.sm_ratio = 0.8 - 0.6 * s
         lv.util = 98.0 - 45.0 * s  # host<->device copies are not kernels
         lv.mem_frac -= 0.3 * s
@@ -252,7 +252,7 @@ def _comm_bound(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) 
         plan.add_extra(phase, "comm_bound", s * 0.8 * base)
         lv = plan.levels[phase]
         lv.nvlink_bps = 120e9 + 300e9 * s  # toward the 450 GB/s per direction of NVLink 4
-        lv.pcie_bps = 1e9 + (35e9 * s if cfg.gpus > cfg.gpus_per_host else 0.0)  # NIC traffic
+        lv.pcie_bps = 1e9 + (20e9 * s if cfg.gpus > cfg.gpus_per_host else 0.0)  # a 200 Gb/s NIC
         lv.sm_ratio = 0.8 - 0.6 * s
     plan.collective_frac = 0.08 + 0.6 * s
     plan.settings["fsdp_size"] = -1 if s >= 0.3 else plan.settings["fsdp_size"]

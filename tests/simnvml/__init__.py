@@ -248,7 +248,8 @@ def scenario_lines(scenario: Mapping[str, Any]) -> list[str]:
         for key in ("uuid", "pci_bus_id"):
             if key in gpu:
                 lines.append(f"gpu {i} {key} {_one_word(key, gpu[key])}")
-        for key in ("mem_total_bytes", "mem_reserved_bytes", "nvlink_links"):
+        for key in ("mem_total_bytes", "mem_reserved_bytes", "nvlink_links", "pcie_link_gen",
+                    "pcie_link_width"):  # fmt: skip
             if key in gpu:
                 lines.append(f"gpu {i} {key} {int(gpu[key])}")
         for key in ("gpm", "pcie_counters"):

@@ -18,6 +18,7 @@
  *   gpu 0 name NVIDIA H100 80GB HBM3           also uuid, pci_bus_id, mem_total_bytes,
  *                                              mem_reserved_bytes, gpm 0|1, nvlink_links N,
  *                                              pcie_counters 0|1, pcie_counter_wrap BYTES,
+ *                                              pcie_link_gen N, pcie_link_width N,
  *                                              lost_at_s T
  *   series 0 util_gpu_pct 0:50 2.5:100         piecewise constant (time_s:value), last value held;
  *                                              repeated lines for one metric append points
@@ -137,6 +138,7 @@ struct nvmlDevice_st {
     unsigned long long mem_total, mem_reserved;
     int gpm;
     unsigned int nvlink_links;
+    unsigned int pcie_link_gen, pcie_link_width; /* the link's maximum, as the system allows */
     int pcie_counters;                      /* the PCIe byte counter fields are supported */
     unsigned long long pcie_counter_wrap;   /* those counters wrap modulo this; 0: never */
     double lost_at; /* scenario time the GPU falls off the bus; INFINITY if never */
@@ -379,6 +381,8 @@ static int set_gpu_count(unsigned int n)
         snprintf(d->pci_bus_id, sizeof d->pci_bus_id, "00000000:%02X:00.0", 0x18 + g);
         d->mem_total = 85899345920ULL;
         d->nvlink_links = 18;
+        d->pcie_link_gen = 5;
+        d->pcie_link_width = 16;
         d->pcie_counters = 1;
         d->lost_at = INFINITY;
     }
@@ -477,6 +481,10 @@ static int parse_gpu_line(char *cursor)
         d->gpm = u != 0;
     else if (strcmp(key, "nvlink_links") == 0 && parse_ull(value, &u) == 0)
         d->nvlink_links = (unsigned int)u;
+    else if (strcmp(key, "pcie_link_gen") == 0 && parse_ull(value, &u) == 0)
+        d->pcie_link_gen = (unsigned int)u;
+    else if (strcmp(key, "pcie_link_width") == 0 && parse_ull(value, &u) == 0)
+        d->pcie_link_width = (unsigned int)u;
     else if (strcmp(key, "pcie_counters") == 0 && parse_ull(value, &u) == 0)
         d->pcie_counters = u != 0;
     else if (strcmp(key, "pcie_counter_wrap") == 0 && parse_ull(value, &u) == 0)
@@ -931,6 +939,40 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
 {
     ENTER(device);
     return copy_string(name, length, device->name);
+}
+
+/* The link's generation and width: maximum and current are the same here (a real idle GPU
+ * may train its link down; gpuprof reads the maximum). */
+static nvmlReturn_t link_value(unsigned int *out, unsigned int value)
+{
+    if (out == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *out = value;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen)
+{
+    ENTER(device);
+    return link_value(gen, device->pcie_link_gen);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *width)
+{
+    ENTER(device);
+    return link_value(width, device->pcie_link_width);
+}
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen)
+{
+    ENTER(device);
+    return link_value(gen, device->pcie_link_gen);
+}
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *width)
+{
+    ENTER(device);
+    return link_value(width, device->pcie_link_width);
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)

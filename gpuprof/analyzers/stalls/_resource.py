@@ -73,10 +73,6 @@ THROTTLE_REASON_NAMES = {
 }
 
 
-PCIE_LINK_BYTES_S = 64e9
-"""Nominal PCIe Gen5 x16 rate per direction: copies take at least bytes / this."""
-
-
 _COLLECTIVE_WORDS = ("allreduce", "all_reduce", "all_gather", "allgather", "reduce_scatter",
                      "reducescatter", "broadcast", "all_to_all", "alltoall")  # fmt: skip
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from gpuprof.analyzers.evidence import OffloadThrashEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.links import pcie_bytes_s, pcie_link
 from gpuprof.analyzers.stalls._resource import (
-    PCIE_LINK_BYTES_S,
     UPDATE_PHASES,
     _finding,
     _fmt_gpu_s,
@@ -25,8 +26,8 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
 
     Per update sample with PCIe above ``th.pcie_heavy_bytes_s`` per direction, the lost share
     of its time is the larger of the kernel-free share (``1 - util``) and the time the copies
-    need at the nominal link rate (``rate / PCIE_LINK_BYTES_S``), i.e. the copies are assumed
-    not to overlap compute. Reported only when those samples' compute is low (util below
+    need at the GPU's own link rate (``rate / link``, `links.pcie_link`), i.e. the copies are
+    assumed not to overlap compute. Reported only when those samples' compute is low (util below
     ``th.low_compute_util_pct`` or, with GPM, SM activity below ``th.low_compute_sm_pct``), which
     keeps collective traffic over the NIC (util stays ~100%) for ``comm_bound``.
     """
@@ -56,7 +57,8 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if not low_compute:
         return None
     idle_frac = np.where(np.isfinite(util), 1.0 - np.clip(util / 100.0, 0, 1), 0.0)
-    copy_frac = np.clip(np.nan_to_num(per_dir) / PCIE_LINK_BYTES_S, 0.0, 1.0)
+    link_rate, link_txt = _link_rates(ctx, s)
+    copy_frac = np.clip(np.nan_to_num(per_dir) / link_rate, 0.0, 1.0)
     lost = np.where(heavy, dt * np.maximum(idle_frac, copy_frac), 0.0)
     gpu_s = float(lost.sum())
     update_s = float(dt[window].sum())
@@ -78,6 +80,8 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         gpus=_sorted_gpus(s[heavy]),
         phases=phases,
         pcie_bytes_s_per_direction=round(rate, 0),
+        pcie_link_bytes_s=round(float(np.median(link_rate[heavy])), 0),
+        pcie_link=link_txt,
         pcie_heavy_share_of_update=round(heavy_share, 4),
         update_gpu_s=round(update_s, 3),
         util_gpu_pct=None if not np.isfinite(mean_util) else round(mean_util, 1),
@@ -86,3 +90,18 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if knobs:
         evidence.knobs = {str(k): v for k, v in knobs.items()}
     return _finding("offload_thrash", ctx, th, gpu_s, confidence, summary, evidence)
+
+
+def _link_rates(ctx: AnalysisContext, s) -> tuple[np.ndarray, str]:
+    """Per sample: its GPU's PCIe rate per direction (bytes/s), and the links as text
+    ("Gen4 x16", "Gen4 x16 (assumed)")."""
+    inventory = {
+        (str(g.get("host")), int(g["index"])): g
+        for g in ctx.run.meta.gpus or []
+        if isinstance(g, dict) and isinstance(g.get("index"), int)
+    }
+    codes, uniq = pd.MultiIndex.from_arrays([s["host"].astype(str), s["gpu"]]).factorize()
+    links = [pcie_link(inventory.get((str(h), int(g)))) for h, g in uniq]
+    rate = np.array([pcie_bytes_s(gen, lanes) for gen, lanes, _ in links])[codes]
+    texts = sorted({f"Gen{g} x{w}" + ("" if known else " (assumed)") for g, w, known in links})
+    return rate, ", ".join(texts)

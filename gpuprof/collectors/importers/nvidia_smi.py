@@ -52,11 +52,15 @@ NUMERIC_FIELDS: dict[str, str] = {
     "pcie.link.gen.current": "pcie_link_gen",
     "pcie.link.gen.gpucurrent": "pcie_link_gen",
     "pcie.link.width.current": "pcie_link_width",
+    "pcie.link.gen.max": "pcie_link_gen_max",
+    "pcie.link.gen.gpumax": "pcie_link_gen_gpu_max",
+    "pcie.link.width.max": "pcie_link_width_max",
 }
 """Query field → column (GpuSample field, or an inventory figure); units: %, bytes, W, MHz, °C."""
 
 _MEMORY_FIELDS = {"mem_used_bytes", "mem_total_bytes", "mem_free_bytes"}
-_INVENTORY_FIELDS = {"pcie_link_gen", "pcie_link_width"}
+_INVENTORY_FIELDS = {"pcie_link_gen", "pcie_link_width", "pcie_link_gen_max",
+                     "pcie_link_gen_gpu_max", "pcie_link_width_max"}  # fmt: skip
 _REASON_FIELDS = {"clocks_event_reasons.active", "clocks_throttle_reasons.active"}
 _ID_FIELDS = {"index": "gpu", "uuid": "uuid", "name": "name", "pci.bus_id": "pci_bus_id"}
 _ALIASES = {
