@@ -9,9 +9,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gpuprof"
 FORBIDDEN = {
+    # the simulator is ground truth for tests and the demo: analysis must not lean on it
     "analyzers": {"pynvml", "psutil", "torch", "sqlite3", "gpuprof.collectors", "gpuprof.store",
-                  "gpuprof.reports", "gpuprof.hooks", "gpuprof.api", "gpuprof.cli"},
-    "reports": {"pynvml", "psutil", "torch", "sqlite3", "gpuprof.collectors", "gpuprof.hooks"},
+                  "gpuprof.reports", "gpuprof.hooks", "gpuprof.api", "gpuprof.cli", "gpuprof.sim"},
+    "reports": {"pynvml", "psutil", "torch", "sqlite3", "gpuprof.collectors", "gpuprof.hooks",
+                "gpuprof.sim"},
     "model.py": {"pynvml", "psutil", "torch", "sqlite3", "gpuprof"},
 }  # fmt: skip
 
