@@ -126,7 +126,8 @@ def _evidence(kind: str, res, healthy) -> None:
         assert run.meta.knobs["data.dataloader_num_workers"] <= 1
     elif kind == "generation_tail":
         r = run.spans[run.spans["phase"] == "rollout"].iloc[0]
-        assert r["attrs"]["response_length_max"] > 5 * r["attrs"]["response_length_mean"]
+        step = run.spans[run.spans["phase"] == "step"].iloc[0]["attrs"]  # as verl logs them
+        assert step["response_length/max"] > 5 * step["response_length/mean"]
         g = run.gpu[(run.gpu["host"] == r["host"]) & (run.gpu["gpu"] == r["local_rank"])]
         dur = r["end_ns"] - r["start_ns"]
         late = g[(g["t_ns"] > r["end_ns"] - 0.15 * dur) & (g["t_ns"] < r["end_ns"])]

@@ -356,7 +356,14 @@ class _Gen:
 
         for g in self.tl.groups:
             for st, (s0, s1) in enumerate(self.tl.step_bounds):
-                emit(g.gpus, "step", "step", st, 0, s0, s1, {"tokens": per_rank_tokens})
+                # response lengths ride on the step, as verl logs them on each step line
+                step_attrs = {
+                    "tokens": per_rank_tokens,
+                    "response_length/mean": round(mean_len, 1),
+                    "response_length/max": round(max_len, 1),
+                    "response_length/clip_ratio": round(plan.clip_ratio, 3),
+                }
+                emit(g.gpus, "step", "step", st, 0, s0, s1, step_attrs)
             for seg in g.segs:
                 if seg.kind == "barrier":
                     emit(
@@ -373,12 +380,7 @@ class _Gen:
                     continue
                 attr: dict[str, Any] = {}
                 if seg.phase == "rollout":
-                    attr = {
-                        "tokens": per_rank_tokens,
-                        "response_length_mean": round(mean_len, 1),
-                        "response_length_max": round(max_len, 1),
-                        "clip_ratio": round(plan.clip_ratio, 3),
-                    }
+                    attr = {"tokens": per_rank_tokens}
                 elif seg.phase == "reshard":
                     attr = {"bytes": MODEL_BYTES}
                 name = names.get(seg.phase, seg.phase)

@@ -129,7 +129,9 @@ def healthy_plan(config: SimConfig) -> Plan:
         "train_batch_size": 256 if config.framework == "verl" else 8,
         "num_generations": 8,
         "max_response_length": 4096,
-        "dataloader_num_workers": 8,
+        # the frameworks' defaults: verl loads with 8 workers, transformers-based trainers
+        # (TRL, ms-swift) and OpenRLHF with none; prompts are cheap to load either way
+        "dataloader_num_workers": 8 if config.framework == "verl" else 0,
         "param_offload": False,
         "optimizer_offload": False,
         "update_weights_bucket_megabytes": 2048,
@@ -150,7 +152,8 @@ def healthy_plan(config: SimConfig) -> Plan:
         host_cpu={"*": 6.0, "reward": 12.0, "dataload": 8.0},
         proc_cpu={
             "main": {"*": 15.0, "reward": 40.0, "dataload": 20.0},
-            "trainer": {"*": 8.0, **dict.fromkeys(COMPUTE_PHASES, 55.0)},
+            # CUDA spin-wait, NCCL and intra-op threads keep a trainer at a core or more
+            "trainer": {"*": 100.0, **dict.fromkeys(COMPUTE_PHASES, 115.0)},
             "inference": {"*": 5.0, "rollout": 60.0},
             "dataloader": {"*": 2.0, "dataload": 25.0},
         },

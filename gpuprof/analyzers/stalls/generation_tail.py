@@ -88,8 +88,13 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     share = ctx.share(lost)
     if share < th.min_share:
         return None
-    resp_max = _span_attr(ctx, "rollout", ("response_length_max", "response_length/max"))
-    resp_mean = _span_attr(ctx, "rollout", ("response_length_mean", "response_length/mean"))
+    # response lengths: on rollout spans (hooks), else on the steps (verl logs them per step)
+    max_keys = ("response_length_max", "response_length/max")
+    mean_keys = ("response_length_mean", "response_length/mean")
+    resp_max = _span_attr(ctx, "rollout", max_keys)
+    resp_mean = _span_attr(ctx, "rollout", mean_keys)
+    if not np.isfinite(resp_max) or not np.isfinite(resp_mean):
+        resp_max, resp_mean = _span_attr(ctx, "step", max_keys), _span_attr(ctx, "step", mean_keys)
     resp_ratio = resp_max / resp_mean if resp_mean and np.isfinite(resp_mean) else np.nan
     long_resp = bool(resp_ratio >= th.long_response_ratio)
     ratio = float(by_step.median())

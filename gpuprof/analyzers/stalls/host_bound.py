@@ -19,9 +19,12 @@ from gpuprof.analyzers.stalls._resource import (
 
 
 def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
-    """Moderate utilisation in compute phases while the rank's (or main) process is pinned.
+    """Moderate utilisation in compute phases while the rank's (or main) process uses a core.
 
-    A compute-phase sample is host-bound when, at that instant (nearest earlier process
+    Process CPU is summed over its threads: a trainer reads 100% or more from CUDA spin-wait
+    and NCCL threads alone, so a process at a core is not proof of a Python-bound loop (that
+    needs the busiest thread's CPU, which the host collector does not record yet); the loss
+    comes from the utilisation shortfall. A compute-phase sample is host-bound when, at that instant (nearest earlier process
     sample, within three process-sampling intervals), the GPU owner's process or a ``main``
     process (the driver, which dispatches for every GPU) reads at least
     ``th.process_core_pinned_pct`` of one core.
@@ -123,8 +126,8 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         start_ns=("start_ns", "min"), end_ns=("end_ns", "max"), w=("lost", "sum")
     )
     summary = (
-        f"util {mean_util:.0f}% in compute phases while a process is pinned at "
-        f"{cpu_mean:.0f}% of one core ({pinned_share:.0%} of compute time): "
+        f"util {mean_util:.0f}% in compute phases while a process runs at "
+        f"{cpu_mean:.0f}% of a core ({pinned_share:.0%} of compute time): "
         f"~{_fmt_gpu_s(gpu_s)} ({{share}}) lost to launch/Python overhead"
     )
     evidence = HostBoundEvidence(
