@@ -24,9 +24,10 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     Process CPU is summed over its threads: a trainer reads 100% or more from CUDA spin-wait
     and NCCL threads alone, so a process at a core is not proof of a Python-bound loop (that
     needs the busiest thread's CPU, which the host collector does not record yet); the loss
-    comes from the utilisation shortfall. A compute-phase sample is host-bound when, at that instant (nearest earlier process
-    sample, within three process-sampling intervals), the GPU owner's process or a ``main``
-    process (the driver, which dispatches for every GPU) reads at least
+    comes from the utilisation shortfall. A compute-phase sample is host-bound when, at that
+    instant (nearest earlier process sample, within three process-sampling intervals), the GPU
+    owner's process or a ``main`` process (the driver, which dispatches for every GPU) reads at
+    least
     ``th.process_core_pinned_pct`` of one core.
     Per (GPU, phase, step) the lost share of those samples' time is
     ``th.host_bound_util_ref - mean util`` (kernels are launched too slowly to keep the GPU busy).
