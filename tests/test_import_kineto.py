@@ -122,12 +122,20 @@ def test_real_trace_figures_match_the_json(path):
         step_events = step_events[step_events["kind"] == "step"]
         assert sorted(map(int, step_events["name"])) == sorted(step_numbers)
 
-    # phase spans: every user annotation but steps, collectives and zero_grad, by name
+    # phase spans: every user annotation but steps, collectives and zero_grad, and every
+    # blocking CUDA runtime call of 100 µs or more, by name
     expected = collections.Counter(
         e["name"]
         for e in events
-        if e["cat"] == "user_annotation"
-        and not re.match(r"ProfilerStep#\d+$|nccl:|Optimizer\.zero_grad#", e["name"])
+        if (
+            e["cat"] == "user_annotation"
+            and not re.match(r"ProfilerStep#\d+$|nccl:|Optimizer\.zero_grad#", e["name"])
+        )
+        or (
+            e["cat"] == "cuda_runtime"
+            and e["name"] in kineto.RUNTIME_PHASES
+            and e.get("dur", 0) * 1000 >= kineto.RUNTIME_MIN_NS
+        )
     )
     got_names = collections.Counter()
     if spans is not None:

@@ -175,6 +175,7 @@ class HostBoundEvidence(Evidence):
     sm_active_pct: float | None = None
     sync_ops: int | None = None
     sync_s: float | None = None
+    alloc_s: float | None = None
 
 
 @dataclass(kw_only=True)

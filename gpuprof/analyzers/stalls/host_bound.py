@@ -14,11 +14,18 @@ from gpuprof.analyzers.stalls._resource import (
     _intervals,
     _num,
     _offload_mask,
+    _runs,
     _sorted_gpus,
 )
 
 
 def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """Launch-bound compute phases (`_launch_bound`), else GPUs idle while the host blocks in
+    the CUDA allocator or a synchronisation (`_blocked_in_runtime`, from profiler traces)."""
+    return _launch_bound(ctx, th) or _blocked_in_runtime(ctx, th)
+
+
+def _launch_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     """Moderate utilisation in compute phases while the rank's (or main) process uses a core.
 
     Process CPU is summed over its threads: a trainer reads 100% or more from CUDA spin-wait
@@ -142,4 +149,44 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     )
     if np.isfinite(sm).any():
         evidence.sm_active_pct = round(float(np.nanmean(sm)), 1)
+    return _finding("host_bound", ctx, th, gpu_s, confidence, summary, evidence)
+
+
+RUNTIME_PHASES = ("cuda_alloc", "cuda_sync")
+"""Spans of blocking CUDA runtime calls (the Kineto importer makes them)."""
+
+
+def _blocked_in_runtime(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """Idle GPU-time while the owner sits in a blocking CUDA runtime call: allocating or
+    freeing device memory (``cuda_alloc``: ``torch.cuda.empty_cache()`` between steps, an
+    allocator without cached blocks) or waiting on the device (``cuda_sync``). Nothing is
+    launched meanwhile, so the idle time is the host's."""
+    s = ctx.unclaimed_samples
+    if s is None or s.empty or not s["phase"].isin(RUNTIME_PHASES).any():
+        return None
+    inside = s["phase"].isin(RUNTIME_PHASES).to_numpy()
+    idle = np.nan_to_num(s["idle_gpu_s"].to_numpy(np.float64))
+    gpu_s = float(idle[inside].sum())
+    spans = ctx.spans
+    calls = spans[spans["phase"].isin(RUNTIME_PHASES)]
+    dur = (calls["end_ns"] - calls["start_ns"]).to_numpy(np.float64) / 1e9
+    by_phase = pd.Series(dur).groupby(calls["phase"].to_numpy(object)).sum()
+    alloc_s = float(by_phase.get("cuda_alloc", 0.0))
+    sync_s = float(by_phase.get("cuda_sync", 0.0))
+    what = "allocating / freeing device memory" if alloc_s >= sync_s else "synchronising"
+    summary = (
+        f"GPUs idle while the host blocks in the CUDA runtime, mostly {what} "
+        f"({len(calls)} calls: {alloc_s:.1f} s in cudaMalloc/cudaFree, {sync_s:.1f} s in "
+        f"synchronisations): ~{_fmt_gpu_s(gpu_s)} ({{share}})"
+    )
+    runs = _runs(s, inside, idle)
+    evidence = HostBoundEvidence(
+        intervals=_intervals(runs, "w"),
+        gpus=_sorted_gpus(s[inside]),
+        phases=sorted(set(calls["phase"])),
+        sync_ops=len(calls),
+        sync_s=round(sync_s, 3),
+        alloc_s=round(alloc_s, 3),
+    )
+    confidence = 0.55 + 0.3 * min(1.0, gpu_s / max(ctx.total_gpu_s, 1e-9) * 4)
     return _finding("host_bound", ctx, th, gpu_s, confidence, summary, evidence)

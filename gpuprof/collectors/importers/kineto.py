@@ -24,7 +24,11 @@ What is read:
   ops become spans, their names mapped to canonical phases (`gpuprof.phases`): ``## name ##``
   markers lose their hashes, ``Optimizer.step#SGD.step`` is ``optimizer.step`` (the update).
   PyTorch's own collective ranges (``nccl:all_reduce``…) and ``Optimizer.zero_grad`` are not
-  phases and are skipped. ``ProfilerStep#N`` ranges give ``step`` spans and ``step`` events,
+  phases and are skipped. Blocking CUDA runtime calls of 100 µs or more become ``cuda_alloc``
+  (cudaMalloc / cudaFree…) and ``cuda_sync`` (cudaStreamSynchronize…) spans, so that GPU idle
+  time while the host sits in them has a cause; a DataLoader whose ``__next__`` ops all name
+  ``_SingleProcessDataLoaderIter`` ran with ``num_workers=0`` (recorded as that knob).
+  ``ProfilerStep#N`` ranges give ``step`` spans and ``step`` events,
   and number the spans inside them.
 - **Who**: the rank is ``distributedInfo.rank``, else a ``rank<N>`` in the file name; a GPU
   activity's device is its ``args.device`` (else its pid, which Kineto sets to the device);
@@ -111,6 +115,24 @@ _KINETO_CATS = re.compile(
 _STEP_NAME = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 _STEP_LIKE = re.compile(r"^ProfilerStep\s*#\s*\d+$")
 _DATALOADER = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
+_SINGLE_PROCESS_LOADER = "_SingleProcessDataLoaderIter"
+"""The iterator class a ``num_workers=0`` DataLoader names its ``__next__`` op after."""
+RUNTIME_PHASES: dict[str, str] = {
+    "cudaMalloc": "cuda_alloc",
+    "cudaFree": "cuda_alloc",
+    "cudaMallocHost": "cuda_alloc",
+    "cudaFreeHost": "cuda_alloc",
+    "cudaHostAlloc": "cuda_alloc",
+    "cudaMallocAsync": "cuda_alloc",
+    "cudaStreamSynchronize": "cuda_sync",
+    "cudaDeviceSynchronize": "cuda_sync",
+    "cudaEventSynchronize": "cuda_sync",
+    "cudaMemcpy": "cuda_sync",
+}
+"""Blocking CUDA runtime calls kept as phase spans: while the host sits in the allocator
+(``cuda_alloc``) or waits for the device (``cuda_sync``) it launches nothing."""
+RUNTIME_MIN_NS = 100_000
+"""Runtime calls shorter than this (100 µs) are launch overhead, not a blocking stall."""
 _NOT_PHASES = re.compile(r"^(?:nccl|gloo|mpi|ucc|xccl|c10d)[:_]|^Optimizer\.zero_grad#", re.I)
 _HASHES = re.compile(r"^#+\s*(.*?)\s*#+$")
 _OPTIMIZER = re.compile(r"^Optimizer\.(\w+)#.*$")
@@ -496,6 +518,14 @@ def _imported(trace: KinetoTrace) -> Imported:
     if not len(gpu):
         notes.append("no GPU activity in the trace: phases only")
     meta: dict[str, Any] = {"gpus": gpus}
+    loader_names = pd.Series(trace.names, dtype=object).astype(str)
+    loader_names = loader_names[loader_names.str.match(_DATALOADER)]
+    if len(loader_names):
+        # the loader's own op names say how many workers it had: none, or some
+        single = loader_names.str.contains(_SINGLE_PROCESS_LOADER, regex=False).all()
+        if single:
+            meta["knobs"] = {"num_workers": 0}
+            notes.append("the DataLoader ran in the main process (num_workers=0)")
     if trace.host_known:
         meta["hosts"] = [trace.host]
     if trace.window_ns is not None:
@@ -605,16 +635,23 @@ def _phase_spans(trace: KinetoTrace, rank: int, steps: _Steps) -> pd.DataFrame:
     annotation = annotation[keep.to_numpy()]
     cpu = np.flatnonzero(np.isin(kind, (CPU_OP, ANNOTATION)))
     loader = cpu[pd.Series(names[cpu], dtype=object).astype(str).str.match(_DATALOADER).to_numpy()]
-    rows = np.union1d(annotation, loader)
+    runtime = np.flatnonzero(kind == RUNTIME)
+    rt_names = pd.Series(names[runtime], dtype=object).astype(str)
+    long_enough = (trace.end_ns[runtime] - trace.start_ns[runtime]) >= RUNTIME_MIN_NS
+    blocking = rt_names.isin(list(RUNTIME_PHASES)).to_numpy() & long_enough
+    runtime = runtime[blocking]
+    rows = np.union1d(np.union1d(annotation, loader), runtime)
     if len(rows) == 0:
         return _span_frame(trace, rows, rank, [], [], np.zeros(0), [])
     raw = pd.Series(names[rows], dtype=object).astype(str)
     is_loader = np.isin(rows, loader)
+    is_runtime = np.isin(rows, runtime)
     # map each distinct name once: a trace repeats the same few ranges every step
     codes, uniques = pd.factorize(raw)
     mapped = np.array([canonical_phase(phase_name(u)) for u in uniques], dtype=object)
     phases = mapped[codes]
     phases[is_loader] = "dataload"
+    phases[is_runtime] = raw[is_runtime].map(RUNTIME_PHASES).to_numpy(object)
     steps_of = _step_of(steps, trace.start_ns[rows])
     attrs = [{"source": "kineto"}] * len(rows)
     return _span_frame(trace, rows, rank, phases, raw.to_numpy(object), steps_of, attrs)
