@@ -27,6 +27,8 @@ __all__ = [
     "analyze",
     "default_run_dir",
     "demo",
+    "efficiency",
+    "efficiency_options",
     "import_files",
     "load_for_analysis",
     "load_run",
@@ -346,22 +348,127 @@ def import_files(paths: list[str | os.PathLike], output: str | os.PathLike) -> P
         return run_import(paths, output, advance=advance)
 
 
-def analyze(run: Run, thresholds=None):
-    """The diagnosis of a loaded run (`gpuprof.analyzers.diagnose.Diagnosis`)."""
-    from gpuprof.analyzers.diagnose import diagnose
+def analyze(
+    run: Run,
+    thresholds=None,
+    *,
+    gpu_hour_price: float | None = None,
+    model_params: str | float | None = None,
+    context=None,
+):
+    """The diagnosis of a loaded run (`gpuprof.analyzers.diagnose.Diagnosis`).
 
-    return diagnose(run, thresholds)
+    ``gpu_hour_price`` (the user's currency per GPU-hour) prices idle time and findings;
+    ``model_params`` (``7e9``, ``"7B"``) sets the model size for MFU (else the model's
+    config.json or name, see `efficiency_options`). ``context``: an `AnalysisContext` of
+    ``run`` to reuse. Raises `ValueError` for a ``model_params`` that is no count.
+    """
+    from gpuprof.analyzers.diagnose import diagnose
+    from gpuprof.analyzers.efficiency import attach_options
+    from gpuprof.analyzers.findings import AnalysisContext
+
+    options = efficiency_options(run, gpu_hour_price=gpu_hour_price, model_params=model_params)
+    ctx = context if context is not None and context.run is run else AnalysisContext(run)
+    attach_options(ctx, options)
+    return diagnose(run, thresholds, context=ctx)
+
+
+def efficiency(
+    run: Run, *, gpu_hour_price: float | None = None, model_params: str | float | None = None
+) -> dict:
+    """The efficiency figures of a run without the rest of the diagnosis (tokens/s and MFU
+    per phase, framework-logged MFU, idle cost): the ``efficiency`` entry of
+    docs/ANALYZE_JSON.md with no per-finding costs."""
+    from gpuprof.analyzers.efficiency import attach_options, efficiency_summary
+    from gpuprof.analyzers.findings import AnalysisContext
+
+    options = efficiency_options(run, gpu_hour_price=gpu_hour_price, model_params=model_params)
+    return efficiency_summary(attach_options(AnalysisContext(run), options), [])
+
+
+MAX_CONFIG_BYTES = 4 * 2**20
+"""A model's config.json larger than this is not read (real ones are a few KiB)."""
+
+
+def efficiency_options(
+    run: Run, *, gpu_hour_price: float | None = None, model_params: str | float | None = None
+):
+    """`EfficiencyOptions` for ``run``: the price and parameter count as given, and the
+    Hugging Face ``config.json`` at the run's model-path knob when that path exists on this
+    machine (as written, relative to the run's working directory, or in the Hugging Face hub
+    cache for an ``org/name`` id). Raises `ValueError` for a ``model_params`` that is no
+    count or a negative price."""
+    from gpuprof.analyzers.efficiency import (
+        EfficiencyOptions,
+        model_path,
+        parse_param_count,
+        run_settings,
+    )
+
+    params = parse_param_count(model_params) if model_params not in (None, "") else None
+    if gpu_hour_price is not None and not gpu_hour_price >= 0:
+        raise ValueError(f"--gpu-hour-price must be 0 or more, got {gpu_hour_price}")
+    config = where = None
+    if params is None:
+        _, path = model_path(run_settings(run.meta))
+        if path:
+            config, where = _read_model_config(path, run.meta.cwd)
+    return EfficiencyOptions(
+        gpu_hour_price=gpu_hour_price,
+        model_params=params,
+        model_config=config,
+        model_config_path=where,
+    )
+
+
+def _read_model_config(path: str, cwd: str | None) -> tuple[dict | None, str | None]:
+    """The parsed config.json for a model path, and where it was read; (None, None) when
+    there is none here or it can't be read."""
+    import glob
+    import json
+
+    candidates = []
+    base = Path(os.path.expanduser(path))
+    candidates.append(base)
+    if not base.is_absolute() and cwd:
+        candidates.append(Path(cwd) / base)
+    parts = path.strip("/").split("/")
+    if len(parts) == 2 and not path.startswith((".", "/", "~")):
+        hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+            os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub"
+        )
+        pattern = os.path.join(hub, f"models--{parts[0]}--{parts[1]}", "snapshots", "*")
+        snapshots = sorted(glob.glob(pattern), key=os.path.getmtime, reverse=True)
+        candidates.extend(Path(s) for s in snapshots)
+    for candidate in candidates:
+        file = candidate if candidate.name == "config.json" else candidate / "config.json"
+        try:
+            if not file.is_file() or file.stat().st_size > MAX_CONFIG_BYTES:
+                continue
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            return data, str(file)
+    return None, None
 
 
 def report(
-    run_dir: Path, output: Path | None = None, *, run: Run | None = None, diagnosis=None
+    run_dir: Path,
+    output: Path | None = None,
+    *,
+    run: Run | None = None,
+    diagnosis=None,
+    gpu_hour_price: float | None = None,
+    model_params: str | float | None = None,
 ) -> Path:
     """Write the self-contained HTML report of a run; return its path.
 
     ``output`` defaults to ``RUN_DIR/report.html``. ``run`` / ``diagnosis`` skip loading and
-    diagnosing again when the caller has them. The file is written to a temporary name and
-    renamed, so a failure leaves no partial report. Raises `RunError` when the run can't be
-    read or the report can't be written.
+    diagnosing again when the caller has them; ``gpu_hour_price`` and ``model_params`` are
+    `analyze`'s. The file is written to a temporary name and renamed, so a failure leaves no
+    partial report. Raises `RunError` when the run can't be read or the report can't be
+    written.
     """
     from gpuprof.reports.html import write_html
 
@@ -369,7 +476,17 @@ def report(
     if run is None:
         run = load_for_analysis(run_dir)
     path = Path(output) if output is not None else run_dir / "report.html"
+    extra = {}
+    if diagnosis is None:
+        from gpuprof.analyzers.findings import AnalysisContext
+
+        ctx = AnalysisContext(run)  # one alignment for the diagnosis and the per-step table
+        diagnosis = analyze(
+            run, gpu_hour_price=gpu_hour_price, model_params=model_params, context=ctx
+        )
+        if len(run.spans) and len(run.gpu):
+            extra["phase_steps"] = ctx.by_phase_step
     try:
-        return write_html(run, path, diagnosis)
+        return write_html(run, path, diagnosis, **extra)
     except OSError as exc:
         raise RunError(f"{path}: cannot write the report ({exc.strerror or exc})") from None

@@ -29,6 +29,38 @@ def _err(message: str) -> None:
     print(f"gpuprof: error: {message}", file=sys.stderr)
 
 
+def _model_params(value: str | None) -> str | None:
+    if value is None:
+        return None
+    from gpuprof.analyzers.efficiency import parse_param_count
+
+    try:
+        parse_param_count(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+GpuHourPrice = Annotated[
+    float | None,
+    typer.Option(
+        "--gpu-hour-price",
+        min=0,
+        help="What one GPU-hour costs, in your currency: prices the idle time and each "
+        "finding's lost GPU-time.",
+    ),
+]
+ModelParams = Annotated[
+    str | None,
+    typer.Option(
+        "--model-params",
+        callback=_model_params,
+        help="Parameters of the trained model (7e9, 7B, 500M) for MFU; default: the "
+        "config.json at the model path, else the size in the model's name.",
+    ),
+]
+
+
 @app.command(
     context_settings={"allow_interspersed_args": False},
     help="Run a training command under the profiler: gpuprof watch [OPTIONS] -- CMD...",
@@ -75,6 +107,8 @@ def watch(
             "in the command's Python processes (zero-code phase capture).",
         ),
     ] = False,
+    gpu_hour_price: GpuHourPrice = None,
+    model_params: ModelParams = None,
 ) -> None:
     if not command:
         _err("no command given: gpuprof watch [OPTIONS] -- CMD...")
@@ -93,17 +127,18 @@ def watch(
     except api.RunError as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_BAD_INPUT) from None
+    figures = {"gpu_hour_price": gpu_hour_price, "model_params": model_params}
     if not quiet:
-        _print_summary(result.run_dir)
-    _write_report(result.run_dir, quiet)
+        _print_summary(result.run_dir, figures)
+    _write_report(result.run_dir, quiet, figures)
     raise typer.Exit(result.exit_code)
 
 
-def _write_report(run_dir: Path, quiet: bool) -> None:
+def _write_report(run_dir: Path, quiet: bool, figures: dict | None = None) -> None:
     """Write RUN_DIR/report.html at the end of watch; a failure prints one line and never
     changes the exit code (the run itself is saved)."""
     try:
-        path = api.report(run_dir)
+        path = api.report(run_dir, **(figures or {}))
     except Exception as exc:
         if not quiet:
             _err(f"report not written ({type(exc).__name__}: {exc}); try: gpuprof report {run_dir}")
@@ -112,7 +147,7 @@ def _write_report(run_dir: Path, quiet: bool) -> None:
         Console(stderr=True).print(f"report: {path}", soft_wrap=True)
 
 
-def _print_summary(run_dir: Path) -> None:
+def _print_summary(run_dir: Path, figures: dict | None = None) -> None:
     from gpuprof.reports.summary import summary_renderable
 
     try:
@@ -124,23 +159,33 @@ def _print_summary(run_dir: Path) -> None:
     console.print(summary_renderable(run, str(run_dir)))
     if run.gpu.empty or run.spans.empty:
         return  # nothing to diagnose yet: the summary's notes say what is missing
-    from gpuprof.reports.terminal import findings_renderable
+    from gpuprof.reports.terminal import efficiency_renderable, findings_renderable
 
     try:
-        diagnosis = api.analyze(run)
+        diagnosis = api.analyze(run, **(figures or {}))
     except Exception as exc:  # the run is saved; a diagnosis bug must not cost the exit code
         _err(f"diagnosis failed ({type(exc).__name__}: {exc}); try: gpuprof analyze {run_dir}")
         return
+    console.print(efficiency_renderable(diagnosis.summary.get("efficiency")))
     console.print(findings_renderable(diagnosis, top=3))
     # soft_wrap: a path must stay on one line to be copied
     console.print(f"full diagnosis: gpuprof analyze {run_dir}", soft_wrap=True)
 
 
 @app.command(help="Print the summary of a recorded run.")
-def summary(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
+def summary(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    gpu_hour_price: GpuHourPrice = None,
+    model_params: ModelParams = None,
+) -> None:
     from gpuprof.reports.summary import summary_renderable
+    from gpuprof.reports.terminal import efficiency_renderable
 
-    Console().print(summary_renderable(_load_or_exit(run_dir), str(run_dir)))
+    run = _load_or_exit(run_dir)
+    console = Console()
+    console.print(summary_renderable(run, str(run_dir)))
+    figures = api.efficiency(run, gpu_hour_price=gpu_hour_price, model_params=model_params)
+    console.print(efficiency_renderable(figures))
 
 
 @app.command(help="Diagnose a run: stalls, GPU-time they cost, and the knobs to turn.")
@@ -150,11 +195,13 @@ def analyze(
     top: Annotated[
         int | None, typer.Option("--top", min=1, help="Show only the N largest findings.")
     ] = None,
+    gpu_hour_price: GpuHourPrice = None,
+    model_params: ModelParams = None,
 ) -> None:
     from gpuprof.reports.terminal import diagnosis_renderable, render_json
 
     run = _load_or_exit(run_dir)
-    diagnosis = api.analyze(run)
+    diagnosis = api.analyze(run, gpu_hour_price=gpu_hour_price, model_params=model_params)
     if json_out:
         print(render_json(diagnosis.to_dict(top=top)))
     else:
@@ -191,10 +238,14 @@ def report(
         Path | None,
         typer.Option("-o", "--output", help="HTML file to write (default: RUN_DIR/report.html)."),
     ] = None,
+    gpu_hour_price: GpuHourPrice = None,
+    model_params: ModelParams = None,
 ) -> None:
     run = _load_or_exit(run_dir)
     try:
-        path = api.report(run_dir, output, run=run)
+        path = api.report(
+            run_dir, output, run=run, gpu_hour_price=gpu_hour_price, model_params=model_params
+        )
     except api.RunError as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_BAD_INPUT) from None

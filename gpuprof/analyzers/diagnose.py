@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from gpuprof.analyzers.basic import finite_or_none, step_times, tokens_per_s
+from gpuprof.analyzers.efficiency import efficiency_summary
 from gpuprof.analyzers.findings import BUSY_LOSS_KINDS, AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls import DETECTORS, STALLS
 from gpuprof.analyzers.stalls._timing import timing
@@ -143,6 +144,7 @@ def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
         "step_time_p95_s": finite_or_none(np.percentile(durations, 95)) if len(durations) else None,
         "tokens_per_s": tokens_per_s(steps),
         "phases": phases,
+        "efficiency": efficiency_summary(ctx, findings),
     }
 
 

@@ -85,6 +85,7 @@ def render_html(
         "selector": _selector_html(figs),
         "sections": _sections(figs),
         "phase_table": _phase_table(diagnosis),
+        "efficiency": _efficiency(diagnosis),
         "plotly": get_plotlyjs(),
         "data": json_for_script(data),
         "script": (_TEMPLATE_DIR / "report.js").read_text(encoding="utf-8"),
@@ -188,6 +189,7 @@ def _headline(s: dict[str, Any], diagnosis: Diagnosis) -> str:
                 f"p95 {fmt.seconds(s.get('step_time_p95_s'))}, {s.get('steps')} steps",
             )
         )
+    cards.extend(_efficiency_cards(s.get("efficiency") or {}))
     out = "".join(
         f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
         f'<div class="d">{_e(d)}</div></div>'
@@ -204,6 +206,129 @@ def _headline(s: dict[str, Any], diagnosis: Diagnosis) -> str:
     elif not diagnosis.findings:
         out += '<p class="cause ok">No stall above the noise threshold was found.</p>'
     return f'<div class="cards">{out}</div>'
+
+
+def _mfu(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    pct = 100.0 * float(value)
+    return f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
+
+
+def _rate(value: Any) -> str:
+    return "–" if value is None else f"{float(value):,.0f}"
+
+
+def _money(value: Any) -> str:
+    return "–" if value is None else f"{float(value):,.2f}"
+
+
+def _logged_mfu(entry: dict[str, Any], framework: str | None) -> str:
+    return ", ".join(
+        f"{_mfu(m.get('mean'))} ({m.get('key')})" for m in entry.get("framework_mfu") or []
+    )
+
+
+def _efficiency_cards(e: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Headline cards: run tokens/s, the update's MFU (with the framework's logged one) and
+    the idle time's cost when a price was given."""
+    cards = []
+    run = e.get("run") or {}
+    if run.get("tokens_per_s"):
+        per_gpu = run.get("tokens_per_s_per_gpu")
+        detail = f"{_rate(per_gpu)} per GPU" if per_gpu else "over the steps' wall time"
+        cards.append(("tokens/s", _rate(run["tokens_per_s"]), detail))
+    update = next((p for p in e.get("phases") or [] if p.get("phase") == "update_actor"), None)
+    if update is not None and (update.get("mfu") is not None or update.get("framework_mfu")):
+        logged = _logged_mfu(update, (e.get("framework") or {}).get("name"))
+        detail = f"logged: {logged}" if logged else f"{(e.get('gpu') or {}).get('model') or ''}"
+        cards.append(("update MFU", _mfu(update.get("mfu")), detail))
+    cost = e.get("cost") or {}
+    if cost.get("gpu_hour_price") is not None and cost.get("idle_cost") is not None:
+        cards.append(
+            (
+                "cost of idle time",
+                _money(cost["idle_cost"]),
+                f"{cost.get('idle_gpu_hours', 0):.2f} GPU-h at {_money(cost['gpu_hour_price'])}"
+                " per GPU-hour",
+            )
+        )
+    return cards
+
+
+def _efficiency(diagnosis: Diagnosis) -> str:
+    """The efficiency table: per phase tokens, wall time, tokens/s, FLOPs per token, MFU and
+    the framework's logged MFU; then where the peak and the model size came from, the cost
+    of each finding at the given price, and the notes."""
+    e = diagnosis.summary.get("efficiency") or {}
+    phases = e.get("phases") or []
+    run = e.get("run") or {}
+    framework = e.get("framework") or {}
+    out = []
+    if phases or run.get("tokens_per_s"):
+        rows = []
+        for p in phases:
+            flops = p.get("flops_per_token")
+            rows.append(
+                f"<tr><td>{_e(p.get('phase'))}</td><td>{_e(p.get('token_kind'))}</td>"
+                f"<td>{_e(_rate(p.get('tokens')))}</td>"
+                f"<td>{_e(fmt.seconds(p.get('wall_s')))}</td>"
+                f"<td>{_e(_rate(p.get('tokens_per_s')))}</td>"
+                f"<td>{_e(_rate(p.get('tokens_per_s_per_gpu')))}</td>"
+                f"<td>{_e(p.get('gpus') if p.get('gpus') is not None else '–')}</td>"
+                f"<td>{_e('–' if flops is None else f'{flops / 1e9:,.1f} G')}</td>"
+                f"<td><b>{_e(_mfu(p.get('mfu')))}</b></td>"
+                f"<td>{_e(_logged_mfu(p, framework.get('name')) or '–')}</td></tr>"
+            )
+        throughput = (framework.get("metrics") or {}).get("perf/throughput")
+        logged_run = f"{_rate(throughput['mean'])} tokens/s per GPU" if throughput else "–"
+        rows.append(
+            f"<tr><td><b>run</b></td><td>steps</td><td>{_e(_rate(run.get('tokens')))}</td>"
+            f"<td>–</td><td>{_e(_rate(run.get('tokens_per_s')))}</td>"
+            f"<td>{_e(_rate(run.get('tokens_per_s_per_gpu')))}</td>"
+            f"<td>{_e(run.get('gpus') if run.get('gpus') is not None else '–')}</td><td>–</td>"
+            f"<td><b>{_e(_mfu(run.get('mfu')))}</b></td><td>{_e(logged_run)}</td></tr>"
+        )
+        head = (
+            "<tr><th>phase</th><th>tokens</th><th>count</th><th>wall time</th>"
+            "<th>tokens/s</th><th>per GPU</th><th>GPUs</th><th>FLOPs per token</th>"
+            f"<th>MFU</th><th>logged by {_e(framework.get('name') or 'the framework')}</th></tr>"
+        )
+        out.append(f'<table class="phases efficiency">{head}{"".join(rows)}</table>')
+    facts = []
+    gpu, model = e.get("gpu") or {}, e.get("model") or {}
+    if gpu.get("model"):
+        facts.append(
+            f"peak: {_e(gpu['model'])} ({_e(gpu.get('name'))}), {_e(gpu.get('dtype'))} dense "
+            f"{gpu['peak_flops_per_gpu'] / 1e12:,.1f} TFLOP/s per GPU, {_e(gpu.get('source'))}"
+        )
+    if model.get("flops_params"):
+        facts.append(
+            f"model: {float(model['flops_params']) / 1e9:,.3g} B parameters per token from "
+            f"{_e(model.get('source'))}: {_e(model.get('method'))}"
+        )
+    cost = e.get("cost") or {}
+    if cost.get("gpu_hour_price") is not None:
+        priced = [f for f in cost.get("findings") or [] if f.get("cost") is not None]
+        text = f"at {_e(_money(cost['gpu_hour_price']))} per GPU-hour: "
+        parts = []
+        if cost.get("run_cost") is not None:
+            parts.append(f"the run {_e(_money(cost['run_cost']))}")
+        if cost.get("idle_cost") is not None:
+            parts.append(f"its idle time {_e(_money(cost['idle_cost']))}")
+        parts.extend(f"{_e(f['kind'])} {_e(_money(f['cost']))}" for f in priced)
+        if parts:
+            facts.append(text + ", ".join(parts))
+    if facts:
+        out.append("<p>" + "<br>".join(facts) + "</p>")
+    notes = [*(e.get("notes") or []), *(framework.get("warnings") or []),
+             *(framework.get("notes") or [])]  # fmt: skip
+    if notes:
+        items = "".join(f"<li>{_e(n)}</li>" for n in dict.fromkeys(notes))
+        out.append(f'<ul class="notes">{items}</ul>')
+    if not out:
+        return "<p>No efficiency figures: the run records no tokens per step.</p>"
+    return "".join(out)
 
 
 def _knob(name: Any) -> str:

@@ -53,10 +53,105 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
         shares = [f"{p['phase']} {p['share']:.0%}" for p in s["phases"] if p.get("share")]
         parts.append(Text("step time (framework's phase times): " + ", ".join(shares[:8])))
 
+    efficiency = s.get("efficiency")
+    if efficiency:
+        parts.extend(efficiency_parts(efficiency))
+
     parts.extend(_findings_parts(diagnosis, top))
     for note in diagnosis.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     return Group(*parts)
+
+
+def efficiency_renderable(efficiency: dict[str, Any] | None) -> Group:
+    """Tokens/s and MFU per phase, the framework's logged MFU beside them, and the cost of
+    idle time when a price was given (the summary's ``efficiency`` entry)."""
+    return Group(*efficiency_parts(efficiency or {}))
+
+
+def _mfu(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    pct = 100.0 * float(value)
+    return f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
+
+
+def _rate(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    value = float(value)
+    if value >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    if value >= 1e4:
+        return f"{value / 1e3:.0f}k"
+    return f"{value:,.0f}"
+
+
+def _money(value: Any) -> str:
+    return "–" if value is None else f"{float(value):,.2f}"
+
+
+def efficiency_parts(e: dict[str, Any]) -> list[Any]:
+    """The renderables of `efficiency_renderable` (empty when there is nothing to show)."""
+    parts: list[Any] = []
+    phases = [p for p in e.get("phases") or [] if p.get("tokens_per_s") or p.get("framework_mfu")]
+    run = e.get("run") or {}
+    framework = e.get("framework") or {}
+    metrics = framework.get("metrics") or {}
+    throughput = metrics.get("perf/throughput")
+    if phases or run.get("tokens_per_s") or throughput:
+        gpu = e.get("gpu") or {}
+        model = e.get("model") or {}
+        title = Text("Efficiency", style="bold")
+        if gpu.get("model"):
+            peak = gpu.get("peak_flops_per_gpu")
+            title.append(f"  {gpu['model']} {gpu.get('dtype')} peak {peak / 1e12:.4g} TFLOP/s")
+        if model.get("flops_params"):
+            flops_params = float(model["flops_params"])
+            title.append(f"  model {flops_params / 1e9:.3g}B ({model.get('source')})")
+        parts.append(title)
+        rows = []
+        for p in phases:
+            logged = ", ".join(
+                f"{_mfu(m.get('mean'))} ({str(m.get('key', '')).rsplit('/', 1)[-1]})"
+                for m in p.get("framework_mfu") or []
+            )
+            rows.append([p["phase"], _rate(p.get("tokens_per_s")),
+                         _rate(p.get("tokens_per_s_per_gpu")), _mfu(p.get("mfu")),
+                         logged])  # fmt: skip
+        logged_run = f"{_rate(throughput.get('mean'))}/GPU" if throughput else ""
+        rows.append(["run (steps)", _rate(run.get("tokens_per_s")),
+                     _rate(run.get("tokens_per_s_per_gpu")), _mfu(run.get("mfu")),
+                     logged_run])  # fmt: skip
+        with_logged = any(row[-1] for row in rows)
+        table = Table(box=None, pad_edge=False, show_edge=False)
+        table.add_column("phase", no_wrap=True)
+        for col in ("tokens/s", "per GPU", "MFU"):
+            table.add_column(col, justify="right", no_wrap=True)
+        if with_logged:
+            name = framework.get("name") or "framework"
+            table.add_column(f"{name} logged", overflow="fold")
+        for row in rows:
+            table.add_row(*(row if with_logged else row[:-1]))
+        parts.append(table)
+    cost = e.get("cost") or {}
+    price = cost.get("gpu_hour_price")
+    if price is not None and (cost.get("idle_gpu_hours") is not None or cost.get("gpu_hours")):
+        pieces = []
+        if cost.get("idle_gpu_hours") is not None:
+            pieces.append(
+                f"idle {cost['idle_gpu_hours']:.2f} GPU-h = {_money(cost.get('idle_cost'))}"
+            )
+        if cost.get("gpu_hours"):
+            pieces.append(f"run {cost['gpu_hours']:.2f} GPU-h = {_money(cost.get('run_cost'))}")
+        lost = [f for f in cost.get("findings") or [] if f.get("cost") is not None][:3]
+        if lost:
+            pieces.append(", ".join(f"{f['kind']} {_money(f['cost'])}" for f in lost))
+        parts.append(Text(f"at {_money(price)} per GPU-hour: " + "; ".join(pieces)))
+    if parts:
+        for note in [*(e.get("notes") or []), *(framework.get("warnings") or [])]:
+            parts.append(Text(f"note: {note}", style="yellow"))
+    return parts
 
 
 def findings_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:

@@ -80,6 +80,8 @@ _KEEP_METRICS = (
     "perf/total_num_tokens",
     "perf/throughput",
 )
+"""Step figures kept on the step span's attrs, besides every ``perf/*`` key (verl's logged
+MFU ``perf/mfu/actor``…, throughput, time per step, peak memory)."""
 
 
 def sniff(head: str, path: Path) -> bool:
@@ -226,7 +228,7 @@ def _pairs(text: str) -> tuple[int, list[tuple[str, str]]]:
 def _kept(pairs: list[tuple[str, Any]]) -> dict[str, float]:
     out = {}
     for key, value in pairs:
-        if key in _KEEP_METRICS or key.startswith(("test_score/", "val/", "val-core/")):
+        if key in _KEEP_METRICS or key.startswith(("test_score/", "val/", "val-core/", "perf/")):
             number = to_float(value)
             if number is not None:
                 out[key] = number
