@@ -66,6 +66,16 @@ def test_verl_checkpoint_and_validation_every_10th_step(tmp_path):
     assert recs["trainer.test_freq"]["suggested"] == 40
 
 
+def test_verl_unnamed_spikes_every_10th_step(tmp_path):
+    """The same stall with no phase key for it: the step times alone spike every 10 steps."""
+    path = builders.verl_periodic_checkpoint(tmp_path / "ppo.log", named=False)
+    doc = imported(path, tmp_path)
+    assert kinds(doc) == {"periodic_stall"}
+    ev = finding(doc, "periodic_stall")["evidence"]
+    assert ev["phases"] == [] and ev["every_n_steps"] == 10 and ev["occurrences"] == 4
+    assert "unnamed work every 10 steps" in finding(doc, "periodic_stall")["summary"]
+
+
 def test_verl_generation_long_tail_from_worker_spread(tmp_path):
     doc = imported(builders.verl_long_tail(tmp_path / "grpo.log"), tmp_path)
     assert kinds(doc) == {"generation_tail"}
