@@ -331,6 +331,18 @@ def _step_head_claim(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> n
     return head
 
 
+def _num_workers(ctx: AnalysisContext) -> int | None:
+    """The run's configured DataLoader workers (any ``…num_workers`` knob), None if unknown."""
+    workers = None
+    for k, v in (ctx.run.meta.knobs or {}).items():
+        if str(k).endswith("num_workers"):
+            try:
+                workers = int(v)
+            except (TypeError, ValueError):
+                continue
+    return workers
+
+
 def _loader_evidence(
     ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds, head: bool = False
 ) -> dict[str, Any]:
@@ -346,13 +358,7 @@ def _loader_evidence(
         main = _cpu_during(ctx, where, {"main", "trainer"})
         if "proc_cpu_pct" in main:
             out["main_cpu_pct"] = main["proc_cpu_pct"]
-        workers = None
-        for k, v in (ctx.run.meta.knobs or {}).items():
-            if str(k).endswith("num_workers"):
-                try:
-                    workers = int(v)
-                except (TypeError, ValueError):
-                    continue
+        workers = _num_workers(ctx)
         out["num_workers"] = workers
         cpus = (out.get("loader_cpu_pct", 0.0), out.get("main_cpu_pct", 0.0))
         out["saturated"] = max(cpus) >= th.process_core_pinned_pct

@@ -15,6 +15,7 @@ from gpuprof.analyzers.stalls._phase import (
     _loader_evidence,
     _minutes,
     _num,
+    _num_workers,
     _phase_idle,
     _phase_intervals,
     _samples,
@@ -93,7 +94,7 @@ def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if pl is None or pl.share < th.min_share:
         return None
     t = pl.timing
-    ev = _workers(ctx)
+    ev = _num_workers(ctx)
     summary = (
         f"loading input takes {pl.share_of_step:.0%} of step time: {_minutes(pl.lost_gpu_s)} "
         f"({pl.share:.0%}) with the GPUs waiting{t.gpu_note()}"
@@ -115,13 +116,3 @@ def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             allowance_share=_allowance(th, "dataload"),
         ),
     )
-
-
-def _workers(ctx: AnalysisContext) -> int | None:
-    for k, v in (ctx.run.meta.knobs or {}).items():
-        if str(k).endswith("num_workers"):
-            try:
-                return int(v)
-            except (TypeError, ValueError):
-                continue
-    return None
