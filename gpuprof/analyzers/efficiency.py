@@ -478,7 +478,9 @@ def run_settings(meta: Any) -> dict[str, Any]:
     return values
 
 
-def model_path(settings: Mapping[str, Any], knobs: tuple[str, ...] = MODEL_PATH_KNOBS):
+def model_path(
+    settings: Mapping[str, Any], knobs: tuple[str, ...] = MODEL_PATH_KNOBS
+) -> tuple[str | None, str | None]:
     """``(knob, value)`` of the first model-path knob set in ``settings``; (None, None)."""
     for knob in knobs:
         value = settings.get(knob.replace("-", "_"))
@@ -657,29 +659,48 @@ def _step_rows(spans: pd.DataFrame, settings: Mapping[str, Any]) -> pd.DataFrame
 def _phase_walls(spans: pd.DataFrame) -> pd.DataFrame:
     """Per (phase, step): wall seconds the phase took (union of its spans per process, mean
     over the processes that ran it), processes, and tokens the phase's own outermost spans
-    recorded (summed over processes; NaN when none did)."""
+    recorded (summed over processes; NaN when none did). Vectorised: a day-long run has
+    millions of spans."""
     cols = ["phase", "step", "wall_s", "processes", "span_tokens"]
     work = spans[spans["phase"].isin(PHASE_WORK)] if len(spans) else spans
+    work = work[work["step"].notna()] if len(work) else work
     if work.empty:
         return pd.DataFrame(columns=cols)
-    work = work[work["step"].notna()]
-    rows = []
-    keys = work.groupby(["phase", "step"], sort=True)
-    for (phase, step), group in keys:
-        walls = []
-        tokens = []
-        for _, proc in group.groupby(["host", "pid"], sort=False):
-            starts = proc["start_ns"].to_numpy(np.int64)
-            ends = proc["end_ns"].to_numpy(np.int64)
-            walls.append(covered_ns(starts, ends) / 1e9)
-            outer = proc[proc["depth"] == proc["depth"].min()]
-            counted = [_num(a.get("tokens")) for a in outer["attrs"] if isinstance(a, Mapping)]
-            counted = [c for c in counted if c is not None]
-            if counted:
-                tokens.append(sum(counted))
-        rows.append((phase, int(step), float(np.mean(walls)), len(walls),
-                     float(sum(tokens)) if tokens else np.nan))  # fmt: skip
-    return pd.DataFrame(rows, columns=cols)
+    keys = ["phase", "step", "host", "pid"]
+    frame = pd.DataFrame(
+        {
+            "phase": work["phase"].astype(object).to_numpy(),
+            "step": work["step"].astype("int64").to_numpy(),
+            "host": work["host"].astype(object).to_numpy(),
+            "pid": pd.to_numeric(work["pid"]).astype("int64").to_numpy(),
+            "s": work["start_ns"].astype("int64").to_numpy(),
+            "e": work["end_ns"].astype("int64").to_numpy(),
+            "depth": pd.to_numeric(work["depth"], errors="coerce").fillna(0).to_numpy(),
+            "tokens": [
+                _num(a.get("tokens")) if isinstance(a, Mapping) else None for a in work["attrs"]
+            ],
+        }
+    )
+    frame["tokens"] = pd.to_numeric(frame["tokens"], errors="coerce")
+    frame["g"] = frame.groupby(keys, sort=False).ngroup()
+    frame = frame.sort_values(["g", "s"], kind="stable").reset_index(drop=True)
+    # union of each group's intervals: a new block starts past the reach of those before it
+    reach = frame.groupby("g")["e"].cummax()
+    before = reach.groupby(frame["g"]).shift()
+    block = (before.isna() | (frame["s"] > before)).cumsum()
+    merged = frame.groupby(block).agg(g=("g", "first"), s=("s", "min"), e=("e", "max"))
+    covered_s = (merged["e"] - merged["s"]).groupby(merged["g"]).sum() / 1e9
+    outer = frame["depth"] == frame.groupby("g")["depth"].transform("min")
+    tokens = frame["tokens"].where(outer).groupby(frame["g"]).sum(min_count=1)
+    per_proc = frame.groupby("g")[["phase", "step"]].first()
+    per_proc["wall_s"] = covered_s
+    per_proc["tokens"] = tokens
+    out = per_proc.groupby(["phase", "step"], sort=True).agg(
+        wall_s=("wall_s", "mean"),
+        processes=("wall_s", "size"),
+        span_tokens=("tokens", lambda s: s.sum(min_count=1)),
+    )
+    return out.reset_index()[cols]
 
 
 # --------------------------------------------------------------------------------------------
