@@ -15,12 +15,9 @@ from conftest import SHARED_FIXTURES, run_gpuprof
 
 from gpuprof import api, store
 from gpuprof.analyzers.efficiency import (
-    LOW_MFU,
     PEAK_TABLE,
-    REACHABLE_MFU,
     EfficiencyOptions,
     attach_options,
-    detect_low_mfu,
     efficiency_summary,
     match_gpu,
     params_from_config,
@@ -28,12 +25,14 @@ from gpuprof.analyzers.efficiency import (
     parse_param_count,
 )
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+from gpuprof.analyzers.stalls.low_mfu import detect as detect_low_mfu
 from gpuprof.collectors.importers import verl_log
 from gpuprof.collectors.importers.steplog import StepRecord, frames_from_steps
 from gpuprof.model import Run, RunMeta
 from gpuprof.reports.html import render_html
 from gpuprof.reports.terminal import diagnosis_renderable, efficiency_renderable, render_text
 
+LOW_MFU, REACHABLE_MFU = Thresholds().low_mfu, Thresholds().reachable_mfu
 VERL_DIR = SHARED_FIXTURES / "verl"
 GH200 = VERL_DIR / "issue_excerpt_gh200_sglang.txt"
 needs_fixtures = pytest.mark.skipif(not VERL_DIR.is_dir(), reason="../shared/fixtures absent")

@@ -195,6 +195,16 @@ def _evidence(kind: str, res, healthy) -> None:
         assert (t[1] - t[0]) / 1e9 >= 300 and during["util_gpu_pct"].max() == 0
         named = run.spans[(run.spans["depth"] > 0) & (run.spans["phase"] != "collective")]
         assert not ((named["start_ns"] < t[1]) & (named["end_ns"] > t[0])).any()
+    elif kind == "low_mfu":
+        up, hup = in_phase(run, "update_actor"), in_phase(h, "update_actor")
+        assert up["util_gpu_pct"].mean() > 80  # kernels keep running: busy, but slow
+        step = run.spans[run.spans["phase"] == "update_actor"]
+        hstep = h.spans[h.spans["phase"] == "update_actor"]
+        # the same trained tokens take several times as long
+        assert (step["end_ns"] - step["start_ns"]).mean() > 4 * (
+            hstep["end_ns"] - hstep["start_ns"]
+        ).mean()
+        assert run.meta.knobs.get("actor_rollout_ref.actor.use_dynamic_bsz") is False
     else:  # pragma: no cover - a new kind must get its evidence check
         raise AssertionError(f"no evidence check for {kind}")
 

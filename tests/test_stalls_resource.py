@@ -15,8 +15,14 @@ TH = Thresholds()
 
 
 def _run_all(run: Run) -> dict[str, Finding | None]:
+    """Every detector in `diagnose`'s order, each seeing the findings before it (ctx.found)."""
     ctx = AnalysisContext(run)
-    return {kind: detect(ctx, TH) for kind, detect in DETECTORS.items()}
+    out = {}
+    for kind, detect in DETECTORS.items():
+        out[kind] = detect(ctx, TH)
+        if out[kind] is not None:
+            ctx.found.append(out[kind])
+    return out
 
 
 def _sim(kind: str | None, severity: float = 0.8, gpus: int = 8, **kw):

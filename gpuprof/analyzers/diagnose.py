@@ -67,6 +67,7 @@ def diagnose(
             continue
         if finding is not None and finding.share >= th.min_share:
             findings.append(finding)
+            ctx.found.append(finding)
     findings.sort(key=lambda f: (-f.gpu_seconds_lost, f.kind))
     recommendations = _recommend(findings, run, notes)
     return Diagnosis(findings, recommendations, summarize(ctx, findings), notes)

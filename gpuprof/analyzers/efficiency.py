@@ -3,7 +3,7 @@ GPU time, and the framework's own logged MFU / throughput beside them.
 
 Pure: no I/O. A model's ``config.json`` is read by the caller (`gpuprof.api`) and handed in
 through `EfficiencyOptions`; `attach_options` puts those options on an `AnalysisContext` so
-that `efficiency_summary` (called by `diagnose.summarize`) and `detect_low_mfu` see them.
+that `efficiency_summary` (called by `diagnose.summarize`) and the ``low_mfu`` stall see them.
 
 Definitions (units in the names):
 
@@ -28,26 +28,21 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers.evidence import Evidence
-from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.findings import AnalysisContext, Finding
 from gpuprof.commandline import coerce, parse_knobs
 from gpuprof.intervals import covered_ns
 
 __all__ = [
-    "LOW_MFU",
     "PEAK_TABLE",
-    "REACHABLE_MFU",
     "EfficiencyOptions",
     "GpuPeak",
-    "LowMfuEvidence",
     "ModelSize",
     "attach_options",
-    "detect_low_mfu",
     "efficiency_summary",
     "match_gpu",
     "model_size",
@@ -502,7 +497,8 @@ class EfficiencyOptions:
 
 
 def attach_options(ctx: AnalysisContext, options: EfficiencyOptions | None) -> AnalysisContext:
-    """Give ``ctx`` the efficiency options its summary and `detect_low_mfu` read; returns it."""
+    """Give ``ctx`` the efficiency options its summary and the ``low_mfu`` stall read; returns
+    it."""
     ctx.__dict__["_efficiency_options"] = options or EfficiencyOptions()
     ctx.__dict__.pop("_efficiency", None)
     return ctx
@@ -709,7 +705,7 @@ def _phase_walls(spans: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass
 class _Figures:
-    """Everything `efficiency_summary` reports, kept for `detect_low_mfu`."""
+    """Everything `efficiency_summary` reports, kept for the ``low_mfu`` stall."""
 
     gpu: dict[str, Any]
     peak: float | None
@@ -1056,187 +1052,3 @@ def efficiency_summary(
         "cost": _cost(ctx, fig, list(findings or []), price),
         "notes": list(fig.notes),
     }
-
-
-# --------------------------------------------------------------------------------------------
-# low_mfu
-
-LOW_MFU = 0.15
-"""Update-phase MFU below this fires ``low_mfu``. Published dense-LLM training reaches 30–50%
-MFU: PaLM (Chowdhery et al. 2022, Table 3) lists 30.2% for Megatron-Turing NLG, 32.5% for
-Gopher and 46.2% for PaLM; Megatron-LM reaches 52% of A100 peak (Narayanan et al. 2021). FSDP
-on H100 sits at the low end of that range (the bf16 peak grew faster than memory bandwidth).
-RL updates run on shorter, ragged batches, so the threshold is half the low end: below it the
-update leaves at least half of a reachable MFU unused."""
-
-REACHABLE_MFU = 0.30
-"""The MFU a tuned FSDP update reaches (the low end of the published range above): the
-GPU-seconds ``low_mfu`` would win back are the update's × (1 − MFU / this)."""
-
-LONG_SEQUENCE_TOKENS = 8192
-"""Without attention FLOPs (no config.json), a mean sequence longer than this can hide enough
-attention work to double the FLOPs of a small model: ``low_mfu`` stays silent then."""
-
-
-@dataclass(kw_only=True)
-class LowMfuEvidence(Evidence):
-    """``low_mfu``: the update phase's model FLOPs utilisation."""
-
-    kind: ClassVar[str] = "low_mfu"
-    mfu: float | None = None
-    threshold_mfu: float | None = None
-    reachable_mfu: float | None = None
-    update_gpu_s: float | None = None
-    tokens_per_s: float | None = None
-    flops_per_token: float | None = None
-    peak_flops_per_gpu: float | None = None
-    gpu_model: str | None = None
-    model_params: float | None = None
-    model_params_source: str | None = None
-    framework_mfu: float | None = None
-    causes: list[dict[str, Any]] = field(default_factory=list)
-    knobs: dict[str, Any] | None = None
-
-
-_CAUSES: tuple[tuple[str, Any, str], ...] = (
-    ("actor_rollout_ref.actor.fsdp_config.param_offload", True,
-     "parameters offloaded to CPU: every forward and backward waits for them over PCIe"),
-    ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", True,
-     "optimizer state offloaded to CPU: the optimizer step runs over PCIe"),
-    ("actor_rollout_ref.model.enable_gradient_checkpointing", True,
-     "gradient checkpointing recomputes the forward (~1/3 more FLOPs that are not model FLOPs)"),
-    ("actor_rollout_ref.actor.use_dynamic_bsz", False,
-     "no dynamic batch: micro-batches are padded to a fixed count, not packed to a token budget"),
-    ("actor_rollout_ref.model.use_remove_padding", False,
-     "padding kept: pad tokens are computed and count for nothing"),
-    ("offload_param_device", "cpu", "DeepSpeed parameter offload to CPU"),
-    ("offload_optimizer_device", "cpu", "DeepSpeed optimizer offload to CPU"),
-    ("offload_model", True, "model offloaded between phases (ms-swift)"),
-    ("offload_optimizer", True, "optimizer offloaded between phases (ms-swift)"),
-    ("adam_offload", True, "Adam state offloaded to CPU (OpenRLHF)"),
-    ("ds.adam_offload", True, "Adam state offloaded to CPU (OpenRLHF)"),
-    ("gradient_checkpointing", True,
-     "gradient checkpointing recomputes the forward (~1/3 more FLOPs that are not model FLOPs)"),
-)  # fmt: skip
-"""(knob, value that costs MFU, why) — the settings that lower update MFU."""
-
-_MICRO_BATCH_KNOBS = (
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-    "per_device_train_batch_size",
-    "micro_train_batch_size",
-    "train.micro_batch_size",
-)
-SMALL_MICRO_BATCH = 2
-"""A micro-batch of at most this many sequences per GPU (without dynamic batching) leaves the
-matrix multiplies too thin to fill the tensor cores on short sequences."""
-
-
-def _causes(settings: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    causes, knobs = [], {}
-    for knob, bad, why in _CAUSES:
-        value = settings.get(knob)
-        if value is not None and value == bad and type(value) is type(bad):
-            causes.append({"knob": knob, "value": value, "why": why})
-            knobs[knob] = value
-    dynamic = settings.get("actor_rollout_ref.actor.use_dynamic_bsz") is True
-    for knob in _MICRO_BATCH_KNOBS:
-        value = _num(settings.get(knob))
-        if value is not None and value <= SMALL_MICRO_BATCH and not dynamic:
-            causes.append(
-                {"knob": knob, "value": settings.get(knob),
-                 "why": f"micro-batch of {value:g} sequence(s) per GPU: thin matrix multiplies"}
-            )  # fmt: skip
-            knobs[knob] = settings.get(knob)
-    return causes, knobs
-
-
-def detect_low_mfu(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
-    """``low_mfu``: the actor update's MFU below `LOW_MFU`.
-
-    Lost GPU-seconds: the update's GPU-seconds × (1 − MFU / `REACHABLE_MFU`), the time a
-    reachable MFU would save. Needs the GPU's peak, the model's size and the update's trained
-    tokens; silent when any is missing, when the framework's own logged MFU for the update is
-    at or above `REACHABLE_MFU` (it times the compute alone and disagrees), or when attention
-    FLOPs were not counted on long sequences (`LONG_SEQUENCE_TOKENS`). The settings known to
-    cost MFU (offload, gradient checkpointing, no dynamic batch, small micro-batches) are the
-    evidence's ``causes``.
-    """
-    fig = _compute(ctx)
-    update = next((p for p in fig.phases if p["phase"] == "update_actor"), None)
-    if update is None or update.get("mfu") is None or not update.get("gpus"):
-        return None
-    mfu = float(update["mfu"])
-    if mfu >= LOW_MFU:
-        return None
-    if not fig.attention_counted and (fig.seq_mean is None or fig.seq_mean > LONG_SEQUENCE_TOKENS):
-        return None
-    logged = fig.framework["metrics"].get("perf/mfu/actor")
-    logged_mfu = logged["mean"] if logged else None
-    if logged_mfu is not None and REACHABLE_MFU <= logged_mfu <= 1.0:
-        return None
-    update_gpu_s = float(update["wall_s"]) * int(update["gpus"])
-    lost = update_gpu_s * max(0.0, 1.0 - mfu / REACHABLE_MFU)
-    if not math.isfinite(lost) or lost <= 0:
-        return None
-    total = ctx.total_gpu_s if len(ctx.run.gpu) else (fig.run.get("gpu_s") or 0.0)
-    share = float(min(1.0, lost / total)) if total > 0 else 0.0
-    if share < th.min_share:
-        return None
-    settings = run_settings(ctx.run.meta)
-    causes, knobs = _causes(settings)
-    model = fig.model or {}
-    source = str(model.get("source") or "")
-    confidence = 0.5
-    confidence += 0.15 if source == "--model-params" or source.startswith("config.json") else 0.0
-    confidence += 0.1 if causes else 0.0
-    confidence += 0.1 if logged_mfu is not None and logged_mfu < LOW_MFU else 0.0
-    confidence -= 0.1 if not fig.attention_counted else 0.0
-    cause_text = "; ".join(f"{c['knob']}={c['value']}" for c in causes[:3])
-    summary = (
-        f"update_actor reaches {mfu:.1%} MFU ({update['tokens_per_s']:.0f} trained tokens/s on "
-        f"{update['gpus']} × {fig.gpu.get('model')}): at {REACHABLE_MFU:.0%} it would save "
-        f"~{_fmt_gpu_s(lost)} ({share:.0%})"
-        + (f"; settings that cost MFU: {cause_text}" if cause_text else "")
-    )
-    evidence = LowMfuEvidence(
-        intervals=_update_intervals(ctx),
-        gpus=[],
-        phases=["update_actor"],
-        basis="gpu_samples" if len(ctx.run.gpu) else "phase_timing",
-        mfu=round(mfu, 5),
-        threshold_mfu=LOW_MFU,
-        reachable_mfu=REACHABLE_MFU,
-        update_gpu_s=round(update_gpu_s, 3),
-        tokens_per_s=update["tokens_per_s"],
-        flops_per_token=update["flops_per_token"],
-        peak_flops_per_gpu=fig.peak,
-        gpu_model=fig.gpu.get("model"),
-        model_params=model.get("flops_params"),
-        model_params_source=model.get("source"),
-        framework_mfu=logged_mfu,
-        causes=causes,
-        knobs=knobs or None,
-    )
-    return Finding(
-        kind="low_mfu",
-        gpu_seconds_lost=float(lost),
-        share=share,
-        confidence=float(np.clip(confidence, 0.0, 1.0)),
-        summary=summary,
-        evidence=evidence,
-    )
-
-
-def _update_intervals(ctx: AnalysisContext, limit: int = 20) -> list[list[int]]:
-    spans = _valid_spans(ctx.run.spans)
-    update = spans[spans["phase"] == "update_actor"] if len(spans) else spans
-    if update.empty:
-        return []
-    longest = update.assign(_d=update["end_ns"] - update["start_ns"]).nlargest(limit, "_d")
-    return [[int(s), int(e)] for s, e in zip(longest["start_ns"], longest["end_ns"])]
-
-
-def _fmt_gpu_s(gpu_s: float) -> str:
-    if gpu_s >= 3600:
-        return f"{gpu_s / 3600:.1f} GPU-h"
-    return f"{gpu_s / 60:.1f} GPU-min" if gpu_s >= 60 else f"{gpu_s:.1f} GPU-s"

@@ -253,6 +253,26 @@ class IdleAllocationEvidence(Evidence):
     whole_run: bool | None = None
 
 
+@dataclass(kw_only=True)
+class LowMfuEvidence(Evidence):
+    """``low_mfu``: the update phase's model FLOPs utilisation."""
+
+    kind: ClassVar[str] = "low_mfu"
+    mfu: float | None = None
+    threshold_mfu: float | None = None
+    reachable_mfu: float | None = None
+    update_gpu_s: float | None = None
+    tokens_per_s: float | None = None
+    flops_per_token: float | None = None
+    peak_flops_per_gpu: float | None = None
+    gpu_model: str | None = None
+    model_params: float | None = None
+    model_params_source: str | None = None
+    framework_mfu: float | None = None
+    causes: list[dict[str, Any]] = field(default_factory=list)
+    knobs: dict[str, Any] | None = None
+
+
 EVIDENCE: dict[str, type[Evidence]] = {
     cls.kind: cls
     for cls in (
@@ -271,6 +291,7 @@ EVIDENCE: dict[str, type[Evidence]] = {
         IdleUnattributedEvidence,
         UnusedGpuEvidence,
         IdleAllocationEvidence,
+        LowMfuEvidence,
     )
 }
 """Stall kind → its evidence class."""

@@ -34,6 +34,7 @@ STALL_KINDS: tuple[str, ...] = (
     "idle_unattributed",
     "unused_gpu",
     "idle_allocation",
+    "low_mfu",
 )
 """The stable ``kind`` of every finding (DESIGN.md, "Stall taxonomy")."""
 
@@ -189,6 +190,18 @@ class Thresholds:
     allocation (a hang, a wait on storage or a service); shorter gaps are unattributed idle.
     Source: seed (PyTorch's NCCL watchdog gives up on a hung collective after 10 min by
     default; half of that is already a hang, not a pause)."""
+    low_mfu: float = 0.15
+    """Update-phase MFU below this is ``low_mfu``. Source: vendor/published — dense LLM
+    training reaches 30–50% MFU (PaLM, Chowdhery et al. 2022, Table 3: 30.2% MT-NLG, 32.5%
+    Gopher, 46.2% PaLM; Megatron-LM 52% of A100 peak, Narayanan et al. 2021); RL updates run on
+    shorter, ragged batches, so half the low end."""
+    reachable_mfu: float = 0.30
+    """The MFU a tuned FSDP update reaches: ``low_mfu`` wins back the update's GPU-seconds ×
+    (1 − MFU / this). Source: vendor/published — the low end of the range above."""
+    mfu_long_sequence_tokens: float = 8192
+    """Without attention FLOPs (no config.json), a mean sequence longer than this can hide
+    enough attention work to double a small model's FLOPs: ``low_mfu`` stays silent. Source:
+    seed (attention is 12·L·h·s FLOPs per token against 2N: comparable for s ≈ 8k at 7B)."""
     clock_skew_note_s: float = 2.0
     """Hosts whose records start further apart than this are noted as possibly skewed.
     Source: seed."""
@@ -253,6 +266,12 @@ class AnalysisContext:
             mask = np.zeros(len(self.samples), dtype=bool)
             self.__dict__["_claimed"] = mask
         return mask
+
+    @property
+    def found(self) -> list[Finding]:
+        """The findings of the stalls applied so far, in `diagnose`'s order (a later stall
+        that measures a whole phase subtracts what these already explain there)."""
+        return self.__dict__.setdefault("_found", [])
 
     def claim(self, mask: np.ndarray) -> None:
         """Mark rows of `samples` as explained by the stall applied now (see `claimed`)."""

@@ -525,6 +525,19 @@ CATALOGUE: tuple[KnobEntry, ...] = (
        "multiply", 10, 1, 0.3,
        "{knob}={current}: logging gathers metrics across ranks and syncs the GPU; every "
        "{suggested} steps does it less often."),
+    # ------------------------------------------------------------------------- low MFU
+    _K("verl", "low_mfu", "dynamic_batch", f"{_AR}.actor.use_dynamic_bsz", ">=0.3", "set", True,
+       False, 0.4,
+       "{knob}={current}: micro-batches padded to a fixed sequence count do few model FLOPs "
+       "per kernel; {suggested} packs them to a token budget (set ppo_max_token_len_per_gpu)."),
+    _K("verl", "low_mfu", "remove_padding", f"{_AR}.model.use_remove_padding", ">=0.3", "set",
+       True, False, 0.3,
+       "{knob}={current}: pad tokens are computed and count for nothing; {suggested} runs the "
+       "update on packed sequences."),
+    _K("pytorch", "low_mfu", "compile", "torch.compile", "", "set", True, None, 0.3,
+       "The update turns little of the GPU's peak into model FLOPs; torch.compile fuses the "
+       "small kernels of a thin micro-batch (and check offload and gradient checkpointing, "
+       "listed in the evidence, are needed)."),
     # ------------------------------------------------------------- unused GPUs, any launcher
     _K("verl", "unused_gpu", "gpus", "trainer.n_gpus_per_node", "", "gpus_per_host", 8, 8, 0.9,
        _UNUSED),

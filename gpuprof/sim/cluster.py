@@ -34,6 +34,10 @@ from gpuprof.sim.timeline import Cost, Group, Timeline, layout
 MEM_TOTAL_BYTES = 81559 * 2**20  # H100 80GB HBM3 as NVML reports it
 IDLE_CLOCK_MHZ, MAX_CLOCK_MHZ = 345.0, 1980.0
 REASON_GPU_IDLE = 0x1
+JOB_PROMPTS = 256
+"""Prompts per training step of every simulated job, per 8 GPUs."""
+PROMPT_LEN = 300.0
+"""Mean prompt length in tokens (GSM8K-like math prompts with a chat template)."""
 MODEL_BYTES = 15_231_233_024  # a 7B model in bf16: what each weight sync moves
 
 
@@ -326,9 +330,13 @@ class _Gen:
         cols: dict[str, list] = {k: [] for k in ("gpu", "phase", "name", "step", "depth", "s", "e")}
         attrs: list[dict[str, Any]] = []
         mean_len, max_len = plan.response_len
-        tokens = int(
-            plan.settings["train_batch_size"] * plan.settings["num_generations"] * mean_len
-        )
+        # a run compressed in time (time_scale < 1) does proportionally less work per step,
+        # so throughput and MFU stay those of the full-size job
+        # every framework's job trains 256 prompts per step per 8 GPUs (its batch knob is spelt
+        # per device or per step, so the knob's value is not the job's size); phase times do
+        # not depend on the GPU count, so the work per step grows with it
+        prompts = JOB_PROMPTS * cfg.gpus / 8
+        tokens = int(prompts * plan.settings["num_generations"] * mean_len * cfg.time_scale)
         per_rank_tokens = max(1, tokens // cfg.gpus)
 
         def emit(
@@ -362,6 +370,7 @@ class _Gen:
                     "response_length/mean": round(mean_len, 1),
                     "response_length/max": round(max_len, 1),
                     "response_length/clip_ratio": round(plan.clip_ratio, 3),
+                    "prompt_length/mean": PROMPT_LEN,
                 }
                 emit(g.gpus, "step", "step", st, 0, s0, s1, step_attrs)
             for seg in g.segs:

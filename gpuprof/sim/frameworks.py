@@ -193,13 +193,13 @@ def build_command(
         argv.append(f"trainer.n_gpus_per_node={per_node}")
         knobs["trainer.n_gpus_per_node"] = per_node
         argv.append(f"trainer.nnodes={-(-gpus // gpus_per_host)}")
-        argv.append("actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct")
+        argv.append("actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct")
         knobs["algorithm.adv_estimator"] = adv
     elif framework in ("trl", "swift"):
-        argv += ["--model", "Qwen/Qwen2.5-7B-Instruct", "--use_vllm", "true"]
+        argv += ["--model", "Qwen/Qwen2.5-3B-Instruct", "--use_vllm", "true"]
         knobs["use_vllm"] = True
     elif framework == "openrlhf":
-        argv += ["--actor.pretrain", "Qwen/Qwen2.5-7B-Instruct"]
+        argv += ["--actor.pretrain", "Qwen/Qwen2.5-3B-Instruct"]
         argv += ["--vllm.num_engines", str(max(1, gpus // 2))]
         knobs["vllm.num_engines"] = max(1, gpus // 2)
     for generic, value in settings.items():

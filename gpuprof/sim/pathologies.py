@@ -328,6 +328,17 @@ def _idle_allocation(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Genera
     plan.scope["idle_allocation"] = ([], None)
 
 
+def _low_mfu(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
+    # thin, padded micro-batches: kernels keep running (util stays high) but each does little
+    # model work, so the same trained tokens take 1.5x (a near miss: MFU ~29%) to 7x as long
+    plan.add_extra("update_actor", "low_mfu", (0.5 + 5.5 * s) * plan.dur["update_actor"])
+    plan.settings["use_dynamic_bsz"] = False
+    plan.settings["micro_batch_size_per_gpu"] = 1
+    lv = plan.levels["update_actor"]
+    lv.sm_ratio = 0.8 - 0.5 * s
+    plan.scope["low_mfu"] = (["update_actor"], None)
+
+
 def _healthy(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
     """No stall: the healthy plan as it is."""
 
@@ -349,6 +360,7 @@ PATHOLOGIES: dict[str, ApplyFn] = {
     "idle_unattributed": _idle_unattributed,
     "unused_gpu": _unused_gpu,
     "idle_allocation": _idle_allocation,
+    "low_mfu": _low_mfu,
 }
 """Stall kind -> function editing a `Plan` at a severity. ``healthy`` injects nothing."""
 

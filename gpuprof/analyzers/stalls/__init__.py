@@ -32,6 +32,7 @@ from gpuprof.analyzers.stalls import (
     idle_allocation,
     idle_unattributed,
     imbalance,
+    low_mfu,
     memory_headroom,
     offload_thrash,
     periodic_stall,
@@ -90,6 +91,8 @@ STALLS: tuple[Stall, ...] = (
            "a share of rollout (or update) time on GPUs with unused memory"),
     _stall("imbalance", imbalance.detect,
            "others' wait for a straggler rank, or work a low GPU left to its peers"),
+    _stall("low_mfu", low_mfu.detect,
+           "update time beyond what a reachable MFU would take (busy but slow)"),
 )  # fmt: skip
 """Every stall kind, in the order `diagnose` applies them."""
 
