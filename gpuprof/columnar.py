@@ -156,15 +156,35 @@ def to_frame(data: pa.Table, categories: bool = False) -> pd.DataFrame:
             if not pa.types.is_dictionary(col.type):
                 data = data.set_column(i, name, col.dictionary_encode())
         return data.to_pandas(split_blocks=True)
-    frame = data.to_pandas(split_blocks=True)
-    for name in text:
-        frame[name] = frame[name].astype(object)
+    frame = data.drop_columns(text).to_pandas(split_blocks=True)
+    for name in text:  # in schema order, where they were
+        values = pd.Series(_objects(data.column(name)), frame.index, dtype=object, copy=False)
+        frame.insert(data.schema.get_field_index(name), name, values)
     return frame
+
+
+def _objects(column: pa.ChunkedArray) -> np.ndarray:
+    """A string column as an object array (NaN for nulls), each distinct string made into a
+    Python string once: much faster than converting row by row for repetitive columns."""
+    encoded = column.combine_chunks()
+    if not pa.types.is_dictionary(encoded.type):
+        encoded = encoded.dictionary_encode()
+    values = np.array([*encoded.dictionary.to_pylist(), np.nan], dtype=object)
+    indices = encoded.indices.fill_null(len(values) - 1).to_numpy(zero_copy_only=False)
+    return values[indices]
 
 
 def read(path: Path, table: str, categories: bool = False) -> pd.DataFrame:
     """A whole side file as a frame (strings as categoricals with ``categories``)."""
-    return to_frame(pq.read_table(path, schema=schema(table)), categories)
+    if categories:
+        return to_frame(pq.read_table(path, schema=schema(table)), categories)
+    # strings straight from the dictionary pages: each distinct one becomes a Python string once
+    sch = schema(table)
+    text = [f.name for f in sch if pa.types.is_string(f.type)]
+    coded = pa.schema(
+        [pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if f.name in text else f for f in sch]
+    )
+    return to_frame(pq.read_table(path, schema=coded, read_dictionary=text))
 
 
 def read_groups(path: Path, table: str, categories: bool = False) -> Iterator[pd.DataFrame]:

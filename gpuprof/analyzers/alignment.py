@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers.grouping import appearance_codes, first_rows
 from gpuprof.model import Run, span_depths
 from gpuprof.phases import CANONICAL_PHASES
 
@@ -70,11 +71,18 @@ _BREAKDOWN_COLUMNS = [
 # Input clean-up
 
 
-def _num(frame: pd.DataFrame, name: str, dtype: Any = np.float64) -> np.ndarray:
-    """A column as a numpy array of ``dtype``; missing column or junk → NaN."""
+def _num(
+    frame: pd.DataFrame, name: str, rows: np.ndarray | None = None, dtype: Any = np.float64
+) -> np.ndarray:
+    """A column as a numpy array of ``dtype`` (its ``rows`` when given); missing column or
+    junk → NaN."""
     if name not in frame:
-        return np.full(len(frame), np.nan)
-    return pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=dtype, na_value=np.nan)
+        return np.full(len(frame) if rows is None else len(rows), np.nan)
+    column = frame[name]
+    if rows is not None and column.dtype in (np.float64, np.int64):  # no coercion needed
+        return column.to_numpy().take(rows).astype(dtype, copy=False)
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=dtype, na_value=np.nan)
+    return values if rows is None else values[rows]
 
 
 def valid_spans(run: Run) -> tuple[pd.DataFrame, int]:
@@ -146,14 +154,19 @@ def _gpu_inventory(run: Run) -> pd.DataFrame:
     meta = pd.DataFrame(rows, columns=["host", "gpu", "uuid"])
     gpu = run.gpu
     if gpu is not None and len(gpu):
+        host, number = gpu["host"].astype(object), _num(gpu, "gpu")
+        uuid = gpu["uuid"].astype(object) if "uuid" in gpu else None
+        # only two samples per GPU can matter below: its first, and its first with a uuid
+        first = _first_rows(host, number, uuid)
         seen = pd.DataFrame(
             {
-                "host": gpu["host"].astype(object),
-                "gpu": _num(gpu, "gpu"),
-                "uuid": gpu["uuid"].astype(object) if "uuid" in gpu else None,
+                "host": pd.Series(host.to_numpy(object)[first], dtype=object),
+                "gpu": number[first],
+                "uuid": pd.Series(uuid.to_numpy(object)[first], dtype=object)
+                if uuid is not None
+                else None,
             }
         )
-        seen = seen[seen["host"].notna() & seen["gpu"].notna()]
         meta = pd.concat([meta.astype({"gpu": np.float64}), seen], ignore_index=True)
     if meta.empty:
         return pd.DataFrame(
@@ -166,6 +179,25 @@ def _gpu_inventory(run: Run) -> pd.DataFrame:
     inv = meta.groupby(["host", "gpu"], sort=True)["uuid"].first().reset_index()
     inv["uuid"] = inv["uuid"].astype(object)
     return inv
+
+
+def _first_rows(host: pd.Series, number: np.ndarray, uuid: pd.Series | None) -> np.ndarray:
+    """Positions (ascending) of the first sample of each (host, gpu) and of its first sample
+    with a uuid: the first non-null uuid per GPU over these rows is the one over all samples."""
+    host_code = pd.factorize(host)[0].astype(np.int64)
+    ok = (host_code >= 0) & ~np.isnan(number)
+    rows = np.flatnonzero(ok)
+    gpu_code = pd.factorize(number[rows])[0].astype(np.int64)
+    key = host_code[rows] * (int(gpu_code.max(initial=0)) + 1) + gpu_code
+    first = first_rows(pd.factorize(key)[0])
+    out = [rows[first]]
+    if uuid is not None:
+        has = uuid.to_numpy(object)[rows[first]]
+        for i in np.flatnonzero(pd.isna(has)):  # a GPU whose first sample lacks a uuid
+            same = rows[key == key[first[i]]]
+            with_uuid = same[uuid.iloc[same].notna().to_numpy()]
+            out.append(with_uuid[:1])
+    return np.unique(np.concatenate(out))
 
 
 # --------------------------------------------------------------------------------------------
@@ -445,23 +477,25 @@ def _cover(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.where(hit, idx0, np.where(hit_late, reach, -1))
 
 
-def _innermost(spans: pd.DataFrame, t: np.ndarray, step: bool) -> np.ndarray:
+def _innermost(spans: pd.DataFrame | dict, t: np.ndarray, step: bool) -> np.ndarray:
     """Row position in ``spans`` of the deepest span covering each time (-1: none), among
-    the ``step`` spans (``step=True``) or the others. Loops over nesting depths only."""
+    the ``step`` spans (``step=True``) or the others. Loops over nesting depths only.
+    ``spans``: a frame, or its ``is_step``, ``depth``, ``start_ns``, ``end_ns`` as arrays."""
     chosen = np.full(len(t), -1, dtype=np.int64)
-    sub = spans[spans["is_step"].to_numpy() == step]
-    if sub.empty or len(t) == 0:
+    positions = np.flatnonzero(np.asarray(spans["is_step"]) == step)
+    if len(positions) == 0 or len(t) == 0:
         return chosen
-    positions = np.flatnonzero(spans["is_step"].to_numpy() == step)
     # async code (many requests in flight on one event-loop thread) yields overlapping spans
     # whose derived "depth" is the number in flight — possibly thousands of levels; merging
     # the deepest levels bounds the loop, and `_cover` still finds a covering span there
-    depth = np.minimum(sub["depth"].to_numpy(), _MAX_DEPTH_LEVELS - 1)
+    depth = np.minimum(np.asarray(spans["depth"])[positions], _MAX_DEPTH_LEVELS - 1)
+    all_starts = np.asarray(spans["start_ns"])[positions]
+    all_ends = np.asarray(spans["end_ns"])[positions]
     for d in np.unique(depth)[::-1]:  # deepest first: it wins wherever it covers
         mask = depth == d
         pos = positions[mask]
-        starts = sub["start_ns"].to_numpy()[mask]
-        ends = sub["end_ns"].to_numpy()[mask]
+        starts = all_starts[mask]
+        ends = all_ends[mask]
         order = np.argsort(starts, kind="stable")
         found = _cover(starts[order], ends[order], t)
         take = (chosen < 0) & (found >= 0)
@@ -478,17 +512,13 @@ def _label(spans: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     if spans.empty or n == 0:
         return phase, step, np.zeros(n, dtype=bool)
     span_phase = spans["phase"].to_numpy(object)
-    span_step = spans["step"].to_numpy(np.float64)
     inner = _innermost(spans, t, step=False)
     whole = _innermost(spans, t, step=True)
     has_inner, has_whole = inner >= 0, whole >= 0
     phase[has_whole] = STEP_PHASE
     phase[has_inner] = span_phase[inner[has_inner]]
-    step[has_whole] = span_step[whole[has_whole]]
-    # a phase span's own step number wins; the enclosing step span fills the gaps
-    inner_step = np.where(has_inner, span_step[np.where(has_inner, inner, 0)], np.nan)
-    step = np.where(np.isnan(inner_step), step, inner_step)
-    return phase, step, has_inner | has_whole
+    step, covered = _steps(spans, inner, whole)
+    return phase, step, covered
 
 
 # --------------------------------------------------------------------------------------------
@@ -527,6 +557,218 @@ def gpu_phase_samples(
 
 
 def _samples(run: Run, spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
+    gpu = run.gpu
+    if gpu is None or gpu.empty:
+        return _empty_samples()
+    t_raw = pd.to_numeric(gpu["t_ns"], errors="coerce") if "t_ns" in gpu else None
+    # hosts as codes into their sorted names (the order sorting the strings gives), -1: none
+    host_all, host_names = _sorted_codes(gpu["host"])
+    number_all = _num(gpu, "gpu")
+    keep = (
+        (host_all >= 0)
+        & np.isfinite(number_all)
+        & (t_raw.notna().to_numpy() if t_raw is not None else False)
+    )
+    rows = np.flatnonzero(keep)
+    if len(rows) == 0:
+        return _empty_samples()
+    g = gpu if len(rows) == len(gpu) else gpu.loc[keep]
+    host_code, host_names = _used_codes(host_all[rows], host_names)
+    number = number_all[rows].astype(np.int64)
+    t = t_raw.to_numpy()[rows].astype(np.int64)
+    order = _gpu_time_order(host_code, number, t)
+    host_code, number, t, rows = host_code[order], number[order], t[order], rows[order]
+    n = len(t)
+    # the samples of one GPU are one contiguous block
+    new_gpu = np.ones(n, dtype=bool)
+    new_gpu[1:] = (host_code[1:] != host_code[:-1]) | (number[1:] != number[:-1])
+    starts = np.flatnonzero(new_gpu)
+    block = np.cumsum(new_gpu) - 1
+    dt = _block_durations(t, block, len(starts), run.meta.interval_s)
+
+    # owners per GPU (a left join on a few rows, then spread over each GPU's samples)
+    keys = pd.DataFrame(
+        {"host": host_names.to_numpy(object)[host_code[starts]], "gpu": number[starts]}
+    )
+    cols = ["host", "gpu", "owner_host", "pid", "rank"]
+    per_gpu = keys.merge(owners[cols], on=["host", "gpu"], how="left")
+    if len(per_gpu) != len(keys):  # several owner rows for one GPU: join row by row
+        return _samples_joined(run, spans, owners)
+    owner_host = per_gpu["owner_host"].to_numpy()
+    pid = per_gpu["pid"].to_numpy()
+    phase_code, phase_names, step, in_span = _label_blocks(spans, per_gpu, starts, t)
+
+    frame = {
+        "host": pd.Categorical.from_codes(host_code, categories=host_names),
+        "gpu": number,
+        "t_ns": t,
+        "dt_s": dt,
+        "owner_host": _categorical(owner_host, block),
+        "pid": pid[block],
+        "rank": per_gpu["rank"].to_numpy()[block],
+        "phase": _categorical(phase_names, phase_code),
+        "step": step,
+        "in_span": in_span,
+    }
+    metric_names = ["util_gpu_pct", "sm_active_pct", "mem_used_bytes", "mem_total_bytes",
+                    "pcie_tx_bytes_s", "pcie_rx_bytes_s", "nvlink_tx_bytes_s",
+                    "nvlink_rx_bytes_s"]  # fmt: skip
+    metrics = {name: _num(g, name, order) for name in metric_names}
+    util, sm = metrics["util_gpu_pct"], metrics["sm_active_pct"]
+    busy_frac = np.clip(util / 100.0, 0.0, 1.0)  # NVML can overshoot by rounding
+    sm_busy_frac = np.clip(sm / 100.0, 0.0, 1.0)
+    frame.update(
+        util_gpu_pct=util,
+        sm_active_pct=sm,
+        busy_frac=busy_frac,
+        sm_busy_frac=sm_busy_frac,
+        busy_gpu_s=busy_frac * dt,
+        idle_gpu_s=(1.0 - busy_frac) * dt,
+        sm_busy_gpu_s=sm_busy_frac * dt,
+        mem_used_bytes=metrics["mem_used_bytes"],
+        mem_total_bytes=metrics["mem_total_bytes"],
+        pcie_bytes=_link_bytes(
+            metrics["pcie_tx_bytes_s"], metrics["pcie_rx_bytes_s"], dt, overwrite=True
+        ),
+        nvlink_bytes=_link_bytes(
+            metrics["nvlink_tx_bytes_s"], metrics["nvlink_rx_bytes_s"], dt, overwrite=True
+        ),
+        row=rows,
+    )
+    # fresh arrays: no copy into 2-D blocks (a third of the time of this function)
+    return pd.DataFrame({name: frame[name] for name in _SAMPLE_COLUMNS}, copy=False)
+
+
+def _sorted_codes(column: pd.Series) -> tuple[np.ndarray, pd.Index]:
+    """A column's values as ``str``, coded by their place in the sorted distinct names (-1:
+    missing)."""
+    codes, uniques = pd.factorize(column)
+    names = [str(u) for u in uniques]
+    distinct = sorted(set(names))
+    place = {name: i for i, name in enumerate(distinct)}
+    remap = np.array([*(place[name] for name in names), -1], dtype=np.int64)
+    return remap[codes], _object_index(distinct)  # code -1 picks the trailing -1
+
+
+def _used_codes(codes: np.ndarray, names: pd.Index) -> tuple[np.ndarray, pd.Index]:
+    """``codes`` (into sorted ``names``) renumbered to the names they use."""
+    used = np.bincount(codes, minlength=len(names)) > 0
+    if used.all():
+        return codes, names
+    return (np.cumsum(used) - 1)[codes], names[used]
+
+
+def _gpu_time_order(host: np.ndarray, gpu: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The stable order of samples by host code, GPU, time (``np.lexsort``), found with one
+    small-integer sort when the samples already come in time order (as runs are loaded)."""
+    if len(t) > 1 and bool((t[1:] >= t[:-1]).all()):
+        lo, width = int(gpu.min()), int(gpu.max()) - int(gpu.min()) + 1
+        if width * (int(host.max()) + 1) < 2**16:  # a radix sort for 16-bit keys
+            key = (host * width + (gpu - lo)).astype(np.uint16)
+            return np.argsort(key, kind="stable")
+    return np.lexsort((t, gpu, host))
+
+
+def _categorical(values: np.ndarray, codes: np.ndarray) -> pd.Categorical:
+    """``pd.Categorical(values[codes])`` (categories: the distinct non-null values, sorted),
+    computed on the few distinct values instead of every row."""
+    values = np.asarray(values, dtype=object)
+    used = np.bincount(codes, minlength=len(values)) > 0
+    ok = used & pd.notna(values)
+    if not all(isinstance(v, str) for v in values[ok]):
+        return pd.Categorical(values[codes])  # mixed types: pandas decides the order
+    categories = _object_index(sorted(set(values[ok])))
+    place = {name: i for i, name in enumerate(categories)}
+    remap = np.array([place[v] if k else -1 for v, k in zip(values, ok)], dtype=np.int64)
+    return pd.Categorical.from_codes(remap[codes], dtype=pd.CategoricalDtype(categories))
+
+
+def _object_index(names: list[str]) -> pd.Index:
+    """Category labels as Python strings (an object index, not pandas' Arrow-backed ``str``):
+    turning a column of millions of labels into an object array then takes one numpy take,
+    where Arrow-backed labels would build every string again."""
+    return pd.Index(np.array(names, dtype=object), dtype=object)
+
+
+def _object_labels(cat: pd.Categorical) -> pd.Categorical:
+    """``cat`` with its string categories as an `_object_index`."""
+    if not isinstance(cat.categories.dtype, pd.StringDtype):
+        return cat
+    dtype = pd.CategoricalDtype(_object_index(list(cat.categories)))
+    return pd.Categorical.from_codes(cat.codes, dtype=dtype)
+
+
+def _block_durations(
+    t: np.ndarray, block: np.ndarray, n_blocks: int, interval_s: float | None
+) -> np.ndarray:
+    """Seconds from each sample to the next one of its GPU (``block``: each sample's GPU, the
+    samples sorted by GPU and time); a GPU's last sample gets that GPU's median interval."""
+    dt = np.full(len(t), np.nan)
+    if len(t) > 1:
+        same = block[1:] == block[:-1]
+        dt[:-1] = np.where(same, (t[1:] - t[:-1]) / 1e9, np.nan)
+    median = pd.Series(dt).groupby(block).median().reindex(np.arange(n_blocks))
+    fallback = float(interval_s) if interval_s and np.isfinite(interval_s) else 0.0
+    last = median.fillna(fallback).to_numpy()[block]
+    return np.where(np.isnan(dt), last, dt)
+
+
+def _label_blocks(
+    spans: pd.DataFrame, per_gpu: pd.DataFrame, starts: np.ndarray, t: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Phase (codes into the returned names, ``"(none)"`` outside spans), step and in-span flag
+    of each sample, from the spans of the owner of its GPU (``per_gpu``: one row per block of
+    samples starting at ``starts``)."""
+    n = len(t)
+    span_phase, names = pd.factorize(spans["phase"].to_numpy(object)) if len(spans) else (
+        np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object))  # fmt: skip
+    names = np.array([*names, NO_PHASE, STEP_PHASE], dtype=object)
+    none_code, step_code = len(names) - 2, len(names) - 1
+    phase = np.full(n, none_code, dtype=np.int64)
+    step = np.full(n, np.nan)
+    in_span = np.zeros(n, dtype=bool)
+    if not len(spans):
+        return phase, names, step, in_span
+    ends = np.append(starts[1:], n)
+    by_proc = spans.groupby(["host", "pid"], sort=False).indices
+    # the span columns the lookup reads, as arrays (row selections of a frame cost more)
+    columns = {c: spans[c].to_numpy() for c in ("is_step", "depth", "start_ns", "end_ns", "step")}
+    owned = per_gpu[per_gpu["pid"].notna()]
+    for (o_host, o_pid), blocks in owned.groupby(["owner_host", "pid"], sort=False).indices.items():
+        span_rows = by_proc.get((o_host, int(o_pid)))
+        if span_rows is None:
+            continue
+        b = owned.index.to_numpy()[blocks]
+        where = np.concatenate([np.arange(starts[i], ends[i]) for i in b])
+        proc_spans = {c: values[span_rows] for c, values in columns.items()}
+        inner = _innermost(proc_spans, t[where], False)
+        whole = _innermost(proc_spans, t[where], True)
+        code = span_phase[span_rows]
+        has_inner, has_whole = inner >= 0, whole >= 0
+        phase[where] = np.where(
+            has_inner, code[np.maximum(inner, 0)], np.where(has_whole, step_code, none_code)
+        )
+        step[where], in_span[where] = _steps(proc_spans, inner, whole)
+    return phase, names, step, in_span
+
+
+def _steps(
+    spans: pd.DataFrame | dict, inner: np.ndarray, whole: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Step number (the phase span's own, else the enclosing step span's; NaN unknown) and
+    in-span flag, from `_innermost` positions of the phase (``inner``) and step (``whole``)
+    span covering each time."""
+    span_step = np.asarray(spans["step"], dtype=np.float64)
+    has_inner, has_whole = inner >= 0, whole >= 0
+    step = np.where(has_whole, span_step[np.maximum(whole, 0)], np.nan)
+    inner_step = np.where(has_inner, span_step[np.maximum(inner, 0)], np.nan)
+    step = np.where(np.isnan(inner_step), step, inner_step)
+    return step, has_inner | has_whole
+
+
+def _samples_joined(run: Run, spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
+    """`_samples` joining the owners row by row, as pandas does: for owner tables with
+    several rows for one GPU (each sample then appears once per row)."""
     gpu = run.gpu
     if gpu is None or gpu.empty:
         return _empty_samples()
@@ -573,11 +815,11 @@ def _samples(run: Run, spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFram
         proc_spans = spans.iloc[span_rows].reset_index(drop=True)
         phase[where], step[where], in_span[where] = _label(proc_spans, t[where])
     # labels as categoricals: comparisons and group-bys then work on small integer codes
-    frame["phase"] = pd.Categorical(phase)
+    frame["phase"] = _object_labels(pd.Categorical(phase))
     frame["step"] = step
     frame["in_span"] = in_span
     for name in ("host", "owner_host"):
-        frame[name] = pd.Categorical(frame[name].to_numpy(object))
+        frame[name] = _object_labels(pd.Categorical(frame[name].to_numpy(object)))
 
     util = frame["util_gpu_pct"].to_numpy()
     sm = frame["sm_active_pct"].to_numpy()
@@ -608,9 +850,19 @@ def _durations(frame: pd.DataFrame, interval_s: float | None) -> np.ndarray:
 
 
 def _bytes(frame: pd.DataFrame, link: str, dt: np.ndarray) -> np.ndarray:
-    tx = frame[f"{link}_tx_bytes_s"].to_numpy()
-    rx = frame[f"{link}_rx_bytes_s"].to_numpy()
-    rate = np.where(np.isnan(tx) & np.isnan(rx), np.nan, np.nan_to_num(tx) + np.nan_to_num(rx))
+    return _link_bytes(
+        frame[f"{link}_tx_bytes_s"].to_numpy(), frame[f"{link}_rx_bytes_s"].to_numpy(), dt
+    )
+
+
+def _link_bytes(
+    tx: np.ndarray, rx: np.ndarray, dt: np.ndarray, overwrite: bool = False
+) -> np.ndarray:
+    """Bytes moved in each sample: (tx + rx rate) · dt, NaN when neither was measured
+    (``overwrite``: ``tx`` and ``rx`` are scratch arrays)."""
+    none = np.isnan(tx) & np.isnan(rx)
+    rate = np.nan_to_num(tx, copy=not overwrite) + np.nan_to_num(rx, copy=not overwrite)
+    rate[none] = np.nan
     return rate * dt
 
 
@@ -633,9 +885,10 @@ def _owner_wall(spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
     the innermost span is constant, so the boundaries themselves are looked up.
     """
     cols = ["owner_host", "pid", "phase", "step", "wall_s"]
-    parts = []
     by_proc = spans.groupby(["host", "pid"], sort=False).indices if len(spans) else {}
     keys = owners.dropna(subset=["pid"])[["owner_host", "pid"]].drop_duplicates()
+    found: list[tuple[Any, float]] = []
+    parts: list[tuple[np.ndarray, ...]] = []
     for o_host, o_pid in zip(keys["owner_host"], keys["pid"]):
         rows = by_proc.get((o_host, int(o_pid)))
         if rows is None:
@@ -647,19 +900,29 @@ def _owner_wall(spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
         if len(bounds) < 2:
             continue
         phase, step, covered = _label(proc_spans, bounds[:-1])
-        part = pd.DataFrame({"phase": phase, "step": step, "wall_s": np.diff(bounds) / 1e9})[
-            covered
-        ]
-        part = part.groupby(["phase", "step"], dropna=False, sort=False)["wall_s"].sum()
-        part = part.reset_index().assign(owner_host=o_host, pid=float(o_pid))
-        parts.append(part)
+        wall_s = np.diff(bounds) / 1e9
+        owner = np.full(int(covered.sum()), len(found), dtype=np.int64)
+        parts.append((owner, phase[covered], step[covered], wall_s[covered]))
+        found.append((o_host, float(o_pid)))
     if not parts:
         return pd.DataFrame(
             {"owner_host": pd.Series([], dtype=object), "pid": pd.Series([], dtype=float),
              "phase": pd.Series([], dtype=object), "step": pd.Series([], dtype=float),
              "wall_s": pd.Series([], dtype=float)}
         )  # fmt: skip
-    return pd.concat(parts, ignore_index=True)[cols]
+    # one group-by over every owner (each owner's rows together, so its groups come out in the
+    # order a group-by per owner gives)
+    frame = pd.DataFrame(
+        {name: np.concatenate([p[i] for p in parts])
+         for i, name in enumerate(["owner", "phase", "step", "wall_s"])}
+    )  # fmt: skip
+    out = frame.groupby(["owner", "phase", "step"], dropna=False, sort=False)["wall_s"].sum()
+    out = out.reset_index()
+    owner = out["owner"].to_numpy()
+    hosts = pd.Series([h for h, _ in found])  # the dtype a column of these hosts gets
+    out["owner_host"] = hosts.iloc[owner].reset_index(drop=True)
+    out["pid"] = np.array([p for _, p in found], dtype=np.float64)[owner]
+    return out[cols]
 
 
 def phase_breakdown(
@@ -711,8 +974,8 @@ def phase_breakdown(
         {
             **{k: s[k] for k in by},
             # integer ids, not "host:pid" strings: string building dominates at 10⁵–10⁶ rows
-            "owner": s.groupby(["owner_host", "pid"], sort=False).ngroup().to_numpy(),
-            "gpu_id": s.groupby(["host", "gpu"], sort=False).ngroup().to_numpy(),
+            "owner": appearance_codes([s["owner_host"], s["pid"]]).astype(np.float64),
+            "gpu_id": appearance_codes([s["host"], s["gpu"]]),
             "gpu_s": dt,
             "busy_gpu_s": s["busy_gpu_s"],
             "idle_gpu_s": s["idle_gpu_s"],
@@ -724,9 +987,11 @@ def phase_breakdown(
             "mem_used_bytes": s["mem_used_bytes"],
             "pcie_bytes": s["pcie_bytes"],
             "nvlink_bytes": s["nvlink_bytes"],
-        }
+        },
+        copy=False,  # columns as they are, not copied into 2-D blocks
     )
-    work.loc[s["pid"].isna().to_numpy(), "owner"] = np.nan  # ngroup gives -1; nunique skips NaN
+    # no owner: NaN, which nunique skips
+    work.loc[(work["owner"] < 0).to_numpy() | s["pid"].isna().to_numpy(), "owner"] = np.nan
     grouped = work.groupby(by, dropna=False, sort=False)
     table = grouped.agg(
         ranks=("owner", "nunique"),
@@ -772,11 +1037,12 @@ def _wall_by(
     spans_wall = agg.groupby(by, dropna=False, sort=False).mean().reset_index()
     if "phase" not in by:
         return spans_wall
-    outside = samples[samples["phase"] == NO_PHASE]
+    keys = list(dict.fromkeys([*by, "host", "gpu"]))
+    outside = samples.loc[(samples["phase"] == NO_PHASE).to_numpy(), [*keys, "dt_s"]]
     if outside.empty:
         return spans_wall
     none_wall = (
-        outside.groupby(list(dict.fromkeys([*by, "host", "gpu"])), dropna=False, sort=False)["dt_s"]
+        outside.groupby(keys, dropna=False, sort=False)["dt_s"]
         .sum()
         .groupby(by, dropna=False, sort=False)
         .mean()

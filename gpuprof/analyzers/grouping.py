@@ -64,11 +64,14 @@ def _codes(column: np.ndarray | pd.Series) -> np.ndarray:
 
 
 def first_rows(codes: np.ndarray) -> np.ndarray:
-    """Positions of the first row of each group (codes from `appearance_codes`, -1 skipped),
-    in group order."""
+    """Positions of the first row of each group, in group order (``codes`` numbered in order
+    of first appearance, as `appearance_codes` gives them; -1 skipped): where a code exceeds
+    every code before it."""
     valid = np.flatnonzero(codes >= 0)
-    _, first = np.unique(codes[valid], return_index=True)
-    return valid[first]
+    c = codes[valid]
+    new = np.ones(len(c), dtype=bool)
+    new[1:] = c[1:] > np.maximum.accumulate(c)[:-1]
+    return valid[new]
 
 
 def time_bins(t_ns: np.ndarray, dt_s: np.ndarray) -> np.ndarray:

@@ -1,0 +1,164 @@
+"""The alignment computed with numpy group codes (`analyzers.alignment`) equals the
+straightforward pandas formulation it replaced: sort, join, group-by, categoricals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpuprof import store
+from gpuprof.analyzers import alignment as al
+from gpuprof.loader import load_for_analysis
+from gpuprof.model import Run, RunMeta
+from gpuprof.sim import Pathology, SimConfig, simulate
+
+# --------------------------------------------------------------------------------------------
+# Reference implementations
+
+
+def ref_inventory(run: Run) -> pd.DataFrame:
+    rows = [
+        (g.get("host"), g.get("index"), g.get("uuid"))
+        for g in (run.meta.gpus or [])
+        if isinstance(g, dict) and g.get("host") is not None and g.get("index") is not None
+    ]
+    meta = pd.DataFrame(rows, columns=["host", "gpu", "uuid"])
+    gpu = run.gpu
+    if gpu is not None and len(gpu):
+        seen = pd.DataFrame(
+            {
+                "host": gpu["host"].astype(object),
+                "gpu": al._num(gpu, "gpu"),
+                "uuid": gpu["uuid"].astype(object) if "uuid" in gpu else None,
+            }
+        )
+        seen = seen[seen["host"].notna() & seen["gpu"].notna()]
+        meta = pd.concat([meta.astype({"gpu": np.float64}), seen], ignore_index=True)
+    meta["gpu"] = meta["gpu"].astype(np.int64)
+    meta["host"] = meta["host"].astype(str)
+    inv = meta.groupby(["host", "gpu"], sort=True)["uuid"].first().reset_index()
+    inv["uuid"] = inv["uuid"].astype(object)
+    return inv
+
+
+def ref_samples(run: Run, spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
+    """Sort the samples by GPU and time with pandas, join the owners row by row, label each
+    owner's samples (`_label`), make the labels categoricals of every row."""
+    frame = al._samples_joined(run, spans, owners)
+    frame["phase"] = pd.Categorical(frame["phase"].to_numpy(object))
+    return frame
+
+
+def ref_owner_wall(spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
+    cols = ["owner_host", "pid", "phase", "step", "wall_s"]
+    parts = []
+    by_proc = spans.groupby(["host", "pid"], sort=False).indices if len(spans) else {}
+    keys = owners.dropna(subset=["pid"])[["owner_host", "pid"]].drop_duplicates()
+    for o_host, o_pid in zip(keys["owner_host"], keys["pid"]):
+        rows = by_proc.get((o_host, int(o_pid)))
+        if rows is None:
+            continue
+        proc_spans = spans.iloc[rows].reset_index(drop=True)
+        bounds = np.unique(
+            np.concatenate([proc_spans["start_ns"].to_numpy(), proc_spans["end_ns"].to_numpy()])
+        )
+        if len(bounds) < 2:
+            continue
+        phase, step, covered = al._label(proc_spans, bounds[:-1])
+        part = pd.DataFrame({"phase": phase, "step": step, "wall_s": np.diff(bounds) / 1e9})
+        part = part[covered].groupby(["phase", "step"], dropna=False, sort=False)["wall_s"].sum()
+        parts.append(part.reset_index().assign(owner_host=o_host, pid=float(o_pid)))
+    return pd.concat(parts, ignore_index=True)[cols]
+
+
+def _same_labels(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    """Equal frames; categorical labels compared as values (their categories: the same names
+    in the same order, as Python strings here)."""
+    for name in ("host", "owner_host", "phase"):
+        assert list(got[name].cat.categories) == list(want[name].cat.categories)
+        want = want.assign(**{name: al._object_labels(want[name].array)})
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def _text_as_objects(frame: pd.DataFrame) -> pd.DataFrame:
+    """Label columns as Python strings: the tables built from object categories hold object
+    columns where those built from pandas' default ``str`` categories hold ``str`` ones."""
+    kinds = (pd.StringDtype, pd.CategoricalDtype)
+    return frame.astype({c: object for c in frame if isinstance(frame[c].dtype, kinds)})
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+
+
+def _runs(tmp_path) -> list[Run]:
+    runs = [
+        simulate(SimConfig(gpus=8, steps=4, seed=1,
+                           pathologies=[Pathology("reward_bound", 0.6)])).run,
+        simulate(SimConfig(gpus=16, gpus_per_host=8, steps=3, seed=2, framework="trl")).run,
+        simulate(SimConfig(gpus=3, steps=4, seed=3, framework="openrlhf",
+                           pathologies=[Pathology("unused_gpu", 0.8)])).run,
+        simulate(SimConfig(gpus=2, steps=3, seed=4, algorithm="ppo", framework="swift")).run,
+    ]  # fmt: skip
+    store.save_run(runs[0], tmp_path / "merged")
+    runs.append(load_for_analysis(tmp_path / "merged", merge=5))  # merged, as long runs are
+    # shuffled rows, a missing host / gpu / time, a GPU without a uuid at first
+    odd = simulate(SimConfig(gpus=4, steps=3, seed=5)).run
+    gpu = odd.gpu.sample(frac=1.0, random_state=0).reset_index(drop=True)
+    gpu = gpu.astype({"host": object, "uuid": object, "t_ns": np.float64, "gpu": np.float64})
+    gpu.loc[3, "host"] = None
+    gpu.loc[5, "gpu"] = np.nan
+    gpu.loc[7, "t_ns"] = np.nan
+    first_of_gpu1 = gpu.index[gpu["gpu"] == 1][:3]
+    gpu.loc[first_of_gpu1, "uuid"] = [None, np.nan, None]
+    gpu.loc[gpu["gpu"] == 2, "uuid"] = None
+    odd.gpu = gpu
+    runs.append(odd)
+    return runs
+
+
+def test_inventory_samples_and_breakdowns_match_the_reference(tmp_path):
+    for run in _runs(tmp_path):
+        pd.testing.assert_frame_equal(al._gpu_inventory(run), ref_inventory(run))
+        spans, _ = al.valid_spans(run)
+        owners = al._gpu_owner(run, spans)
+        got = al._samples(run, spans, owners)
+        want = ref_samples(run, spans, owners)
+        _same_labels(got, want)
+        pd.testing.assert_frame_equal(
+            al._owner_wall(spans, owners), ref_owner_wall(spans, owners), check_exact=True
+        )
+        for by in (("phase",), ("phase", "step"), ("host", "gpu"), ("rank",), ("phase", "pid")):
+            a = al.phase_breakdown(run, by, got, spans=spans, owners=owners)
+            b = al.phase_breakdown(run, by, want, spans=spans, owners=owners)
+            a, b = _text_as_objects(a), _text_as_objects(b)
+            pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+def test_several_owner_rows_for_one_gpu_join_row_by_row():
+    run = simulate(SimConfig(gpus=2, steps=2, seed=6)).run
+    spans, _ = al.valid_spans(run)
+    owners = al._gpu_owner(run, spans)
+    doubled = pd.concat([owners, owners.iloc[:1]], ignore_index=True)  # GPU 0 listed twice
+    got = al._samples(run, spans, doubled)
+    assert len(got) == len(run.gpu) + int((run.gpu["gpu"] == owners["gpu"].iloc[0]).sum())
+    _same_labels(got, ref_samples(run, spans, doubled))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_inventory_first_uuid_per_gpu(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    gpu = pd.DataFrame(
+        {
+            "host": rng.choice(np.array(["b", "a", None], dtype=object), n, p=[0.45, 0.45, 0.1]),
+            "gpu": rng.choice([0.0, 1.0, 2.0, np.nan], n),
+            "uuid": rng.choice(np.array(["U1", "U2", None, np.nan], dtype=object), n),
+            "t_ns": np.arange(n, dtype=np.int64),
+        }
+    )
+    meta = RunMeta(run_id="r", gpus=[{"host": "a", "index": 5, "uuid": None},
+                                     {"host": "b", "index": 0, "uuid": "META"}])  # fmt: skip
+    run = Run(meta=meta, gpu=gpu)
+    pd.testing.assert_frame_equal(al._gpu_inventory(run), ref_inventory(run))
