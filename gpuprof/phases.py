@@ -6,6 +6,9 @@ Spans keep the name they were given (``Span.name``) and carry the canonical one
 
 from __future__ import annotations
 
+INHERIT = "<inherit>"
+"""Phase-map value: the span takes the canonical phase of the framework span around it."""
+
 CANONICAL_PHASES: tuple[str, ...] = (
     "rollout",
     "reward",

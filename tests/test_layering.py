@@ -15,6 +15,10 @@ FORBIDDEN = {
     "reports": {"pynvml", "psutil", "torch", "sqlite3", "gpuprof.collectors", "gpuprof.hooks",
                 "gpuprof.sim"},
     "model.py": {"pynvml", "psutil", "torch", "sqlite3", "gpuprof"},
+    # one module per framework: data the importer, integration, recommender and simulator share
+    "frameworks": {"pynvml", "psutil", "torch", "sqlite3", "gpuprof.collectors", "gpuprof.store",
+                   "gpuprof.analyzers", "gpuprof.reports", "gpuprof.integrations", "gpuprof.sim",
+                   "gpuprof.hooks", "gpuprof.api", "gpuprof.cli"},
 }  # fmt: skip
 
 

@@ -14,10 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuprof import hooks
-from gpuprof.phases import canonical_phase
-
-INHERIT = "<inherit>"
-"""Mapping value: the span takes the canonical phase of the framework span around it."""
+from gpuprof.phases import INHERIT, canonical_phase
 
 _PATCHED = "__gpuprof_original__"
 _warned: set[str] = set()

@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from gpuprof import hooks
+from gpuprof.frameworks.openrlhf import METHODS
 from gpuprof.integrations._patch import (
     Tracker,
     read_knobs,
@@ -30,42 +31,6 @@ from gpuprof.integrations._patch import (
     version_of,
     wrap_method,
 )
-
-METHODS: dict[str, list[tuple[str, str, str]]] = {
-    "openrlhf.trainer.ppo_utils.samples_generator": [
-        ("SamplesGenerator", "generate_samples", "rollout"),
-    ],
-    "openrlhf.trainer.ppo_utils.experience_maker": [
-        ("RemoteExperienceMaker", "make_experience_batch", "make_experience"),
-        ("RemoteExperienceMaker", "make_experience", "make_experience"),
-        ("RemoteExperienceMaker", "make_experience_list", "rollout"),
-        ("RemoteExperienceMaker", "compute_advantages_and_returns", "advantage"),
-    ],
-    "openrlhf.trainer.ppo_trainer": [
-        ("BasePPOTrainer", "ppo_train", "update_actor"),
-        ("BasePPOTrainer", "broadcast_to_vllm", "reshard"),
-        ("BasePPOTrainer", "save_logs_and_checkpoints", "checkpoint"),
-        ("PPOTrainer", "ppo_train", "update_actor"),
-        ("PPOTrainer", "_broadcast_to_vllm", "reshard"),
-        ("PPOTrainer", "evaluate", "eval"),
-        ("PPOTrainer", "save_logs_and_checkpoints", "checkpoint"),
-    ],
-    "openrlhf.trainer.ray.ppo_actor": [
-        ("ActorPPOTrainer", "ppo_train", "update_actor"),
-        ("ActorPPOTrainer", "broadcast_to_vllm", "reshard"),
-        ("ActorPPOTrainer", "_broadcast_to_vllm", "reshard"),
-        ("PolicyModelActor", "forward", "old_logprob"),
-    ],
-    "openrlhf.trainer.ray.ppo_critic": [
-        ("CriticPPOTrainer", "ppo_train", "update_critic"),
-        ("CriticModelActor", "forward", "values"),
-    ],
-    "openrlhf.trainer.ray.launcher": [
-        ("ReferenceModelActor", "forward", "ref_logprob"),
-        ("RewardModelActor", "forward", "reward"),
-    ],
-}
-"""Module → (class, method, canonical phase) wrapped when the module is imported."""
 
 tracker = Tracker(
     "openrlhf",  # keyed by class and method: the actor's and the critic's ppo_train differ

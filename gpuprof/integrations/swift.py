@@ -16,8 +16,8 @@ import contextlib
 import sys
 from typing import Any
 
+from gpuprof.frameworks.swift import PROFILING_PHASES as SWIFT_PHASES
 from gpuprof.integrations._patch import (
-    INHERIT,
     Both,
     Tracker,
     mark_wrapper,
@@ -25,30 +25,6 @@ from gpuprof.integrations._patch import (
     rebind,
     safely,
 )
-
-SWIFT_PHASES: dict[str, str] = {
-    "_generate_and_score_completions": "rollout",
-    "_generate_completions": "rollout",
-    "generate": "rollout",
-    "_dynamic_sampling": "rollout",
-    "resample_encode_failed_inputs": "rollout",
-    "_score_completions": "reward",
-    "_compute_rewards_per_func": "reward",
-    "_move_model_to_vllm": "reshard",
-    "export_weights": "reshard",
-    "export_adapter_weights": "reshard",
-    "compute_ref_old_logps": "old_logprob",
-    "compute_loss": "update_actor",
-    "loss_func": "update_actor",
-    "forward_step": "update_actor",
-    "training_step": "update_actor",
-    "_prepare_inputs": "rollout",
-    "_prepare_batch_inputs": INHERIT,
-    "_get_per_token_logps_and_entropies": INHERIT,
-    "_get_last_hidden_state": INHERIT,
-    "log_metrics": INHERIT,
-}
-"""ms-swift's profiling names → canonical phases."""
 
 UTILS_MODULES = ("swift.rlhf_trainers.utils", "swift.trainers.rlhf_trainer.utils")
 TRAINER_MODULES = ("swift.rlhf_trainers.grpo_trainer", "swift.trainers.rlhf_trainer.grpo_trainer")

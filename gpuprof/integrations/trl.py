@@ -24,8 +24,8 @@ import sys
 from typing import Any
 
 from gpuprof import hooks
+from gpuprof.frameworks.trl import PROFILING_PHASES as TRL_PHASES
 from gpuprof.integrations._patch import (
-    INHERIT,
     Tracker,
     modules_under,
     read_knobs,
@@ -34,26 +34,6 @@ from gpuprof.integrations._patch import (
     version_of,
     wrap_method,
 )
-
-TRL_PHASES: dict[str, str] = {
-    "_generate_and_score_completions": "rollout",
-    "_generate": "rollout",
-    "_generate_single_turn": "rollout",
-    "transformers.generate": "rollout",
-    "transformers.generate_batch": "rollout",
-    "vLLM.generate": "rollout",
-    "generate": "rollout",
-    "_calculate_rewards": "reward",
-    "sync_weights": "reshard",
-    "_move_model_to_vllm": "reshard",
-    "compute_loss": "update_actor",
-    "training_step": "update_actor",
-    "optimizer_step": "update_actor",
-    "_prepare_inputs": "rollout",
-    "_get_per_token_logps_and_entropies": INHERIT,
-    "_get_per_token_logps": INHERIT,
-}
-"""TRL's profiling names (without the trainer-class prefix) → canonical phases."""
 
 tracker = Tracker("trl", TRL_PHASES)
 

@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 from gpuprof import hooks
+from gpuprof.frameworks.verl import TIMER_PHASES as VERL_PHASES
 from gpuprof.integrations._patch import (
     Both,
     Tracker,
@@ -36,25 +37,6 @@ from gpuprof.integrations._patch import (
     version_of,
     wrap_method,
 )
-
-VERL_PHASES: dict[str, str] = {
-    "gen": "rollout",
-    "gen_max": "rollout",
-    "generate_sequences": "rollout",
-    "reward": "reward",
-    "rm": "reward",
-    "old_log_prob": "old_logprob",
-    "ref": "ref_logprob",
-    "values": "values",
-    "adv": "advantage",
-    "update_critic": "update_critic",
-    "update_actor": "update_actor",
-    "update_weights": "reshard",
-    "sync_rollout_weights": "reshard",
-    "testing": "eval",
-    "save_checkpoint": "checkpoint",
-}
-"""verl's timer names → canonical phases (other names go through `gpuprof.phases`)."""
 
 TIMER_NAMES = ("marked_timer", "simple_timer", "_timer")
 TIMER_MODULES = (

@@ -32,23 +32,15 @@ from gpuprof.collectors.importers.steplog import (
     step_at,
     to_float,
 )
+from gpuprof.frameworks.openrlhf import LOG_GLOBAL_STEP as _GLOBAL_STEP
+from gpuprof.frameworks.openrlhf import LOG_LAUNCH as _LAUNCH
+from gpuprof.frameworks.openrlhf import LOG_PHASES as PHASES
+from gpuprof.frameworks.openrlhf import LOG_TIMING_KEY as _TIMING
 
 FORMAT = "openrlhf-log"
 
-PHASES: dict[str, str] = {
-    "generation": "rollout",
-    "make_experience": "make_experience",
-    "ppo_train": "update_actor",
-    "broadcast": "reshard",
-}
-"""OpenRLHF's ``timing/<name>`` phases → canonical phase, in the order a step runs them.
-``make_experience`` (log-probs, rewards, values, advantages together) has no single canonical
-phase and keeps its own name."""
 
-_GLOBAL_STEP = re.compile(r"Global step (\d+):\s*(\{.*\})\s*$")
 _STAMP = re.compile(r"^(?:[A-Z]+\s+)?(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,](\d+))?\s")
-_LAUNCH = re.compile(r"(?:-m\s+|/)openrlhf[./]cli[./]\w+")
-_TIMING = re.compile(r"^timing/(.+)$")
 
 
 def sniff(head: str, path: Path) -> bool:

@@ -33,45 +33,23 @@ from gpuprof.collectors.importers.steplog import (
     step_at,
     to_float,
 )
+from gpuprof.frameworks.verl import LOG_LAUNCH as _LAUNCH
+from gpuprof.frameworks.verl import LOG_PHASES as PHASES
+from gpuprof.frameworks.verl import LOG_STEP_AT as _STEP_AT
+from gpuprof.frameworks.verl import LOG_TIMING_KEY as _TIMING_KEY
 
 FORMAT = "verl-log"
 
-PHASES: dict[str, str] = {
-    "gen": "rollout",
-    "gen_max": "rollout",
-    "reward": "reward",
-    "old_log_prob": "old_logprob",
-    "ref": "ref_logprob",
-    "values": "values",
-    "adv": "advantage",
-    "update_critic": "update_critic",
-    "update_actor": "update_actor",
-    "update_weights": "reshard",
-    "sync": "reshard",
-    "dump_rollout_generations": "dump_rollout_generations",
-    "testing": "eval",
-    "save_checkpoint": "checkpoint",
-}
-"""verl's ``marked_timer`` names of top-level step phases → canonical phase, in the order
-``RayPPOTrainer.fit`` runs them. Other ``timing_s/…`` keys (``generate_sequences``,
-``generation_timing/max``, ``agent_loop/…``, ``start_profile``) time parts of these phases or
-bookkeeping; they are kept on the step span's attrs under ``sub_timing_s``, not laid out."""
 
 _ORDER = {name: i for i, name in enumerate(PHASES)}
 _AFTER_STEP = ("testing", "save_checkpoint")
 """Phases ``RayPPOTrainer.fit`` times after ``timing_s/step`` has stopped (logs with a step
 key); in old logs without one, the step is taken as everything its line times."""
-_STEP_AT = re.compile(r"(?:^|\s)step:(\d+)\s+-\s")
-_TIMING_KEY = re.compile(r"^timing(?:_s)?/(.+)$")
 _SEGMENT_SPLIT = re.compile(r"\s+-\s*|\s*-\s+")
 """verl's `` - `` between segments; a rejoined wrap may have lost one of its spaces (a value's
 own minus, ``kl:-0.1``, follows a colon and never matches)."""
 _CONTINUATION = re.compile(r"^\S*(?:\s+-\s+[^\s:]+:\S*)+\s*-?\s*$|^[^\s:]+:[^\s:]+\s*$")
 _LOOSE_PAIR = re.compile(r"^\s*-\s+(timing(?:_s)?/[^\s:]+):\s*(\S+)\s*$")
-_LAUNCH = re.compile(
-    r"(?:^|[\s/])(?:python[\d.]*|torchrun|accelerate|ray\s+job\s+submit.*?--)\s.*?"
-    r"(?:-m\s+)?(?:verl|recipe)\.[\w.]*main\w*"
-)
 _KEEP_METRICS = (
     "response_length/mean",
     "response_length/max",

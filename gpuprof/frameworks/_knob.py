@@ -1,0 +1,70 @@
+"""The knob record and the rationale templates the framework modules share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class KnobEntry:
+    """One catalogue row: a knob of one framework that addresses one stall kind.
+
+    ``default`` is the framework's default value, or ``"@other_knob"`` when the default is
+    another knob's value (TRL ``steps_per_generation`` defaults to
+    ``gradient_accumulation_steps``). ``gain`` is 0–1. ``rationale`` is a `str.format`
+    template over ``knob``, ``current``, ``suggested`` and ``lost_gpu_s``.
+    """
+
+    framework: str
+    kind: str
+    setting: str
+    knob: str
+    versions: str
+    rule: str
+    arg: Any
+    default: Any
+    gain: float
+    rationale: str
+
+
+_K = KnobEntry
+_AR = "actor_rollout_ref"
+_GMU = (
+    "{knob}={current}: the inference engine reserves only that share of GPU memory for weights "
+    "and KV cache, so fewer sequences run at once and generation takes longer; {suggested} "
+    "uses the unused memory (watch for OOM in the update phase)."
+)
+_WORKERS = (
+    "{knob}={current}: the main process loads and collates batches itself while the GPUs wait; "
+    "{suggested} worker processes prefetch the next batches in parallel."
+)
+_SAVE = (
+    "{knob}={current}: checkpoints stop every GPU for a while; saving every {suggested} steps "
+    "cuts that stall by most of its {lost_gpu_s} GPU-seconds."
+)
+_EVAL = (
+    "{knob}={current}: validation runs stall training; every {suggested} steps costs a "
+    "fraction of it."
+)
+_LEN = (
+    "{knob}={current}: a few very long responses keep the engine running with most sequences "
+    "done; a cap of {suggested} tokens cuts the tail (check the clip ratio stays low)."
+)
+_OFFLOAD = (
+    "{knob}={current}: state is copied over PCIe every step and the GPUs wait on the copies; "
+    "{suggested} keeps it on the GPU when memory allows."
+)
+_DYN = (
+    "{knob}={current}: fixed-count micro-batches of uneven lengths leave GPUs waiting for the "
+    "slowest rank; {suggested} packs micro-batches by token budget."
+)
+_SYNC_LESS = (
+    "{knob}={current}: weights move to the inference engine once per generation round; "
+    "{suggested} generates for more optimizer steps per sync, so GPUs idle in syncs less often."
+)
+
+_UNUSED = (
+    "{knob}={current}: some GPUs given to the job never ran work; {suggested} puts every GPU "
+    "of the node to work (or ask the scheduler / CUDA_VISIBLE_DEVICES for fewer GPUs)."
+)
