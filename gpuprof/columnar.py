@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from gpuprof.model import RECORD_TYPES, column_kinds, columns
 
@@ -63,6 +62,14 @@ _ARROW_TYPES = {
 def side_file(db_path: Path, table: str) -> Path:
     """``<dir>/<stem>.<table>.parquet`` for the run file ``<dir>/<stem>.sqlite``."""
     return db_path.with_name(f"{db_path.stem}.{table}.parquet")
+
+
+def _parquet():
+    """``pyarrow.parquet``, imported on first use: a run without side files (and the hooks in
+    a training process, which import the store) never needs it."""
+    import pyarrow.parquet
+
+    return pyarrow.parquet
 
 
 def schema(table: str) -> pa.Schema:
@@ -129,7 +136,7 @@ def write_groups(path: Path, table: str, frames: Iterable[pd.DataFrame]) -> int:
     tmp = path.with_name(path.name + ".partial")
     rows = 0
     try:
-        with pq.ParquetWriter(tmp, schema(table), compression="zstd") as writer:
+        with _parquet().ParquetWriter(tmp, schema(table), compression="zstd") as writer:
             for frame in frames:
                 if len(frame):
                     frame = frame.sort_values(SORT_KEYS[table], kind="stable")
@@ -177,14 +184,14 @@ def _objects(column: pa.ChunkedArray) -> np.ndarray:
 def read(path: Path, table: str, categories: bool = False) -> pd.DataFrame:
     """A whole side file as a frame (strings as categoricals with ``categories``)."""
     if categories:
-        return to_frame(pq.read_table(path, schema=schema(table)), categories)
+        return to_frame(_parquet().read_table(path, schema=schema(table)), categories)
     # strings straight from the dictionary pages: each distinct one becomes a Python string once
     sch = schema(table)
     text = [f.name for f in sch if pa.types.is_string(f.type)]
     coded = pa.schema(
         [pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if f.name in text else f for f in sch]
     )
-    return to_frame(pq.read_table(path, schema=coded, read_dictionary=text))
+    return to_frame(_parquet().read_table(path, schema=coded, read_dictionary=text))
 
 
 def read_groups(path: Path, table: str, categories: bool = False) -> Iterator[pd.DataFrame]:
@@ -192,7 +199,7 @@ def read_groups(path: Path, table: str, categories: bool = False) -> Iterator[pd
     strings as categoricals with ``categories`` (see `to_frame`)."""
     text = [f.name for f in schema(table) if pa.types.is_string(f.type)]
     # dictionary pages read straight into categoricals: no Python string per row
-    parquet = pq.ParquetFile(path, read_dictionary=text if categories else None)
+    parquet = _parquet().ParquetFile(path, read_dictionary=text if categories else None)
     for i in range(parquet.num_row_groups):
         data = parquet.read_row_group(i)
         yield to_frame(data if categories else data.cast(schema(table)), categories)
@@ -201,7 +208,7 @@ def read_groups(path: Path, table: str, categories: bool = False) -> Iterator[pd
 def group_keys(path: Path) -> pd.DataFrame:
     """``host``, ``gpu``, ``uuid`` of each row group of a GPU side file, from the footer's
     column statistics (one GPU per row group), without reading any data."""
-    meta = pq.ParquetFile(path).metadata
+    meta = _parquet().ParquetFile(path).metadata
     names = [meta.schema.column(j).name for j in range(meta.num_columns)]
     rows = []
     for i in range(meta.num_row_groups):
@@ -217,7 +224,7 @@ def group_keys(path: Path) -> pd.DataFrame:
 
 def count(path: Path) -> int:
     """Rows in a side file, from its footer (no data read)."""
-    return int(pq.ParquetFile(path).metadata.num_rows)
+    return int(_parquet().ParquetFile(path).metadata.num_rows)
 
 
 def listed(conn: sqlite3.Connection) -> dict[str, str]:
@@ -292,7 +299,7 @@ def _gpu_groups(
     keys = set(conn.execute("SELECT DISTINCT host, gpu FROM gpu WHERE rowid <= ?", (last,)))
     old_groups: dict[tuple, int] = {}
     if old is not None:
-        parquet = pq.ParquetFile(old)
+        parquet = _parquet().ParquetFile(old)
         for i in range(parquet.num_row_groups):
             first = parquet.read_row_group(i, columns=["host", "gpu"]).slice(0, 1).to_pylist()
             if first:
@@ -301,7 +308,8 @@ def _gpu_groups(
     for host, gpu in sorted(keys, key=lambda k: (str(k[0]), -1 if k[1] is None else k[1])):
         parts = []
         if (host, gpu) in old_groups:
-            parts.append(to_frame(pq.ParquetFile(old).read_row_group(old_groups[(host, gpu)])))
+            group = _parquet().ParquetFile(old).read_row_group(old_groups[(host, gpu)])
+            parts.append(to_frame(group))
         if host is None or gpu is None:
             where = "WHERE host IS ? AND gpu IS ? AND rowid <= ?"
         else:

@@ -392,7 +392,7 @@ def _typed(table: str, frame: pd.DataFrame) -> pd.DataFrame:
     """Give a raw frame the model's dtypes: numbers with gaps become float64 (NaN = missing)."""
     record_type = RECORD_TYPES[table]
     if frame.empty:
-        return empty_frame(record_type)
+        return _empty(table)
     kinds = column_kinds(record_type)
     out = {}
     for name in columns(record_type):
@@ -411,6 +411,17 @@ def _typed(table: str, frame: pd.DataFrame) -> pd.DataFrame:
         else:
             out[name] = col.astype(object)
     return pd.DataFrame(out)
+
+
+_EMPTY_FRAMES: dict[str, pd.DataFrame] = {}
+
+
+def _empty(table: str) -> pd.DataFrame:
+    """`empty_frame` of a table, built once per table (building one reads the record's type
+    hints: a run's load asks for several) and copied for each caller."""
+    if table not in _EMPTY_FRAMES:
+        _EMPTY_FRAMES[table] = empty_frame(RECORD_TYPES[table])
+    return _EMPTY_FRAMES[table].copy()
 
 
 def _json_column(texts: pd.Series) -> pd.Series:
@@ -479,13 +490,16 @@ def load_run(
     tables = {}
     for table, frames in parts.items():
         if not frames:
-            tables[table] = empty_frame(RECORD_TYPES[table])
+            tables[table] = _empty(table)
             continue
         frame = frames[0]
         if len(frames) > 1:
             frame = _typed(table, pd.concat(frames, ignore_index=True))
         sort_key = "start_ns" if table == "spans" else "t_ns"
-        frame = frame.sort_values(sort_key, kind="stable", ignore_index=True)
+        if frame[sort_key].is_monotonic_increasing:  # a stable sort would keep every row
+            frame = frame.reset_index(drop=True)
+        else:
+            frame = frame.sort_values(sort_key, kind="stable", ignore_index=True)
         if table == "spans":
             frame["depth"] = span_depths(frame)
         tables[table] = frame

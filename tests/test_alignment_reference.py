@@ -81,6 +81,54 @@ def _same_labels(got: pd.DataFrame, want: pd.DataFrame) -> None:
     pd.testing.assert_frame_equal(got, want, check_exact=True)
 
 
+def ref_parent_map(run: Run) -> dict[tuple[str, int], int]:
+    parents: dict[tuple[str, int], int] = {}
+    procs = run.procs
+    if procs is not None and len(procs) and "ppid" in procs:
+        p = pd.DataFrame(
+            {"host": procs["host"].astype(object), "pid": al._num(procs, "pid"),
+             "ppid": al._num(procs, "ppid")}
+        ).dropna().drop_duplicates(["host", "pid"], keep="last")  # fmt: skip
+        parents.update({(h, int(c)): int(q) for h, c, q in zip(p["host"], p["pid"], p["ppid"])})
+    ev = al._process_events(run).dropna(subset=["ppid"])
+    parents.update({(h, int(c)): int(q) for h, c, q in zip(ev["host"], ev["pid"], ev["ppid"])})
+    return parents
+
+
+def ref_nvml_owners(run: Run, recording: set[tuple[str, int]]) -> dict:
+    gp = run.gpu_procs
+    if gp is None or gp.empty or not recording:
+        return {}
+    frame = pd.DataFrame(
+        {"host": gp["host"].astype(object), "gpu": al._num(gp, "gpu"),
+         "pid": al._num(gp, "pid"), "mem": al._num(gp, "gpu_mem_bytes")}
+    ).dropna(subset=["host", "gpu", "pid"])  # fmt: skip
+    frame = frame[~(frame["mem"] <= 0)]
+    if frame.empty:
+        return {}
+    cand = (
+        frame.groupby(["host", "gpu", "pid"], sort=False)
+        .agg(mem=("mem", "max"), seen=("mem", "size"))
+        .reset_index()
+    )
+    parents = ref_parent_map(run)
+    found = [al._recording_ancestor(h, int(p), recording, parents)
+             for h, p in zip(cand["host"], cand["pid"])]  # fmt: skip
+    cand["owner_pid"] = [f for f, _ in found]
+    cand["direct"] = [d for _, d in found]
+    cand = cand[cand["owner_pid"].notna()]
+    if cand.empty:
+        return {}
+    cand = cand.assign(mem_rank=cand["mem"].fillna(-1.0)).sort_values(
+        ["direct", "mem_rank", "seen", "owner_pid"], ascending=[False, False, False, True]
+    )
+    best = cand.drop_duplicates(["host", "gpu"], keep="first")
+    return {
+        (h, int(g)): (h, int(p), "nvml" if d else "nvml_ancestor")
+        for h, g, p, d in zip(best["host"], best["gpu"], best["owner_pid"], best["direct"])
+    }
+
+
 def _text_as_objects(frame: pd.DataFrame) -> pd.DataFrame:
     """Label columns as Python strings: the tables built from object categories hold object
     columns where those built from pandas' default ``str`` categories hold ``str`` ones."""
@@ -144,6 +192,32 @@ def test_several_owner_rows_for_one_gpu_join_row_by_row():
     got = al._samples(run, spans, doubled)
     assert len(got) == len(run.gpu) + int((run.gpu["gpu"] == owners["gpu"].iloc[0]).sum())
     _same_labels(got, ref_samples(run, spans, doubled))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_nvml_owners_and_parents_match_the_reference(seed):
+    """Random process listings: repeated, missing and zero-memory rows, children of ranks."""
+    rng = np.random.default_rng(50 + seed)
+    run = simulate(SimConfig(gpus=4, steps=2, seed=seed)).run
+    spans, _ = al.valid_spans(run)
+    recording = {(h, int(p)) for h, p in zip(spans["host"], spans["pid"])}
+    pids = sorted({p for _, p in recording})
+    n = int(rng.integers(1, 300))
+    host = rng.choice(np.array([*{h for h, _ in recording}, None], dtype=object), n)
+    pid = rng.choice(np.array([*pids, 7001, 7002, np.nan], dtype=float), n)
+    run.gpu_procs = pd.DataFrame(
+        {"host": host, "t_ns": np.arange(n), "gpu": rng.choice([0.0, 1.0, 3.0, np.nan], n),
+         "pid": pid, "gpu_mem_bytes": rng.choice([0.0, 5e9, 7e9, np.nan], n),
+         "sm_util_pct": np.nan, "watched": True}
+    )  # fmt: skip
+    m = int(rng.integers(1, 200))
+    run.procs = pd.DataFrame(
+        {"host": rng.choice(host, m), "t_ns": np.arange(m),
+         "pid": rng.choice([7001.0, 7002.0, 7003.0, np.nan], m),
+         "ppid": rng.choice(np.array([*pids, 7001, 1, np.nan], dtype=float), m)}
+    )  # fmt: skip
+    assert al._parent_map(run) == ref_parent_map(run)
+    assert al._nvml_owners(run, recording) == ref_nvml_owners(run, recording)
 
 
 @pytest.mark.parametrize("seed", range(6))

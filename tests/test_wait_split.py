@@ -198,6 +198,9 @@ def test_appearance_codes_match_ngroup(seed):
         first = grouping.first_rows(got)
         want_first = frame[cols].dropna().drop_duplicates().index.to_numpy()
         np.testing.assert_array_equal(first, want_first)
+        with_missing = grouping.appearance_codes([frame[c] for c in cols], missing_is_value=True)
+        want_first = frame[cols].drop_duplicates().index.to_numpy()
+        np.testing.assert_array_equal(grouping.first_rows(with_missing), want_first)
 
 
 @pytest.mark.parametrize("categorical", [True, False])
@@ -263,3 +266,11 @@ def test_wait_split_and_phase_figures_match_the_reference(config, merge, tmp_pat
             _assert_same(_phase._phase_idle(ctx, s, phases), ref_phase_idle(ctx, s, phases))
             for p in phases:
                 _assert_same(_phase._phase_gpu_s(ctx, s, p), ref_phase_gpu_s(ctx, s, p))
+        # samples of one GPU with several owners (hand-built frames): each pair counts once
+        mixed = s.copy()
+        rows = mixed.index[::3]
+        mixed.loc[rows, "pid"] = np.where(np.arange(len(rows)) % 2, np.nan, 99.0)
+        mixed.loc[mixed.index[1::7], "host"] = np.nan  # and samples of no known host
+        for p in ("reward", "rollout", "reshard"):
+            _assert_same(_phase._phase_gpu_s(ctx, mixed, p), ref_phase_gpu_s(ctx, mixed, p))
+            _assert_same(_phase._phase_idle(ctx, mixed, [p]), ref_phase_idle(ctx, mixed, [p]))

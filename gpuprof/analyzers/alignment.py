@@ -204,7 +204,9 @@ def _first_rows(host: pd.Series, number: np.ndarray, uuid: pd.Series | None) -> 
 # Owners
 
 
-def _span_processes(run: Run, spans: pd.DataFrame) -> pd.DataFrame:
+def _span_processes(
+    run: Run, spans: pd.DataFrame, events: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """One row per span-recording process: host, pid, rank, local_rank, CUDA_VISIBLE_DEVICES,
     ppid and the seconds its spans cover (summed)."""
     if spans.empty:
@@ -218,7 +220,7 @@ def _span_processes(run: Run, spans: pd.DataFrame) -> pd.DataFrame:
         .agg(rank=("rank", "first"), local_rank=("local_rank", "first"), span_s=("span_s", "sum"))
         .reset_index()
     )
-    info = _process_events(run)
+    info = events if events is not None else _process_events(run)
     procs = procs.merge(info, on=["host", "pid"], how="left", suffixes=("", "_ev"))
     for col in ("rank", "local_rank"):  # the spans' own value first, the process event's next
         fill = pd.to_numeric(procs[f"{col}_ev"], errors="coerce").astype(np.float64)
@@ -294,13 +296,14 @@ def gpu_owner(run: Run) -> pd.DataFrame:
 
 def _gpu_owner(run: Run, spans: pd.DataFrame) -> pd.DataFrame:
     inv = _gpu_inventory(run)
-    procs = _span_processes(run, spans)
+    events = _process_events(run)
+    procs = _span_processes(run, spans, events)
     owner: dict[tuple[str, int], tuple[str, int, str]] = {}  # (host, gpu) → (host, pid, how)
     recording = {(h, int(p)) for h, p in zip(procs["host"], procs["pid"])}
     claimed: set[tuple[str, int]] = set()  # processes that already own a GPU by rules a/b/c
 
     # (a) NVML saw the process (or a child of it) on the GPU with memory
-    for key, (o_host, o_pid, how) in _nvml_owners(run, recording).items():
+    for key, (o_host, o_pid, how) in _nvml_owners(run, recording, events).items():
         owner[key] = (o_host, o_pid, how)
         claimed.add((o_host, o_pid))
 
@@ -369,7 +372,7 @@ def _controller(procs: pd.DataFrame) -> tuple[str, int] | None:
 
 
 def _nvml_owners(
-    run: Run, recording: set[tuple[str, int]]
+    run: Run, recording: set[tuple[str, int]], events: pd.DataFrame | None = None
 ) -> dict[tuple[str, int], tuple[str, int, str]]:
     """Rule (a): for each GPU, the span-recording process NVML saw on it.
 
@@ -381,25 +384,28 @@ def _nvml_owners(
     gp = run.gpu_procs
     if gp is None or gp.empty or not recording:
         return {}
-    frame = pd.DataFrame(
-        {
-            "host": gp["host"].astype(object),
-            "gpu": _num(gp, "gpu"),
-            "pid": _num(gp, "pid"),
-            "mem": _num(gp, "gpu_mem_bytes"),
-        }
-    ).dropna(subset=["host", "gpu", "pid"])
+    host_code, hosts = pd.factorize(gp["host"].astype(object))
+    gpu, pid, mem = _num(gp, "gpu"), _num(gp, "pid"), _num(gp, "gpu_mem_bytes")
     # "seen with memory": a listed pid holding 0 bytes has no context worth owning the GPU;
     # NaN means NVML could not tell (containers), which still proves a context exists
-    frame = frame[~(frame["mem"] <= 0)]
-    if frame.empty:
+    rows = np.flatnonzero((host_code >= 0) & ~np.isnan(gpu) & ~np.isnan(pid) & ~(mem <= 0))
+    if len(rows) == 0:
         return {}
-    cand = (
-        frame.groupby(["host", "gpu", "pid"], sort=False)
-        .agg(mem=("mem", "max"), seen=("mem", "size"))
-        .reset_index()
+    # one candidate per (host, gpu, pid), in order of appearance: peak memory, times listed
+    group = appearance_codes([host_code[rows], gpu[rows], pid[rows]])
+    first = rows[first_rows(group)]
+    peak = np.full(len(first), np.nan)
+    np.fmax.at(peak, group, mem[rows])  # NaN only where no listing had a reading
+    cand = pd.DataFrame(
+        {
+            "host": pd.Series(np.asarray(hosts, dtype=object)[host_code[first]], dtype=object),
+            "gpu": gpu[first],
+            "pid": pid[first],
+            "mem": peak,
+            "seen": np.bincount(group, minlength=len(first)),
+        }
     )
-    parents = _parent_map(run)
+    parents = _parent_map(run, events)
     resolved, direct = [], []
     for host, pid in zip(cand["host"], cand["pid"]):  # one per (gpu, process), not per sample
         found, is_direct = _recording_ancestor(host, int(pid), recording, parents)
@@ -420,17 +426,20 @@ def _nvml_owners(
     }
 
 
-def _parent_map(run: Run) -> dict[tuple[str, int], int]:
+def _parent_map(run: Run, events: pd.DataFrame | None = None) -> dict[tuple[str, int], int]:
     """(host, pid) → ppid from the watcher's process samples and the hooks' process events."""
     parents: dict[tuple[str, int], int] = {}
     procs = run.procs
     if procs is not None and len(procs) and "ppid" in procs:
-        p = pd.DataFrame(
-            {"host": procs["host"].astype(object), "pid": _num(procs, "pid"),
-             "ppid": _num(procs, "ppid")}
-        ).dropna().drop_duplicates(["host", "pid"], keep="last")  # fmt: skip
-        parents.update({(h, int(c)): int(q) for h, c, q in zip(p["host"], p["pid"], p["ppid"])})
-    ev = _process_events(run).dropna(subset=["ppid"])
+        host_code, hosts = pd.factorize(procs["host"].astype(object))
+        pid, ppid = _num(procs, "pid"), _num(procs, "ppid")
+        rows = np.flatnonzero((host_code >= 0) & ~np.isnan(pid) & ~np.isnan(ppid))
+        # the last sample of each (host, pid): first rows of the reversed order
+        key = appearance_codes([host_code[rows][::-1], pid[rows][::-1]])
+        last = rows[::-1][first_rows(key)]
+        names = np.asarray(hosts, dtype=object)[host_code[last]]
+        parents.update({(h, int(c)): int(q) for h, c, q in zip(names, pid[last], ppid[last])})
+    ev = (events if events is not None else _process_events(run)).dropna(subset=["ppid"])
     parents.update({(h, int(c)): int(q) for h, c, q in zip(ev["host"], ev["pid"], ev["ppid"])})
     return parents
 
@@ -503,15 +512,16 @@ def _innermost(spans: pd.DataFrame | dict, t: np.ndarray, step: bool) -> np.ndar
     return chosen
 
 
-def _label(spans: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _label(spans: pd.DataFrame | dict, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Phase (object array, ``"(none)"`` outside spans), step (float, NaN unknown) and an
-    in-span flag for each time in ``t``, from one process's spans."""
+    in-span flag for each time in ``t``, from one process's spans (a frame, or its columns as
+    arrays)."""
     n = len(t)
     phase = np.full(n, NO_PHASE, dtype=object)
     step = np.full(n, np.nan)
-    if spans.empty or n == 0:
+    if len(spans["start_ns"]) == 0 or n == 0:
         return phase, step, np.zeros(n, dtype=bool)
-    span_phase = spans["phase"].to_numpy(object)
+    span_phase = np.asarray(spans["phase"], dtype=object)
     inner = _innermost(spans, t, step=False)
     whole = _innermost(spans, t, step=True)
     has_inner, has_whole = inner >= 0, whole >= 0
@@ -670,8 +680,8 @@ def _gpu_time_order(host: np.ndarray, gpu: np.ndarray, t: np.ndarray) -> np.ndar
 
 
 def _categorical(values: np.ndarray, codes: np.ndarray) -> pd.Categorical:
-    """``pd.Categorical(values[codes])`` (categories: the distinct non-null values, sorted),
-    computed on the few distinct values instead of every row."""
+    """The categorical of ``values[codes]``: categories the distinct non-null values used,
+    sorted (an `_object_index`), computed on the few distinct values instead of every row."""
     values = np.asarray(values, dtype=object)
     used = np.bincount(codes, minlength=len(values)) > 0
     ok = used & pd.notna(values)
@@ -889,14 +899,15 @@ def _owner_wall(spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
     keys = owners.dropna(subset=["pid"])[["owner_host", "pid"]].drop_duplicates()
     found: list[tuple[Any, float]] = []
     parts: list[tuple[np.ndarray, ...]] = []
+    # the span columns the lookup reads, as arrays (row selections of a frame cost more)
+    names = ("phase", "is_step", "depth", "start_ns", "end_ns", "step")
+    columns = {c: spans[c].to_numpy() for c in names} if len(spans) else {}
     for o_host, o_pid in zip(keys["owner_host"], keys["pid"]):
         rows = by_proc.get((o_host, int(o_pid)))
         if rows is None:
             continue
-        proc_spans = spans.iloc[rows].reset_index(drop=True)
-        bounds = np.unique(
-            np.concatenate([proc_spans["start_ns"].to_numpy(), proc_spans["end_ns"].to_numpy()])
-        )
+        proc_spans = {c: values[rows] for c, values in columns.items()}
+        bounds = np.unique(np.concatenate([proc_spans["start_ns"], proc_spans["end_ns"]]))
         if len(bounds) < 2:
             continue
         phase, step, covered = _label(proc_spans, bounds[:-1])

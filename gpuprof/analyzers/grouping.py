@@ -10,7 +10,8 @@ otherwise, so a few far-apart values never allocate a huge count array.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -35,10 +36,14 @@ def dense_codes(values: np.ndarray) -> tuple[np.ndarray, int]:
     return codes.astype(np.int64, copy=False), len(uniques)
 
 
-def appearance_codes(columns: Sequence[np.ndarray | pd.Series]) -> np.ndarray:
+def appearance_codes(
+    columns: Sequence[np.ndarray | pd.Series], missing_is_value: bool = False
+) -> np.ndarray:
     """For rows given as parallel columns: the group number of each row's combination of
     values, numbered in order of first appearance; -1 where any value is missing (as
-    ``DataFrame.groupby(columns, sort=False, observed=True).ngroup()``)."""
+    ``DataFrame.groupby(columns, sort=False, observed=True).ngroup()``), or with
+    ``missing_is_value`` a missing value is a value like the others (as
+    ``DataFrame.drop_duplicates`` sees them)."""
     n = len(columns[0]) if len(columns) else 0
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -46,6 +51,8 @@ def appearance_codes(columns: Sequence[np.ndarray | pd.Series]) -> np.ndarray:
     valid = np.ones(n, dtype=bool)
     for column in columns:
         codes = _codes(column)
+        if missing_is_value:
+            codes = np.where(codes < 0, int(codes.max(initial=-1)) + 1, codes)
         valid &= codes >= 0
         width = int(codes.max()) + 1 if len(codes) else 0
         key = key * max(width, 1) + np.maximum(codes, 0)
@@ -60,7 +67,10 @@ def _codes(column: np.ndarray | pd.Series) -> np.ndarray:
     """Codes of one column's values (-1: missing), categorical codes as they are."""
     if isinstance(column, pd.Series) and isinstance(column.dtype, pd.CategoricalDtype):
         return column.cat.codes.to_numpy(np.int64)
-    return pd.factorize(column, use_na_sentinel=True)[0].astype(np.int64, copy=False)
+    values = column.to_numpy() if isinstance(column, pd.Series) else np.asarray(column)
+    if values.dtype.kind in "iu":  # integers have no missing value: offsets, no hashing
+        return dense_codes(values)[0]
+    return pd.factorize(values, use_na_sentinel=True)[0].astype(np.int64, copy=False)
 
 
 def first_rows(codes: np.ndarray) -> np.ndarray:
@@ -126,3 +136,13 @@ def label_codes(column: pd.Series) -> tuple[np.ndarray, list]:
         return column.cat.codes.to_numpy(np.int64), list(column.cat.categories)
     codes, uniques = pd.factorize(column, use_na_sentinel=True)
     return codes.astype(np.int64, copy=False), list(uniques)
+
+
+def per_frame(owner: object, frame: pd.DataFrame, name: str, compute: Callable[[], Any]) -> Any:
+    """``compute()`` once per ``frame`` object, kept on ``owner`` (an analysis context): the
+    frame is held with the value, so its ``id`` can't be reused by another frame meanwhile."""
+    cache = owner.__dict__.setdefault("_per_frame_cache", {})
+    hit = cache.get((name, id(frame)))
+    if hit is None or hit[0] is not frame:
+        hit = cache[(name, id(frame))] = (frame, compute())
+    return hit[1]

@@ -35,6 +35,7 @@ from gpuprof.analyzers.grouping import (
     appearance_codes,
     first_rows,
     label_codes,
+    per_frame,
     time_bins,
 )
 from gpuprof.intervals import in_union, top_intervals, union
@@ -121,17 +122,29 @@ def _phase_gpu_s(ctx: AnalysisContext, s: pd.DataFrame, phase: str) -> float:
     sp = _spans(ctx)
     owners = sp.loc[sp["phase"] == phase, ["host", "pid"]]
     owners = {(h, float(p)) for h, p in zip(owners["host"], owners["pid"])}
-    # each (owner_host, pid, host, gpu) of the samples once; computed once per sample frame
-    cache = ctx.__dict__.setdefault("_stalls_phase_gpus", {})
-    hit = cache.get(id(s))
-    if hit is None or hit[0] is not s:  # the frame is held, so its id is not reused
-        owned = s[["owner_host", "pid", "host", "gpu"]]
-        owned = owned[owned["pid"].notna().to_numpy()]
-        first = first_rows(appearance_codes([owned[c] for c in owned.columns]))
-        keys = list(zip(owned["owner_host"].to_numpy(object)[first],
-                        owned["pid"].to_numpy(np.float64)[first]))  # fmt: skip
-        hit = cache[id(s)] = (s, keys)
-    n = sum(key in owners for key in hit[1])
+
+    # the (owner_host, pid) of each distinct (owner_host, pid, host, gpu) of the samples
+    def owned() -> list[tuple[Any, float]]:
+        gpu = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))
+        host_code, host_names = label_codes(s["owner_host"])
+        pid = s["pid"].to_numpy(np.float64)
+        first = first_rows(gpu)
+        at = first[np.maximum(gpu, 0)]  # each sample's GPU's first sample
+        same = host_code == host_code[at]
+        same &= (pid == pid[at]) | (np.isnan(pid) & np.isnan(pid[at]))
+        if (gpu >= 0).all() and same.all():  # one owner per GPU: its first sample says it
+            rows = first[~np.isnan(pid[first])]
+        else:
+            frame = s[["owner_host", "pid", "host", "gpu"]]
+            keep = np.flatnonzero(~np.isnan(pid))
+            codes = appearance_codes(
+                [frame[c].iloc[keep] for c in frame.columns], missing_is_value=True
+            )
+            rows = keep[first_rows(codes)]
+        names = np.array([*host_names, np.nan], dtype=object)  # code -1: no owner host
+        return list(zip(names[host_code[rows]], pid[rows]))
+
+    n = sum(key in owners for key in per_frame(ctx, s, "owned_gpus", owned))
     return wall * n if n else np.nan
 
 
@@ -164,14 +177,17 @@ def _phase_idle(ctx: AnalysisContext, s: pd.DataFrame, phases: Iterable[str]) ->
         idle_gpu_s += g * frac
     pcie = s["pcie_bytes"].to_numpy(np.float64)[in_phases]
     nvl = s["nvlink_bytes"].to_numpy(np.float64)[in_phases]
-    measured = in_phases.copy()
-    measured[in_phases] = m
+    measured = np.flatnonzero(in_phases)[m]
+    # one measured sample per GPU is enough to name the GPUs (all of those without a key)
+    gpu = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))[measured]
+    one = np.unique(gpu, return_index=True)[1]
+    measured = np.union1d(measured[one[gpu[one] >= 0]], measured[gpu < 0])
     return {
         "gpu_s": gpu_s,
         "idle_gpu_s": idle_gpu_s,
         "idle_frac": idle_gpu_s / gpu_s if gpu_s > 0 else np.nan,
         "util_pct": float((util[m] * dt[m]).sum() / meas_dt),
-        "gpus": _gpu_labels(s.loc[measured, ["host", "gpu"]]),
+        "gpus": _gpu_labels(s.iloc[measured][["host", "gpu"]]),
         "pcie_bytes": float(np.nansum(pcie)) if np.isfinite(pcie).any() else np.nan,
         "nvlink_bytes": float(np.nansum(nvl)) if np.isfinite(nvl).any() else np.nan,
         "pcie_bytes_s": _rate(pcie, dt),
@@ -410,7 +426,7 @@ def _wait_split(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> dict[s
     def compute() -> dict[str, Any]:
         # one grouping by (time bin, GPU) serves every count over the other GPUs
         bins = time_bins(s["t_ns"].to_numpy(np.int64), s["dt_s"].to_numpy(np.float64))
-        groups = BinGroups(bins, _gpu_key(s))
+        groups = BinGroups(bins, per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s)))
         others_busy = groups.others(s["busy_frac"].to_numpy(np.float64) >= th.busy_util_pct / 100.0)
         codes, names = label_codes(s["phase"])
         code_of = {name: i for i, name in enumerate(names)}
