@@ -172,6 +172,11 @@ class Thresholds:
     host_bound_util_ref: float = 0.95
     """A launch-bound compute phase loses ``this - util`` (util as 0–1) of its time. Source:
     seed — a compute-bound training step keeps NVML utilisation at 95–100%."""
+    host_bound_util_max: float = 0.85
+    """Only compute phases (per GPU and step) below this utilisation (0–1) can be launch-bound:
+    process CPU at a core or more is normal for a trainer (CUDA spin-wait, NCCL threads), so
+    the GPU side must show the shortfall. Source: seed — launch-bound steps in PyTorch's
+    CUDA-graphs and torch.compile write-ups run at 40–80% utilisation."""
     collective_healthy_frac: float = 0.1
     """Share of update time a well-overlapped job spends in collectives. Source: seed."""
     collective_min_frac: float = 0.2
@@ -182,7 +187,7 @@ class Thresholds:
     unused_mem_bytes: float = 2**30
     """...and whose memory stays at or below this. Source: vendor — a CUDA context alone
     holds a few hundred MiB (PyTorch on Ampere/Hopper: ~300–600 MiB); more is data."""
-    unused_min_s: float = 10.0
+    unused_min_s: float = 5.0
     """Sampled time a GPU needs before it can be called unused (a few seconds of start-up
     before the first kernel are not a run). Source: seed."""
     idle_allocation_min_s: float = 300.0

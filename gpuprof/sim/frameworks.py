@@ -49,6 +49,7 @@ def build_command(
     per_node = min(gpus, gpus_per_host)  # the launcher's processes per node
     if framework == "pytorch":
         argv.insert(1, f"--nproc_per_node={per_node}")
+        argv += ["--model_name_or_path", "Qwen/Qwen2.5-3B-Instruct"]
         knobs["nproc_per_node"] = per_node
     elif framework == "trl":
         argv[2:2] = ["--num_processes", str(per_node)]

@@ -406,6 +406,8 @@ def random_config(
     chosen = list(rng.choice(pool, size=min(n, len(pool)), replace=False)) if n else []
     if n_gpus < 2 and any(k in _MULTI_GPU for k in chosen):
         n_gpus = 2
+    if "unused_gpu" in chosen and len(chosen) > 1 and n_gpus < 4:
+        n_gpus = 4  # a bubble or a straggler needs two GPUs besides the unused one
     pathologies = [Pathology(str(k), float(rng.uniform(*severity))) for k in chosen]
     placement = "split" if "pipeline_bubble" in chosen else "colocated"
     return SimConfig(
