@@ -7,7 +7,7 @@ goes through the CLI (``gpuprof import`` / ``watch``, then ``analyze --json``). 
 case, the expected and found kinds, then recall (expected kinds found), false findings (kinds
 found that were not expected) and exact matches.
 
-    python benchmarks/labelled.py
+    python benchmarks/diagnosis_labelled.py
 """
 
 from __future__ import annotations
