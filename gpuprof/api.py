@@ -17,7 +17,7 @@ from gpuprof import __version__, hooks, store
 from gpuprof.collectors.child import ChildProcess, CommandNotFound
 from gpuprof.loader import load_for_analysis
 from gpuprof.model import Event, Run, RunMeta
-from gpuprof.redact import redact_command
+from gpuprof.redact import redact_command, redact_text
 from gpuprof.store import RunError, load_run
 
 __all__ = [
@@ -113,7 +113,9 @@ class _LogSink:
             self.dropped += 1
             return
         self.stored += 1
-        self.writer.add("logs", (self.host, t_ns, stream, line))
+        # the same rules as the command: a program that prints its arguments or a token
+        # must not put it in the run
+        self.writer.add("logs", (self.host, t_ns, stream, redact_text(line)))
 
 
 def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:

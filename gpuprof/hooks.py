@@ -528,7 +528,11 @@ def record_knobs(framework: str | None, knobs: dict[str, Any], version: str | No
     if recorder is None:
         return
     try:
-        attrs = {"version": version, "knobs": dict(knobs)}
+        # secret settings (a W&B key in a config) never reach the run directory; imported
+        # here, once, so that importing the hooks compiles no regular expression
+        from gpuprof.redact import redact_knobs
+
+        attrs = {"version": version, "knobs": redact_knobs(knobs)}
         recorder.other.append((_MARK, framework or "", attrs, time.monotonic_ns(), "knobs"))
     except Exception as exc:
         _disable(exc)

@@ -1,8 +1,18 @@
-"""Remove secret values from a command line before it is stored."""
+"""Remove secret values from command lines, output lines and settings before they are stored.
+
+One set of rules for everything a run keeps: the command (`redact_command`), every output
+line of the watched command (`redact_text`) and knob values (`redact_knobs`). A value is
+secret when its name says so (``--api-key V``, ``HF_TOKEN=V``, ``trainer.wandb_token=V``,
+``"password": "V"``), when it sits in a URL's user-info (``https://user:pw@host``,
+``redis://:pw@host``, ``https://TOKEN@host``), after an ``Authorization`` scheme (``Bearer V``),
+or when it has the shape of a well-known token (``hf_…``, ``sk-…``, ``ghp_…``, ``AKIA…``).
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 _SECRET_WORDS = frozenset(
     {
@@ -12,6 +22,7 @@ _SECRET_WORDS = frozenset(
         "secret",
         "password",
         "passwd",
+        "passphrase",
         "pwd",
         "credential",
         "credentials",
@@ -22,7 +33,28 @@ _SECRET_WORDS = frozenset(
     }
 )
 REDACTED = "***"
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]+:)[^/\s@]+(?=@)")
+_URL_USERINFO = re.compile(
+    r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/\s:@]*)(?::(?P<pw>[^/\s@]*))?@"
+)
+"""A URL's user-info: ``user:password@`` (the user may be empty) or a lone ``token@``."""
+_TOKEN_SHAPES = re.compile(
+    r"(?<![A-Za-z0-9])(?:"
+    r"hf_[A-Za-z0-9]{30,}"  # Hugging Face
+    r"|sk-(?:proj-|ant-)?[A-Za-z0-9_\-]{20,}"  # OpenAI, Anthropic
+    r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"  # GitHub
+    r"|glpat-[A-Za-z0-9_\-]{20,}"  # GitLab
+    r"|xox[abposr]-[A-Za-z0-9\-]{10,}"  # Slack
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}"  # AWS access key ids
+    r"|AIza[0-9A-Za-z_\-]{35}"  # Google API keys
+    r"|wandb_v1_[A-Za-z0-9_]{20,}|[0-9a-f]{40}(?=\s*$)"  # W&B keys (a bare 40-hex line)
+    r")"
+)
+_AUTH_SCHEME = re.compile(r"(?i)\b(?P<scheme>bearer|basic|token|digest)(?P<sep>\s+)[^\s\"',;]+")
+_NAMED_VALUE = re.compile(
+    r"(?P<name>[A-Za-z_][\w.\-]*)(?P<q1>[\"']?)(?P<sep>\s*[=:]\s*)(?P<q2>[\"']?)"
+    r"(?P<value>[^\s\"',;}]+)"
+)
+_SHORT_FLAG = re.compile(r"^-[A-Za-z]$")
 
 
 def is_secret_name(name: str) -> bool:
@@ -38,19 +70,58 @@ def is_secret_name(name: str) -> bool:
     )
 
 
+def _userinfo(match: re.Match[str]) -> str:
+    user, pw = match.group("user"), match.group("pw")
+    if pw is not None:
+        return f"{match.group('head')}{user}:{REDACTED}@"
+    return f"{match.group('head')}{REDACTED}@"  # a lone user-info is usually a token
+
+
+def _named(match: re.Match[str]) -> str:
+    if not is_secret_name(match.group("name")) or match.group("value") == REDACTED:
+        return match.group(0)
+    if match.group("value").lower() in ("bearer", "basic", "token", "digest"):
+        return match.group(0)  # "Authorization: Bearer X": the scheme rule hides X
+    g = match.group
+    return f"{g('name')}{g('q1')}{g('sep')}{g('q2')}{REDACTED}"
+
+
+def redact_text(text: str) -> str:
+    """``text`` (an output line, a log line) with every secret value replaced by ``***``."""
+    if not text:
+        return text
+    out = _URL_USERINFO.sub(_userinfo, text)
+    out = _AUTH_SCHEME.sub(lambda m: f"{m.group('scheme')}{m.group('sep')}{REDACTED}", out)
+    out = _NAMED_VALUE.sub(_named, out)
+    out = _TOKEN_SHAPES.sub(REDACTED, out)
+    # "--api-key V" inside a printed command line: the word after a secret flag
+    words = out.split(" ")
+    for i in range(len(words) - 1):
+        w = words[i]
+        secret_flag = w.startswith("-") and "=" not in w and is_secret_name(w)
+        if secret_flag and words[i + 1] and not _is_flag(words[i + 1]):
+            words[i + 1] = REDACTED
+    return " ".join(words)
+
+
+def _is_flag(arg: str) -> bool:
+    """A next argument that is another option, not a value (values may start with ``-``)."""
+    return arg.startswith("--") or bool(_SHORT_FLAG.match(arg))
+
+
 def redact_command(argv: list[str]) -> list[str]:
     """A copy of ``argv`` with secret values replaced by ``***``.
 
-    Redacts ``--api-key=V`` and ``--api-key V`` (the next argument, unless it is a flag),
-    ``KEY=V`` assignments and Hydra overrides (``trainer.wandb_token=V``) whose name is
-    secret, and passwords inside URLs (``https://user:pw@host``).
+    Redacts ``--api-key=V`` and ``--api-key V`` (the next argument, unless it is another
+    option: a value may itself start with ``-``), ``KEY=V`` assignments and Hydra overrides
+    (``trainer.wandb_token=V``) whose name is secret, URL user-info, and token-shaped values.
     """
     out: list[str] = []
     hide_next = False
     for arg in argv:
         if hide_next:
             hide_next = False
-            if not arg.startswith("-"):
+            if not _is_flag(arg):
                 out.append(REDACTED)
                 continue
         if "=" in arg:
@@ -60,5 +131,18 @@ def redact_command(argv: list[str]) -> list[str]:
                 continue
         elif arg.startswith("-") and is_secret_name(arg):
             hide_next = True
-        out.append(_URL_PASSWORD.sub(rf"\g<head>{REDACTED}", arg))
+        out.append(_TOKEN_SHAPES.sub(REDACTED, _URL_USERINFO.sub(_userinfo, arg)))
+    return out
+
+
+def redact_knobs(knobs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Knob values with secret names (or secret-looking string values) replaced by ``***``."""
+    out: dict[str, Any] = {}
+    for key, value in (knobs or {}).items():
+        if is_secret_name(str(key)):
+            out[key] = REDACTED
+        elif isinstance(value, str):
+            out[key] = redact_text(value)
+        else:
+            out[key] = value
     return out

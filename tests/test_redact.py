@@ -45,3 +45,125 @@ def test_redact_command_hides_values_and_keeps_the_rest():
     assert out[9:11] == ["--token", "--next-flag"]  # a flag after a secret flag is not a value
     assert out[-1] == "model.tokenizer=Qwen/Qwen2.5"
     assert len(out) == len(argv)
+
+
+# ----------------------------------------------------------------- output lines and knobs
+import json  # noqa: E402
+import sys  # noqa: E402
+
+import pandas as pd  # noqa: E402
+from conftest import run_gpuprof  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from gpuprof.redact import redact_knobs, redact_text  # noqa: E402
+
+_ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+_SECRET = st.text(alphabet=_ALNUM, min_size=36, max_size=48)
+_PLANTINGS = [
+    "Authorization: Bearer {s}",
+    "curl -H 'Authorization: Basic {s}' https://x",
+    "--passphrase {s} --lr 1e-5",
+    "--api-key -{s}",
+    "redis://:{s}@cache:6379/0",
+    "https://{s}@github.com/org/repo.git",
+    "https://user:{s}@host/path",
+    "HF_TOKEN={s} python train.py",
+    '{{"wandb_api_key": "{s}", "max_tokens": 512}}',
+    "trainer.wandb_token={s}",
+    "hf_{s}",
+    "sk-proj-{s}",
+    "ghp_{s}",
+    "AKIA{u16}",
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    secret=_SECRET,
+    planting=st.sampled_from(_PLANTINGS),
+    before=st.text(alphabet=_ALNUM + " .:/-", max_size=30),
+    after=st.text(alphabet=_ALNUM + " .:/-", max_size=30),
+)
+def test_no_planted_secret_survives_an_output_line(secret, planting, before, after):
+    u16 = "".join(c for c in secret.upper() if c.isalnum())[:16].ljust(16, "Z")
+    line = f"{before} {planting.format(s=secret, u16=u16)} {after}"
+    out = redact_text(line)
+    assert secret not in out and "-" + secret not in out
+    assert u16 not in out or "AKIA" not in planting
+
+
+def test_ordinary_lines_are_kept():
+    for line in [
+        "step:3 - timing_s/gen:12.5 - response_length/mean:300.2 - actor/pg_loss:-0.01",
+        "max_tokens=512 tokenizer=gpt2 num_tokens: 1024",
+        "{'loss': 0.51, 'grad_norm': 1.2, 'learning_rate': 1e-06, 'epoch': 0.33}",
+        "Global step 4: {'policy_loss': 0.1, 'timing/generation': 12.0}",
+    ]:
+        assert redact_text(line) == line
+
+
+def test_knobs_with_secret_names_or_values_are_redacted():
+    knobs = {"trainer.wandb_api_key": "abc", "lr": 1e-5, "report_url": "https://u:pw@h/x"}
+    out = redact_knobs(knobs)
+    assert out == {"trainer.wandb_api_key": "***", "lr": 1e-5, "report_url": "https://u:***@h/x"}
+
+
+PLANTED = {
+    "bearer": "eyJhbGciOiJIUzI1NiJ9payloadSecretA1",
+    "hf": "hf_" + "Q" * 34,
+    "sk": "sk-proj-" + "R" * 40,
+    "ghp": "ghp_" + "S" * 36,
+    "aws": "AKIA" + "T" * 16,
+    "pw": "redisPasswordU2v9",
+    "flag": "passphraseValueV7x",
+    "cmd": "apiKeyOnTheCommandLineW3",
+}
+CHILD = f"""
+import sys
+p = {PLANTED!r}
+print("Authorization: Bearer " + p["bearer"])
+print("logging in with " + p["hf"] + " and " + p["sk"])
+print("cloning https://" + p["ghp"] + "@github.com/org/repo.git", file=sys.stderr)
+print("aws key " + p["aws"] + " redis://:" + p["pw"] + "@cache:6379")
+print("argv:", " ".join(sys.argv))
+"""
+
+
+def test_no_planted_secret_anywhere_in_the_run_report_or_exports(tmp_path):
+    """A watched program prints secrets and gets one on its command line: neither the run
+    directory, nor the report, nor the exports hold any of them."""
+    run = tmp_path / "run"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    proc = run_gpuprof(
+        "watch", "--no-nvml", "-q", "-o", str(run), "--", sys.executable, str(script),
+        "--passphrase", PLANTED["flag"], "--api-key", PLANTED["cmd"],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # the child's own output passes through untouched: only what is stored is redacted
+    assert PLANTED["hf"] in proc.stdout
+    out = tmp_path / "out"
+    out.mkdir()
+    for args in (["report", str(run), "-o", str(out / "r.html")],
+                 ["export", str(run), "--format", "perfetto", "-o", str(out / "t.json")],
+                 ["export", str(run), "--format", "parquet", "-o", str(out / "pq")],
+                 ["analyze", str(run), "--json"]):  # fmt: skip
+        done = run_gpuprof(*args)
+        assert done.returncode == 0, done.stderr
+        (out / f"{args[0]}-{len(list(out.iterdir()))}.stdout").write_text(done.stdout)
+    texts = []
+    for f in [*run.rglob("*"), *out.rglob("*")]:  # (child.py itself is outside both)
+        if f.is_file():
+            texts.append(f.read_bytes().decode("utf-8", "replace"))
+            if f.suffix == ".parquet":  # compressed: read it back
+                texts.append(pd.read_parquet(f).to_json())
+    # the loaded run too (Parquet side files are compressed on disk)
+    from gpuprof.api import load_run
+
+    loaded = load_run(run)
+    texts.append(json.dumps(loaded.meta.command))
+    texts.append(loaded.logs.to_json())
+    assert "Authorization: Bearer ***" in loaded.logs.to_json()
+    for name, secret in PLANTED.items():
+        assert not any(secret in t for t in texts), name

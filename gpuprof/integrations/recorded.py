@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprof.model import Run, RunMeta
+from gpuprof.redact import redact_knobs
 
 
 def read_knob_events(paths: Iterable[Path]) -> list[tuple[int, str, dict[str, Any]]]:
@@ -75,7 +76,7 @@ def _merge(meta: RunMeta, events: list[tuple[int, str, dict[str, Any]]]) -> bool
     for _, name, attrs in events:
         values = attrs.get("knobs")
         if isinstance(values, dict):
-            knobs.update({str(k): v for k, v in values.items()})
+            knobs.update(redact_knobs({str(k): v for k, v in values.items()}))
         framework = name or framework
         version = attrs.get("version") or version
     meta.knobs = knobs

@@ -26,7 +26,7 @@ from gpuprof.collectors.importers import ImportFormatError
 from gpuprof.commandline import coerce, parse_knobs
 from gpuprof.model import Event, Span, columns, empty_frame
 from gpuprof.phases import canonical_phase
-from gpuprof.redact import redact_command
+from gpuprof.redact import redact_command, redact_knobs
 
 LOG_HOST = "(log)"
 """Host of spans read from a log that names none; the importer's caller may rename it."""
@@ -143,7 +143,7 @@ def split_command(text: str) -> list[str]:
 def command_knobs(argv: list[str]) -> dict[str, Any]:
     """Settings on a launch command (`gpuprof.commandline.parse_knobs`), values coerced to
     bool, int, float or None where they read as one."""
-    return {key: coerce(value) for key, value in parse_knobs(argv).items()}
+    return redact_knobs({key: coerce(value) for key, value in parse_knobs(argv).items()})
 
 
 def launch_command(text: str, program: re.Pattern[str], stop: re.Pattern[str]) -> list[str] | None:
