@@ -17,6 +17,7 @@ import atexit
 import collections
 import functools
 import inspect
+import itertools
 import json
 import os
 import socket
@@ -35,6 +36,11 @@ ENV_RUN_DIR = "GPUPROF_RUN_DIR"
 ENV_DB = "GPUPROF_DB"
 ENV_HOST = "GPUPROF_HOST"
 ENV_CUDA_EVENTS = "GPUPROF_CUDA_EVENTS"
+ENV_MAX_QUEUED = "GPUPROF_MAX_QUEUED_SPANS"
+MAX_QUEUED_SPANS = 1_000_000
+"""Spans a process keeps queued for the writer at most (~150 MB): minutes of a loop recording
+thousands of spans a second while the writer is stalled (a slow disk). Beyond it the oldest
+queued spans are dropped and counted; the run says how many."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,8 +73,15 @@ class _Recorder:
         # Spans are timed on the monotonic clock (immune to NTP steps) and shifted onto the
         # epoch once, so every process on the host agrees within microseconds.
         self.offset_ns = time.time_ns() - time.monotonic_ns()
-        self.spans: collections.deque = collections.deque()
-        """(name, attrs, start, end, tid, step[, cuda event pair]) — monotonic ns."""
+        self.max_queued = _env_int((ENV_MAX_QUEUED,)) or MAX_QUEUED_SPANS
+        self.spans: collections.deque = collections.deque(maxlen=self.max_queued)
+        """(name, attrs, start, end, tid, step[, cuda event pair]) — monotonic ns. Bounded:
+        when the writer falls behind, the oldest spans go (counted in `dropped`)."""
+        self._queued = itertools.count()
+        self.tick = self._queued.__next__
+        """Called once per queued span, before the append (one C call)."""
+        self.taken = 0
+        self.dropped = 0
         self.other: collections.deque = collections.deque()
         """Step boundaries and marks, tagged with ``_STEP`` / ``_MARK``."""
         self.step = 0
@@ -104,6 +117,7 @@ class _Recorder:
                 return
             spans = _drain(self.spans)
             other = _drain(self.other)
+            self._count_dropped(other, len(spans))
             if not spans and not other and not self.pending_gpu:
                 return
             try:
@@ -111,6 +125,22 @@ class _Recorder:
             except Exception as exc:  # a full disk or a removed run dir must not hurt training
                 self.failed = True
                 _warn_once(f"gpuprof: recording stopped, cannot write {self.db_path}: {exc}")
+
+    def _count_dropped(self, other: list[tuple], taken: int) -> None:
+        """Spans the bounded queue let go since the last flush: queued (ticks) minus taken
+        minus still queued. A span ticked but not yet appended reads as dropped for a moment,
+        so the total only ever grows to the true figure; it is recorded as a ``dropped``
+        event whenever it grows."""
+        self.taken += taken
+        ticked = int(repr(self._queued)[6:-1])  # count(N): N spans ticked so far
+        dropped = max(self.dropped, ticked - self.taken - len(self.spans))
+        if dropped > self.dropped:
+            self.dropped = dropped
+            other.append((_MARK, "spans", {"spans": dropped}, time.monotonic_ns(), "dropped"))
+            _warn_once(
+                f"gpuprof: the writer fell behind and spans were dropped (more than "
+                f"{self.max_queued} queued; {ENV_MAX_QUEUED} sets the bound)"
+            )
 
     def _write(self, items: list[tuple], other: list[tuple], final: bool) -> None:
         host, pid, offset = self.host, self.pid, self.offset_ns
@@ -424,7 +454,9 @@ class phase:
             return False
         try:
             if exc_type is None and self._gpu is None:
-                # The whole hot path: one tuple into a deque; depth is worked out on load.
+                # The whole hot path: a tick and one tuple into a bounded deque; depth is
+                # worked out on load.
+                recorder.tick()
                 recorder.spans.append(
                     (self.name, self.attrs, start, end, _get_ident(), recorder.step)
                 )
@@ -449,6 +481,7 @@ class phase:
             self._gpu[1] = recorder.cuda.stop()
             item = (*item, self._gpu)
             self._gpu = None
+        recorder.tick()
         recorder.spans.append(item)
 
     async def __aenter__(self) -> phase:

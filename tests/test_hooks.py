@@ -263,3 +263,31 @@ def test_a_phase_named_with_a_non_string_does_not_stop_recording(run_dir):
     run = _load(run_dir)
     assert sorted(run.spans["name"]) == ["7", "Stage.ROLLOUT", "reward"]
     assert list(run.events.loc[run.events["kind"] == "mark", "name"]) == ["3.5"]
+
+
+def test_queue_is_bounded_and_drops_are_counted(tmp_path, monkeypatch):
+    """A writer that falls behind drops the oldest queued spans, counts every one, and the
+    run says how many; stored + dropped = recorded."""
+    import gpuprof
+    from gpuprof import hooks
+    from gpuprof.analyzers.diagnose import data_notes, dropped_spans
+    from gpuprof.api import load_run
+
+    monkeypatch.setenv(hooks.ENV_MAX_QUEUED, "1000")
+    run_dir = tmp_path / "run"
+    assert gpuprof.init(run_dir)
+    try:
+        recorder = hooks._recorder
+        assert recorder.spans.maxlen == 1000
+        with recorder.lock:  # the writer is stuck (a slow disk) while the loop records
+            for _ in range(25_000):
+                with gpuprof.phase("rollout"):
+                    pass
+            assert len(recorder.spans) == 1000  # memory stays bounded
+    finally:
+        gpuprof.shutdown()
+    run = load_run(run_dir)
+    stored = int((run.spans["phase"] == "rollout").sum())
+    assert stored == 1000
+    assert dropped_spans(run) == 24_000
+    assert any("24000 spans were dropped" in n for n in data_notes(run))

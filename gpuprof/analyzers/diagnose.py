@@ -172,6 +172,12 @@ def data_notes(run: Run, th: Thresholds | None = None) -> list[str]:
         bad = int((run.spans["end_ns"] < run.spans["start_ns"]).sum())
         if bad:
             notes.append(f"{bad} spans end before they start and were ignored")
+    dropped = dropped_spans(run)
+    if dropped:
+        notes.append(
+            f"{dropped} spans were dropped: the hooks' queue was full while the writer fell "
+            "behind (raise GPUPROF_MAX_QUEUED_SPANS, or record fewer spans)"
+        )
     notes.extend(_clock_skew_notes(run, th or Thresholds()))
     return notes
 
@@ -188,3 +194,21 @@ def _clock_skew_notes(run: Run, th: Thresholds) -> list[str]:
             "(cross-host figures such as pipeline bubbles are less certain)"
         ]
     return []
+
+
+def dropped_spans(run: Run) -> int:
+    """Spans the processes' bounded queues dropped (their ``dropped`` events; each holds the
+    process's running total, so the last of each process counts)."""
+    ev = run.events
+    if ev is None or ev.empty or "kind" not in ev:
+        return 0
+    rows = ev[ev["kind"] == "dropped"]
+    if rows.empty:
+        return 0
+    totals: dict[tuple, int] = {}
+    for host, pid, attrs in zip(rows["host"], rows["pid"], rows["attrs"]):
+        n = attrs.get("spans") if isinstance(attrs, dict) else None
+        if isinstance(n, int | float):
+            key = (host, pid)
+            totals[key] = max(totals.get(key, 0), int(n))
+    return sum(totals.values())
