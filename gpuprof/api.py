@@ -54,6 +54,9 @@ class WatchOptions:
     """Draw a live status at the bottom of the terminal (stderr) while the command runs."""
     spool_dir: Path | None = None
     """Where to write while running when the run directory is on a network filesystem."""
+    kill_after_s: float | None = 30.0
+    """After a forwarded stop signal, SIGKILL the command's group this many seconds later (or
+    on a second signal); None: never."""
     auto: bool = True
     """Zero-code capture: put gpuprof's bootstrap on the command's ``PYTHONPATH`` so TRL,
     ms-swift, verl, OpenRLHF and torch.distributed are instrumented as they are imported."""
@@ -175,7 +178,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         # sitecustomize it shadows)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [bootstrap_dir(), env.get("PYTHONPATH")]))
     sink = _LogSink(writer, host)
-    child = ChildProcess(argv, env=env, on_line=sink)
+    child = ChildProcess(argv, env=env, on_line=sink, kill_after_s=options.kill_after_s)
     sampler = live = None
     try:
         pid = child.start()
@@ -206,6 +209,17 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
                 nvml.close()
 
     returncode = child.returncode
+    if child.killed:
+        notices.append(
+            f"the command did not stop within {options.kill_after_s:g} s of the stop signal "
+            "(or a second one came): its process group was killed (SIGKILL)"
+        )
+    if child.leftover:
+        shown = ", ".join(str(p) for p in child.leftover[:8])
+        notices.append(
+            f"{len(child.leftover)} process(es) of the command's group still running after it "
+            f"exited (pid {shown}{'…' if len(child.leftover) > 8 else ''}): left running"
+        )
     meta.end_ns = time.time_ns()
     meta.exit_code = exit_code
     meta.exit_signal = -returncode if returncode is not None and returncode < 0 else None

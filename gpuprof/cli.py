@@ -107,6 +107,15 @@ def watch(
             "in the command's Python processes (zero-code phase capture).",
         ),
     ] = False,
+    kill_after: Annotated[
+        float,
+        typer.Option(
+            "--kill-after",
+            help="Seconds after a forwarded SIGTERM/SIGINT before the command's process group "
+            "is killed (SIGKILL; at once on a second signal); 0: never.",
+            min=0,
+        ),
+    ] = 30.0,
     gpu_hour_price: GpuHourPrice = None,
     model_params: ModelParams = None,
 ) -> None:
@@ -121,6 +130,7 @@ def watch(
         quiet=quiet,
         live=live,
         auto=not no_auto,
+        kill_after_s=kill_after or None,
     )
     try:
         result = api.watch(command, options)

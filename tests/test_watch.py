@@ -281,3 +281,74 @@ def test_a_run_dir_on_a_network_filesystem_is_spooled_locally_then_moved(tmp_pat
     run = store.load_run(result.run_dir)
     assert list(run.spans["phase"]) == ["rollout"]
     assert any("network filesystem" in n for n in run.meta.notices)
+
+
+STUBBORN_CHILD = textwrap.dedent(
+    """
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, lambda *a: print("ignoring SIGTERM", flush=True))
+    signal.signal(signal.SIGINT, lambda *a: print("ignoring SIGINT", flush=True))
+    print("ready", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def _stubborn(tmp_path, *extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        gpuprof_cmd("watch", "--no-nvml", *extra, "-o", str(tmp_path / "run"), "--",
+                    sys.executable, "-c", STUBBORN_CHILD),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), text=True,
+    )  # fmt: skip
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_a_command_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
+    proc = _stubborn(tmp_path, "--kill-after", "1")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    took = time.monotonic() - started
+    assert "ignoring SIGTERM" in out
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    assert 0.9 < took < 10, took
+    meta = store.load_run(tmp_path / "run").meta
+    assert meta.exit_code == 128 + signal.SIGKILL
+    assert any("killed (SIGKILL)" in n for n in meta.notices)
+
+
+def test_a_second_signal_kills_at_once(tmp_path):
+    proc = _stubborn(tmp_path)  # default grace: 30 s
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert time.monotonic() - started < 10
+
+
+def test_leftover_processes_are_reported_and_watch_returns(tmp_path):
+    child = textwrap.dedent(
+        """
+        import subprocess, sys
+        # a grandchild that outlives the command, holding no pipe of ours
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print("done", flush=True)
+        """
+    )
+    started = time.monotonic()
+    proc = subprocess.run(
+        gpuprof_cmd("watch", "--no-nvml", "-q", "-o", str(tmp_path / "run"), "--",
+                    sys.executable, "-c", child),
+        capture_output=True, env=clean_env(), text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started < 20
+    notices = store.load_run(tmp_path / "run").meta.notices
+    leftover = [n for n in notices if "still running after it exited" in n]
+    assert leftover, notices
+    pid = int(leftover[0].split("pid ")[1].split(")")[0].split(",")[0].rstrip("…"))
+    os.kill(pid, signal.SIGKILL)  # tidy up

@@ -93,8 +93,18 @@ class ChildProcess:
         on_line: LineCallback | None = None,
         stdout: int | None = None,
         stderr: int | None = None,
+        kill_after_s: float | None = 30.0,
     ) -> None:
         self.argv = list(argv)
+        self.kill_after_s = kill_after_s
+        """After a forwarded SIGTERM/SIGINT/SIGHUP/SIGQUIT, SIGKILL the group when it is still
+        running this many seconds later, or at once on a second such signal (``timeout -k``);
+        None: never."""
+        self._stop_at: float | None = None
+        self.killed = False
+        """True when the group was escalated to SIGKILL."""
+        self.leftover: list[int] = []
+        """Pids of the command's process group still running when the command exited."""
         self.env = dict(env)
         self.on_line = on_line
         self.out_fd = sys.stdout.fileno() if stdout is None else stdout
@@ -211,9 +221,22 @@ class ChildProcess:
 
     def _forward(self, signum: int, frame: object) -> None:
         self.signals_received.append(signum)
-        if self.pgid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pgid, signum)
+        if self.pgid is None:
+            return
+        if signum in _STOPPING and self._stop_at is not None and self.kill_after_s is not None:
+            self._kill()  # a second stop request: the user means it
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, signum)
+        if signum in _STOPPING and self._stop_at is None:
+            self._stop_at = time.monotonic()
+
+    def _kill(self) -> None:
+        if self.pgid is None:
+            return
+        self.killed = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, signal.SIGKILL)
 
     def _give_terminal(self) -> None:
         """Make the child's group the terminal's foreground group when we hold the terminal."""
@@ -239,10 +262,16 @@ class ChildProcess:
         assert self.proc is not None
         while True:
             try:
-                returncode = self.proc.wait()
+                returncode = self.proc.wait(timeout=0.2)
                 break
+            except subprocess.TimeoutExpired:
+                stop_at, grace = self._stop_at, self.kill_after_s
+                expired = stop_at is not None and grace is not None
+                if expired and not self.killed and time.monotonic() - stop_at >= grace:
+                    self._kill()  # it ignored the stop request: escalate
             except KeyboardInterrupt:  # only if a handler could not be installed
                 continue
+        self.leftover = _group_members(self.pgid)
         for thread in self._pumps:
             # a grandchild may hold the pipes open after the child exits: don't wait forever
             thread.join(timeout=2.0)
@@ -262,6 +291,28 @@ class ChildProcess:
     @property
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.returncode
+
+
+_STOPPING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+"""Forwarded signals that ask the command to stop (the ones ``--kill-after`` escalates)."""
+
+
+def _group_members(pgid: int | None) -> list[int]:
+    """Pids of live processes in process group ``pgid`` (grandchildren left behind)."""
+    if pgid is None:
+        return []
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return []
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.info["pid"]) == pgid:
+                out.append(proc.info["pid"])
+    return sorted(out)
 
 
 def _write_all(fd: int, data: bytes) -> bool:
