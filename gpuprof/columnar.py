@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from gpuprof.errors import RunError
 from gpuprof.model import RECORD_TYPES, column_kinds, columns
 
 TABLES: tuple[str, ...] = ("gpu", "host", "procs", "gpu_procs", "spans", "events", "logs")
@@ -62,6 +63,26 @@ _ARROW_TYPES = {
 def side_file(db_path: Path, table: str) -> Path:
     """``<dir>/<stem>.<table>.parquet`` for the run file ``<dir>/<stem>.sqlite``."""
     return db_path.with_name(f"{db_path.stem}.{table}.parquet")
+
+
+_READ_ERRORS = (pa.ArrowException, ValueError, KeyError, TypeError, OSError)
+"""What pyarrow raises for a damaged file or one of another shape."""
+
+
+def _check_columns(path: Path, table: str) -> None:
+    """`RunError` when the file lacks a column of ``table`` (a file of another shape): read
+    with the table's schema, pyarrow would quietly fill the missing columns with nulls."""
+    present = set(_parquet().ParquetFile(path).schema_arrow.names)
+    missing = [name for name in schema(table).names if name not in present]
+    if missing:
+        raise RunError(
+            f"{path}: not a {table} side file (no column {', '.join(missing[:4])}"
+            f"{'…' if len(missing) > 4 else ''})"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
 
 
 def _parquet():
@@ -182,33 +203,46 @@ def _objects(column: pa.ChunkedArray) -> np.ndarray:
 
 
 def read(path: Path, table: str, categories: bool = False) -> pd.DataFrame:
-    """A whole side file as a frame (strings as categoricals with ``categories``)."""
-    if categories:
-        return to_frame(_parquet().read_table(path, schema=schema(table)), categories)
-    # strings straight from the dictionary pages: each distinct one becomes a Python string once
-    sch = schema(table)
-    text = [f.name for f in sch if pa.types.is_string(f.type)]
-    coded = pa.schema(
-        [pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if f.name in text else f for f in sch]
-    )
-    return to_frame(_parquet().read_table(path, schema=coded, read_dictionary=text))
+    """A whole side file as a frame (strings as categoricals with ``categories``); `RunError`
+    naming the file when it is damaged or holds another table."""
+    try:
+        _check_columns(path, table)
+        if categories:
+            return to_frame(_parquet().read_table(path, schema=schema(table)), categories)
+        # strings straight from the dictionary pages: each distinct one becomes a Python string
+        sch = schema(table)
+        text = [f.name for f in sch if pa.types.is_string(f.type)]
+        coded = pa.schema(
+            [pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if f.name in text else f
+             for f in sch]
+        )  # fmt: skip
+        return to_frame(_parquet().read_table(path, schema=coded, read_dictionary=text))
+    except _READ_ERRORS as exc:
+        raise RunError(f"{path}: unreadable {table} side file ({_first_line(exc)})") from None
 
 
 def read_groups(path: Path, table: str, categories: bool = False) -> Iterator[pd.DataFrame]:
     """A side file one row group at a time (one GPU at a time for the ``gpu`` table);
     strings as categoricals with ``categories`` (see `to_frame`)."""
     text = [f.name for f in schema(table) if pa.types.is_string(f.type)]
-    # dictionary pages read straight into categoricals: no Python string per row
-    parquet = _parquet().ParquetFile(path, read_dictionary=text if categories else None)
-    for i in range(parquet.num_row_groups):
-        data = parquet.read_row_group(i)
-        yield to_frame(data if categories else data.cast(schema(table)), categories)
+    try:
+        _check_columns(path, table)
+        # dictionary pages read straight into categoricals: no Python string per row
+        parquet = _parquet().ParquetFile(path, read_dictionary=text if categories else None)
+        for i in range(parquet.num_row_groups):
+            data = parquet.read_row_group(i)
+            yield to_frame(data if categories else data.cast(schema(table)), categories)
+    except _READ_ERRORS as exc:
+        raise RunError(f"{path}: unreadable {table} side file ({_first_line(exc)})") from None
 
 
 def group_keys(path: Path) -> pd.DataFrame:
     """``host``, ``gpu``, ``uuid`` of each row group of a GPU side file, from the footer's
     column statistics (one GPU per row group), without reading any data."""
-    meta = _parquet().ParquetFile(path).metadata
+    try:
+        meta = _parquet().ParquetFile(path).metadata
+    except _READ_ERRORS as exc:
+        raise RunError(f"{path}: unreadable side file ({_first_line(exc)})") from None
     names = [meta.schema.column(j).name for j in range(meta.num_columns)]
     rows = []
     for i in range(meta.num_row_groups):

@@ -202,6 +202,39 @@ def empty_frame(record_type: type) -> pd.DataFrame:
     return pd.DataFrame(data)
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_list_of(kind: type) -> Any:
+    return lambda v: isinstance(v, list) and all(isinstance(x, kind) for x in v)
+
+
+_META_TYPES: dict[str, Any] = {
+    "run_id": lambda v: isinstance(v, str),
+    "command": _is_list_of(str),
+    "cwd": lambda v: isinstance(v, str),
+    "hosts": _is_list_of(str),
+    "gpus": _is_list_of(dict),
+    "driver_version": lambda v: isinstance(v, str),
+    "nvml_version": lambda v: isinstance(v, str),
+    "cuda_driver_version": _is_int,
+    "framework": lambda v: isinstance(v, str),
+    "knobs": lambda v: isinstance(v, dict),
+    "start_ns": _is_int,
+    "end_ns": _is_int,
+    "exit_code": _is_int,
+    "exit_signal": _is_int,
+    "interval_s": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "gpuprof_version": lambda v: isinstance(v, str),
+    "schema_version": _is_int,
+    "notices": _is_list_of(str),
+}
+"""The type each stored metadata field must have (None is allowed except where required)."""
+_META_REQUIRED = frozenset({"run_id", "command", "hosts", "gpus", "knobs", "notices",
+                            "schema_version"})  # fmt: skip
+
+
 @dataclass
 class RunMeta:
     """What a run is: its command (secrets redacted), hosts, GPUs, versions and outcome.
@@ -235,9 +268,22 @@ class RunMeta:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunMeta:
+    def from_dict(cls, data: Any) -> RunMeta:
+        """A `RunMeta` from stored metadata; ``ValueError`` naming the first field of the
+        wrong type (a run file edited by hand, or from another tool)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"metadata is a {type(data).__name__}, not an object")
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        for name, value in values.items():
+            if value is None and name not in _META_REQUIRED:
+                continue
+            check = _META_TYPES.get(name)
+            if check is not None and not check(value):
+                raise ValueError(f"{name} = {value!r:.60} has the wrong type")
+        if "run_id" not in values:
+            raise ValueError("run_id is missing")
+        return cls(**values)
 
 
 @dataclass

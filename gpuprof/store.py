@@ -33,6 +33,7 @@ import pandas as pd
 import pyarrow as pa
 
 from gpuprof import columnar
+from gpuprof.errors import RunError
 from gpuprof.model import (
     RECORD_TYPES,
     SCHEMA_VERSION,
@@ -74,10 +75,6 @@ _NETWORK_FS = {
 
 Reducer = Callable[[str, pd.DataFrame], pd.DataFrame]
 """``reduce(table, frame) -> frame`` applied to each file's table as a run is loaded."""
-
-
-class RunError(Exception):
-    """A run directory or file that cannot be read; the message is one line naming the file."""
 
 
 def _table_sql(table: str) -> str:
@@ -451,8 +448,12 @@ def merge_meta(metas: list[dict[str, Any]], run_dir: Path) -> RunMeta:
     """One `RunMeta` from the watcher metadata of every host file."""
     if not metas:
         return RunMeta(run_id=run_dir.name)
-    base = RunMeta.from_dict(metas[0])
-    for other in map(RunMeta.from_dict, metas[1:]):
+    try:
+        parsed = [RunMeta.from_dict(m) for m in metas]
+    except ValueError as exc:
+        raise RunError(f"{run_dir}: bad run metadata ({exc})") from None
+    base = parsed[0]
+    for other in parsed[1:]:
         base.hosts = sorted(set(base.hosts) | set(other.hosts))
         base.gpus = base.gpus + [g for g in other.gpus if g not in base.gpus]
         base.notices = base.notices + other.notices

@@ -1,0 +1,121 @@
+"""A damaged or hand-edited run directory never makes a command end in a traceback.
+
+Random metadata values (valid JSON of any shape), truncated or foreign Parquet side files and
+mis-typed tables go through ``summary``, ``analyze``, ``report``, ``export`` and ``compare``;
+each ends with exit 0 or with exit 2 and one line naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from gpuprof import api
+from gpuprof.cli import app
+
+COMMANDS = (
+    ["summary"],
+    ["analyze", "--json"],
+    ["report", "-o", "{out}/r.html"],
+    ["export", "--format", "perfetto", "-o", "{out}/t.json"],
+    ["export", "--format", "parquet", "-o", "{out}/pq"],
+)
+META_KEYS = ("run_id", "command", "hosts", "gpus", "knobs", "start_ns", "end_ns", "exit_code",
+             "interval_s", "notices", "framework", "cuda_driver_version")  # fmt: skip
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fuzz") / "run"
+    api.demo(out, scenario="reward_bound", gpus=2, duration_s=20.0)
+    return out
+
+
+def _files(run: Path) -> tuple[Path, list[Path]]:
+    db = next(p for p in run.glob("*.sqlite"))
+    return db, sorted(run.glob("*.parquet"))
+
+
+def _run_all(run: Path, out: Path) -> None:
+    runner = CliRunner()
+    for command in COMMANDS:
+        args = [c.replace("{out}", str(out)) for c in command]
+        result = runner.invoke(app, [args[0], str(run), *args[1:]], catch_exceptions=True)
+        text = result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), (
+            command, repr(result.exception), text[-500:],
+        )  # fmt: skip
+        assert "Traceback" not in text, (command, text[-800:])
+        assert result.exit_code in (0, 2), (command, result.exit_code, text[-500:])
+        if result.exit_code == 2:
+            assert text.strip().count("\n") == 0 and "gpuprof" in text, (command, text)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(key=st.sampled_from((*META_KEYS, None)), value=JSON_VALUES)
+def test_any_metadata_value(base_run, tmp_path_factory, key, value):
+    """One field of the stored metadata (or, for ``None``, all of it) replaced by any JSON."""
+    run = tmp_path_factory.mktemp("m") / "run"
+    shutil.copytree(base_run, run)
+    _set_meta(run, key, value)
+    out = run.parent / "out"
+    out.mkdir()
+    _run_all(run, out)
+
+
+def _set_meta(run: Path, key: str | None, value) -> None:
+    db, _ = _files(run)
+    with sqlite3.connect(db) as conn:
+        (text,) = conn.execute("SELECT value FROM meta WHERE key = 'run'").fetchone()
+        meta = json.loads(text)
+        if key is None:
+            meta = value
+        else:
+            meta[key] = value
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'run'", (json.dumps(meta),))
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(which=st.integers(0, 10), cut=st.floats(0.0, 0.95), foreign=st.booleans())
+def test_damaged_or_foreign_side_files(base_run, tmp_path_factory, which, cut, foreign):
+    run = tmp_path_factory.mktemp("p") / "run"
+    shutil.copytree(base_run, run)
+    _, sides = _files(run)
+    target = sides[which % len(sides)]
+    if foreign:  # a Parquet file of another shape under the same name
+        pq.write_table(pa.table({"x": [1, 2, 3], "host": ["a", "b", "c"]}), target)
+    else:  # cut short, as a full disk or a copy interrupted leaves it
+        data = target.read_bytes()
+        target.write_bytes(data[: int(len(data) * cut)])
+    out = run.parent / "out"
+    out.mkdir()
+    _run_all(run, out)
+
+
+def test_wrong_typed_meta_is_one_line_naming_the_run(base_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(base_run, run)
+    _set_meta(run, "hosts", 5)
+    result = CliRunner().invoke(app, ["analyze", str(run)])
+    assert result.exit_code == 2
+    assert "bad run metadata" in result.output and "hosts" in result.output
