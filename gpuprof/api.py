@@ -69,6 +69,8 @@ class WatchResult:
     exit_code: int
     run_dir: Path
     notices: list[str] = field(default_factory=list)
+    complete: bool = True
+    """False when recording stopped before the command ended (disk full, directory removed)."""
 
 
 def default_run_dir(argv: list[str], now: float | None = None) -> Path:
@@ -153,7 +155,18 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         )
         notices.append(message)
         _notify(message, options.quiet)
-    writer = store.BufferedWriter(db_path, on_error=lambda e: notices.append(f"store: {e}"))
+
+    def stopped(exc: BaseException) -> None:
+        # one line at the time, and in the run's notices when they can still be written
+        when = time.strftime("%H:%M:%S")
+        message = (
+            f"recording stopped at {when}: {store.failure_reason(exc)}; "
+            "the command goes on unrecorded"
+        )
+        notices.append(message)
+        _notify(message, options.quiet)
+
+    writer = store.BufferedWriter(db_path, on_error=stopped)
     meta = RunMeta(
         run_id=run_dir.name,
         command=redact_command(list(argv)),
@@ -232,6 +245,14 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     writer.add_records("events", [exit_event])
     writer.set_meta("run", meta.to_dict())
     writer.close()
+    if writer.failed:
+        # never "run saved" for a run that was not: say what is left and keep the exit code
+        _notify(
+            f"{notices[-1] if notices else 'recording stopped'}: {run_dir} holds only what "
+            f"was written before (the command exited {exit_code})",
+            options.quiet,
+        )
+        return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices, complete=False)
     store.finalize_file(db_path, final_path)
     try:  # Parquet tables load 7-9x faster; the SQLite rows stay readable if this fails
         store.compact_run(final_path)

@@ -138,6 +138,8 @@ def watch(
         _err(str(exc))
         raise typer.Exit(EXIT_BAD_INPUT) from None
     figures = {"gpu_hour_price": gpu_hour_price, "model_params": model_params}
+    if not result.complete:  # the watcher said what was lost; no summary of a cut run
+        raise typer.Exit(result.exit_code)
     if not quiet:
         _print_summary(result.run_dir, figures)
     _write_report(result.run_dir, quiet, figures)

@@ -121,6 +121,9 @@ class _Recorder:
             if not spans and not other and not self.pending_gpu:
                 return
             try:
+                if self.conn is not None and not self.db_path.exists():
+                    # SQLite would keep writing into the unlinked file: nothing would be kept
+                    raise OSError(f"the run directory {self.db_path.parent} was removed")
                 self._write(spans, other, final)
             except Exception as exc:  # a full disk or a removed run dir must not hurt training
                 self.failed = True

@@ -248,6 +248,8 @@ class BufferedWriter:
         self._stop = threading.Event()
         self._on_error = on_error
         self.failed = False
+        self.failed_at_ns: int | None = None
+        """When writing stopped (wall clock, ns), or None."""
         self.rows_written = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -279,6 +281,9 @@ class BufferedWriter:
             for table, row in pending:
                 batch.setdefault(table, []).append(row)
             try:
+                if self._conn is not None and not self.path.exists():
+                    # SQLite would go on writing into the unlinked file: nothing would be kept
+                    raise RunError(f"{self.path.parent}: the run directory was removed")
                 if self._conn is None:
                     self._conn = connect(self.path)
                 insert_rows(self._conn, batch)
@@ -287,6 +292,7 @@ class BufferedWriter:
                 self.rows_written += len(pending)
             except Exception as exc:  # never raise into the process we are profiling
                 self.failed = True
+                self.failed_at_ns = time.time_ns()
                 if self._on_error is not None:
                     self._on_error(exc)
 
@@ -705,3 +711,18 @@ def finalize_file(src: Path, dest: Path) -> None:
 def now_ns() -> int:
     """Wall-clock time in integer nanoseconds since the Unix epoch."""
     return time.time_ns()
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A short human reason for a write failure: disk full, read-only, directory removed…"""
+    import errno
+
+    text = str(exc).lower()
+    code = getattr(exc, "errno", None)
+    if code == errno.ENOSPC or "disk is full" in text or "no space" in text:
+        return "disk full"
+    if code == errno.EROFS or "read-only" in text or "readonly" in text:
+        return "read-only file system"
+    if "was removed" in text or code == errno.ENOENT:
+        return "run directory removed"
+    return f"{type(exc).__name__}: {exc}"

@@ -352,3 +352,59 @@ def test_leftover_processes_are_reported_and_watch_returns(tmp_path):
     assert leftover, notices
     pid = int(leftover[0].split("pid ")[1].split(")")[0].split(",")[0].rstrip("…"))
     os.kill(pid, signal.SIGKILL)  # tidy up
+
+
+RECORDING_CHILD = textwrap.dedent(
+    """
+    import sys, time, gpuprof
+    for i in range(int(sys.argv[1])):
+        with gpuprof.phase("rollout"):
+            time.sleep(0.01)
+        print("line", i, "x" * 200, flush=True)
+    sys.exit(3)
+    """
+)
+
+
+def test_a_removed_run_directory_is_said_not_saved(tmp_path):
+    """The run directory deleted mid-run: the watcher and the hooks say so at the time, the
+    end says what was lost instead of "run saved", and the exit code is the command's."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        gpuprof_cmd("watch", "--no-nvml", "-o", str(run), "--",
+                    sys.executable, "-c", RECORDING_CHILD, "300"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=clean_env(), text=True,
+    )  # fmt: skip
+    deadline = time.time() + 30
+    while not any(run.glob("*.sqlite")) and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    shutil.rmtree(run)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert "recording stopped at" in err and "run directory removed" in err, err
+    assert "the command exited 3" in err
+    assert "run saved" not in err and "report:" not in err
+    # the hooks inside the command noticed too, once
+    assert err.count("gpuprof: recording stopped, cannot write") == 1, err
+
+
+def test_a_full_disk_is_said_and_the_exit_code_kept(tmp_path):
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(mnt)],
+                             capture_output=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        proc = subprocess.run(
+            gpuprof_cmd("watch", "--no-nvml", "-o", str(mnt / "run"), "--",
+                        sys.executable, "-c", RECORDING_CHILD, "400"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=clean_env(), text=True,
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    assert proc.returncode == 3, proc.stderr
+    assert "recording stopped at" in proc.stderr and "disk full" in proc.stderr, proc.stderr
+    assert "run saved" not in proc.stderr
