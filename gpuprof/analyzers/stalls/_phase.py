@@ -214,6 +214,9 @@ def _num(value: float, fmt: str = ".1f") -> float | None:
 
 
 def _minutes(gpu_s: float) -> str:
+    """GPU-seconds as text: GPU-s, GPU-min, or GPU-h from an hour on (every stall's summary)."""
+    if gpu_s >= 3600:
+        return f"{gpu_s / 3600:.1f} GPU-h"
     return f"{gpu_s / 60:.1f} GPU-min" if gpu_s >= 60 else f"{gpu_s:.1f} GPU-s"
 
 

@@ -27,6 +27,7 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import Evidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._phase import _minutes
 
 UPDATE_PHASES = ("update_actor", "update_critic")
 
@@ -245,8 +246,8 @@ def _finding(
     )
 
 
-def _fmt_gpu_s(gpu_s: float) -> str:
-    return f"{gpu_s / 60:.1f} GPU-min" if gpu_s >= 60 else f"{gpu_s:.1f} GPU-s"
+_fmt_gpu_s = _minutes
+"""GPU-seconds as text: one formatter for every stall's summary."""
 
 
 def _sorted_gpus(frame: pd.DataFrame) -> list[str]:

@@ -13,9 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from gpuprof.analyzers.efficiency import _compute, _num, _valid_spans, run_settings
+from gpuprof.analyzers.efficiency import _compute, _num, run_settings
 from gpuprof.analyzers.evidence import LowMfuEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._phase import _phase_intervals
+from gpuprof.analyzers.stalls._resource import _fmt_gpu_s
 
 _CAUSES: tuple[tuple[str, Any, str], ...] = (
     ("actor_rollout_ref.actor.fsdp_config.param_offload", True,
@@ -123,7 +125,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         + (f"; settings that cost MFU: {cause_text}" if cause_text else "")
     )
     evidence = LowMfuEvidence(
-        intervals=_update_intervals(ctx),
+        intervals=_phase_intervals(ctx, ["update_actor"]),
         gpus=[],
         phases=["update_actor"],
         basis="gpu_samples" if len(ctx.run.gpu) else "phase_timing",
@@ -149,18 +151,3 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         summary=summary,
         evidence=evidence,
     )
-
-
-def _update_intervals(ctx: AnalysisContext, limit: int = 20) -> list[list[int]]:
-    spans = _valid_spans(ctx.run.spans)
-    update = spans[spans["phase"] == "update_actor"] if len(spans) else spans
-    if update.empty:
-        return []
-    longest = update.assign(_d=update["end_ns"] - update["start_ns"]).nlargest(limit, "_d")
-    return [[int(s), int(e)] for s, e in zip(longest["start_ns"], longest["end_ns"])]
-
-
-def _fmt_gpu_s(gpu_s: float) -> str:
-    if gpu_s >= 3600:
-        return f"{gpu_s / 3600:.1f} GPU-h"
-    return f"{gpu_s / 60:.1f} GPU-min" if gpu_s >= 60 else f"{gpu_s:.1f} GPU-s"
