@@ -73,7 +73,8 @@ class _Recorder:
         # Spans are timed on the monotonic clock (immune to NTP steps) and shifted onto the
         # epoch once, so every process on the host agrees within microseconds.
         self.offset_ns = time.time_ns() - time.monotonic_ns()
-        self.max_queued = _env_int((ENV_MAX_QUEUED,)) or MAX_QUEUED_SPANS
+        bound = _env_int((ENV_MAX_QUEUED,))  # junk or non-positive: the default bound
+        self.max_queued = bound if bound is not None and bound > 0 else MAX_QUEUED_SPANS
         self.spans: collections.deque = collections.deque(maxlen=self.max_queued)
         """(name, attrs, start, end, tid, step[, cuda event pair]) — monotonic ns. Bounded:
         when the writer falls behind, the oldest spans go (counted in `dropped`)."""
