@@ -135,6 +135,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
 
     options = options or WatchOptions()
     run_dir = _unique_dir(Path(options.output or default_run_dir(argv))).absolute()
+    created = not run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -156,11 +157,13 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         notices.append(message)
         _notify(message, options.quiet)
 
+    stop_reason: list[str] = []
+
     def stopped(exc: BaseException) -> None:
         # one line at the time, and in the run's notices when they can still be written
-        when = time.strftime("%H:%M:%S")
+        stop_reason.append(store.failure_reason(exc, db_path))
         message = (
-            f"recording stopped at {when}: {store.failure_reason(exc)}; "
+            f"recording stopped at {time.strftime('%H:%M:%S')}: {stop_reason[0]}; "
             "the command goes on unrecorded"
         )
         notices.append(message)
@@ -180,7 +183,10 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     writer.set_meta("run", meta.to_dict())
     writer.flush()  # the run file exists from the start, so an early crash leaves a readable run
 
+    status_dir = _status_dir()
     env = dict(os.environ)
+    if status_dir is not None:
+        env[hooks.ENV_STATUS_DIR] = str(status_dir)
     env[hooks.ENV_RUN_DIR] = str(run_dir)
     env[hooks.ENV_DB] = str(db_path)
     env[hooks.ENV_HOST] = host
@@ -238,6 +244,9 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     meta.exit_signal = -returncode if returncode is not None and returncode < 0 else None
     if sink.dropped:
         notices.append(f"{sink.dropped} output lines beyond {MAX_LOG_LINES} were not stored")
+    lost = _losses(status_dir)
+    if lost.hooks_only and not writer.failed:
+        notices.append(lost.line(None, meta.end_ns))
     meta.notices = notices
     _merge_recorded_knobs(meta, run_dir, db_path)
     attrs = {"exit_code": exit_code, "signal": meta.exit_signal}
@@ -247,11 +256,25 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     writer.close()
     if writer.failed:
         # never "run saved" for a run that was not: say what is left and keep the exit code
-        _notify(
-            f"{notices[-1] if notices else 'recording stopped'}: {run_dir} holds only what "
-            f"was written before (the command exited {exit_code})",
-            options.quiet,
+        reason = stop_reason[0] if stop_reason else "write error"
+        line = lost.line(reason, meta.end_ns, writer.failed_at_ns)
+        meta.notices = [n for n in notices if not n.startswith("recording stopped at")] + [line]
+        meta.stopped = line
+        # stored when the disk has room again (or the failure was the hooks' alone)
+        kept = reason != "run directory removed" and store.write_meta_now(
+            db_path, "run", meta.to_dict()
         )
+        if kept and db_path != final_path:
+            with contextlib.suppress(OSError):
+                store.finalize_file(db_path, final_path)
+        if kept:
+            where = f"{run_dir} holds what was written before, and says so"
+        elif writer.rows_written == 0 or reason == "run directory removed":
+            where = "nothing of the run is kept"
+            _remove_empty_run(db_path, run_dir if created else None)
+        else:
+            where = f"{run_dir} holds only what was written before"
+        _notify(f"{line}: {where} (the command exited {exit_code})", options.quiet)
         return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices, complete=False)
     store.finalize_file(db_path, final_path)
     try:  # Parquet tables load 7-9x faster; the SQLite rows stay readable if this fails
@@ -259,6 +282,84 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     except Exception as exc:
         _notify(f"samples left in SQLite (compaction failed: {exc})", options.quiet)
     return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices)
+
+
+def _remove_empty_run(db_path: Path, run_dir: Path | None) -> None:
+    """Leave nothing half-written: the empty run file a full disk left at the start, and the
+    run directory when this run created it and nothing else is in it."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(OSError):
+            os.unlink(f"{db_path}{suffix}")
+    if run_dir is not None:
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()
+
+
+def _status_dir() -> Path | None:
+    """A fresh directory in memory (/dev/shm, else the temp dir) where processes whose
+    recording failed say what they lost; None when none can be made."""
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    try:
+        return Path(tempfile.mkdtemp(prefix="gpuprof-status-", dir=base))
+    except OSError:
+        return None
+
+
+@dataclass
+class _Losses:
+    """What the command's processes said about records they could not write."""
+
+    steps_seen: int | None = None
+    steps_written: int | None = None
+    hooks_reason: str | None = None
+    hooks_failed_at_ns: int | None = None
+    processes: int = 0
+
+    @property
+    def hooks_only(self) -> bool:
+        return self.processes > 0
+
+    def line(self, reason: str | None, end_ns: int | None, failed_at_ns: int | None = None) -> str:
+        """``recording stopped at 00:12:31: disk full; 15 of 30 steps recorded; the last
+        41 s unrecorded``: when, why and how much of the command's work is missing."""
+        at_ns = failed_at_ns or self.hooks_failed_at_ns
+        if failed_at_ns and self.hooks_failed_at_ns:
+            at_ns = min(failed_at_ns, self.hooks_failed_at_ns)
+        when = time.strftime("%H:%M:%S", time.localtime(at_ns / 1e9)) if at_ns else "?"
+        who = "" if reason else f" in {self.processes} process(es) of the command"
+        parts = [f"recording stopped{who} at {when}: {reason or self.hooks_reason}"]
+        if self.steps_seen:
+            parts.append(f"{self.steps_written} of {self.steps_seen} steps recorded")
+        if at_ns and end_ns and end_ns > at_ns:
+            parts.append(f"the last {(end_ns - at_ns) / 1e9:.0f} s unrecorded")
+        return "; ".join(parts)
+
+
+def _losses(status_dir: Path | None) -> _Losses:
+    """Read and remove the status directory the hooks left their losses in."""
+    import json
+    import shutil
+
+    lost = _Losses()
+    if status_dir is None:
+        return lost
+    try:
+        for path in status_dir.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+                status = json.loads(path.read_text())
+                seen, written = int(status["steps_seen"]), int(status["steps_written"])
+                at = status.get("failed_at_ns")
+                lost.processes += 1
+                # steps are counted per rank: the run's figure is the furthest rank's
+                lost.steps_seen = max(lost.steps_seen or 0, seen)
+                lost.steps_written = max(lost.steps_written or 0, written)
+                lost.hooks_reason = lost.hooks_reason or str(status.get("reason") or "")
+                if isinstance(at, int):
+                    lost.hooks_failed_at_ns = min(lost.hooks_failed_at_ns or at, at)
+    finally:
+        shutil.rmtree(status_dir, ignore_errors=True)
+    return lost
 
 
 def _merge_recorded_knobs(meta: RunMeta, run_dir: Path, db_path: Path) -> None:

@@ -37,6 +37,10 @@ ENV_DB = "GPUPROF_DB"
 ENV_HOST = "GPUPROF_HOST"
 ENV_CUDA_EVENTS = "GPUPROF_CUDA_EVENTS"
 ENV_MAX_QUEUED = "GPUPROF_MAX_QUEUED_SPANS"
+ENV_STATUS_DIR = "GPUPROF_STATUS_DIR"
+"""Where a process whose recording failed leaves ``<pid>.json`` (steps seen and written) for
+the watcher: a directory in memory (/dev/shm), so it still works when the run's disk is full,
+read-only or gone."""
 MAX_QUEUED_SPANS = 1_000_000
 """Spans a process keeps queued for the writer at most (~150 MB): minutes of a loop recording
 thousands of spans a second while the writer is stalled (a slow disk). Beyond it the oldest
@@ -87,6 +91,10 @@ class _Recorder:
         """Step boundaries and marks, tagged with ``_STEP`` / ``_MARK``."""
         self.step = 0
         self.step_start = time.monotonic_ns()
+        self.steps_seen = 0
+        self.steps_written = 0
+        self.failed_at_ns: int | None = None
+        self.failure = ""
         self.cuda = _CudaTimer() if cuda_events else None
         self.pending_gpu: list[tuple] = []
         self.conn = None
@@ -128,6 +136,8 @@ class _Recorder:
                 self._write(spans, other, final)
             except Exception as exc:  # a full disk or a removed run dir must not hurt training
                 self.failed = True
+                self.failed_at_ns = time.time_ns()
+                self.failure = store.failure_reason(exc, self.db_path)
                 _warn_once(f"gpuprof: recording stopped, cannot write {self.db_path}: {exc}")
 
     def _count_dropped(self, other: list[tuple], taken: int) -> None:
@@ -190,6 +200,7 @@ class _Recorder:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
             self.conn = store.connect(self.db_path)
         store.insert_encoded(self.conn, {"spans": spans, "events": events})
+        self.steps_written += sum(1 for item in other if item[0] == _STEP)
 
     def _process_event(self, rank: int | None, local_rank: int | None) -> tuple:
         attrs = {
@@ -227,6 +238,29 @@ class _Recorder:
                 except Exception:
                     pass
                 self.conn = None
+        if self.failed:
+            self._leave_status()
+
+    def _leave_status(self) -> None:
+        """Tell the watcher how much of this process's record was lost (best effort)."""
+        status_dir = os.environ.get(ENV_STATUS_DIR)
+        if not status_dir:
+            return
+        status = {
+            "pid": self.pid,
+            "host": self.host,
+            "steps_seen": self.steps_seen,
+            "steps_written": self.steps_written,
+            "failed_at_ns": self.failed_at_ns,
+            "reason": self.failure,
+        }
+        path = Path(status_dir) / f"{self.pid}.json"
+        try:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(status))
+            os.replace(tmp, path)
+        except Exception:
+            pass
 
 
 def _drain(queue: collections.deque) -> list:
@@ -534,6 +568,7 @@ def step(n: int | None = None, tokens: int | None = None, **attrs: Any) -> None:
         )
         recorder.step = number + 1
         recorder.step_start = now
+        recorder.steps_seen += 1
     except Exception as exc:
         _disable(exc)
 

@@ -229,6 +229,7 @@ _META_TYPES: dict[str, Any] = {
     "gpuprof_version": lambda v: isinstance(v, str),
     "schema_version": _is_int,
     "notices": _is_list_of(str),
+    "stopped": lambda v: isinstance(v, str),
 }
 """The type each stored metadata field must have (None is allowed except where required)."""
 _META_REQUIRED = frozenset({"run_id", "command", "hosts", "gpus", "knobs", "notices",
@@ -263,6 +264,9 @@ class RunMeta:
     schema_version: int = SCHEMA_VERSION
     notices: list[str] = field(default_factory=list)
     """Human-readable facts about collection: "NVML not available: …", "GPU 1 lost at …"."""
+    stopped: str | None = None
+    """Set when recording stopped before the command ended: when, why and what is missing
+    ("recording stopped at 00:12:31: disk full; 15 of 30 steps recorded; …")."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -223,6 +223,26 @@ def write_meta(conn: sqlite3.Connection, key: str, value: dict[str, Any]) -> Non
     )
 
 
+def write_meta_now(path: str | os.PathLike, key: str, value: dict[str, Any]) -> bool:
+    """Store one metadata document through a fresh connection; False when it cannot be
+    written (the disk is still full, the file system read-only, the file gone)."""
+    if not Path(path).exists():
+        return False
+    try:
+        conn = connect(path, create=False)
+    except Exception:
+        return False
+    try:
+        write_meta(conn, key, value)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return True
+    except Exception:
+        return False
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
+
+
 class BufferedWriter:
     """Collects rows in memory and commits them from a background thread.
 
@@ -713,8 +733,12 @@ def now_ns() -> int:
     return time.time_ns()
 
 
-def failure_reason(exc: BaseException) -> str:
-    """A short human reason for a write failure: disk full, read-only, directory removed…"""
+def failure_reason(exc: BaseException, path: str | os.PathLike | None = None) -> str:
+    """A short human reason for a write failure: disk full, read-only, directory removed…
+
+    SQLite's errors carry no errno ("unable to open database file"), so with ``path`` (the
+    file that could not be written) the file system itself is asked as well.
+    """
     import errno
 
     text = str(exc).lower()
@@ -725,4 +749,14 @@ def failure_reason(exc: BaseException) -> str:
         return "read-only file system"
     if "was removed" in text or code == errno.ENOENT:
         return "run directory removed"
+    if path is not None:
+        directory = Path(path).parent
+        try:
+            fs = os.statvfs(directory)
+        except OSError:
+            return "run directory removed" if not directory.exists() else f"{exc}"
+        if fs.f_flag & os.ST_RDONLY:
+            return "read-only file system"
+        if fs.f_bavail == 0:
+            return "disk full"
     return f"{type(exc).__name__}: {exc}"

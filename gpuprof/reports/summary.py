@@ -69,7 +69,10 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
 
     for notice in s["notices"]:
         parts.append(Text(f"note: {notice}", style="yellow"))
-    if run_dir:
+    if run_dir and run.meta.stopped:
+        parts.append(Text(f"incomplete run in {run_dir} (recording stopped before the command "
+                          "ended)", no_wrap=True, overflow="ignore", style="yellow"))  # fmt: skip
+    elif run_dir:
         parts.append(Text(f"run saved to {run_dir}", no_wrap=True, overflow="ignore"))
     return Group(*parts)
 
