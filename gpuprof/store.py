@@ -432,8 +432,30 @@ def _typed(table: str, frame: pd.DataFrame) -> pd.DataFrame:
             else:
                 out[name] = values.astype(np.float64)
         else:
-            out[name] = col.astype(object)
-    return pd.DataFrame(out)
+            out[name] = _text_column(col)
+    typed = pd.DataFrame(out)
+    # a row without its host, its time or a GPU index cannot be placed (a hand-edited file
+    # or another tool's rows): dropped rather than let through as NaN keys
+    keys = [name for name in _ROW_KEYS if name in typed]
+    missing = typed[keys].isna().any(axis=1).to_numpy()
+    if "gpu" in typed:  # NVML indices count from 0
+        missing = missing | ~(typed["gpu"] >= 0).to_numpy()
+    return typed[~missing].reset_index(drop=True) if missing.any() else typed
+
+
+_ROW_KEYS = ("host", "t_ns", "start_ns", "end_ns")
+
+
+def _text_column(col: pd.Series) -> pd.Series:
+    """Text or None in every row (SQLite keeps whatever type a writer gave a column)."""
+    if pd.api.types.infer_dtype(col, skipna=True) in ("string", "empty"):
+        return col.astype(object)
+    return col.map(
+        lambda v: v if v is None or isinstance(v, str)
+        else v.decode("utf-8", "replace") if isinstance(v, bytes)
+        else None if isinstance(v, float) and np.isnan(v)
+        else str(v)
+    ).astype(object)  # fmt: skip
 
 
 _EMPTY_FRAMES: dict[str, pd.DataFrame] = {}
