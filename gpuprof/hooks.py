@@ -387,16 +387,18 @@ def _from_env() -> _Recorder | None:
     with _init_lock:
         if _checked:
             return _recorder
-        _checked = True
         run_dir = os.environ.get(ENV_RUN_DIR)
-        if not run_dir:
-            return None
-        try:
-            cuda = os.environ.get(ENV_CUDA_EVENTS, "") not in ("", "0")
-            _recorder = _Recorder(_resolve_db(Path(run_dir)), cuda_events=cuda)
-            _recorder.step = _inherited_step
-        except Exception as exc:
-            _disable(exc)
+        if run_dir:
+            try:
+                cuda = os.environ.get(ENV_CUDA_EVENTS, "") not in ("", "0")
+                recorder = _Recorder(_resolve_db(Path(run_dir)), cuda_events=cuda)
+                recorder.step = _inherited_step
+                _recorder = recorder
+            except Exception as exc:
+                _disable(exc)
+        # only now: threads arriving while the recorder is built must wait on the lock, not
+        # read "checked, no recorder" and skip their spans
+        _checked = True
         return _recorder
 
 
