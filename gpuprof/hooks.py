@@ -1,7 +1,7 @@
 """The in-process API: ``phase()``, ``step()``, ``mark()``, ``init()``.
 
 Cost model: entering and leaving a phase reads the monotonic clock twice and appends one tuple
-to a deque; a daemon thread turns the tuples into rows and commits them every half second. The
+to a deque; a daemon thread turns the tuples into rows and commits them every quarter second. The
 training thread never touches SQLite, never synchronises a GPU and never sees an exception from
 here: an internal error prints one warning and turns the hooks into no-ops.
 
@@ -41,6 +41,9 @@ ENV_STATUS_DIR = "GPUPROF_STATUS_DIR"
 """Where a process whose recording failed leaves ``<pid>.json`` (steps seen and written) for
 the watcher: a directory in memory (/dev/shm), so it still works when the run's disk is full,
 read-only or gone."""
+FLUSH_INTERVAL_S = 0.25
+"""How often a process's hooks commit what they queued: at most this much (plus one commit) of
+spans is lost when the process is killed (SIGKILL, the OOM killer); budget 0.5 s."""
 MAX_QUEUED_SPANS = 1_000_000
 """Spans a process keeps queued for the writer at most (~150 MB): minutes of a loop recording
 thousands of spans a second while the writer is stalled (a slow disk). Beyond it the oldest
@@ -114,7 +117,7 @@ class _Recorder:
                 pass
 
     def _loop(self) -> None:
-        while not self.stop.wait(store.FLUSH_INTERVAL_S):
+        while not self.stop.wait(FLUSH_INTERVAL_S):
             self.flush()
 
     def flush(self, final: bool = False) -> None:
@@ -448,7 +451,7 @@ def shutdown() -> None:
 
 
 def flush() -> None:
-    """Commit what is queued now (normally the writer thread does this twice a second)."""
+    """Commit what is queued now (normally the writer thread does this four times a second)."""
     recorder = _recorder
     if recorder is not None:
         recorder.flush()
