@@ -45,9 +45,13 @@ FLUSH_INTERVAL_S = 0.25
 """How often a process's hooks commit what they queued: at most this much (plus one commit) of
 spans is lost when the process is killed (SIGKILL, the OOM killer); budget 0.5 s."""
 MAX_QUEUED_SPANS = 1_000_000
-"""Spans a process keeps queued for the writer at most (~150 MB): minutes of a loop recording
-thousands of spans a second while the writer is stalled (a slow disk). Beyond it the oldest
+"""Spans a process keeps queued for the writer at most (~210 MB of RSS when full, measured by
+benchmarks/bench_queue_memory.py): minutes of a loop recording thousands of spans a second while
+the writer is stalled (a slow disk). Beyond it the oldest
 queued spans are dropped and counted; the run says how many."""
+
+WRITE_CHUNK = 50_000
+"""Spans turned into rows and committed at a time (bounds the writer's working memory)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -127,16 +131,21 @@ class _Recorder:
                 self.spans.clear()
                 self.other.clear()
                 return
-            spans = _drain(self.spans)
-            other = _drain(self.other)
-            self._count_dropped(other, len(spans))
-            if not spans and not other and not self.pending_gpu:
-                return
+            # in chunks: a full queue turned into rows at once would double its memory; no
+            # more chunks than the queue held when the flush began (producers keep adding)
+            chunks = 1 + len(self.spans) // WRITE_CHUNK
             try:
-                if self.conn is not None and not self.db_path.exists():
-                    # SQLite would keep writing into the unlinked file: nothing would be kept
-                    raise OSError(f"the run directory {self.db_path.parent} was removed")
-                self._write(spans, other, final)
+                for _ in range(chunks):
+                    spans = _drain(self.spans, WRITE_CHUNK)
+                    other = _drain(self.other)
+                    self._count_dropped(other, len(spans))
+                    if not spans and not other and not self.pending_gpu:
+                        return
+                    if self.conn is not None and not self.db_path.exists():
+                        # SQLite would keep writing into the unlinked file: nothing kept
+                        raise OSError(f"the run directory {self.db_path.parent} was removed")
+                    self._write(spans, other, final)
+                    del spans, other
             except Exception as exc:  # a full disk or a removed run dir must not hurt training
                 self.failed = True
                 self.failed_at_ns = time.time_ns()
@@ -266,9 +275,9 @@ class _Recorder:
             pass
 
 
-def _drain(queue: collections.deque) -> list:
+def _drain(queue: collections.deque, limit: int | None = None) -> list:
     # popleft is atomic, so hooks may keep appending while we drain
-    n = len(queue)
+    n = len(queue) if limit is None else min(limit, len(queue))
     return [queue.popleft() for _ in range(n)]
 
 
@@ -474,7 +483,8 @@ class phase:
 
     def __init__(self, name: str, **attrs: Any) -> None:
         self.name = name
-        self.attrs = attrs
+        # no empty dict per span: a million queued spans would carry 64 MB of them
+        self.attrs = attrs or None
         self._start = None
         self._gpu = None
 
@@ -518,7 +528,7 @@ class phase:
     def _exit_slow(self, recorder: _Recorder, exc_type: Any, start: int, end: int) -> None:
         attrs = self.attrs
         if exc_type is not None:
-            attrs = {**attrs, "error": exc_type.__name__}
+            attrs = {**(attrs or {}), "error": exc_type.__name__}
         item = (self.name, attrs, start, end, _get_ident(), recorder.step)
         if self._gpu is not None and recorder.cuda is not None:
             self._gpu[1] = recorder.cuda.stop()
@@ -540,14 +550,14 @@ class phase:
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                async with phase(name, **attrs):
+                async with phase(name, **(attrs or {})):
                     return await fn(*args, **kwargs)
 
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with phase(name, **attrs):
+            with phase(name, **(attrs or {})):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
