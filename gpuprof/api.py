@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import sys
 import tempfile
 import time
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from gpuprof import __version__, hooks, store
+from gpuprof import __version__, hooks, nodes, store
 from gpuprof.collectors.child import ChildProcess, CommandNotFound
 from gpuprof.loader import load_for_analysis
 from gpuprof.model import Event, Run, RunMeta
@@ -140,7 +139,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RunError(f"{run_dir}: cannot create run directory ({exc.strerror})") from None
-    host = socket.gethostname()
+    host = nodes.node_name()
     final_path = store.host_file(run_dir, host)
     db_path = final_path
     if store.is_network_filesystem(run_dir):
@@ -175,7 +174,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         command=redact_command(list(argv)),
         cwd=os.getcwd(),
         hosts=[host],
-        start_ns=time.time_ns(),
+        start_ns=nodes.now_ns(),
         interval_s=options.interval_s,
         gpuprof_version=__version__,
     )
@@ -190,6 +189,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     env[hooks.ENV_RUN_DIR] = str(run_dir)
     env[hooks.ENV_DB] = str(db_path)
     env[hooks.ENV_HOST] = host
+    env[nodes.ENV_WATCHER_MACHINE] = nodes.machine()
     if options.auto:
         from gpuprof.integrations import bootstrap_dir
 
@@ -239,7 +239,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
             f"{len(child.leftover)} process(es) of the command's group still running after it "
             f"exited (pid {shown}{'…' if len(child.leftover) > 8 else ''}): left running"
         )
-    meta.end_ns = time.time_ns()
+    meta.end_ns = nodes.now_ns()
     meta.exit_code = exit_code
     meta.exit_signal = -returncode if returncode is not None and returncode < 0 else None
     if sink.dropped:

@@ -20,7 +20,6 @@ import inspect
 import itertools
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -29,12 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuprof import store
+from gpuprof import nodes, store
 from gpuprof.phases import canonical_phase
 
 ENV_RUN_DIR = "GPUPROF_RUN_DIR"
 ENV_DB = "GPUPROF_DB"
-ENV_HOST = "GPUPROF_HOST"
+ENV_HOST = nodes.ENV_NODE
 ENV_CUDA_EVENTS = "GPUPROF_CUDA_EVENTS"
 ENV_MAX_QUEUED = "GPUPROF_MAX_QUEUED_SPANS"
 ENV_STATUS_DIR = "GPUPROF_STATUS_DIR"
@@ -79,11 +78,11 @@ class _Recorder:
 
     def __init__(self, db_path: Path, *, cuda_events: bool = False) -> None:
         self.db_path = db_path
-        self.host = socket.gethostname()
+        self.host = nodes.node_name()
         self.pid = os.getpid()
         # Spans are timed on the monotonic clock (immune to NTP steps) and shifted onto the
         # epoch once, so every process on the host agrees within microseconds.
-        self.offset_ns = time.time_ns() - time.monotonic_ns()
+        self.offset_ns = nodes.now_ns() - time.monotonic_ns()
         bound = _env_int((ENV_MAX_QUEUED,))  # junk or non-positive: the default bound
         self.max_queued = bound if bound is not None and bound > 0 else MAX_QUEUED_SPANS
         self.spans: collections.deque = collections.deque(maxlen=self.max_queued)
@@ -222,7 +221,7 @@ class _Recorder:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "executable": os.path.basename(sys.executable),
         }
-        return (self.host, self.pid, rank, time.time_ns(), "process", "start", _encode_attrs(attrs))
+        return (self.host, self.pid, rank, nodes.now_ns(), "process", "start", _encode_attrs(attrs))
 
     def _with_gpu_times(self, items: list[tuple], final: bool) -> tuple[list[tuple], list[tuple]]:
         """Attach GPU times to spans whose CUDA events completed; keep the rest for later."""
@@ -387,11 +386,10 @@ def _disable(exc: BaseException) -> None:
 
 def _resolve_db(run_dir: Path) -> Path:
     """The file this process writes: the watcher's host file when it runs on this host."""
-    host = socket.gethostname()
     db = os.environ.get(ENV_DB)
-    if db and os.environ.get(ENV_HOST) == host:
+    if db and nodes.on_watcher_machine():
         return Path(db)
-    return store.host_file(run_dir, host, os.getpid())
+    return store.host_file(run_dir, nodes.node_name(), os.getpid())
 
 
 def _from_env() -> _Recorder | None:

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from gpuprof.nodes import now_ns
+
 FORWARDED_SIGNALS = (
     signal.SIGINT,
     signal.SIGTERM,
@@ -204,12 +206,12 @@ class ChildProcess:
                 writable = _write_all(out_fd, data)
             if splitter is not None:
                 try:
-                    splitter.feed(data, time.time_ns())
+                    splitter.feed(data, now_ns())
                 except Exception:
                     splitter = None  # storing lines is best effort; passing them through is not
         if splitter is not None:
             with contextlib.suppress(Exception):
-                splitter.close(time.time_ns())
+                splitter.close(now_ns())
         os.close(fd)
 
     def _install_signal_forwarding(self) -> None:

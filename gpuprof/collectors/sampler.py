@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from gpuprof.nodes import now_ns
 from gpuprof.store import BufferedWriter
 
 PROCESS_INTERVAL_S = 1.0
@@ -113,7 +114,7 @@ class Sampler:
             if with_processes:
                 next_processes = now + self.process_interval_s - 0.5 * self.interval_s
             try:
-                self.tick(time.time_ns(), with_host=with_host, with_processes=with_processes)
+                self.tick(now_ns(), with_host=with_host, with_processes=with_processes)
             except Exception as exc:  # a collector bug must not end the watch
                 if len(self.errors) < 10:
                     self.errors.append(f"sampling failed: {exc!r}")
@@ -124,7 +125,7 @@ class Sampler:
             if self._stop.wait(max(0.0, delay)):
                 # one last reading so the run ends with the state at exit
                 try:
-                    self.tick(time.time_ns())
+                    self.tick(now_ns())
                 except Exception:
                     pass
                 break

@@ -1,0 +1,53 @@
+"""What a node is called in a run, and which machine a process is on.
+
+A node's name is its host name unless ``GPUPROF_HOST`` says otherwise: several simulated nodes
+on one machine (tests, benchmarks) or hosts whose names collide (containers) stay apart. The
+machine, by contrast, is always the real host name: it decides whether a process can share the
+watcher's SQLite file (WAL needs every writer of a file on one machine).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+ENV_NODE = "GPUPROF_HOST"
+"""The node's name in the run (default: the host name)."""
+ENV_WATCHER_MACHINE = "GPUPROF_WATCHER_MACHINE"
+"""Set by the watcher for its command: the real host name of the watcher's machine."""
+
+
+def node_name() -> str:
+    """This process's node name: ``GPUPROF_HOST`` when set, else the host name."""
+    return os.environ.get(ENV_NODE) or socket.gethostname()
+
+
+def machine() -> str:
+    """The real host name of this machine (never overridden)."""
+    return socket.gethostname()
+
+
+def on_watcher_machine() -> bool:
+    """True in a process started (directly or not) by a watcher on this same machine."""
+    return os.environ.get(ENV_WATCHER_MACHINE) == machine()
+
+
+ENV_SIM_SKEW = "GPUPROF_SIM_CLOCK_SKEW_NS"
+"""Simulation only: shift this process's wall clock by this many ns, so that several simulated
+nodes on one machine disagree about the time as real nodes do (tests of clock alignment)."""
+
+
+def _skew_ns() -> int:
+    try:
+        return int(os.environ.get(ENV_SIM_SKEW) or 0)
+    except ValueError:
+        return 0
+
+
+_SKEW_NS = _skew_ns()
+
+
+def now_ns() -> int:
+    """Wall-clock time in ns since the epoch, as this node's clock reads it."""
+    return time.time_ns() + _SKEW_NS
