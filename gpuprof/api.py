@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from gpuprof import __version__, hooks, nodes, store
+from gpuprof import __version__, hooks, launch, nodes, store
 from gpuprof.collectors.child import ChildProcess, CommandNotFound
 from gpuprof.loader import load_for_analysis
 from gpuprof.model import Event, Run, RunMeta
 from gpuprof.redact import redact_command, redact_text
-from gpuprof.store import RunError, load_run
+from gpuprof.store import RunError, load_run, merge_runs
 
 __all__ = [
     "RunError",
@@ -31,6 +31,7 @@ __all__ = [
     "import_files",
     "load_for_analysis",
     "load_run",
+    "merge_runs",
     "report",
     "watch",
 ]
@@ -53,6 +54,9 @@ class WatchOptions:
     """Draw a live status at the bottom of the terminal (stderr) while the command runs."""
     spool_dir: Path | None = None
     """Where to write while running when the run directory is on a network filesystem."""
+    wait_nodes_s: float = 120.0
+    """Multi-node launch: how long node rank 0 waits, after its command ended, for the other
+    nodes' watchers to finish before printing the run's summary."""
     kill_after_s: float | None = 30.0
     """After a forwarded stop signal, SIGKILL the command's group this many seconds later (or
     on a second signal); None: never."""
@@ -70,6 +74,8 @@ class WatchResult:
     notices: list[str] = field(default_factory=list)
     complete: bool = True
     """False when recording stopped before the command ended (disk full, directory removed)."""
+    summarize: bool = True
+    """False for a node of a multi-node launch other than node rank 0 (which summarizes)."""
 
 
 def default_run_dir(argv: list[str], now: float | None = None) -> Path:
@@ -133,19 +139,22 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     from gpuprof.collectors.sampler import Sampler
 
     options = options or WatchOptions()
-    run_dir = _unique_dir(Path(options.output or default_run_dir(argv))).absolute()
+    place = launch.detect(argv)
+    run_dir = Path(options.output or default_run_dir(argv)).absolute()
+    if not (place.multi_node and options.output):  # the nodes of a launch share one directory
+        run_dir = _unique_dir(run_dir)
     created = not run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RunError(f"{run_dir}: cannot create run directory ({exc.strerror})") from None
     host = nodes.node_name()
-    final_path = store.host_file(run_dir, host)
+    final_path = _node_file(run_dir, host, place)
     db_path = final_path
     if store.is_network_filesystem(run_dir):
         spool = Path(options.spool_dir or tempfile.gettempdir()) / "gpuprof-spool" / run_dir.name
         spool.mkdir(parents=True, exist_ok=True)
-        db_path = store.host_file(spool, host)
+        db_path = _node_file(spool, host, place)
 
     notices: list[str] = []
     if db_path != final_path:
@@ -177,8 +186,14 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         start_ns=nodes.now_ns(),
         interval_s=options.interval_s,
         gpuprof_version=__version__,
+        node_rank=place.node_rank,
+        nnodes=place.nnodes,
     )
-    nvml = _open_nvml(host, options, meta, notices)
+    if place.samples:
+        nvml = _open_nvml(host, options, meta, notices)
+    else:  # one sampler per node: the node's first task reads its GPUs
+        nvml = None
+        notices.append(f"task {place.local_task} on {host}: the node's first task samples its GPUs")
     writer.set_meta("run", meta.to_dict())
     writer.flush()  # the run file exists from the start, so an early crash leaves a readable run
 
@@ -281,7 +296,55 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         store.compact_run(final_path)
     except Exception as exc:
         _notify(f"samples left in SQLite (compaction failed: {exc})", options.quiet)
+    if place.multi_node and (place.node_rank != 0 or not place.samples):
+        # one summary per run: node rank 0's watcher prints it once the others are done
+        _notify(
+            f"node rank {place.node_rank} of {place.nnodes} ({host}) recorded into {run_dir}; "
+            "node rank 0 prints the run's summary",
+            options.quiet,
+        )
+        return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices, summarize=False)
+    if place.multi_node:
+        _wait_for_nodes(run_dir, place, options)
     return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices)
+
+
+def _node_file(run_dir: Path, node: str, place: launch.Launch) -> Path:
+    """The file this watcher writes: ``<node>.sqlite``, ``<node>.task<k>.sqlite`` for the
+    other tasks of a node under srun (one writer of the node's samples per file)."""
+    if place.local_task:
+        return run_dir / f"{node}.task{place.local_task}.sqlite"
+    return store.host_file(run_dir, node)
+
+
+def _wait_for_nodes(run_dir: Path, place: launch.Launch, options: WatchOptions) -> None:
+    """Node rank 0, its own command done: wait (at most ``wait_nodes_s``) until every node's
+    watcher has finished its file, then return. Files of no other node in the directory
+    mean the nodes don't share it: say how to merge instead of waiting."""
+    expected = set(range(place.nnodes or 1))
+    deadline = time.monotonic() + options.wait_nodes_s
+    said = False
+    while True:
+        ranks = store.node_ranks(run_dir)
+        if ranks.keys() <= {0}:
+            _notify(
+                f"no other node's file in {run_dir} (not a shared directory?): this summary is "
+                f"node rank 0's; join the nodes' runs with gpuprof merge RUN_0 RUN_1 … -o RUN",
+                options.quiet,
+            )
+            return
+        done = {rank for rank, ended in ranks.items() if ended}
+        if expected <= done:
+            return
+        if time.monotonic() >= deadline:
+            missing = ", ".join(str(r) for r in sorted(expected - done))
+            _notify(f"node rank(s) {missing} not finished after {options.wait_nodes_s:g} s: "
+                    "the summary covers what is recorded so far", options.quiet)  # fmt: skip
+            return
+        if not said:
+            _notify(f"waiting for {len(expected - done)} node(s) to finish…", options.quiet)
+            said = True
+        time.sleep(0.5)
 
 
 def _remove_empty_run(db_path: Path, run_dir: Path | None) -> None:

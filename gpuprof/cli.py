@@ -138,7 +138,7 @@ def watch(
         _err(str(exc))
         raise typer.Exit(EXIT_BAD_INPUT) from None
     figures = {"gpu_hour_price": gpu_hour_price, "model_params": model_params}
-    if not result.complete:  # the watcher said what was lost; no summary of a cut run
+    if not result.complete or not result.summarize:  # a cut run, or not node rank 0
         raise typer.Exit(result.exit_code)
     if not quiet:
         _print_summary(result.run_dir, figures)
@@ -241,6 +241,27 @@ def compare(
         print(render_json(document))
     else:
         Console().print(compare_renderable(table, runs[0].meta.run_id, runs[1].meta.run_id))
+
+
+@app.command(help="Join run directories recorded separately on each node into one run.")
+def merge(
+    runs: Annotated[list[Path], typer.Argument(help="The nodes' run directories.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The merged run directory.")],
+) -> None:
+    try:
+        written = api.merge_runs(runs, output)
+        run = api.load_run(output)
+    except api.RunError as exc:
+        _err(str(exc))
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    clocks = ", ".join(
+        f"{node} {c['offset_ns'] / 1e6:+.1f} ms (±{(c['error_ns'] or 0) / 1e6:.1f})"
+        for node, c in run.meta.clocks.items()
+        if c.get("method") != "reference"
+    )
+    hosts = ", ".join(run.meta.hosts)
+    line = f"{output}: {len(written)} files from {len(runs)} runs, nodes {hosts}"
+    print(line + (f"; clock offsets {clocks}" if clocks else ""))
 
 
 @app.command(help="Write the self-contained HTML report of a run (works offline).")

@@ -230,6 +230,10 @@ _META_TYPES: dict[str, Any] = {
     "schema_version": _is_int,
     "notices": _is_list_of(str),
     "stopped": lambda v: isinstance(v, str),
+    "node_rank": _is_int,
+    "nnodes": _is_int,
+    "reference_node": lambda v: isinstance(v, str),
+    "clocks": lambda v: isinstance(v, dict),
 }
 """The type each stored metadata field must have (None is allowed except where required)."""
 _META_REQUIRED = frozenset({"run_id", "command", "hosts", "gpus", "knobs", "notices",
@@ -264,6 +268,14 @@ class RunMeta:
     schema_version: int = SCHEMA_VERSION
     notices: list[str] = field(default_factory=list)
     """Human-readable facts about collection: "NVML not available: …", "GPU 1 lost at …"."""
+    node_rank: int | None = None
+    """This watcher's node rank in a multi-node launch (torchrun / Slurm / MPI), else None."""
+    nnodes: int | None = None
+    """Nodes the launch spans (one watcher each), else None."""
+    reference_node: str | None = None
+    """The node whose clock the run's time axis follows (node rank 0; the first host)."""
+    clocks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per node, the clock offset applied when the run was read (see `gpuprof.clocks`)."""
     stopped: str | None = None
     """Set when recording stopped before the command ended: when, why and what is missing
     ("recording stopped at 00:12:31: disk full; 15 of 30 steps recorded; …")."""

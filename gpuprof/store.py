@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from gpuprof import columnar
+from gpuprof import clocks, columnar
 from gpuprof.errors import RunError
 from gpuprof.model import (
     RECORD_TYPES,
@@ -492,6 +492,87 @@ def _json_or_empty(value: Any) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
+def merge_runs(sources: Sequence[str | os.PathLike], dest: str | os.PathLike) -> list[Path]:
+    """Join run directories recorded separately (one per node, no shared filesystem) into
+    ``dest``: every run file with its side files, copied consistently (SQLite's backup API, so
+    a file still being written is copied as of one commit). All or nothing: written into a
+    temporary directory beside ``dest`` and renamed. Raises `RunError` for a source that is not
+    a run, two sources holding a file of the same name (two nodes with one name: set
+    ``GPUPROF_HOST``), or a ``dest`` that exists and is not empty."""
+    dest = Path(dest)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise RunError(f"{dest}: exists and is not empty")
+    plan: dict[str, tuple[Path, Path]] = {}  # file name → (source run file, its source dir)
+    for source in map(Path, sources):
+        if not source.is_dir():
+            raise RunError(f"{source}: not a run directory")
+        for path in run_files(source):
+            if path.name in plan:
+                raise RunError(
+                    f"{plan[path.name][1]} and {source} both hold {path.name}: two nodes with "
+                    "one name (set GPUPROF_HOST on each node to tell them apart)"
+                )
+            plan[path.name] = (path, source)
+    tmp = dest.with_name(f".{dest.name}.merging-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    written = []
+    try:
+        for name, (path, _) in sorted(plan.items()):
+            target = tmp / name
+            try:
+                src = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+                out = sqlite3.connect(target)
+                try:
+                    src.backup(out)
+                    sides = columnar.listed(src) if _has_meta(src) else {}
+                finally:
+                    out.close()
+                    src.close()
+            except sqlite3.Error as exc:
+                raise RunError(f"{path}: cannot be copied ({exc})") from None
+            written.append(target)
+            for side_name in sides.values():
+                side = path.with_name(side_name)
+                if "/" in side_name or not side.exists():
+                    raise RunError(f"{path}: its samples file {side_name!r} is missing")
+                shutil.copyfile(side, tmp / side_name)
+                written.append(tmp / side_name)
+        if dest.exists():
+            dest.rmdir()
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [dest / p.name for p in written]
+
+
+def _has_meta(conn: sqlite3.Connection) -> bool:
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'")
+    return row.fetchone() is not None
+
+
+def node_ranks(run_dir: str | os.PathLike) -> dict[int, bool]:
+    """Node rank → whether that node's watcher has finished (its metadata has an end), read
+    from the run files of a directory being written by several nodes; unreadable files and
+    files without a node rank are skipped."""
+    out: dict[int, bool] = {}
+    for path in Path(run_dir).glob("*.sqlite"):
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+            try:
+                row = conn.execute("SELECT value FROM meta WHERE key = 'run'").fetchone()
+            finally:
+                conn.close()
+            meta = json.loads(row[0]) if row else {}
+        except (sqlite3.Error, ValueError, TypeError):
+            continue
+        rank = meta.get("node_rank") if isinstance(meta, dict) else None
+        if isinstance(rank, int) and not isinstance(rank, bool):
+            out[rank] = out.get(rank, True) and meta.get("end_ns") is not None
+    return out
+
+
 def merge_meta(metas: list[dict[str, Any]], run_dir: Path) -> RunMeta:
     """One `RunMeta` from the watcher metadata of every host file."""
     if not metas:
@@ -500,7 +581,11 @@ def merge_meta(metas: list[dict[str, Any]], run_dir: Path) -> RunMeta:
         parsed = [RunMeta.from_dict(m) for m in metas]
     except ValueError as exc:
         raise RunError(f"{run_dir}: bad run metadata ({exc})") from None
+    # node rank 0's document leads (its node is the time reference), then the others
+    parsed.sort(key=lambda m: (m.node_rank is None, m.node_rank or 0))
     base = parsed[0]
+    if base.node_rank == 0 and base.reference_node is None and base.hosts:
+        base.reference_node = base.hosts[0]
     for other in parsed[1:]:
         base.hosts = sorted(set(base.hosts) | set(other.hosts))
         base.gpus = base.gpus + [g for g in other.gpus if g not in base.gpus]
@@ -512,6 +597,26 @@ def merge_meta(metas: list[dict[str, Any]], run_dir: Path) -> RunMeta:
         if base.exit_code in (None, 0) and other.exit_code:
             base.exit_code = other.exit_code
     return base
+
+
+def _align_nodes(
+    meta: RunMeta, tables: dict[str, pd.DataFrame], measured: set[str]
+) -> dict[str, clocks.ClockOffset]:
+    """Put nodes without a measured offset on the reference node's clock, estimated from the
+    collectives their ranks took part in (in place); the offsets applied."""
+    nodes = sorted(set(meta.hosts) | set(tables["spans"]["host"].dropna().unique().tolist()))
+    if len(nodes) < 2:
+        return {}
+    reference = meta.reference_node or (meta.hosts[0] if meta.hosts else nodes[0])
+    todo = [n for n in nodes if n not in measured and n != reference]
+    if not todo:
+        return {}
+    found = clocks.estimate_from_collectives(tables["spans"], reference, todo)
+    for node, offset in found.items():
+        clocks.shift_node(tables, node, offset.offset_ns)
+    if found:
+        found[reference] = clocks.ClockOffset(reference, 0, 0, "reference", reference)
+    return found
 
 
 def load_run(
@@ -528,10 +633,15 @@ def load_run(
     run_dir = Path(run_dir)
     metas: list[dict[str, Any]] = []
     parts: dict[str, list[pd.DataFrame]] = {table: [] for table in RECORD_TYPES}
+    offsets: dict[str, clocks.ClockOffset] = {}
     for path in run_files(run_dir):
         meta, frames = _read_file(path, skip, reduce)
-        if "run" in meta:
-            metas.append(meta["run"])
+        metas.extend(value for key, value in meta.items() if key == "run" or key.startswith("run."))
+        # a node's offset measured while recording (e.g. round trips through Ray)
+        stored = clocks.stored_offset(path.name.split(".")[0], meta.get("clock"))
+        if stored is not None:
+            clocks.shift(frames, stored.offset_ns)
+            offsets[stored.node] = stored
         for table, frame in frames.items():
             if not frame.empty:
                 parts[table].append(frame)
@@ -544,6 +654,12 @@ def load_run(
         frame = frames[0]
         if len(frames) > 1:
             frame = _typed(table, pd.concat(frames, ignore_index=True))
+        tables[table] = frame
+    offsets.update(_align_nodes(meta, tables, set(offsets)))
+    meta.clocks = {node: offset.to_dict() for node, offset in sorted(offsets.items())}
+    for table, frame in tables.items():
+        if frame.empty:
+            continue
         sort_key = "start_ns" if table == "spans" else "t_ns"
         if frame[sort_key].is_monotonic_increasing:  # a stable sort would keep every row
             frame = frame.reset_index(drop=True)

@@ -78,7 +78,9 @@ WRITER = textwrap.dedent(
 
 
 def test_four_processes_write_ten_thousand_spans_each_none_lost(tmp_path):
-    env = clean_env(GPUPROF_DB=str(store.host_file(tmp_path, "shared")), GPUPROF_HOST=_hostname())
+    env = clean_env(
+        GPUPROF_DB=str(store.host_file(tmp_path, "shared")), GPUPROF_WATCHER_MACHINE=_hostname()
+    )
     procs = [
         subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), "10000"], env=env)
         for _ in range(4)
@@ -157,7 +159,9 @@ def test_a_process_on_another_host_writes_its_own_file_and_merges(tmp_path):
     _write_small_run(tmp_path, "watcher-node")
     code = "import gpuprof\nwith gpuprof.phase('update_weights'): pass"
     env = clean_env(
-        GPUPROF_RUN_DIR=str(tmp_path), GPUPROF_DB=str(watcher_file), GPUPROF_HOST="watcher-node"
+        GPUPROF_RUN_DIR=str(tmp_path),
+        GPUPROF_DB=str(watcher_file),
+        GPUPROF_WATCHER_MACHINE="another-machine",
     )
     before = watcher_file.read_bytes()
     proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)

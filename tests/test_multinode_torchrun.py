@@ -1,0 +1,159 @@
+"""Multi-node torchrun on one machine: two watchers, two node ranks, one run.
+
+Each "node" is a `gpuprof watch` over `torchrun --nnodes 2 --node-rank N` with its own name
+(``GPUPROF_HOST``), its own simulated GPUs and, for node 1, a clock 300 ms ahead
+(``GPUPROF_SIM_CLOCK_SKEW_NS``) that the run must take back out using the ranks' collectives.
+The training is real torch.distributed (gloo) instrumented with no code change.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import clean_env, gpuprof_cmd, run_gpuprof
+from simnvml import simnvml_env, write_scenario
+
+from gpuprof import launch, store
+
+pytest_plugins = ["simnvml.fixtures"]
+torch = pytest.importorskip("torch")
+
+SKEW_NS = 300_000_000
+
+TRAIN = textwrap.dedent(
+    """
+    import time, torch, torch.distributed as dist, gpuprof
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.ones(1000)
+    for step in range(12):
+        with gpuprof.phase("rollout"):
+            time.sleep(0.02 * (1 + rank))  # node 1 is the slower one
+        dist.all_reduce(t)
+        with gpuprof.phase("update_actor"):
+            time.sleep(0.01)
+        dist.barrier()
+        gpuprof.step()
+    dist.destroy_process_group()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_env(simnvml_lib, tmp_path, rank: int, util: float) -> dict[str, str]:
+    gpus = [{"series": {"util_gpu_pct": util}} for _ in range(2)]
+    scenario = write_scenario(tmp_path / f"node{rank}.txt", {"gpus": gpus})
+    env = clean_env(GPUPROF_HOST=f"node{rank}")
+    env.update(simnvml_env(simnvml_lib, scenario))
+    if rank == 1:
+        env["GPUPROF_SIM_CLOCK_SKEW_NS"] = str(SKEW_NS)
+    return env
+
+
+def _launch_nodes(simnvml_lib, tmp_path, outputs: list) -> list[subprocess.Popen]:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    port = _free_port()
+    procs = []
+    for rank, output in enumerate(outputs):
+        cmd = gpuprof_cmd(
+            "watch", "--interval", "0.05", "-o", str(output), "--",
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+            str(rank), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+            "--master-port", str(port), str(script),
+        )  # fmt: skip
+        env = _node_env(simnvml_lib, tmp_path, rank, util=30 if rank == 0 else 80)
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    return procs
+
+
+def _check_run(run):
+    assert run.meta.hosts == ["node0", "node1"]
+    assert run.meta.reference_node == "node0"
+    # every node's GPUs, from its own scenario
+    util = run.gpu.groupby("host")["util_gpu_pct"].median().to_dict()
+    assert util == {"node0": 30.0, "node1": 80.0}
+    assert sorted(run.gpu.groupby("host")["gpu"].nunique().to_dict().items()) == [
+        ("node0", 2),
+        ("node1", 2),
+    ]
+    # node 1's clock was 300 ms ahead: found from the collectives within 5 ms
+    clock = run.meta.clocks["node1"]
+    assert clock["method"] == "collectives"
+    assert abs(clock["offset_ns"] + SKEW_NS) < 5e6, clock
+    assert clock["error_ns"] < 5e6, clock
+    # after alignment the barriers end together on both ranks
+    barriers = run.spans[run.spans["name"] == "barrier"].sort_values("start_ns")
+    ends = {h: g["end_ns"].to_numpy() for h, g in barriers.groupby("host")}
+    assert len(ends["node0"]) == len(ends["node1"]) == 12
+    assert np.abs(ends["node0"] - ends["node1"]).max() < 5e6
+    # and the spans carry their node and rank
+    rollouts = run.spans[run.spans["phase"] == "rollout"]
+    assert sorted(rollouts.groupby(["host", "rank"]).size().items()) == [
+        (("node0", 0), 12),
+        (("node1", 1), 12),
+    ]
+
+
+def test_two_watchers_two_node_ranks_one_run_directory(simnvml_lib, tmp_path):
+    run_dir = tmp_path / "run"
+    procs = _launch_nodes(simnvml_lib, tmp_path, [run_dir, run_dir])
+    outs = [p.communicate(timeout=240) for p in procs]
+    for proc, (_, err) in zip(procs, outs):
+        assert proc.returncode == 0, err
+    err0, err1 = outs[0][1], outs[1][1]
+    # the summary is printed once, by node rank 0, and covers both nodes
+    assert "node rank 1 of 2 (node1) recorded into" in err1
+    assert "run saved to" not in err1 and "report:" not in err1
+    assert "run saved to" in err0 and "report:" in err0
+    assert "node1:0" in err0 and "node0:0" in err0, err0
+    assert sorted(p.name for p in run_dir.glob("*.sqlite")) == ["node0.sqlite", "node1.sqlite"]
+    _check_run(store.load_run(run_dir))
+
+
+def test_separate_run_directories_are_merged(simnvml_lib, tmp_path):
+    outputs = [tmp_path / "run_a", tmp_path / "run_b"]
+    procs = _launch_nodes(simnvml_lib, tmp_path, outputs)
+    outs = [p.communicate(timeout=240) for p in procs]
+    for proc, (_, err) in zip(procs, outs):
+        assert proc.returncode == 0, err
+    assert "not a shared directory?" in outs[0][1]
+    merged = tmp_path / "merged"
+    result = run_gpuprof("merge", str(outputs[0]), str(outputs[1]), "-o", str(merged))
+    assert result.returncode == 0, result.stderr
+    assert "nodes node0, node1" in result.stdout
+    found = re.search(r"clock offsets node1 ([-+][0-9.]+) ms", result.stdout)
+    assert found and abs(float(found.group(1)) + SKEW_NS / 1e6) < 5, result.stdout
+    _check_run(store.load_run(merged))
+    # the same two runs again: the names collide, nothing is written
+    again = run_gpuprof("merge", str(outputs[0]), str(merged), "-o", str(tmp_path / "m2"))
+    assert again.returncode == 2 and "both hold node0.sqlite" in again.stderr
+    assert not (tmp_path / "m2").exists()
+
+
+def test_launch_is_read_from_torchrun_slurm_and_overrides():
+    torchrun = ["torchrun", "--nnodes=4", "--node_rank", "2", "train.py"]
+    assert launch.detect(torchrun, {}) == launch.Launch(2, 4, 0, "torchrun --node-rank")
+    module = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:8", "--node-rank",
+              "0", "x.py"]  # fmt: skip
+    assert launch.detect(module, {}).nnodes == 8
+    slurm = {"SLURM_NODEID": "3", "SLURM_NNODES": "4", "SLURM_LOCALID": "1"}
+    place = launch.detect(["python", "train.py"], slurm)
+    assert (place.node_rank, place.nnodes, place.samples) == (3, 4, False)
+    # torchrun under srun without --node-rank takes Slurm's node id
+    assert launch.detect(["torchrun", "--nnodes", "4", "t.py"], slurm).node_rank == 3
+    assert launch.detect(["python", "t.py"], {"GPUPROF_NODE_RANK": "1", "GPUPROF_NNODES": "2"}) \
+        == launch.Launch(1, 2, 0, "GPUPROF_NODE_RANK")  # fmt: skip
+    assert not launch.detect(["python", "train.py", "--nnodes", "2"], {}).multi_node
