@@ -20,6 +20,7 @@ from conftest import clean_env, gpuprof_cmd, run_gpuprof
 from simnvml import simnvml_env, write_scenario
 
 from gpuprof import launch, store
+from gpuprof.api import analyze
 
 pytest_plugins = ["simnvml.fixtures"]
 torch = pytest.importorskip("torch")
@@ -100,6 +101,14 @@ def _check_run(run):
     assert len(ends["node0"]) == len(ends["node1"]) == 12
     assert np.abs(ends["node0"] - ends["node1"]).max() < 5e6
     # and the spans carry their node and rank
+    # the diagnosis knows the nodes: node 1's slower rollouts make it the straggler node, and
+    # its collectives are inter-node traffic
+    nodes = analyze(run).summary["nodes"]
+    assert [n["node"] for n in nodes["nodes"]] == ["node0", "node1"]
+    assert nodes["straggler_node"]["node"] == "node1"
+    links = {link["link"]: link for link in nodes["links"]}
+    assert links["inter-node"]["calls"] == 2 * 24 and links["inter-node"]["bytes"] == 2 * 12 * 4000
+    assert nodes["alignment"]["worst_error_ns"] < 5e6
     rollouts = run.spans[run.spans["phase"] == "rollout"]
     assert sorted(rollouts.groupby(["host", "rank"]).size().items()) == [
         (("node0", 0), 12),

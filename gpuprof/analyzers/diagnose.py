@@ -15,6 +15,7 @@ import numpy as np
 from gpuprof.analyzers.basic import finite_or_none, step_times, tokens_per_s
 from gpuprof.analyzers.efficiency import efficiency_summary
 from gpuprof.analyzers.findings import BUSY_LOSS_KINDS, AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.nodes import node_summary
 from gpuprof.analyzers.stalls import DETECTORS, STALLS
 from gpuprof.analyzers.stalls._timing import timing
 from gpuprof.model import Run
@@ -70,7 +71,13 @@ def diagnose(
             ctx.found.append(finding)
     findings.sort(key=lambda f: (-f.gpu_seconds_lost, f.kind))
     recommendations = _recommend(findings, run, notes)
-    return Diagnosis(findings, recommendations, summarize(ctx, findings), notes)
+    summary = summarize(ctx, findings)
+    try:
+        summary["nodes"] = node_summary(ctx, th)
+    except Exception as exc:  # the per-node figures must not cost the diagnosis
+        summary["nodes"] = None
+        notes.append(f"per-node analysis failed: {type(exc).__name__}: {exc}")
+    return Diagnosis(findings, recommendations, summary, notes)
 
 
 def _recommend(findings: list[Finding], run: Run, notes: list[str]) -> list[Any]:
@@ -186,6 +193,19 @@ def _clock_skew_notes(run: Run, th: Thresholds) -> list[str]:
     hosts = run.gpu["host"].dropna().unique() if len(run.gpu) else []
     if len(hosts) < 2:
         return []
+    clocks = run.meta.clocks or {}
+    aligned = {n: c for n, c in clocks.items() if c.get("method") != "reference"}
+    if aligned:
+        worst = max((c.get("error_ns") or 0 for c in aligned.values()), default=0)
+        methods = ", ".join(sorted({str(c.get("method")) for c in aligned.values()}))
+        missing = [str(h) for h in hosts if h not in clocks]
+        line = (
+            f"node clocks aligned on {run.meta.reference_node or 'the first node'}: worst "
+            f"error ±{worst / 1e6:.1f} ms ({methods})"
+        )
+        if missing:
+            line += f"; not aligned: {', '.join(missing[:8])}"
+        return [line]
     first = run.gpu.groupby("host")["t_ns"].min()
     spread_s = float(first.max() - first.min()) / 1e9
     if spread_s > th.clock_skew_note_s:

@@ -56,11 +56,61 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
     efficiency = s.get("efficiency")
     if efficiency:
         parts.extend(efficiency_parts(efficiency))
+    parts.extend(nodes_parts(s.get("nodes")))
 
     parts.extend(_findings_parts(diagnosis, top))
     for note in diagnosis.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     return Group(*parts)
+
+
+def nodes_parts(nodes: dict[str, Any] | None, limit: int = 16) -> list[Any]:
+    """The per-node table, collective traffic per link type and the straggler node of a
+    multi-node run (the summary's ``nodes`` entry); nothing for a single node. Beyond
+    ``limit`` nodes, the idlest are shown."""
+    if not nodes or not nodes.get("nodes"):
+        return []
+    rows = sorted(nodes["nodes"], key=lambda n: -(n.get("idle_gpu_s") or 0.0))
+    table = Table(title="Nodes", title_justify="left", box=None, pad_edge=False)
+    table.add_column("node", overflow="fold")
+    for col in ("GPUs", "ranks", "util", "idle GPU-s", "idle while others busy", "clock"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for n in sorted(rows[:limit], key=lambda n: n["node"]):
+        ranks = n.get("ranks") or []
+        rank_text = f"{ranks[0]}–{ranks[-1]}" if len(ranks) > 2 else ",".join(map(str, ranks))
+        clock = n.get("clock") or {}
+        clock_text = (
+            "ref" if clock.get("method") == "reference"
+            else f"{clock['offset_ns'] / 1e6:+.1f} ms" if clock.get("offset_ns") is not None
+            else "—"
+        )  # fmt: skip
+        util = n.get("util_gpu_pct")
+        table.add_row(n["node"], str(n.get("gpus", 0)), rank_text or "—",
+                      "—" if util is None else f"{util:.0f}%",
+                      fmt.gpu_seconds(n.get("idle_gpu_s") or 0.0),
+                      fmt.gpu_seconds(n.get("idle_while_others_busy_gpu_s") or 0.0),
+                      clock_text)  # fmt: skip
+    parts: list[Any] = [table]
+    if len(rows) > limit:
+        parts.append(Text(f"… {len(rows) - limit} more nodes (the idlest {limit} shown)"))
+    for link in nodes.get("links") or []:
+        bw = link.get("bandwidth_bytes_s")
+        parts.append(Text(
+            f"{link['link']} collectives: {link['calls']} calls, "
+            f"{link['bytes'] / 1e9:.2f} GB in {link['seconds']:.2f} s"
+            + (f" ({bw / 1e9:.2f} GB/s effective)" if bw else "")
+        ))  # fmt: skip
+    straggler = nodes.get("straggler_node")
+    if straggler:
+        parts.append(Text(
+            f"straggler node {straggler['node']}: last in {straggler['phase_steps']} of "
+            f"{straggler['of_phase_steps']} phase-steps, {straggler['delay_s']:.1f} s late in "
+            f"all; the other nodes' GPUs wait {fmt.gpu_seconds(straggler['gpu_s'])}",
+            style="yellow",
+        ))  # fmt: skip
+    if nodes.get("weight_sync_crosses_nodes"):
+        parts.append(Text("weight sync crosses nodes (reshard moves weights between nodes)"))
+    return parts
 
 
 def efficiency_renderable(efficiency: dict[str, Any] | None) -> Group:

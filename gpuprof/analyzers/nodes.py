@@ -1,0 +1,250 @@
+"""Cross-node figures of a multi-node run: per node, per link type, the straggler node.
+
+Pure and vectorised like the detectors; the result is the diagnosis summary's ``nodes``
+section (None for a single-node run):
+
+- per node: GPUs, ranks, mean utilisation, busy and idle GPU-seconds, and the idle GPU-seconds
+  spent while another node's GPUs were busy (one node waiting on another: a straggler, a
+  disaggregated rollout, a weight sync from elsewhere), plus the clock offset applied to it;
+- per link type (intra-node / inter-node): the blocking collectives' calls, bytes, seconds and
+  effective bandwidth (bytes over wall time, what nccl-tests calls algbw);
+- the straggler node: the node whose ranks finish their work phases last, step after step,
+  and what the other nodes' GPUs lose waiting for it;
+- whether weight sync crosses nodes: reshard spans that contain inter-node collectives, or
+  rollout and update phases that run on different nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.basic import finite_or_none
+from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+
+WINDOW_S = 1.0
+"""Width of the time windows in which nodes' busy fractions are compared (s)."""
+WORK_PHASES_EXCLUDED = frozenset({"step", "collective", "reshard", "idle", "wait"})
+"""Phases not compared across nodes as units of work (boundaries, communication, syncs)."""
+_ROLLOUT, _UPDATE = frozenset({"rollout"}), frozenset({"update_actor", "update_critic"})
+
+
+def node_summary(ctx: AnalysisContext, th: Thresholds) -> dict[str, Any] | None:
+    """The ``nodes`` section of the diagnosis summary, or None with fewer than two nodes."""
+    run, s, spans = ctx.run, ctx.samples, ctx.spans
+    names = set(run.meta.hosts)
+    if len(s):
+        names |= set(s["host"].dropna().unique().tolist())
+    if len(spans):
+        names |= set(spans["host"].dropna().unique().tolist())
+    if len(names) < 2:
+        return None
+    nodes = sorted(names)
+    per_node = _per_node(s, spans, nodes, th)
+    clocks = run.meta.clocks or {}
+    for row in per_node:
+        clock = clocks.get(row["node"])
+        row["clock"] = (
+            {k: clock.get(k) for k in ("offset_ns", "error_ns", "method")} if clock else None
+        )
+    return {
+        "nodes": per_node,
+        "links": _links(run.spans, nodes),
+        "straggler_node": _straggler_node(spans, s, th),
+        "weight_sync_crosses_nodes": _sync_crosses(run.spans, nodes),
+        "alignment": _alignment(clocks, nodes),
+    }
+
+
+def _per_node(
+    s: pd.DataFrame, spans: pd.DataFrame, nodes: list[str], th: Thresholds
+) -> list[dict[str, Any]]:
+    ranks: dict[str, list[int]] = {}
+    if len(spans) and "rank" in spans:
+        known = spans.dropna(subset=["rank"])
+        for host, group in known.groupby("host"):
+            ranks[str(host)] = sorted({int(r) for r in group["rank"]})
+    out = {n: {"node": n, "gpus": 0, "ranks": ranks.get(n, []), "util_gpu_pct": None,
+               "busy_gpu_s": 0.0, "idle_gpu_s": 0.0, "idle_while_others_busy_gpu_s": 0.0}
+           for n in nodes}  # fmt: skip
+    if s.empty:
+        return list(out.values())
+    busy = s["busy_gpu_s"].to_numpy(np.float64)
+    idle = s["idle_gpu_s"].to_numpy(np.float64)
+    dt = s["dt_s"].to_numpy(np.float64)
+    frame = pd.DataFrame({
+        "host": s["host"].to_numpy(object),
+        "gpu": s["gpu"].to_numpy(),
+        "window": (s["t_ns"].to_numpy(np.int64) // int(WINDOW_S * 1e9)),
+        "busy": np.where(np.isfinite(busy), busy, 0.0),
+        "idle": np.where(np.isfinite(idle), idle, 0.0),
+        "dt": np.where(np.isfinite(busy), dt, 0.0),
+    })  # fmt: skip
+    totals = frame.groupby("host").agg(busy=("busy", "sum"), idle=("idle", "sum"), dt=("dt", "sum"))
+    gpus = frame.groupby("host")["gpu"].nunique()
+    # per node and window: how busy its GPUs were; a node idle while another is busy waits
+    win = frame.groupby(["host", "window"]).agg(busy=("busy", "sum"), idle=("idle", "sum"),
+                                                dt=("dt", "sum")).reset_index()  # fmt: skip
+    win["frac"] = win["busy"] / win["dt"].where(win["dt"] > 0)
+    win["is_busy"] = win["frac"] >= th.busy_util_pct / 100.0
+    win["is_idle"] = win["frac"] < th.idle_util_pct / 100.0
+    busy_nodes = win.groupby("window")["is_busy"].transform("sum")
+    others_busy = (busy_nodes - win["is_busy"].astype(int)) > 0
+    waiting = win[win["is_idle"] & others_busy].groupby("host")["idle"].sum()
+    for host, row in totals.iterrows():
+        entry = out.get(str(host))
+        if entry is None:
+            continue
+        entry["gpus"] = int(gpus.get(host, 0))
+        entry["busy_gpu_s"] = round(float(row["busy"]), 3)
+        entry["idle_gpu_s"] = round(float(row["idle"]), 3)
+        util = 100.0 * row["busy"] / row["dt"] if row["dt"] else None
+        entry["util_gpu_pct"] = finite_or_none(util) if util is not None else None
+        entry["idle_while_others_busy_gpu_s"] = round(float(waiting.get(host, 0.0)), 3)
+    return list(out.values())
+
+
+def _collectives(spans: pd.DataFrame) -> pd.DataFrame:
+    """Blocking collective spans with ``bytes``, ``group_size`` and ``seconds`` columns."""
+    if spans.empty or "attrs" not in spans:
+        return spans.iloc[:0]
+    coll = spans[(spans["phase"] == "collective") & (spans["end_ns"] >= spans["start_ns"])]
+    if coll.empty:
+        return coll
+    attrs = coll["attrs"]
+
+    def get(key: str) -> pd.Series:
+        return pd.to_numeric(attrs.map(lambda a: a.get(key) if isinstance(a, dict) else None),
+                             errors="coerce")  # fmt: skip
+
+    is_async = attrs.map(lambda a: bool(a.get("async")) if isinstance(a, dict) else False)
+    if "gpu_start_ns" in coll and "gpu_end_ns" in coll:
+        on_gpu = (coll["gpu_start_ns"].notna() & coll["gpu_end_ns"].notna()).to_numpy()
+    else:
+        on_gpu = np.zeros(len(coll), dtype=bool)
+        coll = coll.assign(gpu_start_ns=np.nan, gpu_end_ns=np.nan)
+    start = np.where(on_gpu, coll["gpu_start_ns"], coll["start_ns"]).astype(np.float64)
+    end = np.where(on_gpu, coll["gpu_end_ns"], coll["end_ns"]).astype(np.float64)
+    out = coll.assign(bytes=get("bytes"), group_size=get("group_size"),
+                      seconds=(end - start) / 1e9)  # fmt: skip
+    return out[~is_async.to_numpy()]
+
+
+def _links(spans: pd.DataFrame, nodes: list[str]) -> list[dict[str, Any]]:
+    """Collective traffic per link type. A call whose group holds more ranks than any node
+    runs crosses nodes; a smaller group (tensor-parallel, within a node) is taken as
+    intra-node, the usual placement."""
+    coll = _collectives(spans)
+    if coll.empty:
+        return []
+    per_node = spans.dropna(subset=["rank"]).groupby("host")["rank"].nunique()
+    fits = int(per_node.max()) if len(per_node) else 1
+    inter = coll["group_size"].to_numpy(np.float64) > fits
+    out = []
+    for label, mask in (("intra-node", ~inter), ("inter-node", inter)):
+        part = coll[mask]
+        if part.empty:
+            continue
+        seconds = float(part["seconds"].clip(lower=0).sum())
+        nbytes = float(part["bytes"].fillna(0).sum())
+        out.append({
+            "link": label,
+            "calls": len(part),
+            "bytes": int(nbytes),
+            "seconds": round(seconds, 6),
+            "bandwidth_bytes_s": finite_or_none(nbytes / seconds) if seconds > 0 else None,
+        })  # fmt: skip
+    return out
+
+
+def _straggler_node(spans: pd.DataFrame, s: pd.DataFrame, th: Thresholds) -> dict | None:
+    """The node whose ranks finish their work phases last, if one does in most phase-steps.
+
+    Per (phase, step) each node's time is its slowest rank's summed span time; a node is the
+    straggler of a phase-step when it exceeds the median of the other nodes by
+    ``th.imbalance_spread_frac``. Delay = its excess; GPU-seconds lost = delay × the other
+    nodes' GPUs (they wait at the next synchronisation)."""
+    if spans.empty or "step" not in spans:
+        return None
+    work = spans[~spans["phase"].isin(WORK_PHASES_EXCLUDED).to_numpy()
+                 & np.isfinite(spans["step"].to_numpy(np.float64))]  # fmt: skip
+    if work.empty:
+        return None
+    d = work.assign(dur=(work["end_ns"] - work["start_ns"]) / 1e9)
+    per_rank = d.groupby(["phase", "step", "host", "pid"], sort=False)["dur"].sum()
+    per_node = per_rank.groupby(level=["phase", "step", "host"], sort=False).max().reset_index()
+    nodes_in = per_node.groupby(["phase", "step"])["host"].transform("size")
+    per_node = per_node[nodes_in >= 2]
+    if per_node.empty:
+        return None
+    grp = per_node.groupby(["phase", "step"], sort=False)["dur"]
+    per_node["mx"] = grp.transform("max")
+    others = per_node["dur"].where(per_node["dur"] < per_node["mx"])
+    per_node["med"] = others.groupby([per_node["phase"], per_node["step"]]).transform("median")
+    per_node["med"] = per_node["med"].fillna(per_node["mx"])
+    slowest = per_node[
+        (per_node["dur"] >= per_node["mx"])
+        & (per_node["mx"] > per_node["med"] * (1 + th.imbalance_spread_frac))
+    ]
+    slowest = slowest.drop_duplicates(["phase", "step"])  # fmt: skip
+    if slowest.empty:
+        return None
+    delay = (slowest["mx"] - slowest["med"]).groupby(slowest["host"]).sum()
+    node = str(delay.idxmax())
+    phase_steps = per_node.drop_duplicates(["phase", "step"]).shape[0]
+    if (slowest["host"] == node).sum() < 0.5 * phase_steps:
+        return None  # no node is consistently last: per-rank imbalance, not a node
+    gpus = s.groupby("host")["gpu"].nunique() if len(s) else pd.Series(dtype=float)
+    others_gpus = float(gpus.drop(node, errors="ignore").sum())
+    return {
+        "node": node,
+        "delay_s": round(float(delay[node]), 3),
+        "gpu_s": round(float(delay[node]) * others_gpus, 3),
+        "phase_steps": int((slowest["host"] == node).sum()),
+        "of_phase_steps": int(phase_steps),
+    }
+
+
+def _sync_crosses(spans: pd.DataFrame, nodes: list[str]) -> bool | None:
+    """True when weight sync moves data between nodes; None without reshard spans."""
+    if spans.empty:
+        return None
+    reshard = spans[spans["phase"] == "reshard"]
+    if reshard.empty:
+        return None
+    roll = set(spans.loc[spans["phase"].isin(_ROLLOUT), "host"])
+    upd = set(spans.loc[spans["phase"].isin(_UPDATE), "host"])
+    if roll and upd and roll.isdisjoint(upd):
+        return True  # disaggregated: rollout on some nodes, training on others
+    coll = _collectives(spans)
+    if coll.empty:
+        return False
+    # collectives inside a reshard span of the same process
+    keys = ["host", "pid"]
+    inside = pd.merge_asof(
+        coll[[*keys, "start_ns", "group_size"]].sort_values("start_ns", kind="stable"),
+        reshard[[*keys, "start_ns", "end_ns"]].sort_values("start_ns", kind="stable")
+        .rename(columns={"start_ns": "r_start", "end_ns": "r_end"}),
+        left_on="start_ns", right_on="r_start", by=keys, direction="backward",
+    )  # fmt: skip
+    inside = inside[inside["r_end"].notna() & (inside["start_ns"] <= inside["r_end"])]
+    per_node = spans.dropna(subset=["rank"]).groupby("host")["rank"].nunique()
+    fits = int(per_node.max()) if len(per_node) else 1
+    return bool((inside["group_size"].to_numpy(np.float64) > fits).any())
+
+
+def _alignment(clocks: dict[str, dict], nodes: list[str]) -> dict[str, Any] | None:
+    """How well the nodes' clocks were aligned (None: not aligned at all)."""
+    aligned = {n: c for n, c in clocks.items() if c.get("method") != "reference"}
+    if not aligned:
+        return None
+    errors = [c.get("error_ns") for c in aligned.values()]
+    known = [e for e in errors if isinstance(e, int)]
+    return {
+        "worst_error_ns": max(known) if known else None,
+        "method": ", ".join(sorted({str(c.get("method")) for c in aligned.values()})),
+        "nodes_aligned": len(aligned),
+        "nodes_unaligned": len([n for n in nodes if n not in clocks]),
+    }

@@ -1,0 +1,100 @@
+"""Cross-node figures: per node, per link type, the straggler node, idle nodes while others work."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+
+from gpuprof.analyzers.diagnose import diagnose
+from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+from gpuprof.analyzers.nodes import node_summary
+from gpuprof.model import GpuSample, Run, RunMeta, Span
+
+T0 = 1_700_000_000_000_000_000
+
+
+def _gpu_rows(node: str, gpus: int, util) -> list[dict]:
+    """10 Hz samples for 20 s; ``util(t_s)`` the utilisation at time t."""
+    return [
+        dataclasses.asdict(GpuSample(node, g, f"{node}-{g}", T0 + i * 100_000_000, util(i / 10)))
+        for g in range(gpus)
+        for i in range(200)
+    ]
+
+
+def _run(spans: list[Span] = (), clocks: dict | None = None) -> Run:
+    works = lambda t: 95.0  # noqa: E731
+    waits = lambda t: 0.0 if t < 10 else 95.0  # noqa: E731
+    gpu = pd.DataFrame(_gpu_rows("nodeA", 4, works) + _gpu_rows("nodeB", 4, waits))
+    frame = pd.DataFrame([dataclasses.asdict(s) for s in spans]) if spans else None
+    meta = RunMeta(run_id="r", hosts=["nodeA", "nodeB"], clocks=clocks or {},
+                   reference_node="nodeA")  # fmt: skip
+    run = Run(meta=meta, gpu=gpu)
+    if frame is not None:
+        frame["depth"] = 0
+        run.spans = frame
+    return run
+
+
+def test_a_node_idle_while_another_works_is_counted():
+    summary = node_summary(AnalysisContext(_run()), Thresholds())
+    by_node = {n["node"]: n for n in summary["nodes"]}
+    assert by_node["nodeA"]["gpus"] == by_node["nodeB"]["gpus"] == 4
+    assert by_node["nodeA"]["idle_while_others_busy_gpu_s"] == 0
+    # nodeB's 4 GPUs sat idle for the first 10 s while nodeA's worked: ~40 GPU-s
+    assert 38 <= by_node["nodeB"]["idle_while_others_busy_gpu_s"] <= 41
+    assert summary["alignment"] is None  # nothing says the clocks were aligned
+
+
+def _span(node, rank, phase, step, start_s, dur_s, **attrs) -> Span:
+    start = T0 + int(start_s * 1e9)
+    return Span(node, 100 + rank, 1, rank, rank % 4, phase, phase, step, 0, start,
+                start + int(dur_s * 1e9), attrs=attrs)  # fmt: skip
+
+
+def test_straggler_node_links_and_cross_node_weight_sync():
+    spans = []
+    for step in range(6):
+        t = step * 3.0
+        for node, ranks, dur in (("nodeA", (0, 1), 1.0), ("nodeB", (2, 3), 1.6)):
+            for rank in ranks:
+                spans.append(_span(node, rank, "update_actor", step, t, dur))
+                # a world all-reduce (crosses nodes) and a 2-rank one inside each node
+                spans.append(_span(node, rank, "collective", step, t + 1.7, 0.2, op="all_reduce",
+                                   bytes=400_000_000, group_size=4))  # fmt: skip
+                spans.append(_span(node, rank, "collective", step, t + 2.0, 0.1, op="all_reduce",
+                                   bytes=400_000_000, group_size=2))  # fmt: skip
+                spans.append(_span(node, rank, "reshard", step, t + 1.65, 0.3))
+    clocks = {
+        "nodeA": {"offset_ns": 0, "error_ns": 0, "method": "reference"},
+        "nodeB": {"offset_ns": -3_000_000, "error_ns": 200_000, "method": "collectives"},
+    }
+    summary = node_summary(AnalysisContext(_run(spans, clocks)), Thresholds())
+    straggler = summary["straggler_node"]
+    assert straggler["node"] == "nodeB" and straggler["phase_steps"] == 6
+    assert abs(straggler["delay_s"] - 6 * 0.6) < 1e-6
+    assert abs(straggler["gpu_s"] - 6 * 0.6 * 4) < 1e-6  # nodeA's 4 GPUs wait for it
+    links = {link["link"]: link for link in summary["links"]}
+    assert links["inter-node"]["calls"] == 24 and links["intra-node"]["calls"] == 24
+    assert abs(links["inter-node"]["bandwidth_bytes_s"] - 2e9) < 1
+    assert abs(links["intra-node"]["bandwidth_bytes_s"] - 4e9) < 1
+    assert summary["weight_sync_crosses_nodes"] is True
+    assert summary["alignment"]["worst_error_ns"] == 200_000
+    node_b = next(n for n in summary["nodes"] if n["node"] == "nodeB")
+    assert node_b["ranks"] == [2, 3] and node_b["clock"]["offset_ns"] == -3_000_000
+
+
+def test_single_node_runs_have_no_node_section():
+    run = _run()
+    run.gpu = run.gpu[run.gpu["host"] == "nodeA"]
+    run.meta.hosts = ["nodeA"]
+    assert node_summary(AnalysisContext(run), Thresholds()) is None
+    assert diagnose(run).summary["nodes"] is None
+
+
+def test_the_terminal_diagnosis_shows_the_nodes():
+    from gpuprof.reports.terminal import diagnosis_renderable, render_text
+
+    text = render_text(diagnosis_renderable(diagnose(_run())), width=140)
+    assert "Nodes" in text and "nodeA" in text and "nodeB" in text
