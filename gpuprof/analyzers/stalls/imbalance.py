@@ -117,7 +117,12 @@ def _stragglers(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     confidence = 0.5 + 0.2 * min(1.0, (spread - 1.0) / 0.5 if np.isfinite(spread) else 0.0)
     confidence += 0.15 * min(1.0, who.iloc[0] / max(gpu_s, 1e-12))
     confidence += 0.15 if not barrier.empty else 0.0
-    straggler_label = f"rank {rank}" if rank is not None else f"pid {int(top_pid)} on {top_host}"
+    multi_node = spans["host"].nunique() > 1
+    straggler_label = (
+        f"pid {int(top_pid)} on {top_host}" if rank is None
+        else f"rank {rank} on {top_host}" if multi_node
+        else f"rank {rank}"
+    )  # fmt: skip
     summary = (
         f"{straggler_label} straggles: its phases run {spread - 1:.0%} longer than the median "
         f"rank in {len(stragglers)} phase-steps; others wait ~{_fmt_gpu_s(gpu_s)} ({{share}})"
