@@ -165,12 +165,22 @@ class LiveState:
             return None
         return min(stepped, key=lambda r: (r.rank is None, r.rank or 0, r.pid))
 
-    def step_time_s(self) -> float | None:
-        """Mean seconds per step over the lead rank's last steps."""
-        lead = self.lead()
-        if lead is None or len(lead.steps) < 2:
+    def step_time_s(self, rank: _Rank | None = None) -> float | None:
+        """Mean seconds per step over the last steps of ``rank`` (default: the lead rank)."""
+        info = self.lead() if rank is None else rank
+        if info is None or len(info.steps) < 2:
             return None
-        return (lead.steps[-1] - lead.steps[0]) / 1e9 / (len(lead.steps) - 1)
+        return (info.steps[-1] - info.steps[0]) / 1e9 / (len(info.steps) - 1)
+
+    def top_idle_phase(self) -> tuple[str, float, float] | None:
+        """``(phase, idle GPU-s, share of the GPU-time read)`` of the phase in which the most
+        GPU-time has gone idle so far; None while no phase reaches `Thresholds.min_share`."""
+        named = {k: v for k, v in self.idle_by_phase().items() if k is not None}
+        if not named or self.gpu_s <= 0:
+            return None
+        phase, lost = max(named.items(), key=lambda kv: kv[1])
+        share = lost / self.gpu_s
+        return (phase, lost, share) if share >= Thresholds().min_share else None
 
 
 class StoreTail:
@@ -290,11 +300,9 @@ def status_lines(state: LiveState, width: int, now_ns: int, *, ascii_only: bool 
     lines.append(line)
 
     finding = Text("most idle: ", style="bold")
-    idle = state.idle_by_phase()
-    named = {k: v for k, v in idle.items() if k is not None}
-    phase, lost = max(named.items(), key=lambda kv: kv[1]) if named else (None, 0.0)
-    share = lost / state.gpu_s if state.gpu_s > 0 else 0.0
-    if phase is not None and share >= Thresholds().min_share:
+    top = state.top_idle_phase()
+    if top is not None:
+        phase, lost, share = top
         finding.append(phase, style="bold yellow")
         finding.append(f"  {fmt.gpu_seconds(lost)} idle, {100 * share:.0f}% of GPU-time so far")
     else:

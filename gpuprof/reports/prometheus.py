@@ -1,0 +1,432 @@
+"""``gpuprof watch --metrics-port PORT``: a Prometheus ``/metrics`` endpoint while the command runs.
+
+The exporter serves what the live view shows (`gpuprof.reports.live`), for dashboards and
+alerts: the sampler's newest GPU and host readings, and what the hooks have recorded in the run
+file (the last phase each rank finished, steps, idle GPU-time by phase). It listens only when
+asked, on 127.0.0.1 unless another address is given, with ``prometheus_client``'s own server
+over a private `CollectorRegistry` (nothing of the process's default registry is exposed).
+
+It never touches the hardware: GPU figures come from ``Sampler.latest()`` (read at each scrape
+and four times a second in the exporter's own thread, never in the sampler's), spans and steps
+from the run's SQLite file, read incrementally at most once a second in that same thread.
+Nothing it does can raise into the watcher: a failure becomes one of at most `MAX_ERRORS`
+notices.
+
+Metrics (all prefixed ``gpuprof_``; labels ``node`` everywhere, ``gpu`` and ``uuid`` per GPU,
+``rank`` and ``pid`` per process, standing for dcgm-exporter's ``Hostname``, ``gpu``, ``UUID``;
+units in names, base units, ratios 0–1):
+
+- ``gpu_info{model_name}`` (1 per GPU; dcgm-exporter's ``modelName``);
+- per GPU: ``gpu_utilization_ratio`` (NVML ``utilization.gpu``: a kernel was running, not how
+  busy the SMs were), ``gpu_memory_utilization_ratio``, ``gpu_sm_active_ratio``,
+  ``gpu_sm_occupancy_ratio``, ``gpu_tensor_active_ratio``, ``gpu_dram_active_ratio`` (GPM,
+  Hopper and newer), ``gpu_memory_used_bytes``, ``gpu_memory_total_bytes``,
+  ``gpu_power_watts``, ``gpu_pcie_rx_bytes_per_second``, ``gpu_pcie_tx_bytes_per_second``,
+  ``gpu_nvlink_rx_bytes_per_second``, ``gpu_nvlink_tx_bytes_per_second``,
+  ``gpu_sm_clock_hertz``, ``gpu_temperature_celsius``. A metric the GPU does not report has no
+  sample (never 0); a family no GPU reports is left out;
+- host: ``host_cpu_utilization_ratio``, ``host_memory_used_bytes``, ``host_memory_total_bytes``;
+- per process that recorded spans or steps: ``rank_phase_info{phase}`` (1 for the phase it
+  finished last: hooks record a span when it ends, so this trails the phase it is in by up to
+  that phase's length), ``rank_phase_end_timestamp_seconds``, ``steps_total`` and
+  ``step_duration_seconds`` (mean over its last 20 steps);
+- ``idle_gpu_seconds{phase}``: GPU-seconds with utilization below the idle threshold, charged
+  to the innermost span covering each reading, ``(none)`` while no span covers it. A running
+  estimate and a gauge, not a counter: time moves from ``(none)`` to a phase when the span that
+  covered it ends; ``sampled_gpu_seconds_total`` is the GPU-time read so far;
+- ``top_finding_idle_gpu_seconds{kind,phase}`` and ``top_finding_share_ratio{kind,phase}``: the
+  "top finding so far", derived cheaply from the idle GPU-time by phase (the live view's "most
+  idle" line), not from the full analyzer: the phase in which the most GPU-time has gone idle,
+  once it reaches `Thresholds.min_share` of the GPU-time read, with the stall kind the analyzer
+  charges idle time in that phase to (``reshard_idle``, ``reward_bound``,
+  ``dataloader_starvation``, ``periodic_stall``, ``generation_tail``) or ``phase_idle`` for a
+  phase no detector claims by name. ``gpuprof analyze`` gives the diagnosis after the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import start_http_server
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from gpuprof.analyzers.alignment import NO_PHASE
+from gpuprof.reports.live import STORE_POLL_S, LiveState, Readings, StoreTail
+
+DEFAULT_ADDRESS = "127.0.0.1"
+"""Where the endpoint listens unless ``--metrics-address`` says otherwise."""
+READINGS_POLL_S = 0.25
+"""How often the exporter's thread takes the sampler's newest readings (and at every scrape);
+each reading's idle GPUs are charged to the phase it falls in, as in the live view."""
+HOLD_S = 5.0
+"""A GPU value is served up to this long after it was read: without NVML's PCIe byte counters,
+PCIe throughput is read for one GPU per tick, so each GPU's last value stands in between."""
+MAX_ERRORS = 3
+"""Notices kept about failures of the exporter (the watch goes on without them)."""
+
+PREFIX = "gpuprof_"
+
+_GPU_GAUGES: tuple[tuple[str, str, float, str, str], ...] = (
+    ("gpu_utilization_ratio", "util_gpu_pct", 100.0, "ratio",
+     "Share of the last sample period in which a kernel ran on the GPU (NVML utilization.gpu); "
+     "a one-thread kernel reads 1: see gpuprof_gpu_sm_active_ratio for SM activity."),
+    ("gpu_memory_utilization_ratio", "util_mem_pct", 100.0, "ratio",
+     "Share of the last sample period in which device memory was read or written "
+     "(NVML utilization.memory)."),
+    ("gpu_sm_active_ratio", "sm_active_pct", 100.0, "ratio",
+     "SM activity: share of time an SM had a warp resident, averaged over SMs (GPM)."),
+    ("gpu_sm_occupancy_ratio", "sm_occupancy_pct", 100.0, "ratio",
+     "Resident warps over the SMs' maximum, averaged over time (GPM)."),
+    ("gpu_tensor_active_ratio", "tensor_active_pct", 100.0, "ratio",
+     "Share of time the tensor cores were active (GPM)."),
+    ("gpu_dram_active_ratio", "dram_active_pct", 100.0, "ratio",
+     "Share of time device memory was transferring data (GPM)."),
+    ("gpu_memory_used_bytes", "mem_used_bytes", 1.0, "bytes", "Device memory in use."),
+    ("gpu_memory_total_bytes", "mem_total_bytes", 1.0, "bytes", "Device memory in total."),
+    ("gpu_power_watts", "power_w", 1.0, "watts", "Power draw."),
+    ("gpu_pcie_rx_bytes_per_second", "pcie_rx_bytes_s", 1.0, "bytes_per_second",
+     "PCIe bytes received by the GPU per second over the last sample period."),
+    ("gpu_pcie_tx_bytes_per_second", "pcie_tx_bytes_s", 1.0, "bytes_per_second",
+     "PCIe bytes sent by the GPU per second over the last sample period."),
+    ("gpu_nvlink_rx_bytes_per_second", "nvlink_rx_bytes_s", 1.0, "bytes_per_second",
+     "NVLink bytes received per second over the last sample period, all links."),
+    ("gpu_nvlink_tx_bytes_per_second", "nvlink_tx_bytes_s", 1.0, "bytes_per_second",
+     "NVLink bytes sent per second over the last sample period, all links."),
+    ("gpu_sm_clock_hertz", "sm_clock_mhz", 1e6, "hertz", "SM clock."),
+    ("gpu_temperature_celsius", "temp_c", 1.0, "celsius", "GPU temperature."),
+)  # fmt: skip
+"""``(name, GpuSample attribute, factor to base units, unit, help)`` of each per-GPU gauge; a
+ratio's factor divides (percent → 0–1, exactly: 70 % is 0.7, not 0.7000000000000001)."""
+
+GPU_ATTRS = tuple(spec[1] for spec in _GPU_GAUGES)
+
+
+def _base(value: float, factor: float, unit: str) -> float:
+    return value / factor if unit == "ratio" else value * factor
+
+
+STALL_KIND_OF_PHASE = {
+    "reshard": "reshard_idle",
+    "reward": "reward_bound",
+    "dataload": "dataloader_starvation",
+    "checkpoint": "periodic_stall",
+    "eval": "periodic_stall",
+    "rollout": "generation_tail",
+}
+"""The stall kind the analyzer charges idle time inside a phase to; others: ``phase_idle``."""
+
+
+def stall_kind(phase: str) -> str:
+    """The stall kind named in ``top_finding_*`` for idle time in ``phase``."""
+    return STALL_KIND_OF_PHASE.get(phase, "phase_idle")
+
+
+class GpuprofCollector(Collector):
+    """Turns a `LiveState` and the held GPU readings into metric families at each scrape.
+
+    ``readings`` is called at every scrape for the freshest GPU values (``Sampler.latest``);
+    ``gpus`` is the run's GPU inventory (``RunMeta.gpus``: host, index, uuid, name).
+    Thread-safe: the exporter's thread and the HTTP server's threads share ``lock``.
+    """
+
+    def __init__(
+        self,
+        state: LiveState,
+        node: str,
+        *,
+        readings: Callable[[], Readings | None] | None = None,
+        gpus: Sequence[dict[str, Any]] = (),
+        lock: threading.Lock | None = None,
+    ) -> None:
+        self.state = state
+        self.node = node
+        self.readings = readings
+        self.gpus = list(gpus)
+        self.lock = lock or threading.Lock()
+        self.errors: list[str] = []
+        self._held: dict[tuple[str, int], dict[str, tuple[int, float]]] = {}
+        """(host, GPU) → attribute → (t_ns, value) of its last reading."""
+        self._uuid: dict[tuple[str, int], str] = {}
+        self._host: tuple[int, Any] | None = None
+
+    # ----- inputs (any thread)
+    def take(self, readings: Readings | None) -> None:
+        """Take the sampler's newest readings into the state and the held values."""
+        if readings is None:
+            return
+        with self.lock:
+            self.state.add_readings(readings)
+            t_ns, gpus, host = readings
+            for g in gpus:
+                key = (g.host, g.gpu)
+                if g.uuid:
+                    self._uuid[key] = g.uuid
+                held = self._held.setdefault(key, {})
+                for attr in GPU_ATTRS:
+                    value = getattr(g, attr, None)
+                    if value is not None:
+                        held[attr] = (g.t_ns or t_ns, float(value))
+            if host is not None:
+                self._host = (t_ns, host)
+
+    def error(self, message: str) -> None:
+        if len(self.errors) < MAX_ERRORS and message not in self.errors:
+            self.errors.append(message)
+
+    # ----- output (the HTTP server's threads)
+    def collect(self) -> Iterator[Metric]:
+        if self.readings is not None:
+            try:
+                self.take(self.readings())
+            except Exception as exc:
+                self.error(f"metrics endpoint: reading the sampler failed: {exc!r}")
+        families: list[Metric] = []
+        with self.lock:
+            for part in (
+                self._gpu_families,
+                self._host_families,
+                self._rank_families,
+                self._idle_families,
+            ):
+                try:
+                    families.extend(part())
+                except Exception as exc:  # one part failing leaves the others served
+                    self.error(f"metrics endpoint: {part.__name__.strip('_')} failed: {exc!r}")
+        yield from families
+
+    def _gpu_families(self) -> list[Metric]:
+        labels = ["node", "gpu", "uuid"]
+        info = InfoMetricFamily(PREFIX + "gpu", "The GPUs of the node, one per GPU.", labels=labels)
+        listed = set()
+        for g in self.gpus:
+            key = (str(g.get("host") or self.node), int(g.get("index", 0)))
+            listed.add(key)
+            uuid = g.get("uuid") or self._uuid.get(key, "")
+            values = [key[0], str(key[1]), str(uuid)]
+            info.add_metric(values, {"model_name": str(g.get("name") or "")})
+        for key in sorted(self._held.keys() - listed):
+            info.add_metric([key[0], str(key[1]), self._uuid.get(key, "")], {"model_name": ""})
+        out: list[Metric] = [info] if info.samples else []
+        newest = max((t for held in self._held.values() for t, _ in held.values()), default=0)
+        oldest = newest - int(HOLD_S * 1e9)
+        for name, attr, factor, unit, doc in _GPU_GAUGES:
+            family = GaugeMetricFamily(PREFIX + name, doc, labels=labels, unit=unit)
+            for key in sorted(self._held):
+                t_ns, value = self._held[key].get(attr, (0, 0.0))
+                if t_ns and t_ns >= oldest:
+                    family.add_metric(
+                        [key[0], str(key[1]), self._uuid.get(key, "")], _base(value, factor, unit)
+                    )
+            if family.samples:
+                out.append(family)
+        return out
+
+    def _host_families(self) -> list[Metric]:
+        if self._host is None:
+            return []
+        host = self._host[1]
+        node = str(getattr(host, "host", None) or self.node)
+        out: list[Metric] = []
+        for name, attr, factor, unit, doc in (
+            ("host_cpu_utilization_ratio", "cpu_pct", 100.0, "ratio",
+             "Host CPU busy share over all cores."),
+            ("host_memory_used_bytes", "mem_used_bytes", 1.0, "bytes", "Host memory in use."),
+            ("host_memory_total_bytes", "mem_total_bytes", 1.0, "bytes", "Host memory in total."),
+        ):  # fmt: skip
+            value = getattr(host, attr, None)
+            if value is not None:
+                family = GaugeMetricFamily(PREFIX + name, doc, labels=["node"], unit=unit)
+                family.add_metric([node], _base(float(value), factor, unit))
+                out.append(family)
+        return out
+
+    def _rank_families(self) -> list[Metric]:
+        labels = ["node", "rank", "pid"]
+        phase = InfoMetricFamily(
+            PREFIX + "rank_phase",
+            "The phase each process finished last (spans are recorded when they end, so this "
+            "trails the phase it is in).",
+            labels=labels,
+        )
+        ended = GaugeMetricFamily(
+            PREFIX + "rank_phase_end_timestamp_seconds",
+            "When the phase in gpuprof_rank_phase_info ended (Unix time).",
+            labels=labels,
+            unit="seconds",
+        )
+        steps = CounterMetricFamily(
+            PREFIX + "steps",
+            "Training steps each process has marked (gpuprof.step).",
+            labels=labels,
+        )
+        step_s = GaugeMetricFamily(
+            PREFIX + "step_duration_seconds",
+            "Mean seconds per step over the process's last 20 steps.",
+            labels=labels,
+            unit="seconds",
+        )
+        ranks = sorted(
+            self.state.ranks.values(), key=lambda r: (r.rank is None, r.rank or 0, r.pid)
+        )
+        for r in ranks:
+            values = [self.node, "" if r.rank is None else str(r.rank), str(r.pid)]
+            if r.end_ns:
+                phase.add_metric(values, {"phase": r.phase})
+                ended.add_metric(values, r.end_ns / 1e9)
+            if r.step_count:
+                steps.add_metric(values, float(r.step_count))
+            seconds = self.state.step_time_s(r)
+            if seconds is not None:
+                step_s.add_metric(values, seconds)
+        return [f for f in (phase, ended, steps, step_s) if f.samples]
+
+    def _idle_families(self) -> list[Metric]:
+        state = self.state
+        if state.gpu_s <= 0:
+            return []
+        sampled = CounterMetricFamily(
+            PREFIX + "sampled_gpu_seconds",
+            "GPU-seconds covered by utilization readings so far (the denominator of idle shares).",
+            labels=["node"],
+            unit="seconds",
+        )
+        sampled.add_metric([self.node], state.gpu_s)
+        idle = GaugeMetricFamily(
+            PREFIX + "idle_gpu_seconds",
+            "Idle GPU-seconds so far by the innermost phase covering them ((none): no span yet); "
+            "a running estimate: time moves from (none) to a phase when its span ends.",
+            labels=["node", "phase"],
+            unit="seconds",
+        )
+        for name, seconds in sorted(state.idle_by_phase().items(), key=lambda kv: str(kv[0])):
+            idle.add_metric([self.node, NO_PHASE if name is None else name], seconds)
+        out: list[Metric] = [sampled, idle]
+        top = state.top_idle_phase()
+        if top is not None:
+            name, lost, share = top
+            values = [self.node, stall_kind(name), name]
+            labels = ["node", "kind", "phase"]
+            lost_family = GaugeMetricFamily(
+                PREFIX + "top_finding_idle_gpu_seconds",
+                "Idle GPU-seconds of the phase that has lost the most so far (a running "
+                "estimate from idle time by phase, not the full diagnosis).",
+                labels=labels,
+                unit="seconds",
+            )
+            lost_family.add_metric(values, lost)
+            share_family = GaugeMetricFamily(
+                PREFIX + "top_finding_share_ratio",
+                "That idle time as a share of the GPU-time read so far.",
+                labels=labels,
+                unit="ratio",
+            )
+            share_family.add_metric(values, share)
+            out += [lost_family, share_family]
+        return out
+
+
+class MetricsExporter:
+    """Serves ``/metrics`` on ``address`` (host, port) until `stop`.
+
+    ``readings`` is ``Sampler.latest``; ``db_path`` the run file the hooks write spans and steps
+    to; ``node`` the node's name; ``gpus`` the run's GPU inventory. `start` raises `OSError`
+    when the address cannot be bound (`bind_failure` words it); nothing else raises.
+    """
+
+    def __init__(
+        self,
+        readings: Callable[[], Readings | None],
+        db_path: Path | str,
+        *,
+        node: str,
+        address: tuple[str, int],
+        gpus: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        self.readings = readings
+        self.address = (address[0] or DEFAULT_ADDRESS, int(address[1]))
+        self.state = LiveState()
+        self.collector = GpuprofCollector(self.state, node, readings=readings, gpus=gpus)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        self.tail = StoreTail(Path(db_path))
+        self.bound: tuple[str, int] | None = None
+        """The address actually listened on (the port chosen by the system for port 0)."""
+        self._server: Any = None
+        self._server_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpuprof-metrics", daemon=True)
+
+    @property
+    def errors(self) -> list[str]:
+        """Notices about failures while serving (at most `MAX_ERRORS`)."""
+        return self.collector.errors
+
+    @property
+    def url(self) -> str:
+        host, port = self.bound or self.address
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
+    def start(self) -> None:
+        """Listen and start the polling thread; `OSError` when the address cannot be bound."""
+        host, port = self.address
+        self._server, self._server_thread = start_http_server(port, host, registry=self.registry)
+        self.bound = tuple(self._server.server_address[:2])
+        self._thread.start()
+
+    def bind_failure(self, exc: OSError, option: str = "--metrics-port") -> str:
+        """One line for a failed `start`: what was asked, why it failed, and that the watch
+        goes on."""
+        host, port = self.address
+        if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+            where = f"{option} {port} on {host}"
+        else:
+            where = f"{option} {port}" + ("" if host == DEFAULT_ADDRESS else f" on {host}")
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        reason = reason[:1].lower() + reason[1:]
+        return f"{where}: {reason}; going on without the metrics endpoint"
+
+    def stop(self) -> None:
+        """Stop polling, close the listening socket and wait for the server's thread."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                self._server.shutdown()
+            with contextlib.suppress(Exception):
+                self._server.server_close()
+            if self._server_thread is not None:
+                self._server_thread.join(timeout=5.0)
+            self._server = None
+
+    def _run(self) -> None:
+        next_poll = 0.0
+        try:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    self.collector.take(self.readings())
+                    if started >= next_poll:
+                        spans, steps = self.tail.poll()  # outside the lock: file I/O
+                        with self.collector.lock:
+                            self.state.add_spans(spans)
+                            self.state.add_steps(steps)
+                        next_poll = started + STORE_POLL_S
+                except Exception as exc:  # never let the endpoint disturb the watch
+                    self.collector.error(f"metrics endpoint: {exc!r}")
+                self._stop.wait(max(0.0, READINGS_POLL_S - (time.monotonic() - started)))
+        finally:
+            self.tail.close()  # in the thread that opened it
