@@ -63,6 +63,8 @@ class WatchOptions:
     auto: bool = True
     """Zero-code capture: put gpuprof's bootstrap on the command's ``PYTHONPATH`` so TRL,
     ms-swift, verl, OpenRLHF and torch.distributed are instrumented as they are imported."""
+    metrics_address: tuple[str, int] | None = None
+    """Serve Prometheus metrics on this (host, port) while the command runs; None: don't."""
 
 
 @dataclass
@@ -213,7 +215,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [bootstrap_dir(), env.get("PYTHONPATH")]))
     sink = _LogSink(writer, host)
     child = ChildProcess(argv, env=env, on_line=sink, kill_after_s=options.kill_after_s)
-    sampler = live = None
+    sampler = live = metrics = None
     try:
         pid = child.start()
     except CommandNotFound as exc:
@@ -230,8 +232,12 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         )
         sampler.start()
         live = _start_live(options, sampler, db_path)
+        metrics = _start_metrics(options, sampler, db_path, host, meta.gpus, notices)
         exit_code = child.wait()
     finally:
+        if metrics is not None:
+            metrics.stop()
+            notices.extend(metrics.errors)
         if live is not None:
             live.stop()
         if sampler is not None:
@@ -448,6 +454,25 @@ def _start_live(options: WatchOptions, sampler, db_path: Path):
     live = LiveView(sampler.latest, db_path, sys.stderr)
     live.start()
     return live
+
+
+def _start_metrics(options: WatchOptions, sampler, db_path: Path, node, gpus, notices):
+    """The Prometheus endpoint when asked for; an address it cannot bind: one line, and the
+    watch goes on without it."""
+    if options.metrics_address is None:
+        return None
+    from gpuprof.reports.prometheus import MetricsExporter
+
+    exporter = MetricsExporter(sampler.latest, db_path, node=node, gpus=gpus,
+                               address=options.metrics_address)  # fmt: skip
+    try:
+        exporter.start()
+    except OSError as exc:
+        notices.append(exporter.bind_failure(exc))
+        _notify(notices[-1], False)
+        return None
+    _notify(f"Prometheus metrics at {exporter.url}", options.quiet)
+    return exporter
 
 
 def _open_nvml(host: str, options: WatchOptions, meta: RunMeta, notices: list[str]):

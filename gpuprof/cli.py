@@ -116,12 +116,44 @@ def watch(
             min=0,
         ),
     ] = 30.0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Serve Prometheus metrics (GPU readings, phase and steps per rank, idle "
+            "GPU-time by phase) at http://127.0.0.1:PORT/metrics while the command runs "
+            "(0: a free port). Nothing listens without it.",
+            min=0,
+            max=65535,
+        ),
+    ] = None,
+    metrics_address: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-address",
+            help="Address the --metrics-port endpoint listens on (default 127.0.0.1; "
+            "0.0.0.0: every interface).",
+        ),
+    ] = None,
+    wait_nodes: Annotated[
+        float,
+        typer.Option(
+            "--wait-nodes",
+            help="Multi-node launch: seconds node rank 0 waits, once its command ended, for "
+            "the other nodes' watchers before printing the run's summary.",
+            min=0,
+        ),
+    ] = 120.0,
     gpu_hour_price: GpuHourPrice = None,
     model_params: ModelParams = None,
 ) -> None:
     if not command:
         _err("no command given: gpuprof watch [OPTIONS] -- CMD...")
         raise typer.Exit(EXIT_BAD_INPUT)
+    if metrics_address is not None and metrics_port is None:
+        _err("--metrics-address needs --metrics-port")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    metrics_address = metrics_address or "127.0.0.1"
     options = api.WatchOptions(
         output=output,
         interval_s=interval,
@@ -131,6 +163,8 @@ def watch(
         live=live,
         auto=not no_auto,
         kill_after_s=kill_after or None,
+        wait_nodes_s=wait_nodes,
+        metrics_address=None if metrics_port is None else (metrics_address, metrics_port),
     )
     try:
         result = api.watch(command, options)
