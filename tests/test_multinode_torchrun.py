@@ -166,3 +166,42 @@ def test_launch_is_read_from_torchrun_slurm_and_overrides():
     assert launch.detect(["python", "t.py"], {"GPUPROF_NODE_RANK": "1", "GPUPROF_NNODES": "2"}) \
         == launch.Launch(1, 2, 0, "GPUPROF_NODE_RANK")  # fmt: skip
     assert not launch.detect(["python", "train.py", "--nnodes", "2"], {}).multi_node
+
+
+TASK = textwrap.dedent(
+    """
+    import os, time, gpuprof
+    for step in range(5):
+        with gpuprof.phase("rollout"):
+            time.sleep(0.05)
+        gpuprof.step()
+    """
+)
+
+
+def test_srun_with_two_tasks_per_node_samples_each_node_once(simnvml_lib, tmp_path):
+    """`srun --ntasks-per-node=2 gpuprof watch -o RUN -- python task.py` on 2 nodes: four
+    watchers, one sampler per node, one summary (node 0's first task's)."""
+    run_dir = tmp_path / "run"
+    procs = []
+    for node in range(2):
+        for task in range(2):
+            env = _node_env(simnvml_lib, tmp_path, node, util=30 if node == 0 else 80)
+            env.update(SLURM_NODEID=str(node), SLURM_NNODES="2", SLURM_LOCALID=str(task),
+                       SLURM_PROCID=str(2 * node + task))  # fmt: skip
+            cmd = gpuprof_cmd("watch", "--interval", "0.05", "-o", str(run_dir), "--",
+                              sys.executable, "-c", TASK)  # fmt: skip
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True))  # fmt: skip
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errs
+    assert sum("run saved to" in e for e in errs) == 1 and "run saved to" in errs[0]
+    files = sorted(p.name for p in run_dir.glob("*.sqlite"))
+    assert files == ["node0.sqlite", "node0.task1.sqlite", "node1.sqlite", "node1.task1.sqlite"]
+    run = store.load_run(run_dir)
+    # each node's 2 GPUs sampled once (by its first task), not twice
+    per_gpu = run.gpu.groupby(["host", "gpu"]).size()
+    assert len(per_gpu) == 4
+    assert (run.gpu.groupby(["host", "gpu", "t_ns"]).size() == 1).all()
+    ranks = run.spans[run.spans["phase"] == "rollout"].groupby("host")["rank"].unique()
+    assert sorted(ranks["node0"]) == [0, 1] and sorted(ranks["node1"]) == [2, 3]
