@@ -427,6 +427,8 @@ def _typed(table: str, frame: pd.DataFrame) -> pd.DataFrame:
             out[name] = col.fillna(0).astype(bool)
         elif kind in ("int", "float"):
             values = pd.to_numeric(col, errors="coerce")
+            if values.dtype.kind == "f" and np.isinf(values.to_numpy()).any():
+                values = values.where(np.isfinite(values))  # ±inf is no reading: missing
             if kind == "int" and not values.isna().any():
                 out[name] = values.astype(np.int64)
             else:

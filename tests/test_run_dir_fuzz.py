@@ -1,7 +1,8 @@
 """A damaged or hand-edited run directory never makes a command end in a traceback.
 
 Random metadata values (valid JSON of any shape), truncated or foreign Parquet side files and
-mis-typed tables go through ``summary``, ``analyze``, ``report``, ``export`` and ``compare``;
+mis-typed tables go through ``summary``, ``analyze``, ``report``, ``export``, ``compare`` and
+``merge``;
 each ends with exit 0 or with exit 2 and one line naming the file.
 """
 
@@ -56,10 +57,14 @@ def _run_all(run: Path, out: Path, base: Path, *, readable: bool = False) -> Non
     """Every command on ``run``: exit 0, or (unless ``readable``) exit 2 with one line."""
     runner = CliRunner()
     # compare reads two runs: the damaged one on either side of a good one
-    compares = (["compare", str(base), str(run)], ["compare", str(run), str(base), "--json"])
+    compares = (
+        ["compare", str(base), str(run)],
+        ["compare", str(run), str(base), "--json"],
+        ["merge", str(run), "-o", "{out}/merged"],
+    )
     for command in (*COMMANDS, *compares):
         args = [c.replace("{out}", str(out)) for c in command]
-        argv = args if args[0] == "compare" else [args[0], str(run), *args[1:]]
+        argv = args if args[0] in ("compare", "merge") else [args[0], str(run), *args[1:]]
         result = runner.invoke(app, argv, catch_exceptions=True)
         text = result.output
         assert result.exception is None or isinstance(result.exception, SystemExit), (
