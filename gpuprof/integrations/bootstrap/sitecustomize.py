@@ -6,7 +6,10 @@ It imports nothing but the standard library and installs one import hook. A fram
 patched only when its own module is imported (`HOOKS`), right after that module has run and
 before anything else sees it; for every other import the hook costs one dict lookup.
 ``torch.distributed`` is special: its collectives are wrapped only once the process calls
-``init_process_group``, so a process that merely imports torch pays nothing. Any failure
+``init_process_group``, so a process that merely imports torch pays nothing. ``ray`` is
+special in the same way: ``ray.init`` is wrapped, and only a driver that calls it loads the
+``ray_driver`` adapter (which carries the run to every node of the cluster); Ray's worker
+processes import ray too, and pay nothing. Any failure
 prints one line on stderr and leaves the framework unpatched. Afterwards the next
 ``sitecustomize`` on the path (the one this file shadows) runs as it would have.
 
@@ -32,6 +35,10 @@ HOOKS = {
     "openrlhf.trainer.ray.launcher": "openrlhf",
 }
 """Module → the ``gpuprof.integrations`` adapter whose ``on_import(module)`` patches it."""
+
+DEFERRED = {"ray": ("init", "ray_driver")}
+"""Module → (its function to wrap, the adapter whose ``call(original, args, kwargs)`` runs
+in its place the first time it is called). The adapter is imported only then."""
 
 PREFIXES = {"trl": "trl", "verl": "verl", "swift": "swift"}
 """Packages whose every module goes to its adapter once that adapter is loaded (to rebind
@@ -66,6 +73,9 @@ def _adapter(name):
 def _after_import(fullname, module):
     if fullname == "torch.distributed":
         _defer_collectives(module)
+        return
+    if fullname in DEFERRED:
+        _defer_call(module, *DEFERRED[fullname])
         return
     name = HOOKS.get(fullname)
     if name is None:
@@ -102,6 +112,30 @@ def _defer_collectives(dist):
     dist.init_process_group = init_process_group
 
 
+def _defer_call(module, attr, adapter_name):
+    """Wrap ``module.attr`` so that calling it goes through the adapter's ``call`` (the
+    adapter is imported at the first call; if it cannot be, the original runs as it is)."""
+    original = getattr(module, attr, None)
+    if original is None or hasattr(original, "__gpuprof_original__"):
+        return
+
+    def wrapper(*args, **kwargs):
+        adapter = _adapter(adapter_name)
+        call = getattr(adapter, "call", None)
+        if call is None:
+            return original(*args, **kwargs)
+        return call(original, args, kwargs)
+
+    for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+        try:
+            setattr(wrapper, name, getattr(original, name))
+        except Exception:
+            pass
+    wrapper.__gpuprof_original__ = original
+    wrapper.__wrapped__ = original
+    setattr(module, attr, wrapper)
+
+
 class _Loader:
     """Runs the real loader, then the adapter; restores the real loader on the module."""
 
@@ -129,6 +163,10 @@ class _Loader:
 class _Finder:
     """A meta-path finder that only wraps the loaders of the modules gpuprof patches."""
 
+    gpuprof_bootstrap = True
+    """Marks gpuprof's finder whichever copy of this file installed it (the Ray worker setup
+    hook loads this file under another module name)."""
+
     def __init__(self):
         self._busy = set()
 
@@ -136,6 +174,7 @@ class _Finder:
         if (
             fullname not in HOOKS
             and fullname != "torch.distributed"
+            and fullname not in DEFERRED
             and fullname.partition(".")[0] not in PREFIXES
         ):
             return None
@@ -190,7 +229,7 @@ def _chain():
 def _install():
     if os.environ.get("GPUPROF_AUTO", "1") == "0" or not os.environ.get("GPUPROF_RUN_DIR"):
         return
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+    if not any(getattr(f, "gpuprof_bootstrap", False) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
     dist = sys.modules.get("torch.distributed")
     if dist is not None:  # imported before us (not in a fresh interpreter): patch now
@@ -201,4 +240,5 @@ try:
     _install()
 except Exception as _exc:  # never stop the user's program from starting
     _warn("the import hook", _exc)
-_chain()
+if __name__ == "sitecustomize":  # not when a Ray worker's setup hook loads this file by path
+    _chain()

@@ -1,0 +1,464 @@
+"""The driver's side of a watched Ray job: one sampler actor per other node, their rows into
+``<run>/<node>.sqlite``, their clocks measured, nodes that join or are lost.
+
+Why a thread in the driver rather than a named receiver actor: the driver is the watched
+command (or its descendant), on the watcher's machine, so (1) the run directory is local to
+it — a receiver actor pinned to "the driver's node" does not exist when the driver is not a
+cluster node (Ray Client) and is on another machine when the raylet it attached to is; (2)
+its wall clock *is* the watcher's (same machine, same environment), the clock every node is
+aligned on, so round trips measure exactly the offset the run needs; (3) nothing named is
+left in the cluster to collide with another job, and no extra process runs. Actors cannot
+call into a driver, so the thread *pulls*: about twice a second it asks every sampler for
+what accumulated (`NodeSampler.take`) and queues the rows on that node's
+`gpuprof.store.BufferedWriter` (one writer per file, all on this machine, so SQLite's WAL
+never spans machines). Its cost in the driver is a few Ray calls per node per tick; the
+SQLite commits run on the writers' own threads.
+
+Clock offsets: ``t0`` and ``t1`` read here around a call that reads the node's clock ``n``;
+the node's offset is ``(t0 + t1) / 2 - n`` (add it to the node's times to get the run's),
+good to ``(t1 - t0) / 2``; the tightest of `CLOCK_ROUNDS` round trips is kept, measured when
+a node starts and every `CLOCK_EVERY_S`, and stored in the node's file as the ``"clock"``
+metadata document that `gpuprof.clocks.stored_offset` reads. Rows are stored on the node's
+own clock, as every writer of a run does; the loader applies the offset.
+
+All failures are one line on stderr and the training goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpuprof import __version__, store
+from gpuprof.integrations.ray_cluster.sampler import NodeSampler
+from gpuprof.integrations.ray_cluster.setup_hook import is_reference
+from gpuprof.model import Event, RunMeta
+from gpuprof.nodes import now_ns
+
+TICK_S = 0.5
+"""How often rows are taken from the samplers (and committed by the writers)."""
+MEMBERSHIP_S = 3.0
+"""How often the cluster's node list is read (nodes that joined, nodes marked dead)."""
+PLACE_TIMEOUT_S = 60.0
+"""How long a sampler may take to start on its node (its worker process, the job's
+runtime_env) before the node is given up; ``GPUPROF_RAY_PLACE_TIMEOUT_S`` overrides."""
+TAKE_WAIT_S = 0.3
+"""How long one tick waits for the samplers' replies (later replies are read next tick)."""
+CLOCK_ROUNDS = 8
+"""Round trips per clock measurement; the tightest is kept."""
+CLOCK_EVERY_S = 30.0
+"""How often each node's clock offset is measured again (clocks drift)."""
+FINISH_WAIT_S = 10.0
+"""At the end, how long the samplers' last rows are waited for."""
+MAX_TICK_FAILURES = 5
+"""Consecutive failed ticks after which the recorder gives up (one line)."""
+
+
+@dataclass(frozen=True)
+class ClockEstimate:
+    """A node's clock against the reference: ``offset_ns`` is added to the node's times;
+    ``error_ns`` bounds how wrong that can be (half the round trip); ``rtt_ns`` the round
+    trip it came from."""
+
+    offset_ns: int
+    error_ns: int
+    rtt_ns: int
+
+
+def estimate_offset(readings: Iterable[tuple[int, int, int]]) -> ClockEstimate | None:
+    """The offset from round trips ``(t0, node_ns, t1)`` (``t0``/``t1`` on the reference
+    clock before and after the node read its own): the tightest round trip's midpoint minus
+    the node's reading. None without a usable round trip (``t1 < t0``)."""
+    best: ClockEstimate | None = None
+    for t0, node_ns, t1 in readings:
+        rtt = t1 - t0
+        if rtt < 0:
+            continue
+        if best is None or rtt < best.rtt_ns:
+            best = ClockEstimate((t0 + t1) // 2 - node_ns, (rtt + 1) // 2, rtt)
+    return best
+
+
+@dataclass
+class _Node:
+    """One Ray node as the recorder sees it."""
+
+    ray_id: str
+    address: str
+    actor: Any = None
+    state: str = "placing"
+    """placing → starting → active → lost / finished; or watcher (the watcher's own node,
+    sampled by the watcher) or failed (no sampler: one line said why)."""
+    since: float = field(default_factory=time.monotonic)
+    pending: Any = None
+    """The outstanding call's ObjectRef (hello, start or take)."""
+    name: str | None = None
+    writer: store.BufferedWriter | None = None
+    meta: RunMeta | None = None
+    offset_ns: int = 0
+    next_clock: float = 0.0
+    dropped: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.name or f"Ray node {self.address} ({self.ray_id[:8]})"
+
+
+class ClusterRecorder:
+    """Records every node of the Ray cluster the driver is connected to, other than the
+    watcher's, into ``run_dir``; `start` once ``ray.init`` returned, `finish` before Ray
+    shuts down (at exit)."""
+
+    def __init__(
+        self,
+        ray: Any,
+        run_dir: Path,
+        run_id: str,
+        session: str,
+        reference: str,
+        reference_machine: str,
+        *,
+        interval_s: float = 0.1,
+        host_interval_s: float | None = None,
+        nvml: bool = True,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.ray = ray
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.session = session
+        self.reference = reference
+        self.reference_machine = reference_machine
+        self.interval_s = interval_s
+        self.host_interval_s = host_interval_s
+        self.nvml = nvml
+        self.stream = stream
+        self.place_timeout_s = _env_float("GPUPROF_RAY_PLACE_TIMEOUT_S", PLACE_TIMEOUT_S)
+        self.nodes: dict[str, _Node] = {}
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_membership = 0.0
+        self._failures = 0
+        self._finished = False
+        self._actor_class: Any = None
+        self._strategy: Callable[[str], Any] | None = None
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def start(self) -> bool:
+        """Start recording the cluster from a daemon thread; False (with one line) when this
+        Ray lacks what it needs."""
+        try:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        except ImportError:
+            version = getattr(self.ray, "__version__", "?")
+            self._say(f"Ray {version} has no NodeAffinitySchedulingStrategy (Ray >= 2.0 "
+                      "needed): the GPUs of the cluster's other nodes are not sampled")  # fmt: skip
+            return False
+        self._strategy = lambda node_id: NodeAffinitySchedulingStrategy(node_id, soft=False)
+        self._actor_class = self.ray.remote(NodeSampler)
+        self._thread = threading.Thread(target=self._run, name="gpuprof-ray", daemon=True)
+        self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                with self._lock:
+                    if self._stop.is_set() or not self.ray.is_initialized():
+                        return
+                    self.tick()
+                self._failures = 0
+            except Exception as exc:
+                self._failures += 1
+                if self._failures >= MAX_TICK_FAILURES:
+                    self._say(f"recording the Ray cluster stopped ({type(exc).__name__}: "
+                              f"{exc}); what was recorded so far is kept")  # fmt: skip
+                    return
+            self._stop.wait(max(0.0, TICK_S - (time.monotonic() - began)))
+
+    def finish(self) -> None:
+        """Stop the thread, take the samplers' last rows, close every node's file. Safe to
+        call more than once, and from ``atexit``; never raises."""
+        if self._finished:
+            return
+        self._finished = True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=FINISH_WAIT_S)
+        try:
+            with self._lock:
+                self._finish_nodes()
+        except Exception as exc:
+            self._say(f"could not take the Ray nodes' last samples ({type(exc).__name__}: "
+                      f"{exc}); what was recorded before is kept")  # fmt: skip
+        for node in self.nodes.values():
+            if node.writer is not None:
+                with contextlib.suppress(Exception):
+                    node.writer.close()
+
+    def _finish_nodes(self) -> None:
+        active = [n for n in self.nodes.values() if n.state == "active"]
+        connected = self.ray.is_initialized()
+        if connected and active:
+            calls = []
+            for node in active:
+                if node.pending is not None:
+                    calls.append((node, node.pending))
+                calls.append((node, node.actor.finish.remote()))
+            refs = [ref for _, ref in calls]
+            ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=FINISH_WAIT_S)
+            ready = set(ready)
+            for node, ref in calls:
+                if ref in ready:
+                    self._receive(node, ref)
+        end = now_ns()
+        for node in active:
+            if node.state == "active":
+                node.state = "finished"
+                node.meta.end_ns = end
+                node.writer.set_meta("run", node.meta.to_dict())
+        if connected:
+            for node in self.nodes.values():
+                if node.actor is not None:
+                    with contextlib.suppress(Exception):
+                        self.ray.kill(node.actor)
+
+    # -- one round ---------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One round: the node list (every `MEMBERSHIP_S`), samplers starting, rows taken,
+        one clock measurement when due."""
+        now = time.monotonic()
+        if now >= self._next_membership:
+            self._next_membership = now + MEMBERSHIP_S
+            self._membership()
+        for node in list(self.nodes.values()):
+            if node.state in ("placing", "starting"):
+                self._advance(node)
+        self._take()
+        due = [n for n in self.nodes.values() if n.state == "active" and n.next_clock <= now]
+        if due:
+            self._measure_clock(min(due, key=lambda n: n.next_clock))
+
+    def _membership(self) -> None:
+        for info in self.ray.nodes():
+            ray_id = info.get("NodeID")
+            if not ray_id:
+                continue
+            node = self.nodes.get(ray_id)
+            alive = bool(info.get("Alive"))
+            if node is None:
+                if alive:
+                    address = str(info.get("NodeManagerAddress") or "?")
+                    self.nodes[ray_id] = node = _Node(ray_id, address)
+                    self._place(node)
+            elif not alive and node.state in ("placing", "starting", "active"):
+                self._lost(node, "Ray marked the node dead")
+
+    def _place(self, node: _Node) -> None:
+        try:
+            node.actor = self._actor_class.options(
+                scheduling_strategy=self._strategy(node.ray_id),
+                num_cpus=0,
+                num_gpus=0,
+                max_restarts=0,
+            ).remote(self.run_id, self.session)
+            node.pending = node.actor.hello.remote()
+        except Exception as exc:
+            self._fail(node, f"no sampler could be started there ({type(exc).__name__}: {exc})")
+
+    def _advance(self, node: _Node) -> None:
+        ready, _ = self.ray.wait([node.pending], timeout=0)
+        if not ready:
+            if node.state == "placing" and time.monotonic() - node.since > self.place_timeout_s:
+                self._fail(node, f"its sampler was not placed within {self.place_timeout_s:g} s")
+            return
+        ref, node.pending = node.pending, None
+        try:
+            reply = self.ray.get(ref)
+        except Exception as exc:
+            self._fail(node, f"its sampler did not start ({_short(exc)}; is gpuprof installed "
+                             "there?)")  # fmt: skip
+            return
+        if node.state == "placing":
+            self._identify(node, reply)
+        else:
+            self._open(node, reply)
+
+    def _identify(self, node: _Node, hello: dict[str, Any]) -> None:
+        name = str(hello.get("node") or node.address)
+        if is_reference(name, str(hello.get("machine")), bool(hello.get("own_name")),
+                        self.reference, self.reference_machine):  # fmt: skip
+            node.state = "watcher"  # the watcher samples its own node
+            with contextlib.suppress(Exception):
+                self.ray.kill(node.actor)
+            node.actor = None
+            return
+        taken = {self.reference} | {n.name for n in self.nodes.values() if n.name}
+        if name in taken:
+            unique = f"{name}-{node.ray_id[:8]}"
+            self._say(f"two nodes are called {name}: the one at {node.address} is recorded "
+                      f"as {unique} (set GPUPROF_HOST on each node to name them)")  # fmt: skip
+            name = unique
+        node.name = name
+        node.state = "starting"
+        node.pending = node.actor.start.remote(name, self.interval_s, self.host_interval_s,
+                                               self.nvml)  # fmt: skip
+
+    def _open(self, node: _Node, info: dict[str, Any]) -> None:
+        name = node.name
+        versions = info.get("versions") or {}
+        node.meta = RunMeta(
+            run_id=self.run_id,
+            hosts=[name],
+            gpus=list(info.get("gpus") or []),
+            driver_version=versions.get("driver_version"),
+            nvml_version=versions.get("nvml_version"),
+            cuda_driver_version=versions.get("cuda_driver_version"),
+            start_ns=now_ns(),
+            interval_s=self.interval_s,
+            gpuprof_version=__version__,
+            reference_node=self.reference,
+        )
+
+        def stopped(exc: BaseException, label: str = name) -> None:
+            self._say(f"recording of node {label} stopped: "
+                      f"{store.failure_reason(exc, node.writer.path)}")  # fmt: skip
+
+        node.writer = store.BufferedWriter(store.host_file(self.run_dir, name),
+                                           on_error=stopped, name=f"gpuprof-{name}")  # fmt: skip
+        node.state = "active"
+        self._measure_clock(node)
+        node.writer.set_meta("run", node.meta.to_dict())
+        node.writer.flush()
+
+    def _take(self) -> None:
+        active = [n for n in self.nodes.values() if n.state == "active"]
+        if not active:
+            return
+        for node in active:
+            if node.pending is None:
+                node.pending = node.actor.take.remote()
+        refs = [n.pending for n in active]
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=TAKE_WAIT_S)
+        ready = set(ready)
+        for node in active:
+            if node.pending in ready:
+                ref, node.pending = node.pending, None
+                self._receive(node, ref)
+
+    def _receive(self, node: _Node, ref: Any) -> None:
+        """Write one reply of a node's sampler; a dead sampler is a lost node."""
+        exceptions = self.ray.exceptions
+        try:
+            batch = self.ray.get(ref)
+        except getattr(exceptions, "ActorUnavailableError", ()):
+            return  # unreachable for a moment: asked again next tick
+        except exceptions.RayActorError as exc:
+            self._lost(node, f"its sampler died: {_short(exc)}")
+            return
+        except Exception as exc:
+            self._say(f"a reply from node {node.label} was lost ({_short(exc)})")
+            return
+        writer = node.writer
+        for table, rows in (batch.get("rows") or {}).items():
+            for row in rows:
+                writer.add(table, row)
+        notices = batch.get("notices") or []
+        dropped = int(batch.get("dropped") or 0)
+        if dropped > node.dropped:
+            node.dropped = dropped
+            notices = [*notices, f"{node.name}: {dropped} samples dropped (the driver fell "
+                                 "behind taking them)"]  # fmt: skip
+        if notices:
+            for line in notices:
+                if "NVML not available" in line:
+                    self._say(line)
+            node.meta.notices.extend(n for n in notices if n not in node.meta.notices)
+            writer.set_meta("run", node.meta.to_dict())
+
+    def _measure_clock(self, node: _Node) -> None:
+        """Round trips to the node's sampler; the tightest one's offset goes into the node's
+        file as its ``"clock"`` document."""
+        node.next_clock = time.monotonic() + CLOCK_EVERY_S
+        readings = []
+        try:
+            if node.pending is not None:  # the actor answers in order: let it reply first
+                self.ray.wait([node.pending], timeout=5.0)
+            for _ in range(CLOCK_ROUNDS):
+                t0 = now_ns()
+                node_ns = self.ray.get(node.actor.clock.remote(), timeout=5.0)
+                readings.append((t0, int(node_ns), now_ns()))
+        except Exception:
+            pass  # a node being lost shows in its next take; a slow one is measured next time
+        estimate = estimate_offset(readings)
+        if estimate is None:
+            return
+        node.offset_ns = estimate.offset_ns
+        node.writer.set_meta("clock", {
+            "node": node.name,
+            "offset_ns": estimate.offset_ns,
+            "error_ns": estimate.error_ns,
+            "method": "ray-rtt",
+            "reference": self.reference,
+        })  # fmt: skip
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def _lost(self, node: _Node, reason: str) -> None:
+        was_active = node.state == "active"
+        node.state = "lost"
+        node.pending = None
+        stamp = time.strftime("%H:%M:%S")
+        notice = f"node {node.label} lost at {stamp}"
+        self._say(f"{notice} ({reason}): its record ends there; the run goes on")
+        if not was_active:
+            return
+        t = now_ns()
+        attrs = {"reason": reason, "ray_node_id": node.ray_id, "address": node.address}
+        # stored on the node's clock, like every row of its file
+        event = Event(node.name, 0, None, t - node.offset_ns, "node_lost", node.name, attrs)
+        node.writer.add_records("events", [event])
+        node.meta.notices.append(notice)
+        node.meta.end_ns = t
+        node.writer.set_meta("run", node.meta.to_dict())
+        node.writer.flush()
+
+    def _fail(self, node: _Node, reason: str) -> None:
+        node.state = "failed"
+        node.pending = None
+        self._say(f"{node.label} is not recorded: {reason}")
+        if node.actor is not None:
+            with contextlib.suppress(Exception):
+                self.ray.kill(node.actor)
+
+    def _say(self, line: str) -> None:
+        self.lines.append(line)
+        try:
+            print(f"gpuprof: {line}", file=self.stream or sys.stderr, flush=True)
+        except Exception:
+            pass
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name) or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default

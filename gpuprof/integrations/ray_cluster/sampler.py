@@ -1,0 +1,340 @@
+"""The sampler actor that gpuprof starts on every Ray node other than the watcher's.
+
+One `NodeSampler` per node, pinned there (``NodeAffinitySchedulingStrategy(soft=False)``),
+reserving no CPU and no GPU. It reads the node's GPUs through NVML (`NvmlCollector`) and its
+host and Ray process tree (`HostCollector` rooted at the node's raylet) with the watcher's
+`Sampler` at the watcher's interval, keeping the rows in memory; it also tails the spool
+files the node's worker hooks write (`SpoolTail`). The driver takes what accumulated about
+twice a second (`take`) and writes it into ``<run>/<node>.sqlite``, and times round trips to
+`clock` to put the node on the run's time axis. Every timestamp here is this node's clock
+(`gpuprof.nodes.now_ns`), exactly as the watcher stamps its own rows.
+
+Nothing here raises into Ray: a collector that fails is a notice and the rest goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuprof import nodes
+from gpuprof.integrations.ray_cluster import setup_hook
+from gpuprof.model import RECORD_TYPES, columns
+
+MAX_BUFFERED_ROWS = 1_000_000
+"""Rows kept for the driver at most (minutes of 8 GPUs at 10 Hz, while the driver is slow to
+take them); beyond it new rows are dropped and counted."""
+TAIL_LIMIT = 50_000
+"""Rows read from one spool file's table per take (bounds one reply's size)."""
+SPOOL_TABLES = ("spans", "events")
+"""The tables worker hooks write."""
+STALE_SPOOL_S = 24 * 3600.0
+"""A spool directory of another run untouched this long (s) is removed when a sampler starts."""
+
+
+class RowBuffer:
+    """Stands in for `gpuprof.store.BufferedWriter` under `Sampler`: rows (tuples in the
+    table's column order) are kept until `take`. The node's raylet, the root of the watched
+    process tree, is relabelled ``other``: ``main`` means the job's driver."""
+
+    def __init__(self, max_rows: int = MAX_BUFFERED_ROWS) -> None:
+        self.max_rows = max_rows
+        self._rows: dict[str, list[tuple]] = {}
+        self._count = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._getters = {t: _row_getter(t) for t in RECORD_TYPES}
+
+    def add(self, table: str, row: tuple) -> None:
+        with self._lock:
+            if self._count >= self.max_rows:
+                self.dropped += 1
+                return
+            self._rows.setdefault(table, []).append(tuple(row))
+            self._count += 1
+
+    def add_records(self, table: str, records: Any) -> None:
+        getter = self._getters[table]
+        for record in records:
+            if table == "procs" and record.role == "main":
+                record.role = "other"
+            self.add(table, getter(record))
+
+    def take(self) -> dict[str, list[tuple]]:
+        with self._lock:
+            rows, self._rows, self._count = self._rows, {}, 0
+        return rows
+
+
+def _row_getter(table: str) -> Any:
+    import operator
+
+    return operator.attrgetter(*columns(RECORD_TYPES[table]))
+
+
+class SpoolTail:
+    """Reads the rows the node's worker hooks appended to ``<spool>/*.sqlite`` since the last
+    call (by rowid: the hooks only insert). Rows come back with ``host`` set to the node's
+    name in the run and ``attrs`` decoded, ready for a `BufferedWriter`."""
+
+    def __init__(self, directory: Path, host: str) -> None:
+        self.directory = directory
+        self.host = host
+        self._conns: dict[Path, sqlite3.Connection] = {}
+        self._rowids: dict[tuple[Path, str], int] = {}
+        self._columns = {t: columns(RECORD_TYPES[t]) for t in SPOOL_TABLES}
+        self.complete: set[Path] = set()
+        """Files whose last poll returned everything they held."""
+
+    def poll(self, limit: int = TAIL_LIMIT) -> dict[str, list[tuple]]:
+        out: dict[str, list[tuple]] = {t: [] for t in SPOOL_TABLES}
+        try:
+            paths = sorted(self.directory.glob("*.sqlite"))
+        except OSError:
+            return out
+        for path in paths:
+            done = True
+            for table in SPOOL_TABLES:
+                rows = self._read(path, table, limit)
+                done = done and len(rows) < limit
+                out[table].extend(rows)
+            if done:
+                self.complete.add(path)
+            else:
+                self.complete.discard(path)
+        return out
+
+    def _read(self, path: Path, table: str, limit: int) -> list[tuple]:
+        cols = self._columns[table]
+        try:
+            conn = self._conns.get(path)
+            if conn is None:
+                conn = sqlite3.connect(path, timeout=1.0, isolation_level=None)
+                self._conns[path] = conn
+            last = self._rowids.get((path, table), 0)
+            rows = conn.execute(
+                f"SELECT rowid, {', '.join(cols)} FROM {table} WHERE rowid > ? "
+                "ORDER BY rowid LIMIT ?",
+                (last, limit),
+            ).fetchall()
+        except sqlite3.Error:  # not created yet, or locked: the next poll reads it
+            return []
+        if not rows:
+            return []
+        self._rowids[(path, table)] = rows[-1][0]
+        attrs = cols.index("attrs")
+        out = []
+        for row in rows:
+            values = list(row[1:])
+            values[0] = self.host
+            values[attrs] = _decode(values[attrs])
+            out.append(tuple(values))
+        return out
+
+    def remove_finished(self) -> int:
+        """Delete the spool files fully read whose writing process has exited; returns how
+        many (files of running processes stay: they may still write)."""
+        removed = 0
+        for path in list(self.complete):
+            pid = _pid_of(path)
+            if pid is None or _alive(pid):
+                continue
+            conn = self._conns.pop(path, None)
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{path}{suffix}")
+            self.complete.discard(path)
+            removed += 1
+        return removed
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        self._conns.clear()
+
+
+def remove_stale_spools(keep: Path, older_than_s: float = STALE_SPOOL_S) -> int:
+    """Delete the spool directories of earlier runs on this node untouched for
+    ``older_than_s`` (their processes are long gone and what they wrote was shipped);
+    returns how many."""
+    removed = 0
+    now = time.time()
+    for run in keep.parent.iterdir():
+        if run == keep or not run.is_dir():
+            continue
+        files = [p for p in run.rglob("*") if p.is_file()]
+        if all(now - p.stat().st_mtime > older_than_s for p in files):
+            shutil.rmtree(run, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _decode(text: Any) -> dict[str, Any]:
+    if isinstance(text, dict):
+        return text
+    try:
+        value = json.loads(text) if text else {}
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _pid_of(path: Path) -> int | None:
+    """``<node>.<pid>.sqlite`` → pid."""
+    parts = path.name.split(".")
+    try:
+        return int(parts[-2]) if len(parts) >= 3 else None
+    except ValueError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _raylet_pid() -> int | None:
+    """The raylet that started this worker: the root of the node's Ray process tree."""
+    try:
+        import psutil
+
+        for parent in psutil.Process().parents():
+            if parent.name() == "raylet":
+                return parent.pid
+    except Exception:
+        pass
+    return None
+
+
+class NodeSampler:
+    """The per-node actor (the driver wraps it with ``ray.remote``). Its methods are called
+    by the driver's recorder thread, one at a time: `hello`, `start`, then `take` about twice
+    a second and `clock` for round trips, and `finish` at the end."""
+
+    def __init__(self, run_id: str, session: str) -> None:
+        self.run_id = run_id
+        self.session = session
+        self.name = nodes.node_name()
+        self.sampler: Any = None
+        self.nvml: Any = None
+        self.buffer = RowBuffer()
+        self.tail: SpoolTail | None = None
+        self.notices: list[str] = []
+        self._sent: set[str] = set()
+
+    def hello(self) -> dict[str, Any]:
+        """Who this node is: its name, its machine, whether the name is its own
+        (``GPUPROF_HOST`` set) — the driver decides from these whether it is the watcher's."""
+        return {
+            "node": nodes.node_name(),
+            "machine": socket.gethostname(),
+            "own_name": bool(os.environ.get(nodes.ENV_NODE)),
+            "pid": os.getpid(),
+        }
+
+    def start(self, name: str, interval_s: float, host_interval_s: float | None,
+              nvml: bool) -> dict[str, Any]:  # fmt: skip
+        """Open NVML (unless ``nvml`` is False) and start sampling as ``name`` (the node's
+        name in the run); returns the node's GPU inventory, driver versions and notices."""
+        from gpuprof.collectors.sampler import Sampler
+
+        self.name = name
+        spool = setup_hook.spool_dir(self.run_id, self.session, nodes.node_name())
+        self.tail = SpoolTail(spool, name)
+        with contextlib.suppress(Exception):
+            remove_stale_spools(spool.parent)
+        info: dict[str, Any] = {"gpus": [], "versions": {}, "nvml": False}
+        collector = None
+        if nvml:
+            try:
+                from gpuprof.collectors.nvml import NvmlCollector
+
+                collector = NvmlCollector(name)
+                if collector.open():
+                    info.update(gpus=collector.inventory(), versions=collector.versions(),
+                                nvml=True)  # fmt: skip
+                else:
+                    self.notices.append(
+                        f"{name}: {collector.notice or 'NVML not available: profiling host only'}"
+                    )
+                    collector = None
+            except Exception as exc:
+                self.notices.append(f"{name}: NVML not available ({exc}): profiling host only")
+                collector = None
+        else:
+            self.notices.append(f"{name}: NVML sampling turned off (--no-nvml)")
+        self.nvml = collector
+        host = None
+        try:
+            from gpuprof.collectors.host import HostCollector
+
+            host = HostCollector(name, _raylet_pid() or os.getpid())
+        except Exception as exc:
+            self.notices.append(f"{name}: host sampling not available ({exc})")
+        self.sampler = Sampler(self.buffer, host, collector, interval_s=interval_s,
+                               host_interval_s=host_interval_s)  # fmt: skip
+        self.sampler.start()
+        info["start_ns"] = nodes.now_ns()
+        return info
+
+    def clock(self) -> int:
+        """This node's wall clock now (ns since the epoch): the node end of a round trip."""
+        return nodes.now_ns()
+
+    def take(self) -> dict[str, Any]:
+        """Everything sampled and spooled since the last call, and new notices."""
+        rows = self.buffer.take()
+        if self.tail is not None:
+            try:
+                for table, spooled in self.tail.poll().items():
+                    if spooled:
+                        rows.setdefault(table, []).extend(spooled)
+            except Exception as exc:
+                self._note(f"{self.name}: reading the workers' spool failed ({exc})")
+        notices = self._new_notices()
+        return {"rows": rows, "notices": notices, "dropped": self.buffer.dropped}
+
+    def finish(self) -> dict[str, Any]:
+        """Stop sampling and return what is left; spool files of exited processes go."""
+        if self.sampler is not None:
+            self.sampler.stop()
+        batch = self.take()
+        if self.nvml is not None:
+            with contextlib.suppress(Exception):
+                self.nvml.close()
+        if self.tail is not None:
+            with contextlib.suppress(Exception):
+                self.tail.remove_finished()
+            self.tail.close()
+        return batch
+
+    def _note(self, line: str) -> None:
+        if line not in self.notices:
+            self.notices.append(line)
+
+    def _new_notices(self) -> list[str]:
+        found = list(self.notices)
+        if self.nvml is not None:
+            found += [f"{self.name}: {n}" for n in self.nvml.notices]
+        if self.sampler is not None:
+            found += [f"{self.name}: {n}" for n in self.sampler.errors]
+        fresh = [n for n in dict.fromkeys(found) if n not in self._sent]
+        self._sent.update(fresh)
+        return fresh

@@ -1,0 +1,421 @@
+"""`gpuprof watch` over a Ray driver records the whole cluster, with no code change.
+
+A real Ray cluster on this machine (`ray.cluster_utils.Cluster`, shared by the module): a
+head and two worker nodes, each raylet with its own environment — its node name
+(``GPUPROF_HOST``), its own simulated GPUs (the simulated NVML library and a scenario) and,
+for the workers, a clock that is off (``GPUPROF_SIM_CLOCK_SKEW_NS``, +250 ms and -400 ms).
+The job is a plain Ray script (``ray.init(address=…)``, actors pinned on every node using
+``gpuprof.phase``/``gpuprof.step`` and verl's ``marked_timer``) run under ``gpuprof watch``
+on the head node; the run must hold every node's GPUs, every actor's spans on its node, the
+nodes' clocks recovered, and a node that joins and is then lost mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env, gpuprof_cmd
+from simnvml import simnvml_env, write_scenario
+
+from gpuprof import store
+from gpuprof.integrations.ray_cluster import runtime_env as renv
+from gpuprof.integrations.ray_cluster import setup_hook
+from gpuprof.integrations.ray_cluster.recorder import estimate_offset
+from gpuprof.integrations.ray_cluster.sampler import SpoolTail
+
+pytest_plugins = ["simnvml.fixtures"]
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+MS = 1_000_000
+NODES = {
+    # name: (GPU name, GPU count, utilization %, clock skew ns)
+    "node0": ("NVIDIA H100 80GB HBM3", 2, 30, 0),
+    "node1": ("NVIDIA A100-SXM4-80GB", 1, 60, 250 * MS),
+    "node2": ("NVIDIA H200", 3, 85, -400 * MS),
+}
+VERL = subprocess.run([sys.executable, "-c", "import verl.utils.profiler.performance"],
+                      capture_output=True).returncode == 0  # fmt: skip
+
+JOB = textwrap.dedent(
+    """
+    import os, sys, time
+    import ray
+    import gpuprof
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.init(address=os.environ["JOB_RAY_ADDRESS"])
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def node(self):
+            return os.environ.get("GPUPROF_HOST")
+
+        def sync(self):
+            with gpuprof.phase("sync"):
+                time.sleep(0.005)
+
+        def work(self, steps, verl):
+            if verl:
+                from verl.utils.profiler.performance import marked_timer
+            for _ in range(steps):
+                with gpuprof.phase("rollout"):
+                    time.sleep(0.03)
+                if verl:
+                    timing = {}
+                    with marked_timer("update_actor", timing):
+                        time.sleep(0.01)
+                gpuprof.step()
+            return steps
+
+        def until(self, path, limit_s):
+            end = time.time() + limit_s
+            while not os.path.exists(path) and time.time() < end:
+                with gpuprof.phase("rollout"):
+                    time.sleep(0.05)
+                gpuprof.step()
+
+    def on(node):
+        return NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    workers = [Worker.options(scheduling_strategy=on(n)).remote() for n in alive]
+    names = ray.get([w.node.remote() for w in workers])
+    print("job nodes:", sorted(names), flush=True)
+    verl_on = os.environ.get("JOB_VERL") == "1"
+    stop = os.environ.get("JOB_STOP_FILE")
+    if stop:
+        ray.get([w.until.remote(stop, 60) for w in workers])
+    else:
+        ray.get([w.work.remote(10, verl_on and name == "node2") for w, name in zip(workers, names)])
+    for _ in range(5):  # windows on the driver's clock that each actor's span must fall in
+        for w in workers:
+            with gpuprof.phase("sync_window"):
+                ray.get(w.sync.remote())
+    time.sleep(1.0)  # a few more samples and the spooled spans shipped
+    sys.exit(int(os.environ.get("JOB_EXIT", "0")))
+    """
+)
+
+
+# -- pure parts --------------------------------------------------------------------------------
+
+
+def test_offset_from_the_tightest_round_trip():
+    # node clock 250 ms ahead; the second round trip is the tightest (2 µs)
+    readings = [(1_000, 250 * MS + 1_900, 5_000), (10_000, 250 * MS + 10_001, 10_002)]
+    est = estimate_offset(readings)
+    assert est.offset_ns == -250 * MS
+    assert est.error_ns == 1 and est.rtt_ns == 2
+    assert estimate_offset([]) is None
+
+
+def test_runtime_env_is_merged_never_replaced(monkeypatch):
+    monkeypatch.setenv("GPUPROF_HOST", "head")
+    calls = []
+
+    def user_hook():
+        calls.append("user")
+
+    job = {
+        "env_vars": {"NCCL_DEBUG": "WARN", "GPUPROF_HOST": "head", "GPUPROF_RUN_ID": "mine"},
+        "pip": ["x"],
+        "worker_process_setup_hook": user_hook,
+    }
+    ours = renv.run_env_vars("/runs/r1", "r1", "s1", "head")
+    merged, lines = renv.merge(job, ours)
+    assert lines == []
+    assert merged["pip"] == ["x"]
+    env = merged["env_vars"]
+    assert env["NCCL_DEBUG"] == "WARN"
+    assert env["GPUPROF_RUN_ID"] == "mine"  # the job's value wins
+    assert env["GPUPROF_RUN_DIR"] == "/runs/r1"
+    assert "GPUPROF_HOST" not in env  # copied from the driver: names the head only
+    for name in setup_hook.NOT_PROPAGATED:
+        assert name not in ours
+    assert job["env_vars"]["GPUPROF_HOST"] == "head"  # the job's own dict is untouched
+    hook = merged["worker_process_setup_hook"]
+    monkeypatch.delenv("GPUPROF_RUN_DIR", raising=False)
+    hook()  # gpuprof's set-up (nothing to do outside a run), then the job's hook
+    assert calls == ["user"]
+    # a string hook is chained too; the hook is pickled by value, so that a node without
+    # gpuprof still runs the job's hook, and says so in one line instead of failing
+    merged, _ = renv.merge({"worker_process_setup_hook": "builtins.print"}, ours)
+    assert renv.pickle_hook_by_value(ray)
+    blob = ray.cloudpickle.dumps(merged["worker_process_setup_hook"])
+    env = clean_env(GPUPROF_RUN_DIR="/runs/r1", GPUPROF_HOST="worker1")
+    out = subprocess.run([sys.executable, "-c", NO_GPUPROF], input=blob, env=env,
+                         capture_output=True, check=True)  # fmt: skip
+    assert out.stdout == b"A\n\nB\n"
+    assert out.stderr.decode().strip() == (
+        "gpuprof: gpuprof is not installed on Ray node worker1: its workers are not profiled "
+        "(install gpuprof on every node)"
+    )
+
+
+NO_GPUPROF = textwrap.dedent(
+    """
+    import sys
+    import ray.cloudpickle as pickle
+
+    class NoGpuprof:  # as on a node where gpuprof is not installed
+        def find_spec(self, name, path=None, target=None):
+            if name == "gpuprof" or name.startswith("gpuprof."):
+                raise ModuleNotFoundError(name)
+
+    sys.meta_path.insert(0, NoGpuprof())
+    hook = pickle.loads(sys.stdin.buffer.read())
+    print("A", flush=True)
+    hook()
+    print("B", flush=True)
+    """
+)
+
+
+SETUP_PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    from gpuprof.integrations.ray_cluster.setup_hook import make_setup_hook
+    make_setup_hook()()
+    print(json.dumps({
+        "run_dir": os.environ.get("GPUPROF_RUN_DIR"),
+        "finder": any(getattr(f, "gpuprof_bootstrap", False) for f in sys.meta_path),
+        "pythonpath": os.environ.get("PYTHONPATH", ""),
+        "host": os.environ.get("GPUPROF_HOST"),
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("node", ["head", "worker1"])
+def test_setup_hook_spools_away_from_the_watchers_node(tmp_path, node):
+    import socket
+
+    env = clean_env(GPUPROF_HOST=node, GPUPROF_SPOOL_DIR=str(tmp_path / "spool"),
+                    **renv.run_env_vars(str(tmp_path / "run"), "r1", "s1", "head"))  # fmt: skip
+    env["GPUPROF_RAY_REFERENCE_MACHINE"] = socket.gethostname()
+    out = subprocess.run([sys.executable, "-c", SETUP_PROBE], env=env, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    seen = json.loads(out.stdout)
+    assert seen["finder"]
+    assert "bootstrap" in seen["pythonpath"].split(os.pathsep)[0]
+    if node == "head":
+        assert seen["run_dir"] == str(tmp_path / "run")
+    else:
+        assert seen["run_dir"] == str(tmp_path / "spool" / "gpuprof-spool" / "r1-s1" / "worker1")
+
+
+def test_spool_tail_reads_new_rows_once(tmp_path):
+    probe = textwrap.dedent(
+        """
+        import gpuprof
+        with gpuprof.phase("rollout", tokens=7):
+            pass
+        gpuprof.step()
+        gpuprof.shutdown()
+        """
+    )
+    env = clean_env(GPUPROF_RUN_DIR=str(tmp_path), GPUPROF_HOST="worker1")
+    subprocess.run([sys.executable, "-c", probe], env=env, check=True)
+    tail = SpoolTail(tmp_path, "worker1-renamed")
+    rows = tail.poll()
+    spans = rows["spans"]
+    assert {r[6] for r in spans} == {"rollout", "step"}  # the name column
+    assert {r[0] for r in spans} == {"worker1-renamed"}
+    assert any(r[-1] == {"tokens": 7} for r in spans)
+    assert {r[4] for r in rows["events"]} >= {"process", "step"}
+    assert tail.poll() == {"spans": [], "events": []}
+    assert tail.remove_finished() == 1 and not list(tmp_path.glob("*.sqlite"))
+
+
+# -- a real cluster ----------------------------------------------------------------------------
+
+
+def _node_env(simnvml_lib: Path, scenarios: Path, name: str) -> dict[str, str]:
+    env = {"GPUPROF_HOST": name, "PYTHONPATH": str(ROOT),
+           "GPUPROF_SPOOL_DIR": str(scenarios / "spool")}  # fmt: skip
+    if name in NODES:
+        gpu, count, util, skew = NODES[name]
+        gpus = [{"name": gpu, "series": {"util_gpu_pct": util}} for _ in range(count)]
+        path = write_scenario(scenarios / f"{name}.txt", {"gpus": gpus})
+        env.update(simnvml_env(simnvml_lib, path, base={}))
+        env["GPUPROF_SIM_CLOCK_SKEW_NS"] = str(skew)
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster(simnvml_lib, tmp_path_factory):
+    scenarios = tmp_path_factory.mktemp("scenarios")
+    with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):  # the raylets inherit this process's environment
+            if name.startswith("GPUPROF_") or name == "RAY_ADDRESS":
+                mp.delenv(name)
+        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        c = cluster_utils.Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "include_dashboard": False,  # gpuprof must not need it
+                "env_vars": _node_env(simnvml_lib, scenarios, "node0"),
+                "_system_config": {
+                    "health_check_period_ms": 1000,
+                    "health_check_failure_threshold": 3,
+                },
+            },
+        )
+        try:
+            for name in ("node1", "node2"):
+                c.add_node(num_cpus=1, env_vars=_node_env(simnvml_lib, scenarios, name))
+            c.wait_for_nodes()
+            c.scenarios = scenarios
+            yield c
+        finally:
+            c.shutdown()
+
+
+def _watch(cluster, simnvml_lib, tmp_path, **job_env) -> tuple[subprocess.Popen, Path]:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    run_dir = tmp_path / "run"
+    env = clean_env(JOB_RAY_ADDRESS=cluster.address, JOB_VERL="1" if VERL else "0", **job_env)
+    env.update(_node_env(simnvml_lib, cluster.scenarios, "node0"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    cmd = gpuprof_cmd("watch", "--interval", "0.1", "-o", str(run_dir), "--",
+                      sys.executable, str(script))  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    return proc, run_dir
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 90) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the watched job did not finish:\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def _file_meta(path: Path) -> dict:
+    conn = sqlite3.connect(path)
+    try:
+        return {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM meta")}
+    finally:
+        conn.close()
+
+
+def test_whole_cluster_recorded_with_aligned_clocks(cluster, simnvml_lib, tmp_path):
+    proc, run_dir = _watch(cluster, simnvml_lib, tmp_path)
+    code, out, err = _finish(proc)
+    assert code == 0, err
+    assert "Traceback" not in err, err
+    assert "job nodes: ['node0', 'node1', 'node2']" in out
+    run = store.load_run(run_dir)
+
+    # every node's GPUs, from its own scenario
+    assert {"node0", "node1", "node2"} <= set(run.meta.hosts)
+    inventory = {}
+    for gpu in run.meta.gpus:
+        inventory.setdefault(gpu["host"], []).append(gpu["name"])
+    for name, (gpu, count, util, _) in NODES.items():
+        assert inventory[name] == [gpu] * count, inventory
+        samples = run.gpu[run.gpu["host"] == name]
+        assert samples["gpu"].nunique() == count
+        assert samples["util_gpu_pct"].median() == util
+    hosts = run.host.groupby("host").size()
+    assert hosts.get("node1", 0) > 0 and hosts.get("node2", 0) > 0
+
+    # every actor's spans, on its node
+    spans = run.spans
+    rollouts = spans[spans["phase"] == "rollout"].groupby("host").size().to_dict()
+    assert rollouts == {"node0": 10, "node1": 10, "node2": 10}, rollouts
+    steps = spans[spans["name"] == "step"].groupby("host").size().to_dict()
+    assert steps == {"node0": 10, "node1": 10, "node2": 10}
+    if VERL:  # verl's timer in an actor on another node, instrumented by the setup hook
+        timed = spans[(spans["name"] == "update_actor") & (spans["host"] == "node2")]
+        assert len(timed) == 10
+
+    # the injected skews, recovered from round trips and stored with each node's file
+    for name in ("node1", "node2"):
+        clock = _file_meta(run_dir / f"{name}.sqlite")["clock"]
+        assert clock["method"] == "ray-rtt" and clock["reference"] == "node0"
+        assert clock["node"] == name
+        skew = NODES[name][3]
+        assert abs(clock["offset_ns"] + skew) < 5 * MS, clock
+        assert 0 <= clock["error_ns"] < 5 * MS
+        assert run.meta.clocks[name]["offset_ns"] == clock["offset_ns"]
+    # after alignment every actor's span lies inside the driver's window around its call
+    windows = spans[spans["phase"] == "sync_window"].sort_values("start_ns")
+    synced = spans[spans["phase"] == "sync"].sort_values("start_ns")
+    assert len(windows) == len(synced) == 15
+    slack = 5 * MS
+    for (_, window), (_, inner) in zip(windows.iterrows(), synced.iterrows()):
+        assert window["start_ns"] - slack <= inner["start_ns"]
+        assert inner["end_ns"] <= window["end_ns"] + slack, (window, inner)
+
+    # the other nodes' files are written by the driver alone: one file per node, no spool
+    names = sorted(p.name for p in run_dir.glob("node[12]*.sqlite"))
+    assert names == ["node1.sqlite", "node2.sqlite"]
+
+
+def test_node_joining_without_nvml_then_lost(cluster, simnvml_lib, tmp_path):
+    stop = tmp_path / "stop"
+    proc, run_dir = _watch(cluster, simnvml_lib, tmp_path, JOB_STOP_FILE=str(stop),
+                           JOB_EXIT="3")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 40
+        while not (run_dir / "node2.sqlite").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        # a node joins mid-run (autoscaling); its raylet has no NVML library
+        joined = cluster.add_node(num_cpus=1, env_vars=_node_env(simnvml_lib, cluster.scenarios,
+                                                                 "node3"))  # fmt: skip
+        node3 = run_dir / "node3.sqlite"
+        while time.monotonic() < deadline + 20:
+            if node3.exists() and _count(node3, "host") >= 3:
+                break
+            time.sleep(0.5)
+        assert _count(node3, "host") >= 3, "the joining node was not sampled"
+        cluster.remove_node(joined)  # lost mid-run
+        time.sleep(4)
+        stop.touch()
+        code, _, err = _finish(proc)
+    finally:
+        stop.touch()
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 3, err  # the command's own exit code
+    assert "gpuprof: node node3 lost at" in err, err
+    assert "node3: NVML not available" in err
+    run = store.load_run(run_dir)
+    assert "node3" in run.meta.hosts
+    assert any(n.startswith("node node3 lost at") for n in run.meta.notices)
+    assert any("node3: NVML not available" in n for n in run.meta.notices)
+    lost = run.events[(run.events["kind"] == "node_lost") & (run.events["host"] == "node3")]
+    assert len(lost) == 1
+    assert (run.host["host"] == "node3").sum() >= 3  # recorded before the loss: kept
+    assert not (run.gpu["host"] == "node3").any()
+    # the rest went on: node1 sampled after node3 was lost
+    t_lost = lost["t_ns"].iloc[0]
+    assert (run.gpu[run.gpu["host"] == "node1"]["t_ns"] > t_lost + 1e9).any()
+
+
+def _count(path: Path, table: str) -> int:
+    if not path.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(path, timeout=5)
+        try:
+            return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
