@@ -98,3 +98,20 @@ def test_the_terminal_diagnosis_shows_the_nodes():
 
     text = render_text(diagnosis_renderable(diagnose(_run())), width=140)
     assert "Nodes" in text and "nodeA" in text and "nodeB" in text
+
+
+def test_the_html_report_lists_the_nodes_escaped():
+    from gpuprof.reports.html import render_html
+
+    run = _run()
+    evil = "<script>alert(1)</script>"
+    run.gpu["host"] = run.gpu["host"].replace("nodeB", evil)
+    run.meta.hosts = ["nodeA", evil]
+    page = render_html(run)
+    assert "<h2>Nodes</h2>" in page and "idle while another node worked" in page
+    assert evil not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "Node clocks not aligned" in page
+    single = _run()
+    single.gpu = single.gpu[single.gpu["host"] == "nodeA"]
+    single.meta.hosts = ["nodeA"]
+    assert "<h2>Nodes</h2>" not in render_html(single)

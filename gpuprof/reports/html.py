@@ -85,6 +85,7 @@ def render_html(
         "selector": _selector_html(figs),
         "sections": _sections(figs),
         "phase_table": _phase_table(diagnosis),
+        "node_table": _node_table(diagnosis),
         "efficiency": _efficiency(diagnosis),
         "plotly": get_plotlyjs(),
         "data": json_for_script(data),
@@ -459,6 +460,74 @@ def _phase_table(diagnosis: Diagnosis) -> str:
         "<th>mean util</th><th>share of GPU-time</th></tr>"
     )
     return f'<table class="phases">{head}{"".join(rows)}</table>'
+
+
+def _node_table(diagnosis: Diagnosis) -> str:
+    """A multi-node run's nodes (the summary's ``nodes``): per node GPUs, ranks, utilisation,
+    idle GPU-time, idle while another node worked and the clock offset applied; how well the
+    clocks were aligned; collective traffic per link type; the straggler node."""
+    nodes = diagnosis.summary.get("nodes") or {}
+    rows_in = nodes.get("nodes") or []
+    if not rows_in:
+        return ""
+    alignment = nodes.get("alignment")
+    if alignment:
+        worst = alignment.get("worst_error_ns")
+        said = (
+            f"Node clocks aligned: worst error ±{worst / 1e6:.1f} ms ({alignment.get('method')})"
+            if worst is not None
+            else f"Node clocks aligned ({alignment.get('method')})"
+        )
+        if alignment.get("nodes_unaligned"):
+            said += f"; {alignment['nodes_unaligned']} node(s) not aligned"
+    else:
+        said = "Node clocks not aligned: no stored offsets and no collectives shared by all ranks"
+    rows = []
+    for n in rows_in:
+        ranks = n.get("ranks") or []
+        rank_text = f"{ranks[0]}–{ranks[-1]}" if len(ranks) > 2 else ", ".join(map(str, ranks))
+        clock = n.get("clock") or {}
+        if clock.get("method") == "reference":
+            clock_text = "reference"
+        elif clock.get("offset_ns") is not None:
+            err = clock.get("error_ns")
+            clock_text = f"{clock['offset_ns'] / 1e6:+.1f} ms" + (
+                f" ± {err / 1e6:.1f}" if err is not None else ""
+            )
+        else:
+            clock_text = "—"
+        rows.append(
+            f"<tr><td>{_e(n.get('node'))}</td><td>{_e(n.get('gpus'))}</td>"
+            f"<td>{_e(rank_text or '—')}</td><td>{_e(fmt.percent(n.get('util_gpu_pct')))}</td>"
+            f"<td>{_e(fmt.gpu_seconds(n.get('idle_gpu_s') or 0.0))}</td>"
+            f"<td>{_e(fmt.gpu_seconds(n.get('idle_while_others_busy_gpu_s') or 0.0))}</td>"
+            f"<td>{_e(clock_text)}</td></tr>"
+        )
+    head = (
+        "<tr><th>node</th><th>GPUs</th><th>ranks</th><th>mean util</th><th>idle GPU time</th>"
+        "<th>idle while another node worked</th><th>clock offset</th></tr>"
+    )
+    extra = []
+    for link in nodes.get("links") or []:
+        bw = link.get("bandwidth_bytes_s")
+        extra.append(
+            f"{link['link']} collectives: {link['calls']} calls, {link['bytes'] / 1e9:.2f} GB "
+            f"in {link['seconds']:.2f} s" + (f" ({bw / 1e9:.2f} GB/s effective)" if bw else "")
+        )
+    straggler = nodes.get("straggler_node")
+    if straggler:
+        extra.append(
+            f"Straggler node {straggler['node']}: last in {straggler['phase_steps']} of "
+            f"{straggler['of_phase_steps']} phase-steps; the other nodes' GPUs wait "
+            f"{fmt.gpu_seconds(straggler['gpu_s'])}"
+        )
+    if nodes.get("weight_sync_crosses_nodes"):
+        extra.append("Weight sync crosses nodes.")
+    lines = "".join(f"<p>{_e(line)}</p>" for line in extra)
+    return (
+        f'<section><h2>Nodes</h2><p>{_e(said)}</p><table class="phases nodes">{head}'
+        f"{''.join(rows)}</table>{lines}</section>"
+    )
 
 
 def _intervals_ns(diagnosis: Diagnosis, limit: int) -> list[list[tuple[int, int]]]:
