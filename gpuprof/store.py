@@ -583,9 +583,12 @@ def merge_meta(metas: list[dict[str, Any]], run_dir: Path) -> RunMeta:
         parsed = [RunMeta.from_dict(m) for m in metas]
     except ValueError as exc:
         raise RunError(f"{run_dir}: bad run metadata ({exc})") from None
-    # node rank 0's document leads (its node is the time reference), then the others
-    parsed.sort(key=lambda m: (m.node_rank is None, m.node_rank or 0))
+    # node rank 0's document leads (its node is the time reference), then the others; a
+    # watcher's before the per-node documents a Ray driver writes (they have no command)
+    parsed.sort(key=lambda m: (not m.command, m.node_rank is None, m.node_rank or 0))
     base = parsed[0]
+    if base.reference_node is None:  # named by a Ray driver's per-node documents
+        base.reference_node = next((m.reference_node for m in parsed if m.reference_node), None)
     if base.node_rank == 0 and base.reference_node is None and base.hosts:
         base.reference_node = base.hosts[0]
     for other in parsed[1:]:

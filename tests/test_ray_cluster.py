@@ -180,6 +180,20 @@ NO_GPUPROF = textwrap.dedent(
 )
 
 
+def test_watchers_metadata_leads_the_nodes_it_recorded(tmp_path):
+    # the driver writes a document per other node (no command); whatever the node names,
+    # the watcher's document leads and its node is the time reference
+    from gpuprof.model import RunMeta
+
+    watcher = RunMeta(run_id="r", command=["python", "job.py"], hosts=["zeta"], exit_code=0)
+    node = RunMeta(run_id="r", hosts=["alpha"], gpus=[{"host": "alpha", "index": 0}],
+                   notices=["node alpha lost at 10:00:00"], reference_node="zeta")  # fmt: skip
+    meta = store.merge_meta([node.to_dict(), watcher.to_dict()], tmp_path)
+    assert meta.command == ["python", "job.py"] and meta.exit_code == 0
+    assert meta.hosts == ["alpha", "zeta"] and meta.reference_node == "zeta"
+    assert meta.notices == ["node alpha lost at 10:00:00"]
+
+
 SETUP_PROBE = textwrap.dedent(
     """
     import json, os, sys
