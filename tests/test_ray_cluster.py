@@ -12,6 +12,7 @@ nodes' clocks recovered, and a node that joins and is then lost mid-run.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sqlite3
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -26,10 +28,11 @@ from conftest import ROOT, clean_env, gpuprof_cmd
 from simnvml import simnvml_env, write_scenario
 
 from gpuprof import store
+from gpuprof.integrations.ray_cluster import recorder as recorder_mod
 from gpuprof.integrations.ray_cluster import runtime_env as renv
 from gpuprof.integrations.ray_cluster import setup_hook
-from gpuprof.integrations.ray_cluster.recorder import estimate_offset
-from gpuprof.integrations.ray_cluster.sampler import SpoolTail
+from gpuprof.integrations.ray_cluster.recorder import ClusterRecorder, estimate_offset
+from gpuprof.integrations.ray_cluster.sampler import NodeSampler, SpoolTail
 
 pytest_plugins = ["simnvml.fixtures"]
 ray = pytest.importorskip("ray")
@@ -47,17 +50,25 @@ VERL = subprocess.run([sys.executable, "-c", "import verl.utils.profiler.perform
 
 JOB = textwrap.dedent(
     """
-    import os, sys, time
+    import json, os, sys, time
     import ray
     import gpuprof
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ray.init(address=os.environ["JOB_RAY_ADDRESS"])
+    def user_setup():  # the job's own setup hook: gpuprof's runs first, then this one
+        os.environ["USER_HOOK_RAN"] = "yes"
+
+    ray.init(
+        address=os.environ["JOB_RAY_ADDRESS"],
+        runtime_env={"env_vars": {"JOB_VAR": "kept"}, "worker_process_setup_hook": user_setup},
+    )
 
     @ray.remote(num_cpus=0)
     class Worker:
         def node(self):
-            return os.environ.get("GPUPROF_HOST")
+            keys = ("JOB_VAR", "USER_HOOK_RAN", "GPUPROF_DB", "GPUPROF_WATCHER_MACHINE",
+                    "GPUPROF_SIM_CLOCK_SKEW_NS")
+            return os.environ.get("GPUPROF_HOST"), {k: os.environ.get(k) for k in keys}
 
         def sync(self):
             with gpuprof.phase("sync"):
@@ -88,8 +99,9 @@ JOB = textwrap.dedent(
 
     alive = [n for n in ray.nodes() if n["Alive"]]
     workers = [Worker.options(scheduling_strategy=on(n)).remote() for n in alive]
-    names = ray.get([w.node.remote() for w in workers])
+    names, seen = zip(*ray.get([w.node.remote() for w in workers]))
     print("job nodes:", sorted(names), flush=True)
+    print("job env:", json.dumps(dict(zip(names, seen)), sort_keys=True), flush=True)
     verl_on = os.environ.get("JOB_VERL") == "1"
     stop = os.environ.get("JOB_STOP_FILE")
     if stop:
@@ -250,6 +262,217 @@ def test_spool_tail_reads_new_rows_once(tmp_path):
     assert tail.remove_finished() == 1 and not list(tmp_path.glob("*.sqlite"))
 
 
+class _ActorDied(Exception):
+    pass
+
+
+class _Ref:
+    def __init__(self, value=None, error=None, ready=True):
+        self.value, self.error, self.ready = value, error, ready
+
+
+class _FakeActor:
+    """A `NodeSampler` run in this process, with the identity and faults a test gives it."""
+
+    def __init__(self, fake, node_id, run_id, session):
+        self.sampler = NodeSampler(run_id, session)
+        self.setup = fake.setups[node_id]
+        self.killed = False
+
+    def __getattr__(self, method):
+        def remote(*args):
+            if self.setup.get("dead") and method != "hello":
+                return _Ref(error=_ActorDied("The actor died unexpectedly"))
+            if method == "hello":
+                if self.setup.get("unplaceable"):
+                    return _Ref(ready=False)
+                return _Ref(self.setup["hello"])
+            return _Ref(getattr(self.sampler, method)(*args))
+
+        return types.SimpleNamespace(remote=remote)
+
+
+class _FakeRay:
+    """Just what `ClusterRecorder` calls, over in-process samplers."""
+
+    __version__ = "2.60.0"
+    exceptions = types.SimpleNamespace(RayActorError=_ActorDied, ActorUnavailableError=KeyError)
+
+    def __init__(self, setups):
+        self.setups = setups
+        self.alive = dict.fromkeys(setups, True)
+        self.actors = {}
+
+    def nodes(self):
+        return [{"NodeID": i, "Alive": a, "NodeManagerAddress": "10.0.0.1"}
+                for i, a in self.alive.items()]  # fmt: skip
+
+    def remote(self, cls):
+        fake = self
+
+        class Handle:
+            def options(self, scheduling_strategy, **_):
+                node_id = scheduling_strategy.node_id
+
+                def make(*args):
+                    fake.actors[node_id] = actor = _FakeActor(fake, node_id, *args)
+                    return actor
+
+                return types.SimpleNamespace(remote=make)
+
+        return Handle()
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        return [r for r in refs if r.ready], [r for r in refs if not r.ready]
+
+    def get(self, ref, timeout=None):
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    def kill(self, actor):
+        actor.killed = True
+
+    def is_initialized(self):
+        return True
+
+
+def test_recorder_places_skips_dedupes_times_out_and_loses_nodes(tmp_path, monkeypatch):
+    import socket
+
+    monkeypatch.setenv("GPUPROF_RAY_PLACE_TIMEOUT_S", "0.3")
+    monkeypatch.setattr(recorder_mod, "MEMBERSHIP_S", 0.0)
+    me = socket.gethostname()
+
+    def hello(name, machine=me, own=True):
+        return {"node": name, "machine": machine, "own_name": own, "pid": 1}
+
+    fake = _FakeRay({
+        "a" * 56: {"hello": hello("head")},  # the watcher's node: sampled by the watcher
+        "b" * 56: {"hello": hello("w1", machine="m1")},
+        "c" * 56: {"unplaceable": True},
+        "d" * 56: {"hello": hello("w1", machine="m2")},  # a second node called w1
+        "e" * 56: {"hello": hello(me, own=False)},  # the head again, without GPUPROF_HOST
+    })  # fmt: skip
+    lines = io.StringIO()
+    rec = ClusterRecorder(fake, tmp_path, "r1", "s1", "head", me, interval_s=0.05, nvml=False,
+                          stream=lines)  # fmt: skip
+    assert rec.prepare()
+    for _ in range(4):
+        rec.tick()
+        time.sleep(0.15)
+    states = {node_id[0]: node.state for node_id, node in rec.nodes.items()}
+    assert states == {"a": "watcher", "b": "active", "c": "failed", "d": "active",
+                      "e": "watcher"}  # fmt: skip
+    assert fake.actors["a" * 56].killed and fake.actors["c" * 56].killed
+    fake.setups["b" * 56]["dead"] = True  # its sampler dies
+    fake.alive["d" * 56] = False  # Ray marks the node dead
+    rec.tick()
+    rec.finish()
+    said = lines.getvalue()
+    assert "not recorded: its sampler was not placed within 0.3 s" in said
+    assert "two nodes are called w1: the one at 10.0.0.1 is recorded as w1-dddddddd" in said
+    assert "gpuprof: node w1 lost at" in said and "(its sampler died: " in said
+    assert "gpuprof: node w1-dddddddd lost at" in said and "(Ray marked the node dead)" in said
+    run = store.load_run(tmp_path)
+    assert sorted(run.meta.hosts) == ["w1", "w1-dddddddd"]
+    assert set(run.host["host"]) == {"w1", "w1-dddddddd"}
+    lost = run.events[run.events["kind"] == "node_lost"]
+    assert sorted(lost["host"]) == ["w1", "w1-dddddddd"]
+    for name in ("w1", "w1-dddddddd"):
+        meta = _file_meta(tmp_path / f"{name}.sqlite")
+        assert meta["clock"]["method"] == "ray-rtt" and abs(meta["clock"]["offset_ns"]) < 5 * MS
+        assert any(n.startswith(f"node {name} lost at") for n in meta["run"]["notices"])
+        assert meta["run"]["end_ns"] is not None
+
+
+def test_too_old_ray_is_one_line_and_the_job_runs_as_written(monkeypatch, tmp_path, capsys):
+    from gpuprof.integrations import ray_driver
+
+    old = types.SimpleNamespace(__version__="2.3.0")  # no cloudpickle.register_pickle_by_value
+    supported, why = ray_driver._hook_support(old)
+    assert not supported and why.startswith("Ray 2.3.0 has no worker_process_setup_hook")
+    monkeypatch.setitem(sys.modules, "ray.util.scheduling_strategies", None)
+    lines = io.StringIO()
+    rec = ClusterRecorder(old, tmp_path, "r1", "s1", "head", "m", stream=lines)
+    assert not rec.start()
+    assert lines.getvalue().startswith("gpuprof: Ray 2.3.0 has no NodeAffinitySchedulingStrategy")
+
+
+def test_init_is_retried_as_written_when_ray_refuses_the_additions(monkeypatch, tmp_path, capsys):
+    from gpuprof.integrations import ray_driver
+
+    monkeypatch.setenv("GPUPROF_RUN_DIR", str(tmp_path))
+    started = []
+    monkeypatch.setattr(ray_driver, "_start", started.append)
+    calls = []
+
+    def refuses(*args, **kwargs):
+        calls.append(kwargs)
+        if "runtime_env" in kwargs:
+            raise ValueError("Failed to merge the Job's runtime env because of a conflict")
+        return "context"
+
+    assert ray_driver.call(refuses, (), {"num_cpus": 1}) == "context"
+    assert calls[0]["runtime_env"]["env_vars"]["GPUPROF_RUN_DIR"] == str(tmp_path)
+    assert calls[1] == {"num_cpus": 1} and len(started) == 1
+    assert "Ray refused gpuprof's additions" in capsys.readouterr().err
+
+    def no_cluster(*args, **kwargs):  # ray.init's own error: the caller's, not retried
+        calls.append(kwargs)
+        raise ConnectionError("could not reach 10.0.0.9:6379")
+
+    del calls[:]
+    with pytest.raises(ConnectionError):
+        ray_driver.call(no_cluster, (), {"address": "10.0.0.9:6379"})
+    assert len(calls) == 1
+    monkeypatch.setenv("GPUPROF_RAY", "0")  # turned off: ray.init untouched
+    assert ray_driver.call(lambda **kw: kw, (), {"num_cpus": 1}) == {"num_cpus": 1}
+
+
+LOCAL_JOB = textwrap.dedent(
+    """
+    import os, time
+    import ray
+    import gpuprof
+
+    ray.init(num_cpus=1, include_dashboard=False)  # a single-node cluster of its own
+
+    @ray.remote
+    class Actor:
+        def work(self):
+            for _ in range(5):
+                with gpuprof.phase("rollout"):
+                    time.sleep(0.02)
+                gpuprof.step()
+            return os.environ.get("GPUPROF_HOST")
+
+    print("actor on", ray.get(Actor.remote().work.remote()), flush=True)
+    """
+)
+
+
+def test_local_ray_init_stays_on_the_watchers_node(tmp_path):
+    # the usual single-machine verl run: ray.init() starts Ray inside the watched command;
+    # the one node is the watcher's, so no sampler stays and nothing is spooled
+    script = tmp_path / "local.py"
+    script.write_text(LOCAL_JOB)
+    run_dir = tmp_path / "run"
+    env = clean_env(GPUPROF_HOST="solo", GPUPROF_SPOOL_DIR=str(tmp_path / "spool"),
+                    RAY_USAGE_STATS_ENABLED="0")  # fmt: skip
+    env.pop("RAY_ADDRESS", None)
+    cmd = gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", sys.executable, str(script))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "actor on solo" in proc.stdout
+    assert "gpuprof: " not in proc.stderr, proc.stderr
+    run = store.load_run(run_dir)
+    assert run.meta.hosts == ["solo"]
+    rollouts = run.spans[run.spans["phase"] == "rollout"]
+    assert len(rollouts) == 5 and set(rollouts["host"]) == {"solo"}
+    assert not (tmp_path / "spool").exists()
+
+
 # -- a real cluster ----------------------------------------------------------------------------
 
 
@@ -333,6 +556,13 @@ def test_whole_cluster_recorded_with_aligned_clocks(cluster, simnvml_lib, tmp_pa
     assert code == 0, err
     assert "Traceback" not in err, err
     assert "job nodes: ['node0', 'node1', 'node2']" in out
+    # the job's runtime_env kept, its setup hook chained; nothing naming the watcher's node,
+    # file or clock reached the workers (each node's own skew is its raylet's)
+    seen = json.loads(out.split("job env: ", 1)[1].splitlines()[0])
+    for name, (_, _, _, skew) in NODES.items():
+        assert seen[name] == {"JOB_VAR": "kept", "USER_HOOK_RAN": "yes", "GPUPROF_DB": None,
+                              "GPUPROF_WATCHER_MACHINE": None,
+                              "GPUPROF_SIM_CLOCK_SKEW_NS": str(skew)}  # fmt: skip
     run = store.load_run(run_dir)
 
     # every node's GPUs, from its own scenario

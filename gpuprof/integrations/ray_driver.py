@@ -74,7 +74,7 @@ def call(original: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
             raise
         warn(f"Ray refused gpuprof's additions to the job's runtime_env ({exc}); "
              "workers on other nodes are not instrumented")  # fmt: skip
-        return original(*args, **kwargs)
+        result = original(*args, **kwargs)  # as the caller wrote it: its errors are its own
     try:
         _start(plan)
     except Exception as exc:
@@ -176,13 +176,25 @@ def _start(plan: _Plan) -> None:
         _recorder.finish()  # a second ray.init after a shutdown: a fresh recorder
     recorder = ClusterRecorder(ray, plan.run_dir, plan.run_id, plan.session, nodes.node_name(),
                                socket.gethostname(), interval_s=plan.interval_s,
-                               nvml=plan.nvml)  # fmt: skip
+                               nvml=plan.nvml, own_node_id=_started_node(ray))  # fmt: skip
     if not recorder.start():
         return
     _recorder = recorder
     # before Ray's own exit handler (registered earlier, so run later) disconnects
     atexit.register(recorder.finish)
     _patch_shutdown(ray)
+
+
+def _started_node(ray: Any) -> str | None:
+    """The id of the Ray node this driver started (``ray.init()`` with no cluster to join),
+    else None."""
+    try:
+        node = getattr(ray._private.worker, "_global_node", None)
+        if node is not None and getattr(node, "ray_init_cluster", False):
+            return ray.get_runtime_context().get_node_id()
+    except Exception:
+        pass
+    return None
 
 
 def _patch_shutdown(ray: Any) -> None:

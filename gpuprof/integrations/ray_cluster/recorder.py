@@ -129,6 +129,7 @@ class ClusterRecorder:
         host_interval_s: float | None = None,
         nvml: bool = True,
         stream: TextIO | None = None,
+        own_node_id: str | None = None,
     ) -> None:
         self.ray = ray
         self.run_dir = run_dir
@@ -140,6 +141,9 @@ class ClusterRecorder:
         self.host_interval_s = host_interval_s
         self.nvml = nvml
         self.stream = stream
+        self.own_node_id = own_node_id
+        """The Ray node this driver started itself (``ray.init()`` without an address): its
+        raylet has the driver's environment, so it is the watcher's node without asking."""
         self.place_timeout_s = _env_float("GPUPROF_RAY_PLACE_TIMEOUT_S", PLACE_TIMEOUT_S)
         self.nodes: dict[str, _Node] = {}
         self.lines: list[str] = []
@@ -157,6 +161,14 @@ class ClusterRecorder:
     def start(self) -> bool:
         """Start recording the cluster from a daemon thread; False (with one line) when this
         Ray lacks what it needs."""
+        if not self.prepare():
+            return False
+        self._thread = threading.Thread(target=self._run, name="gpuprof-ray", daemon=True)
+        self._thread.start()
+        return True
+
+    def prepare(self) -> bool:
+        """What `tick` needs from Ray; False (with one line) when this Ray lacks it."""
         try:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         except ImportError:
@@ -166,8 +178,6 @@ class ClusterRecorder:
             return False
         self._strategy = lambda node_id: NodeAffinitySchedulingStrategy(node_id, soft=False)
         self._actor_class = self.ray.remote(NodeSampler)
-        self._thread = threading.Thread(target=self._run, name="gpuprof-ray", daemon=True)
-        self._thread.start()
         return True
 
     def _run(self) -> None:
@@ -262,7 +272,10 @@ class ClusterRecorder:
                 if alive:
                     address = str(info.get("NodeManagerAddress") or "?")
                     self.nodes[ray_id] = node = _Node(ray_id, address)
-                    self._place(node)
+                    if ray_id == self.own_node_id:
+                        node.state = "watcher"
+                    else:
+                        self._place(node)
             elif not alive and node.state in ("placing", "starting", "active"):
                 self._lost(node, "Ray marked the node dead")
 
