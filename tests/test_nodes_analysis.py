@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pandas as pd
+import pytest
 
 from gpuprof.analyzers.diagnose import diagnose
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
@@ -115,3 +116,67 @@ def test_the_html_report_lists_the_nodes_escaped():
     single.gpu = single.gpu[single.gpu["host"] == "nodeA"]
     single.meta.hosts = ["nodeA"]
     assert "<h2>Nodes</h2>" not in render_html(single)
+
+
+def _detect(run: Run, kind: str):
+    """``kind``'s detector, after the detectors before it (as `diagnose` runs them)."""
+    from gpuprof.analyzers.stalls import DETECTORS
+
+    ctx = AnalysisContext(run)
+    for name, detect in DETECTORS.items():
+        found = detect(ctx, Thresholds())
+        if name == kind:
+            return found
+        if found is not None:
+            ctx.found.append(found)
+    raise KeyError(kind)
+
+
+def _two_node_sim(kind: str):
+    from gpuprof.sim import Pathology, SimConfig, simulate
+
+    cfg = SimConfig(gpus=16, steps=3, time_scale=0.05, pathologies=[Pathology(kind, 0.8)], seed=3)
+    run = simulate(cfg).run
+    assert sorted(run.spans["host"].unique()) == ["node0", "node1"]
+    return run
+
+
+def test_comm_bound_says_how_much_crosses_nodes_and_at_what_bandwidth():
+    run = _two_node_sim("comm_bound")
+    spans = run.spans.copy()
+    coll = (spans["name"] == "nccl:reduce_scatter").to_numpy()
+    # the world's reduce-scatters cross nodes (16 ranks, 8 per node): 2 GB each
+    spans["attrs"] = [
+        {**(a or {}), "group_size": 16, "bytes": 2_000_000_000} if c else a
+        for a, c in zip(spans["attrs"], coll)
+    ]
+    run.spans = spans
+    finding = _detect(run, "comm_bound")
+    assert finding is not None
+    ev = finding.evidence
+    assert ev.inter_node_collective_s > 0 and ev.intra_node_collective_s is None
+    seconds = (spans.loc[coll, "end_ns"] - spans.loc[coll, "start_ns"]).sum() / 1e9
+    assert ev.inter_node_bandwidth_bytes_s == pytest.approx(2e9 * coll.sum() / seconds, rel=0.01)
+    assert "100% of it between nodes at" in finding.summary
+    # the same collectives inside a node (a group of 8): none of it crosses nodes
+    spans["attrs"] = [{**a, "group_size": 8} if c else a for a, c in zip(spans["attrs"], coll)]
+    finding = _detect(run, "comm_bound")
+    assert finding.evidence.inter_node_collective_s is None
+    assert "none of it crosses nodes" in finding.summary
+
+
+def test_reshard_idle_says_when_the_weights_cross_nodes():
+    run = _two_node_sim("reshard_idle")
+    finding = _detect(run, "reshard_idle")
+    assert finding is not None and finding.evidence.crosses_nodes is False
+    assert "cross nodes" not in finding.summary
+    # a world broadcast inside every weight sync: the weights go from one node to the other
+    reshard = run.spans[run.spans["phase"] == "reshard"]
+    world = {"op": "broadcast", "group_size": 16, "bytes": 1e9}
+    short = reshard["start_ns"] + (reshard["end_ns"] - reshard["start_ns"]) // 50
+    bcast = reshard.assign(phase="collective", name="nccl:broadcast", depth=2, end_ns=short,
+                           attrs=[world] * len(reshard))  # fmt: skip
+    run.spans = pd.concat([run.spans, bcast], ignore_index=True)
+    finding = _detect(run, "reshard_idle")
+    assert finding.evidence.crosses_nodes is True
+    assert "the weights cross nodes" in finding.summary

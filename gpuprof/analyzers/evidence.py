@@ -69,6 +69,7 @@ class ReshardIdleEvidence(Evidence):
     link_burst: bool | None = None
     waiting_gpus_idle_gpu_s: float | None = None
     allowance_share: float | None = None
+    crosses_nodes: bool | None = None
 
 
 @dataclass(kw_only=True)
@@ -163,6 +164,10 @@ class CommBoundEvidence(Evidence):
     nvlink_bytes_s_per_direction: float | None = None
     sm_active_pct_in_collectives: float | None = None
     util_gpu_pct_in_collectives: float | None = None
+    inter_node_collective_s: float | None = None
+    inter_node_bandwidth_bytes_s: float | None = None
+    intra_node_collective_s: float | None = None
+    intra_node_bandwidth_bytes_s: float | None = None
 
 
 @dataclass(kw_only=True)

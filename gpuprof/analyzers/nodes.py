@@ -106,7 +106,7 @@ def _per_node(
     return list(out.values())
 
 
-def _collectives(spans: pd.DataFrame) -> pd.DataFrame:
+def collectives(spans: pd.DataFrame) -> pd.DataFrame:
     """Blocking collective spans with ``bytes``, ``group_size`` and ``seconds`` columns."""
     if spans.empty or "attrs" not in spans:
         return spans.iloc[:0]
@@ -132,16 +132,34 @@ def _collectives(spans: pd.DataFrame) -> pd.DataFrame:
     return out[~is_async.to_numpy()]
 
 
-def _links(spans: pd.DataFrame, nodes: list[str]) -> list[dict[str, Any]]:
-    """Collective traffic per link type. A call whose group holds more ranks than any node
-    runs crosses nodes; a smaller group (tensor-parallel, within a node) is taken as
-    intra-node, the usual placement."""
-    coll = _collectives(spans)
+def ranks_per_node(spans: pd.DataFrame) -> int:
+    """The most ranks any node runs (1 without rank information)."""
+    if spans.empty or "rank" not in spans:
+        return 1
+    per_node = spans.dropna(subset=["rank"]).groupby("host")["rank"].nunique()
+    return int(per_node.max()) if len(per_node) else 1
+
+
+def is_multi_node(spans: pd.DataFrame) -> bool:
+    """Whether ranks run on more than one node."""
+    if spans.empty or "rank" not in spans:
+        return False
+    return spans.dropna(subset=["rank"])["host"].nunique() > 1
+
+
+def crosses_nodes(group_size: pd.Series | np.ndarray, spans: pd.DataFrame) -> np.ndarray:
+    """Per collective, whether it crosses nodes: its group holds more ranks than any node
+    runs. A smaller group (tensor-parallel, within a node) is taken as intra-node, the usual
+    placement. ``spans``: the run's spans, for the ranks per node."""
+    return np.asarray(group_size, dtype=np.float64) > ranks_per_node(spans)
+
+
+def link_figures(coll: pd.DataFrame, spans: pd.DataFrame) -> list[dict[str, Any]]:
+    """Calls, bytes, seconds and effective bandwidth per link type (intra-node, inter-node)
+    of blocking collectives (`collectives` frame rows)."""
     if coll.empty:
         return []
-    per_node = spans.dropna(subset=["rank"]).groupby("host")["rank"].nunique()
-    fits = int(per_node.max()) if len(per_node) else 1
-    inter = coll["group_size"].to_numpy(np.float64) > fits
+    inter = crosses_nodes(coll["group_size"], spans)
     out = []
     for label, mask in (("intra-node", ~inter), ("inter-node", inter)):
         part = coll[mask]
@@ -157,6 +175,11 @@ def _links(spans: pd.DataFrame, nodes: list[str]) -> list[dict[str, Any]]:
             "bandwidth_bytes_s": finite_or_none(nbytes / seconds) if seconds > 0 else None,
         })  # fmt: skip
     return out
+
+
+def _links(spans: pd.DataFrame, nodes: list[str]) -> list[dict[str, Any]]:
+    """Collective traffic of the whole run per link type."""
+    return link_figures(collectives(spans), spans)
 
 
 def _straggler_node(spans: pd.DataFrame, s: pd.DataFrame, th: Thresholds) -> dict | None:
@@ -208,8 +231,13 @@ def _straggler_node(spans: pd.DataFrame, s: pd.DataFrame, th: Thresholds) -> dic
 
 
 def _sync_crosses(spans: pd.DataFrame, nodes: list[str]) -> bool | None:
-    """True when weight sync moves data between nodes; None without reshard spans."""
-    if spans.empty:
+    return sync_crosses_nodes(spans)
+
+
+def sync_crosses_nodes(spans: pd.DataFrame | None) -> bool | None:
+    """True when weight sync moves data between nodes (rollout and update on disjoint nodes,
+    or a reshard span holding a collective that crosses nodes); None without reshard spans."""
+    if spans is None or spans.empty or "phase" not in spans:
         return None
     reshard = spans[spans["phase"] == "reshard"]
     if reshard.empty:
@@ -218,7 +246,9 @@ def _sync_crosses(spans: pd.DataFrame, nodes: list[str]) -> bool | None:
     upd = set(spans.loc[spans["phase"].isin(_UPDATE), "host"])
     if roll and upd and roll.isdisjoint(upd):
         return True  # disaggregated: rollout on some nodes, training on others
-    coll = _collectives(spans)
+    if spans["host"].nunique() < 2:
+        return False
+    coll = collectives(spans)
     if coll.empty:
         return False
     # collectives inside a reshard span of the same process
@@ -230,9 +260,7 @@ def _sync_crosses(spans: pd.DataFrame, nodes: list[str]) -> bool | None:
         left_on="start_ns", right_on="r_start", by=keys, direction="backward",
     )  # fmt: skip
     inside = inside[inside["r_end"].notna() & (inside["start_ns"] <= inside["r_end"])]
-    per_node = spans.dropna(subset=["rank"]).groupby("host")["rank"].nunique()
-    fits = int(per_node.max()) if len(per_node) else 1
-    return bool((inside["group_size"].to_numpy(np.float64) > fits).any())
+    return bool(crosses_nodes(inside["group_size"], spans).any())
 
 
 def _alignment(clocks: dict[str, dict], nodes: list[str]) -> dict[str, Any] | None:

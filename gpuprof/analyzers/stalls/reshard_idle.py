@@ -6,6 +6,7 @@ import numpy as np
 
 from gpuprof.analyzers.evidence import PHASE_TIMING, ReshardIdleEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.nodes import sync_crosses_nodes
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
     _conf,
@@ -52,9 +53,11 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     burst = bool(link > th.link_burst_ratio * base and link > 0)
     conf = _conf(0.45 + 0.4 * st["idle_frac"] + (0.1 if burst else 0.0) + 0.5 * share)
     bw_txt = f"; {bw / 1e9:.1f} GB/s effective for {nbytes / 1e9:.1f} GB" if np.isfinite(bw) else ""
+    crosses = sync_crosses_nodes(ctx.run.spans)
     summary = (
         f"GPUs idle {st['idle_frac']:.0%} of weight sync (reshard, {mean_span_s:.1f} s per sync); "
         f"{_minutes(lost)} ({share:.0%}) beyond a healthy sync{bw_txt}"
+        f"{'; the weights cross nodes' if crosses else ''}"
     )
     return Finding(
         kind="reshard_idle",
@@ -78,6 +81,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             link_burst=burst,
             waiting_gpus_idle_gpu_s=_num(waiting),
             allowance_share=_allowance(th, "reshard"),
+            crosses_nodes=crosses,
         ),
     )
 
