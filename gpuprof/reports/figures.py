@@ -10,6 +10,7 @@ opens in seconds. Every time on an axis is relative to the run start, in s, min 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +133,10 @@ class FigureSet:
     """Visible remarks: downsampling, bands left out, missing data."""
     gpu_selector: dict[str, Any] | None = None
     """``labels``, ``x``, ``y`` per GPU and the timeline ``trace`` index to restyle."""
+    nodes: dict[str, Any] | None = None
+    """On several nodes, how the GPUs group (see `node_groups`); None on one node."""
+    rows: list[str] = field(default_factory=list)
+    """Each GPU's name in the heatmap and the GPU picker (``node/gpuN`` on several nodes)."""
     samples: int = 0
     points: int = 0
 
@@ -158,15 +163,43 @@ def gpu_label(host: str, gpu: int, multi_host: bool) -> str:
     return f"{host}:{gpu}" if multi_host else f"GPU {gpu}"
 
 
+def row_label(host: str, gpu: int, multi_host: bool) -> str:
+    """A heatmap row and GPU picker entry: ``node/gpuN`` when the run has several nodes."""
+    if not multi_host:
+        return gpu_label(host, gpu, False)
+    return f"{host}/gpu{gpu if gpu >= 0 else '?'}"
+
+
+def natural_key(name: str) -> tuple[list[Any], str]:
+    """Sort key that puts ``node2`` before ``node10`` (hostnames number their nodes)."""
+    parts = re.split(r"(\d+)", name)
+    # split() alternates text and digits, so equal positions always compare like with like
+    return [int(p) if i % 2 else p.lower() for i, p in enumerate(parts)], name
+
+
+def _naturally(codes: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Factorized ``codes`` (-1: missing) renumbered so that ``names`` are in natural order."""
+    ranked = sorted(range(len(names)), key=lambda i: natural_key(names[i]))
+    if ranked == list(range(len(names))):  # already in order: skip a pass over every sample
+        return codes, names
+    new_code = np.empty(len(names) + 1, dtype=np.int64)
+    new_code[ranked] = np.arange(len(names))
+    new_code[-1] = -1  # codes of -1 index the last slot and stay -1
+    return new_code[codes], [names[i] for i in ranked]
+
+
 @dataclass
 class _GpuSeries:
-    """The run's GPU samples grouped per GPU, sorted by time within each GPU."""
+    """The run's GPU samples grouped per GPU (ordered by node, naturally sorted, then GPU
+    index), sorted by time within each GPU."""
 
     labels: list[str]
     bounds: np.ndarray  # start offset of each GPU's rows in the sorted arrays (len G + 1)
     t: np.ndarray  # run-relative units
     code: np.ndarray  # GPU index 0..G-1 per sorted row
     order: np.ndarray  # sorted position → row of run.gpu
+    hosts: list[str] = field(default_factory=list)  # node of each GPU
+    indices: list[int] = field(default_factory=list)  # GPU index on its node (-1: unknown)
 
     @classmethod
     def of(cls, run: Run, axis: TimeAxis) -> _GpuSeries:
@@ -176,6 +209,7 @@ class _GpuSeries:
             return cls([], np.zeros(1, dtype=np.int64), np.zeros(0), e, e)
         host_codes, hosts = pd.factorize(gpu["host"], sort=True)  # categorical stays cheap
         hosts = [str(h) for h in hosts]
+        host_codes, hosts = _naturally(np.asarray(host_codes), hosts)
         if (host_codes < 0).any():  # a sample without a host still has a GPU to draw
             host_codes = np.where(host_codes < 0, len(hosts), host_codes)
             hosts.append("?")
@@ -196,8 +230,16 @@ class _GpuSeries:
         bounds = np.concatenate([[0], np.cumsum(counts)])
         width = int(index.max()) + 2
         multi = len(hosts) > 1
-        labels = [gpu_label(hosts[k // width], int(k % width) - 1, multi) for k in keys]
-        return cls(labels, bounds, axis.of(t_ns), sorted_code.astype(np.int64), order)
+        gpu_hosts = [hosts[k // width] for k in keys]
+        indices = [int(k % width) - 1 for k in keys]
+        labels = [gpu_label(h, i, multi) for h, i in zip(gpu_hosts, indices)]
+        return cls(labels, bounds, axis.of(t_ns), sorted_code.astype(np.int64), order,
+                   gpu_hosts, indices)  # fmt: skip
+
+    def row_labels(self) -> list[str]:
+        """Heatmap rows and GPU picker entries, ``node/gpuN`` on several nodes."""
+        multi = len(set(self.hosts)) > 1
+        return [row_label(h, i, multi) for h, i in zip(self.hosts, self.indices)]
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -235,6 +277,8 @@ def build_figures(
         budget.evidence_windows,
     )
     out.figures["gp-timeline"] = _timeline(run, series, axis, budget, out, windows)
+    out.nodes = node_groups(series)
+    out.rows = series.row_labels()
     if len(series):
         out.figures["gp-heatmap"] = _heatmap(run, series, axis, budget, out)
     steps = _phase_steps(phase_steps)
@@ -773,6 +817,85 @@ def _host_cpu(
 # Heatmap and summary charts
 
 
+HEATMAP_PX = {"base": 90, "row": 14, "min": 220, "max": 1000}
+"""Heatmap height: ``base`` + ``row`` per GPU, within [``min``, ``max``] (report.js sizes a
+one-node view with the same numbers)."""
+HEATMAP_LABELLED_ROWS = 64
+"""Above this many rows the per-GPU tick labels would overlap: node names (or none) instead."""
+NODE_TICK_PX = 11
+"""Least height per node for its name on the heatmap's axis."""
+NODE_PICKER_MIN_NODES = 64
+"""From this many nodes (or above `HEATMAP_LABELLED_ROWS` GPUs on several nodes) the report
+has a node picker that narrows the heatmap and the GPU picker to one node."""
+
+
+def heatmap_height(rows: int) -> int:
+    px = HEATMAP_PX
+    return int(min(px["max"], max(px["min"], px["base"] + px["row"] * rows)))
+
+
+def node_groups(series: _GpuSeries) -> dict[str, Any] | None:
+    """How a multi-node run's GPUs group, for the heatmap and the pickers: ``names`` (node
+    order), ``bounds`` (node k's GPUs are ``bounds[k]:bounds[k + 1]``), ``picker`` (draw a node
+    picker), ``all`` (an "all nodes" view fits the heatmap: at most one GPU per pixel) and the
+    heatmap's ``height`` numbers. None for a run on one node: its report stays as it was."""
+    names: list[str] = []
+    bounds: list[int] = []
+    for i, host in enumerate(series.hosts):  # a node's GPUs are contiguous (sorted by node)
+        if not names or host != names[-1]:
+            names.append(host)
+            bounds.append(i)
+    if len(names) < 2:
+        return None
+    rows = len(series)
+    return {
+        "names": names,
+        "bounds": [*bounds, rows],
+        "picker": len(names) >= NODE_PICKER_MIN_NODES or rows > HEATMAP_LABELLED_ROWS,
+        "all": rows <= HEATMAP_PX["max"],
+        "height": HEATMAP_PX,
+    }
+
+
+def _node_axis(labels: list[str], nodes: dict[str, Any], height: int) -> dict[str, Any]:
+    """The heatmap's y-axis ticks on several nodes: every ``node/gpuN`` while they fit, else
+    each node's name at the middle of its rows, else none."""
+    names, bounds = nodes["names"], nodes["bounds"]
+    if len(labels) <= HEATMAP_LABELLED_ROWS:
+        return {"showticklabels": True, "automargin": True}
+    if (height - HEATMAP_PX["base"]) / len(names) < NODE_TICK_PX:
+        return {"showticklabels": False}
+    return {
+        "showticklabels": True,
+        "automargin": True,
+        "tickmode": "array",
+        "tickvals": [(bounds[k] + bounds[k + 1] - 1) / 2 for k in range(len(names))],
+        "ticktext": names,
+        "tickfont": {"size": 10},
+    }
+
+
+def node_lines(bounds: list[int], height: int) -> list[dict[str, Any]]:
+    """A white rule across the heatmap between consecutive nodes' rows (a category axis
+    places row k at k, so a boundary sits at the first row of the next node minus a half);
+    thin where rows are a few pixels high, so that it hides no GPU's row."""
+    row_px = (height - HEATMAP_PX["base"]) / max(bounds[-1], 1)
+    width = 2 if row_px >= 6 else 1
+    return [
+        {
+            "type": "line",
+            "xref": "paper",
+            "x0": 0,
+            "x1": 1,
+            "yref": "y",
+            "y0": b - 0.5,
+            "y1": b - 0.5,
+            "line": {"color": "#ffffff", "width": width},
+        }
+        for b in bounds[1:-1]
+    ]
+
+
 def _heatmap(
     run: Run, series: _GpuSeries, axis: TimeAxis, budget: Budget, out: FigureSet
 ) -> dict[str, Any]:
@@ -785,14 +908,32 @@ def _heatmap(
     z = np.round(b.mean, 0)
     out.points += z.size
     rows = [[None if v != v else int(v) for v in row] for row in z.tolist()]
-    height = int(min(1000, max(220, 90 + 14 * n)))
+    height = heatmap_height(n)
+    labels = out.rows
+    yaxis: dict[str, Any] = {
+        "autorange": "reversed",
+        "type": "category",
+        "fixedrange": True,
+        "showticklabels": n <= HEATMAP_LABELLED_ROWS,
+        "title": {"text": f"{n} GPUs"},
+    }
+    layout: dict[str, Any] = {}
+    if out.nodes is not None:
+        yaxis.update(_node_axis(labels, out.nodes, height))
+        yaxis["title"] = {"text": f"{n} GPUs on {len(out.nodes['names'])} nodes"}
+        layout["shapes"] = node_lines(out.nodes["bounds"], height)
+        if not out.nodes["all"]:
+            out.notes.append(
+                f"{n} GPUs are more heatmap rows than pixels: the heatmap shows one node at a "
+                "time (pick it with the node picker)."
+            )
     return {
         "data": [
             {
                 "type": "heatmap",
                 "z": rows,
                 "x": _rounded(b.centers, axis.decimals),
-                "y": series.labels,
+                "y": labels,
                 "zmin": 0,
                 "zmax": 100,
                 "colorscale": "Viridis",
@@ -802,13 +943,7 @@ def _heatmap(
         ],
         "layout": {
             "xaxis": {"title": {"text": axis.title}, "range": [0, end]},
-            "yaxis": {
-                "autorange": "reversed",
-                "type": "category",
-                "fixedrange": True,
-                "showticklabels": n <= 64,
-                "title": {"text": f"{n} GPUs"},
-            },
+            "yaxis": yaxis,
             "height": height,
             "margin": {"l": 80, "r": 20, "t": 30, "b": 45},
             "title": {
@@ -816,6 +951,7 @@ def _heatmap(
                 "font": {"size": 12},
             },
             "template": "plotly_white",
+            **layout,
         },
     }
 

@@ -74,6 +74,8 @@ def render_html(
         "unit": axis.unit,
         "end": axis.end,
     }
+    if figs.nodes is not None:  # absent on one node: a single-node report stays as it was
+        data["nodes"] = figs.nodes
     page = (_TEMPLATE_DIR / "report.html").read_text(encoding="utf-8")
     parts = {
         "title": html.escape(f"gpuprof report: {run.meta.run_id}"),
@@ -410,16 +412,45 @@ def _notes(diagnosis: Diagnosis, figs: FigureSet) -> str:
 
 
 def _selector_html(figs: FigureSet) -> str:
+    """The toolbar's pickers: a node picker where `node_groups` asks for one, and the GPU
+    picker (above `Budget.max_gpu_lines` GPUs), its GPUs grouped by node on several nodes."""
     sel = figs.gpu_selector
     if not sel:
         return ""
-    options = "".join(
-        f'<option value="{i}">{_e(label)}</option>' for i, label in enumerate(sel["labels"])
-    )
-    return (
+    nodes = figs.nodes
+    if nodes is None:
+        options = "".join(
+            f'<option value="{i}">{_e(label)}</option>' for i, label in enumerate(sel["labels"])
+        )
+    else:
+        options = _grouped_options(nodes, figs.rows)
+    gpus = (
         f'<label class="picker">selected GPU (red line): <select id="gp-gpu">'
         f"{options}</select></label>"
     )
+    return _node_picker(nodes) + gpus if nodes is not None and nodes["picker"] else gpus
+
+
+def _grouped_options(nodes: dict[str, Any], rows: list[str]) -> str:
+    """One ``<optgroup>`` per node; option values stay the GPU's index in the selector data."""
+    groups = []
+    for k, name in enumerate(nodes["names"]):
+        lo, hi = nodes["bounds"][k], nodes["bounds"][k + 1]
+        options = "".join(f'<option value="{i}">{_e(rows[i])}</option>' for i in range(lo, hi))
+        groups.append(f'<optgroup label="{_e(name)}" data-node="{k}">{options}</optgroup>')
+    return "".join(groups)
+
+
+def _node_picker(nodes: dict[str, Any]) -> str:
+    """The node ``<select>``: "all nodes" first where the heatmap can draw every GPU."""
+    total = nodes["bounds"][-1]
+    options = [f'<option value="all">all {len(nodes["names"])} nodes ({total} GPUs)</option>']
+    if not nodes["all"]:
+        options = []
+    options.extend(
+        f'<option value="{k}">{_e(name)}</option>' for k, name in enumerate(nodes["names"])
+    )
+    return f'<label class="picker">node: <select id="gp-node">{"".join(options)}</select></label>'
 
 
 _SECTION_TITLES = {

@@ -1,11 +1,18 @@
 // Draws the figures from the JSON block, wires the evidence buttons (zoom the timeline's
-// x-axis to a finding's intervals) and the GPU picker. Sets window.__gpuprofRenderedMs when
-// every figure is drawn, so a browser test or benchmark can tell when the page is ready.
+// x-axis to a finding's intervals), the GPU picker and, on many nodes, the node picker. Sets
+// window.__gpuprofRenderedMs when every figure is drawn, so a browser test or benchmark can
+// tell when the page is ready.
 (function () {
   "use strict";
   window.__gpuprofScriptStartMs = performance.now(); // plotly.js parsed, nothing drawn yet
   var data = JSON.parse(document.getElementById("gp-data").textContent);
   var config = { responsive: true, displaylogo: false };
+  var nodes = data.nodes, fullHeatmap = data.figures["gp-heatmap"];
+  var nodePicker = document.getElementById("gp-node");
+  if (nodePicker && nodes && !nodes.all && fullHeatmap) {
+    // too many GPUs for one heatmap: the first draw already shows only the picked node
+    data.figures["gp-heatmap"] = heatmapView(Number(nodePicker.value));
+  }
   var ids = Object.keys(data.figures);
   window.__gpuprofDrawMs = {}; // per figure, for the benchmark
   // one figure after the other (JS is single-threaded anyway), so each draw time is its own
@@ -71,6 +78,61 @@
       var x = s.x_deltas[i].map(function (d) { tick += d; return tick / s.x_scale; });
       Plotly.restyle(timeline, { x: [x], y: [s.y[i]], name: "selected: " + s.labels[i] },
                      [s.trace_index]);
+    });
+  }
+
+  // The heatmap figure narrowed to node k's rows (k: index into nodes.names, or "all").
+  function heatmapView(k) {
+    if (k === "all") { return fullHeatmap; }
+    var lo = nodes.bounds[k], hi = nodes.bounds[k + 1], px = nodes.height, full = fullHeatmap;
+    var rows = full.data[0];
+    var trace = Object.assign({}, rows, { z: rows.z.slice(lo, hi), y: rows.y.slice(lo, hi) });
+    var yaxis = Object.assign({}, full.layout.yaxis, {
+      showticklabels: true,
+      tickmode: "auto",
+      title: { text: (hi - lo) + " GPUs on " + nodes.names[k] }
+    });
+    delete yaxis.tickvals; // node-name ticks of the all-nodes view
+    delete yaxis.ticktext;
+    var height = Math.min(px.max, Math.max(px.min, px.base + px.row * (hi - lo)));
+    var layout = Object.assign({}, full.layout, { yaxis: yaxis, shapes: [], height: height });
+    return { data: [trace], layout: layout };
+  }
+
+  // Only node k's GPUs in the GPU picker; the selected GPU moves there if it was elsewhere
+  // (the red line follows once the timeline is drawn).
+  function narrowPicker(k, groups) {
+    var current = picker.value;
+    picker.textContent = "";
+    groups.forEach(function (group, j) {
+      if (k === "all" || j === k) { picker.appendChild(group); }
+    });
+    var kept = Array.prototype.some.call(picker.options, function (o) {
+      return o.value === current;
+    });
+    if (kept) { picker.value = current; return; }
+    picker.value = picker.options[0].value;
+    allDrawn.then(function () { picker.dispatchEvent(new Event("change")); });
+  }
+
+  if (nodePicker && nodes) {
+    var groups = picker ? Array.prototype.slice.call(picker.querySelectorAll("optgroup")) : [];
+    if (!nodes.all && groups.length) { narrowPicker(Number(nodePicker.value), groups); }
+    nodePicker.addEventListener("change", function () {
+      var k = nodePicker.value === "all" ? "all" : Number(nodePicker.value);
+      if (groups.length) { narrowPicker(k, groups); }
+      if (!heatmap || !fullHeatmap) { return; }
+      allDrawn.then(function () {
+        var view = heatmapView(k);
+        // keep the x-range the timeline's zoom gave the heatmap
+        var range = heatmap.layout.xaxis.range.slice();
+        var layout = Object.assign({}, view.layout, {
+          xaxis: Object.assign({}, view.layout.xaxis, { range: range })
+        });
+        return Plotly.react(heatmap, view.data, layout, config);
+      }).then(function () {
+        heatmap.setAttribute("data-node", String(k));
+      });
     });
   }
 })();
