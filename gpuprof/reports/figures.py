@@ -5,6 +5,8 @@ and how much of it: per-GPU lines up to `Budget.max_gpu_lines` GPUs, an aggregat
 min–max band over GPUs) plus a GPU selector above that, and MinMaxLTTB / binned reductions
 (`gpuprof.reports.downsample`) so that a day-long run on hundreds of GPUs stays a file a browser
 opens in seconds. Every time on an axis is relative to the run start, in s, min or h.
+On several nodes the GPUs go by node (natural order) then index, and `node_groups` says how
+they group for the heatmap's node rules and the report's node and GPU pickers.
 """
 
 from __future__ import annotations
@@ -830,6 +832,7 @@ has a node picker that narrows the heatmap and the GPU picker to one node."""
 
 
 def heatmap_height(rows: int) -> int:
+    """The heatmap's height in px for ``rows`` GPUs."""
     px = HEATMAP_PX
     return int(min(px["max"], max(px["min"], px["base"] + px["row"] * rows)))
 

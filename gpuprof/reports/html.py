@@ -6,6 +6,9 @@ finding summaries, knob values) is HTML-escaped; the figure data travels as JSON
 ``<script type="application/json">`` block with ``<``, ``>`` and ``&`` written as ``\\u003c``…
 so no run string can close the block or open a comment. The page sets
 ``window.__gpuprofRenderedMs`` (``performance.now()`` in ms) once every figure is drawn.
+
+On several nodes the GPU picker groups its GPUs per node (``<optgroup>``) and, on many nodes
+(`figures.node_groups`), a node picker narrows the heatmap and the GPU picker to one node.
 """
 
 from __future__ import annotations
@@ -444,13 +447,12 @@ def _grouped_options(nodes: dict[str, Any], rows: list[str]) -> str:
 def _node_picker(nodes: dict[str, Any]) -> str:
     """The node ``<select>``: "all nodes" first where the heatmap can draw every GPU."""
     total = nodes["bounds"][-1]
-    options = [f'<option value="all">all {len(nodes["names"])} nodes ({total} GPUs)</option>']
-    if not nodes["all"]:
-        options = []
-    options.extend(
-        f'<option value="{k}">{_e(name)}</option>' for k, name in enumerate(nodes["names"])
+    every = f'<option value="all">all {len(nodes["names"])} nodes ({total} GPUs)</option>'
+    options = "".join(f'<option value="{k}">{_e(n)}</option>' for k, n in enumerate(nodes["names"]))
+    return (
+        f'<label class="picker">node: <select id="gp-node">{every if nodes["all"] else ""}'
+        f"{options}</select></label>"
     )
-    return f'<label class="picker">node: <select id="gp-node">{"".join(options)}</select></label>'
 
 
 _SECTION_TITLES = {

@@ -104,8 +104,10 @@
   function narrowPicker(k, groups) {
     var current = picker.value;
     picker.textContent = "";
-    groups.forEach(function (group, j) {
-      if (k === "all" || j === k) { picker.appendChild(group); }
+    groups.forEach(function (group) {
+      if (k === "all" || Number(group.getAttribute("data-node")) === k) {
+        picker.appendChild(group);
+      }
     });
     var kept = Array.prototype.some.call(picker.options, function (o) {
       return o.value === current;
