@@ -9,8 +9,10 @@ watcher's SQLite file (WAL needs every writer of a file on one machine).
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
+from typing import Any
 
 ENV_NODE = "GPUPROF_HOST"
 """The node's name in the run (default: the host name)."""
@@ -51,3 +53,10 @@ _SKEW_NS = _skew_ns()
 def now_ns() -> int:
     """Wall-clock time in ns since the epoch, as this node's clock reads it."""
     return time.time_ns() + _SKEW_NS
+
+
+def natural_key(name: str) -> tuple[list[Any], str]:
+    """Sort key that puts ``node2`` before ``node10`` (hostnames number their nodes)."""
+    parts = re.split(r"(\d+)", name)
+    # split() alternates text and digits, so equal positions always compare like with like
+    return [int(p) if i % 2 else p.lower() for i, p in enumerate(parts)], name

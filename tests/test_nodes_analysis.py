@@ -180,3 +180,12 @@ def test_reshard_idle_says_when_the_weights_cross_nodes():
     finding = _detect(run, "reshard_idle")
     assert finding.evidence.crosses_nodes is True
     assert "the weights cross nodes" in finding.summary
+
+
+def test_nodes_are_listed_in_natural_order():
+    run = _run()
+    names = {"nodeA": "node10", "nodeB": "node2"}
+    run.gpu["host"] = run.gpu["host"].map(names)
+    run.meta.hosts = ["node10", "node2"]
+    summary = node_summary(AnalysisContext(run), Thresholds())
+    assert [n["node"] for n in summary["nodes"]] == ["node2", "node10"]

@@ -23,6 +23,7 @@ import pandas as pd
 
 from gpuprof.analyzers.basic import finite_or_none
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+from gpuprof.nodes import natural_key
 
 WINDOW_S = 1.0
 """Width of the time windows in which nodes' busy fractions are compared (s)."""
@@ -41,7 +42,7 @@ def node_summary(ctx: AnalysisContext, th: Thresholds) -> dict[str, Any] | None:
         names |= set(spans["host"].dropna().unique().tolist())
     if len(names) < 2:
         return None
-    nodes = sorted(names)
+    nodes = sorted(names, key=natural_key)  # node2 before node10, as the report shows them
     per_node = _per_node(s, spans, nodes, th)
     clocks = run.meta.clocks or {}
     for row in per_node:

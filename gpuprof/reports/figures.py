@@ -12,7 +12,6 @@ they group for the heatmap's node rules and the report's node and GPU pickers.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE, valid_spans
 from gpuprof.analyzers.basic import step_times
 from gpuprof.intervals import union
 from gpuprof.model import Run
+from gpuprof.nodes import natural_key
 from gpuprof.reports.downsample import Binned, bin_stats, keep_shape
 
 PHASE_COLORS: dict[str, str] = {
@@ -170,13 +170,6 @@ def row_label(host: str, gpu: int, multi_host: bool) -> str:
     if not multi_host:
         return gpu_label(host, gpu, False)
     return f"{host}/gpu{gpu if gpu >= 0 else '?'}"
-
-
-def natural_key(name: str) -> tuple[list[Any], str]:
-    """Sort key that puts ``node2`` before ``node10`` (hostnames number their nodes)."""
-    parts = re.split(r"(\d+)", name)
-    # split() alternates text and digits, so equal positions always compare like with like
-    return [int(p) if i % 2 else p.lower() for i, p in enumerate(parts)], name
 
 
 def _naturally(codes: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[str]]:
