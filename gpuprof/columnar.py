@@ -128,6 +128,32 @@ def to_arrow(table: str, frame: pd.DataFrame) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=sch)
 
 
+CHUNK_COMPRESSION = "zstd"
+"""Compression of a row chunk's Arrow IPC buffers (`encode_chunk`)."""
+
+
+def encode_chunk(table: str, rows: list[tuple]) -> bytes:
+    """Rows of a table (tuples in column order) as one Arrow IPC stream: what a node's
+    sampler ships through Ray, stored as it arrives in the run file's ``chunks`` table, so the
+    receiving side does no work per row."""
+    frame = pd.DataFrame.from_records(rows, columns=columns(RECORD_TYPES[table]))
+    data = to_arrow(table, frame)
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=CHUNK_COMPRESSION)
+    with pa.ipc.new_stream(sink, data.schema, options=options) as writer:
+        writer.write_table(data)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_chunks(table: str, blobs: Iterable[bytes]) -> pa.Table:
+    """Chunks of one table (`encode_chunk`) as one Arrow table with the table's schema."""
+    parts = [pa.ipc.open_stream(pa.py_buffer(blob)).read_all() for blob in blobs]
+    sch = schema(table)
+    if not parts:
+        return sch.empty_table()
+    return pa.concat_tables([part.select(sch.names).cast(sch) for part in parts])
+
+
 def _json_text(value: object) -> str:
     if isinstance(value, str):
         return value  # already encoded (rows read straight from SQLite)
@@ -270,40 +296,60 @@ def listed(conn: sqlite3.Connection) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
-def compact(db_path: Path, read_table: Callable[..., pd.DataFrame]) -> list[str]:
+def compact(
+    db_path: Path,
+    read_table: Callable[..., pd.DataFrame],
+    read_chunks: Callable[..., pd.DataFrame] | None = None,
+) -> list[str]:
     """Move the sample tables of one run file into side files; returns the tables moved.
 
-    ``read_table(conn, table, where, params)`` reads rows of a table as a typed frame (the
-    store's reader). GPU samples are read and written one GPU at a time, so the memory needed
-    is that of one GPU's samples or of the largest other table. Rows already in a side file
-    are kept (merged with the new ones).
+    ``read_table(conn, table, where, params)`` reads rows of a table as a typed frame, and
+    ``read_chunks(conn, table, upto)`` the table's rows held in the ``chunks`` table (the
+    store's readers). GPU samples are read and written one GPU at a time, so the memory needed
+    is that of one GPU's samples or of the largest other table (chunked GPU rows are read
+    whole). Rows already in a side file are kept (merged with the new ones).
     """
     conn = sqlite3.connect(db_path, timeout=30.0, isolation_level=None)
     moved: list[str] = []
     try:
         done = listed(conn)
+        chunked = read_chunks is not None and _has_table(conn, "chunks")
         for table in TABLES:
             # rows up to this rowid move; rows a still-running process adds meanwhile stay
             last = conn.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0]
-            if last is None:
+            last_chunk = None
+            if chunked:
+                last_chunk = conn.execute(
+                    "SELECT max(rowid) FROM chunks WHERE tbl = ?", (table,)
+                ).fetchone()[0]
+            if last is None and last_chunk is None:
                 continue
             old = db_path.with_name(done[table]) if table in done else None
             old = old if old is not None and old.exists() else None
             dest = side_file(db_path, table)
+            parts = [read(old, table)] if old is not None and table != "gpu" else []
+            if last_chunk is not None:
+                parts.append(read_chunks(conn, table, last_chunk))
             if table == "gpu":
-                write_groups(dest, table, _gpu_groups(conn, old, read_table, last))
+                extra = pd.concat(parts, ignore_index=True) if parts else None
+                write_groups(dest, table, _gpu_groups(conn, old, read_table, last or 0, extra))
             else:
-                frame = read_table(conn, table, "WHERE rowid <= ?", (last,))
-                if old is not None:
-                    frame = pd.concat([read(old, table), frame], ignore_index=True)
+                if last is not None:
+                    parts.append(read_table(conn, table, "WHERE rowid <= ?", (last,)))
+                frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
                 write(dest, table, frame)
-                del frame
+                del frame, parts
             moved.append(table)
             done[table] = dest.name
             # listing + deletion in one transaction, after the side file is in place
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute(f"DELETE FROM {table} WHERE rowid <= ?", (last,))
+                if last is not None:
+                    conn.execute(f"DELETE FROM {table} WHERE rowid <= ?", (last,))
+                if last_chunk is not None:
+                    conn.execute(
+                        "DELETE FROM chunks WHERE tbl = ? AND rowid <= ?", (table, last_chunk)
+                    )
                 conn.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                     (META_KEY, json.dumps(done)),
@@ -322,15 +368,27 @@ def compact(db_path: Path, read_table: Callable[..., pd.DataFrame]) -> list[str]
     return moved
 
 
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return row.fetchone() is not None
+
+
 def _gpu_groups(
     conn: sqlite3.Connection,
     old: Path | None,
     read_table: Callable[..., pd.DataFrame],
     last: int,
+    extra: pd.DataFrame | None = None,
 ) -> Iterator[pd.DataFrame]:
-    """Each GPU's samples (side file rows first, then SQLite rows up to rowid ``last``), one
-    frame per GPU."""
+    """Each GPU's samples (side file rows first, then ``extra`` rows (from chunks), then
+    SQLite rows up to rowid ``last``), one frame per GPU."""
     keys = set(conn.execute("SELECT DISTINCT host, gpu FROM gpu WHERE rowid <= ?", (last,)))
+    extra_groups: dict[tuple, pd.DataFrame] = {}
+    if extra is not None and len(extra):
+        for (host, gpu), frame in extra.groupby(["host", "gpu"], sort=False, dropna=False):
+            key = (None if pd.isna(host) else host, None if pd.isna(gpu) else int(gpu))
+            extra_groups[key] = frame
+        keys |= set(extra_groups)
     old_groups: dict[tuple, int] = {}
     if old is not None:
         parquet = _parquet().ParquetFile(old)
@@ -344,6 +402,8 @@ def _gpu_groups(
         if (host, gpu) in old_groups:
             group = _parquet().ParquetFile(old).read_row_group(old_groups[(host, gpu)])
             parts.append(to_frame(group))
+        if (host, gpu) in extra_groups:
+            parts.append(extra_groups[(host, gpu)])
         if host is None or gpu is None:
             where = "WHERE host IS ? AND gpu IS ? AND rowid <= ?"
         else:

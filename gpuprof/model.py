@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the on-disk layout; bumped whenever a table or column changes meaning."""
 
 

@@ -150,11 +150,14 @@ def connect(path: str | os.PathLike, *, create: bool = True) -> sqlite3.Connecti
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("BEGIN IMMEDIATE")
             try:
-                if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version == 0:
                     conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                if version < SCHEMA_VERSION:  # older files gain the chunks table below
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 for table in RECORD_TYPES:
                     conn.execute(_table_sql(table))
+                conn.execute(CHUNKS_SQL)
                 conn.execute(
                     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
                 )
@@ -194,20 +197,42 @@ def encode_row(table: str, row: Sequence[Any]) -> tuple:
     return tuple(out)
 
 
-def insert_rows(conn: sqlite3.Connection, batch: dict[str, list[Sequence[Any]]]) -> None:
-    """Insert rows of several tables in one transaction (rows already in column order)."""
+def insert_rows(
+    conn: sqlite3.Connection,
+    batch: dict[str, list[Sequence[Any]]],
+    chunks: Sequence[tuple[str, int, bytes]] = (),
+) -> None:
+    """Insert rows of several tables in one transaction (rows already in column order), and
+    row chunks (see `insert_encoded`)."""
     insert_encoded(
-        conn, {table: [encode_row(table, r) for r in rows] for table, rows in batch.items()}
+        conn,
+        {table: [encode_row(table, r) for r in rows] for table, rows in batch.items()},
+        chunks,
     )
 
 
-def insert_encoded(conn: sqlite3.Connection, batch: dict[str, list[Sequence[Any]]]) -> None:
-    """Like `insert_rows` for rows whose JSON columns are already strings (the hooks' path)."""
+CHUNKS_SQL = (
+    "CREATE TABLE IF NOT EXISTS chunks (tbl TEXT NOT NULL, n INTEGER NOT NULL, data BLOB NOT NULL)"
+)
+"""Rows that arrived as Arrow IPC streams (`columnar.encode_chunk`, from a Ray node's
+sampler): ``tbl`` the table, ``n`` the rows, ``data`` the stream. Read with the table's rows;
+moved into the side files by compaction like them."""
+
+
+def insert_encoded(
+    conn: sqlite3.Connection,
+    batch: dict[str, list[Sequence[Any]]],
+    chunks: Sequence[tuple[str, int, bytes]] = (),
+) -> None:
+    """Like `insert_rows` for rows whose JSON columns are already strings (the hooks' path);
+    ``chunks``: (table, rows, Arrow IPC stream) for the ``chunks`` table, same transaction."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         for table, rows in batch.items():
             if rows:
                 conn.executemany(_INSERT[table], rows)
+        if chunks:
+            conn.executemany("INSERT INTO chunks (tbl, n, data) VALUES (?, ?, ?)", chunks)
         conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):
@@ -241,6 +266,10 @@ def write_meta_now(path: str | os.PathLike, key: str, value: dict[str, Any]) -> 
     finally:
         with contextlib.suppress(sqlite3.Error):
             conn.close()
+
+
+CHUNK = "\0chunk"
+"""`BufferedWriter`'s queue entry for a row chunk (not a table name)."""
 
 
 class BufferedWriter:
@@ -283,6 +312,11 @@ class BufferedWriter:
         row_of = _ROW_OF[table]
         self._pending.extend([(table, row_of(record)) for record in records])
 
+    def add_chunk(self, table: str, rows: int, data: bytes) -> None:
+        """Queue a chunk of ``rows`` rows of ``table`` already encoded as an Arrow IPC stream
+        (`columnar.encode_chunk`): stored as it is, one row of the ``chunks`` table."""
+        self._pending.append((CHUNK, (table, rows, data)))
+
     def set_meta(self, key: str, value: dict[str, Any]) -> None:
         """Queue a metadata document; written with the next commit."""
         self._meta[key] = value
@@ -300,13 +334,14 @@ class BufferedWriter:
             batch: dict[str, list[Sequence[Any]]] = {}
             for table, row in pending:
                 batch.setdefault(table, []).append(row)
+            chunks = batch.pop(CHUNK, [])
             try:
                 if self._conn is not None and not self.path.exists():
                     # SQLite would go on writing into the unlinked file: nothing would be kept
                     raise RunError(f"{self.path.parent}: the run directory was removed")
                 if self._conn is None:
                     self._conn = connect(self.path)
-                insert_rows(self._conn, batch)
+                insert_rows(self._conn, batch, chunks)
                 for key, value in meta.items():
                     write_meta(self._conn, key, value)
                 self.rows_written += len(pending)
@@ -374,6 +409,9 @@ def _read_file(
             if table in skip:
                 continue
             frame = read_table(conn, table)
+            chunked = read_chunks(conn, table)
+            if len(chunked):
+                frame = _typed(table, pd.concat([chunked, frame], ignore_index=True))
             if table in sides:
                 side = columnar.read(sides[table], table, categories=reduce is not None)
                 for name in _JSON_NAMES[table]:
@@ -409,6 +447,30 @@ def read_table(
     cursor = conn.execute(f"SELECT * FROM {table} {where}", tuple(params))
     names = [d[0] for d in cursor.description]
     return _typed(table, pd.DataFrame.from_records(cursor.fetchall(), columns=names))
+
+
+def read_chunks(conn: sqlite3.Connection, table: str, upto: int | None = None) -> pd.DataFrame:
+    """The rows of ``table`` held in the file's ``chunks`` (up to chunk rowid ``upto``), as a
+    typed frame; empty for a file without chunks."""
+    if not has_chunks(conn):
+        return _empty(table)
+    where, params = "WHERE tbl = ?", [table]
+    if upto is not None:
+        where += " AND rowid <= ?"
+        params.append(upto)
+    blobs = [b for (b,) in conn.execute(f"SELECT data FROM chunks {where} ORDER BY rowid", params)]
+    if not blobs:
+        return _empty(table)
+    frame = columnar.to_frame(columnar.decode_chunks(table, blobs))
+    for name in _JSON_NAMES[table]:
+        frame[name] = _json_column(frame[name])
+    return _typed(table, frame)
+
+
+def has_chunks(conn: sqlite3.Connection) -> bool:
+    """Whether the file has a ``chunks`` table (files of schema 1 do not)."""
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'chunks'")
+    return row.fetchone() is not None
 
 
 def _typed(table: str, frame: pd.DataFrame) -> pd.DataFrame:
@@ -702,6 +764,9 @@ def iter_gpu_samples(
                 for frame in columnar.read_groups(sides["gpu"], "gpu", categories):
                     yield frame.sort_values("t_ns", kind="stable", ignore_index=True)
             rows = read_table(conn, "gpu")
+            chunked = read_chunks(conn, "gpu")
+            if len(chunked):
+                rows = pd.concat([chunked, rows], ignore_index=True) if len(rows) else chunked
             for _, frame in rows.groupby(["host", "gpu"], sort=True, dropna=False):
                 yield frame.sort_values("t_ns", kind="stable", ignore_index=True)
         except sqlite3.DatabaseError as exc:
@@ -723,6 +788,9 @@ def gpu_keys(run_dir: str | os.PathLike) -> pd.DataFrame:
                 _check_header(conn, path, allow_new=False)
                 rows = conn.execute("SELECT host, gpu, max(uuid) FROM gpu GROUP BY host, gpu")
                 parts.append(pd.DataFrame(rows.fetchall(), columns=["host", "gpu", "uuid"]))
+                chunked = read_chunks(conn, "gpu")
+                if len(chunked):
+                    parts.append(chunked[["host", "gpu", "uuid"]].drop_duplicates(["host", "gpu"]))
                 sides = _side_files(path, conn)
             finally:
                 conn.close()
@@ -748,6 +816,9 @@ def count_rows(run_dir: str | os.PathLike, table: str) -> int:
             try:
                 _check_header(conn, path, allow_new=False)
                 total += conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                if has_chunks(conn):
+                    n = conn.execute("SELECT sum(n) FROM chunks WHERE tbl = ?", (table,))
+                    total += n.fetchone()[0] or 0
                 sides = _side_files(path, conn)
             finally:
                 conn.close()
@@ -768,7 +839,7 @@ def compact_run(run_dir: str | os.PathLike) -> list[str]:
     """
     written = []
     for path in run_files(Path(run_dir)):
-        for table in columnar.compact(path, read_table):
+        for table in columnar.compact(path, read_table, read_chunks):
             written.append(columnar.side_file(path, table).name)
     return written
 

@@ -380,6 +380,11 @@ def test_recorder_places_skips_dedupes_times_out_and_loses_nodes(tmp_path, monke
     lost = run.events[run.events["kind"] == "node_lost"]
     assert sorted(lost["host"]) == ["w1", "w1-dddddddd"]
     for name in ("w1", "w1-dddddddd"):
+        # the driver stored what was shipped as it came: Arrow chunks, no row inserted one by one
+        conn = sqlite3.connect(tmp_path / f"{name}.sqlite")
+        assert conn.execute("SELECT count(*) FROM host").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM chunks WHERE tbl = 'host'").fetchone()[0] > 0
+        conn.close()
         meta = _file_meta(tmp_path / f"{name}.sqlite")
         assert meta["clock"]["method"] == "ray-rtt" and abs(meta["clock"]["offset_ns"]) < 5 * MS
         assert any(n.startswith(f"node {name} lost at") for n in meta["run"]["notices"])
@@ -658,7 +663,10 @@ def _count(path: Path, table: str) -> int:
     try:
         conn = sqlite3.connect(path, timeout=5)
         try:
-            return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            rows = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            # what the samplers ship arrives as Arrow chunks (one row of `chunks` per pull)
+            shipped = conn.execute("SELECT sum(n) FROM chunks WHERE tbl = ?", (table,))
+            return rows + (shipped.fetchone()[0] or 0)
         finally:
             conn.close()
     except sqlite3.Error:

@@ -274,3 +274,66 @@ def test_compaction_keeps_nanosecond_timestamps(tmp_path):
     run = store.load_run(tmp_path)
     assert run.gpu["t_ns"].tolist() == [t, t + 1, t + 2]
     assert (run.spans["start_ns"].iloc[0], run.spans["end_ns"].iloc[0]) == (t, t + 1)
+
+
+def _chunked_run(run_dir, host="nodeR"):
+    """A node file as the Ray recorder writes it: rows in Arrow chunks, plus one plain row."""
+    from gpuprof import columnar
+
+    writer = store.BufferedWriter(store.host_file(run_dir, host))
+    writer.set_meta("run", RunMeta(run_id="r1", hosts=[host], start_ns=1, end_ns=10**9).to_dict())
+    for part in range(3):  # three pulls of two GPUs
+        rows = [(host, g, f"GPU-{g}", 10**18 + 100 * part + i, 10.0 * g + i) + (None,) * 15
+                for g in range(2) for i in range(4)]  # fmt: skip
+        writer.add_chunk("gpu", len(rows), columnar.encode_chunk("gpu", rows))
+    span = Span(host, 7, 7, 3, 0, "rollout", "gen", 2, 0, 10**18, 10**18 + 5, attrs={"k": 1})
+    writer.add_records("spans", [span])
+    writer.add_chunk("spans", 1, columnar.encode_chunk("spans", [store._ROW_OF["spans"](span)]))
+    writer.close()
+
+
+def test_rows_shipped_as_arrow_chunks_load_count_stream_and_compact(tmp_path):
+    _chunked_run(tmp_path)
+    run = store.load_run(tmp_path)
+    assert len(run.gpu) == 24 and set(run.gpu["gpu"]) == {0, 1}
+    assert run.gpu["t_ns"].dtype == "int64" and run.gpu["mem_used_bytes"].isna().all()
+    assert len(run.spans) == 2 and all(a == {"k": 1} for a in run.spans["attrs"])
+    assert store.count_rows(tmp_path, "gpu") == 24 and store.count_rows(tmp_path, "spans") == 2
+    assert sorted(store.gpu_keys(tmp_path)["gpu"]) == [0, 1]
+    streamed = list(store.iter_gpu_samples(tmp_path))
+    assert [len(f) for f in streamed] == [12, 12] and all(f["t_ns"].is_monotonic_increasing
+                                                          for f in streamed)  # fmt: skip
+    before = run.gpu.sort_values(["gpu", "t_ns"], ignore_index=True)
+    store.compact_run(tmp_path)
+    conn = sqlite3.connect(tmp_path / "nodeR.sqlite")
+    assert conn.execute("SELECT count(*) FROM chunks").fetchone()[0] == 0  # moved, not copied
+    conn.close()
+    after = store.load_run(tmp_path)
+    assert len(after.spans) == 2
+    pd_after = after.gpu.sort_values(["gpu", "t_ns"], ignore_index=True)
+    assert pd_after[["gpu", "t_ns", "util_gpu_pct"]].equals(before[["gpu", "t_ns", "util_gpu_pct"]])
+
+
+def test_a_schema_1_file_without_chunks_still_loads(tmp_path):
+    _write_small_run(tmp_path)
+    conn = sqlite3.connect(tmp_path / "hostA.sqlite")
+    conn.execute("DROP TABLE chunks")
+    conn.execute("PRAGMA user_version=1")
+    conn.commit()
+    conn.close()
+    assert len(store.load_run(tmp_path).gpu) == 5
+    assert store.count_rows(tmp_path, "gpu") == 5
+    store.compact_run(tmp_path)
+    assert len(store.load_run(tmp_path).gpu) == 5
+
+
+def test_a_damaged_chunk_is_one_clear_error(tmp_path):
+    _chunked_run(tmp_path)
+    conn = sqlite3.connect(tmp_path / "nodeR.sqlite")
+    conn.execute("INSERT INTO chunks (tbl, n, data) VALUES ('gpu', 3, x'00ff00ff')")
+    conn.commit()
+    conn.close()
+    with pytest.raises(store.RunError, match=r"nodeR\.sqlite: damaged data"):
+        store.load_run(tmp_path)
+    proc = run_gpuprof("analyze", str(tmp_path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr

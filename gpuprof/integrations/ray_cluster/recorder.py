@@ -9,10 +9,13 @@ its wall clock *is* the watcher's (same machine, same environment), the clock ev
 aligned on, so round trips measure exactly the offset the run needs; (3) nothing named is
 left in the cluster to collide with another job, and no extra process runs. Actors cannot
 call into a driver, so the thread *pulls*: about twice a second it asks every sampler for
-what accumulated (`NodeSampler.take`) and queues the rows on that node's
+what accumulated (`NodeSampler.take`): per table, one Arrow IPC stream the sampler encoded
+(`gpuprof.columnar.encode_chunk`), which is queued as it is on that node's
 `gpuprof.store.BufferedWriter` (one writer per file, all on this machine, so SQLite's WAL
-never spans machines). Its cost in the driver is a few Ray calls per node per tick; the
-SQLite commits run on the writers' own threads.
+never spans machines) and stored as one row of the file's ``chunks`` table. The driver does
+no work per sample: its cost is a few Ray calls per node per tick and one blob insert per
+table, on the writers' own threads (per-row inserts of 64 nodes' rows took a third of a
+core: docs/PERFORMANCE.md).
 
 Clock offsets: ``t0`` and ``t1`` read here around a call that reads the node's clock ``n``;
 the node's offset is ``(t0 + t1) / 2 - n`` (add it to the node's times to get the run's),
@@ -39,7 +42,7 @@ from typing import Any, TextIO
 from gpuprof import __version__, store
 from gpuprof.integrations.ray_cluster.sampler import NodeSampler
 from gpuprof.integrations.ray_cluster.setup_hook import is_reference
-from gpuprof.model import Event, RunMeta
+from gpuprof.model import RECORD_TYPES, Event, RunMeta
 from gpuprof.nodes import now_ns
 
 TICK_S = 0.5
@@ -385,9 +388,10 @@ class ClusterRecorder:
             self._say(f"a reply from node {node.label} was lost ({_short(exc)})")
             return
         writer = node.writer
-        for table, rows in (batch.get("rows") or {}).items():
-            for row in rows:
-                writer.add(table, row)
+        for table, chunk in (batch.get("chunks") or {}).items():
+            # stored as shipped: no work per row here, whatever the number of nodes
+            if table in RECORD_TYPES and isinstance(chunk, tuple) and len(chunk) == 2:
+                writer.add_chunk(table, int(chunk[0]), chunk[1])
         notices = batch.get("notices") or []
         dropped = int(batch.get("dropped") or 0)
         if dropped > node.dropped:

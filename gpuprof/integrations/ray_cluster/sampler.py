@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuprof import nodes
+from gpuprof import columnar, nodes
 from gpuprof.integrations.ray_cluster import setup_hook
 from gpuprof.model import RECORD_TYPES, columns
 
@@ -309,7 +309,14 @@ class NodeSampler:
             except Exception as exc:
                 self._note(f"{self.name}: reading the workers' spool failed ({exc})")
         notices = self._new_notices()
-        return {"rows": rows, "notices": notices, "dropped": self.buffer.dropped}
+        chunks = {}
+        for table, table_rows in rows.items():
+            if table_rows:
+                try:
+                    chunks[table] = (len(table_rows), columnar.encode_chunk(table, table_rows))
+                except Exception as exc:  # one bad row must not cost the node its record
+                    self._note(f"{self.name}: {len(table_rows)} {table} rows not shipped ({exc})")
+        return {"chunks": chunks, "notices": notices, "dropped": self.buffer.dropped}
 
     def finish(self) -> dict[str, Any]:
         """Stop sampling and return what is left; spool files of exited processes go."""
