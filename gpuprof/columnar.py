@@ -139,7 +139,11 @@ def encode_chunk(table: str, rows: list[tuple]) -> bytes:
     """Rows of a table (tuples in column order) as one compressed Arrow IPC stream: what a
     node's sampler ships through Ray, stored as it arrives in the run file's ``chunks`` table,
     so the receiving side does no work per row."""
-    data = _rows_to_arrow(table, rows)
+    return encode_arrow(_rows_to_arrow(table, rows))
+
+
+def encode_arrow(data: pa.Table) -> bytes:
+    """An Arrow table of a record table's schema as a row chunk (see `encode_chunk`)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, data.schema) as writer:
         writer.write_table(data)

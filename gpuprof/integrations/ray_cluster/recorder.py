@@ -8,7 +8,7 @@ cluster node (Ray Client) and is on another machine when the raylet it attached 
 its wall clock *is* the watcher's (same machine, same environment), the clock every node is
 aligned on, so round trips measure exactly the offset the run needs; (3) nothing named is
 left in the cluster to collide with another job, and no extra process runs. Actors cannot
-call into a driver, so the thread *pulls*: about twice a second it asks every sampler for
+call into a driver, so the thread *pulls*: every second (`TICK_S`) it asks every sampler for
 what accumulated (`NodeSampler.take`): per table, one Arrow IPC stream the sampler encoded
 (`gpuprof.columnar.encode_chunk`), which is queued as it is on that node's
 `gpuprof.store.BufferedWriter` (one writer per file, all on this machine, so SQLite's WAL
@@ -45,8 +45,11 @@ from gpuprof.integrations.ray_cluster.setup_hook import is_reference
 from gpuprof.model import RECORD_TYPES, Event, RunMeta
 from gpuprof.nodes import now_ns
 
-TICK_S = 0.5
-"""How often rows are taken from the samplers (and committed by the writers)."""
+TICK_S = 1.0
+"""How often rows are taken from the samplers, and committed by the nodes' writers. Each
+pull is a Ray call per node and each commit a transaction per node file, whatever their size:
+at 0.5 s, 64 nodes cost the driver 10% of a core, at 1 s about half
+(benchmarks/bench_multinode_scale.py); a node's rows reach the run within two ticks."""
 MEMBERSHIP_S = 3.0
 """How often the cluster's node list is read (nodes that joined, nodes marked dead)."""
 PLACE_TIMEOUT_S = 60.0
@@ -353,7 +356,8 @@ class ClusterRecorder:
                       f"{store.failure_reason(exc, node.writer.path)}")  # fmt: skip
 
         node.writer = store.BufferedWriter(store.host_file(self.run_dir, name),
-                                           on_error=stopped, name=f"gpuprof-{name}")  # fmt: skip
+                                           flush_interval_s=TICK_S, on_error=stopped,
+                                           name=f"gpuprof-{name}")  # fmt: skip
         node.state = "active"
         self._measure_clock(node)
         node.writer.set_meta("run", node.meta.to_dict())
