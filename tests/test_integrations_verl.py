@@ -155,7 +155,9 @@ RAY_SCRIPT = textwrap.dedent(
 
 def test_the_bootstrap_reaches_a_local_ray_actor(tmp_path):
     run_dir = tmp_path / "run"
-    env = clean_env(GPUPROF_RUN_DIR=str(run_dir), RAY_USAGE_STATS_ENABLED="0")
+    # RAY_ADDRESS=local: a new Ray of its own, even while another cluster on this machine
+    # (another test run's) has left its address in /tmp/ray/ray_current_cluster
+    env = clean_env(GPUPROF_RUN_DIR=str(run_dir), RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="local")
     env["PYTHONPATH"] = os.pathsep.join([bootstrap_dir(), str(ROOT)])
     proc = subprocess.run(
         [sys.executable, "-c", RAY_SCRIPT], env=env, capture_output=True, text=True, timeout=300

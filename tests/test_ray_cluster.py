@@ -463,9 +463,10 @@ def test_local_ray_init_stays_on_the_watchers_node(tmp_path):
     script = tmp_path / "local.py"
     script.write_text(LOCAL_JOB)
     run_dir = tmp_path / "run"
+    # RAY_ADDRESS=local: a Ray of its own even while another cluster on this machine (another
+    # test run's) has left its address in /tmp/ray/ray_current_cluster, which ray.init() joins
     env = clean_env(GPUPROF_HOST="solo", GPUPROF_SPOOL_DIR=str(tmp_path / "spool"),
-                    RAY_USAGE_STATS_ENABLED="0")  # fmt: skip
-    env.pop("RAY_ADDRESS", None)
+                    RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="local")  # fmt: skip
     cmd = gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", sys.executable, str(script))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
