@@ -78,11 +78,15 @@ def _userinfo(match: re.Match[str]) -> str:
 
 
 def _named(match: re.Match[str]) -> str:
-    if not is_secret_name(match.group("name")) or match.group("value") == REDACTED:
+    g = match.group
+    if not is_secret_name(g("name")):
+        # the "value" may itself hold an assignment ("A: HF_TOKEN=V"): the match consumed it
+        inner = _NAMED_VALUE.sub(_named, g("value"))
+        return f"{g('name')}{g('q1')}{g('sep')}{g('q2')}{inner}"
+    if g("value") == REDACTED:
         return match.group(0)
     if match.group("value").lower() in ("bearer", "basic", "token", "digest"):
         return match.group(0)  # "Authorization: Bearer X": the scheme rule hides X
-    g = match.group
     return f"{g('name')}{g('q1')}{g('sep')}{g('q2')}{REDACTED}"
 
 

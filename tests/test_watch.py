@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -238,6 +239,11 @@ def test_summary_lists_phases_and_the_run_dir(tmp_path):
     assert quiet.stderr == ""
 
 
+def _read_into(stream, out: bytearray) -> None:
+    while chunk := stream.read1(4096):
+        out += chunk
+
+
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux `script` for a pty")
 def test_on_a_terminal_the_child_reads_stdin_and_gets_ctrl_c(tmp_path):
     """With a terminal, the child's process group is made the foreground group: it can read
@@ -256,9 +262,20 @@ def test_on_a_terminal_the_child_reads_stdin_and_gets_ctrl_c(tmp_path):
             ["script", "-qec", command, "/dev/null"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=clean_env(),
         )  # fmt: skip
-        time.sleep(3.0)  # let the child start and wait on the terminal
-        out, _ = proc.communicate(keys, timeout=30)
-        assert proc.returncode == expected_code, out
+        out = bytearray()
+        pump = threading.Thread(target=_read_into, args=(proc.stdout, out))
+        pump.start()
+        deadline = time.monotonic() + 30
+        while b"sleeping" not in out and expected_code and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(3.0)  # let the child start (and the watcher hand it the terminal)
+        proc.stdin.write(keys)
+        proc.stdin.flush()
+        # stdin stays open until the end: script's handling of its EOF would race the keys
+        proc.wait(timeout=30)
+        proc.stdin.close()
+        pump.join(timeout=5)
+        assert proc.returncode == expected_code, bytes(out)
         if expected_code == 0:
             assert b"got hello" in out
     assert store.load_run(tmp_path / "b").meta.exit_code == 130
