@@ -21,38 +21,40 @@ Four parts, each through the real code (issue: "the simulated cost of 64 nodes x
    bytes per pull and per second, per table, and the sampler process's CPU (sampling,
    tailing and pickling).
 2. **receive** — the head's receiver. The real `ClusterRecorder` thread (membership,
-   placing, ``take`` every `TICK_S`, a clock measurement of 8 round trips per tick when due)
-   over a fake Ray of ``--nodes`` sampler nodes whose ``take`` replies are the pulls
-   recorded in part 1, pickled per node (host renamed, times shifted) before the clock
-   starts; the fake's ``ray.get`` unpickles them, as Ray's driver deserialises a reply. The
-   recorder writes every row into ``<run>/<node>.sqlite`` through the nodes'
-   `BufferedWriter` threads. Figure: CPU time of the whole process per wall second, split
-   into the recorder thread (of which unpickling) and the writers' threads (per-thread CPU
-   clocks). Two variants, interleaved: the pulls as recorded, and the same without the
-   workers' spans and events (the sampler's rows alone). What a fake cannot show is Ray's
-   own work in the driver per call (submitting, the reply through gRPC): that is part 3.
+   placing, ``take`` every pull period, every reply read in one ``ray.get`` and committed
+   at once, a clock measurement of 8 round trips per tick when due) over a fake Ray of
+   ``--nodes`` sampler nodes whose ``take`` replies are the pulls recorded in part 1 (joined
+   to the period), pickled per node (host renamed, times shifted) before the clock starts;
+   the fake's ``ray.get`` unpickles them, as Ray's driver deserialises a reply. Figure: CPU
+   time of the whole process per wall second, split into the recorder thread (of which
+   unpickling) and the writers' threads (per-thread CPU clocks). Variants, interleaved: the
+   recorder's period for ``--nodes`` (`pull_period_s`: 2 s at 64) with the workers' spans
+   and without them (the sampler's rows alone), and with spans at `TICK_S` (1 s) beside
+   them. What a fake cannot show is Ray's own work in the driver per call (submitting, the
+   reply through gRPC): that is part 3.
 3. **ray** — Ray's own cost in the driver, measured with a real local Ray: 4 actors
    answer the recorder's pattern of calls for ``--nodes`` nodes (per tick, one ``take``
-   per node and 8 clock round trips) with the batches of part 1, and the driver process's
-   CPU is read over the window (all its threads, Ray's C++ ones included), less an idle
-   window. Two pull periods, interleaved: the recorder's (`TICK_S`), and 2 s (several pulls' rows
-   per reply). This includes deserialising the replies; the receiver's total is part 2
-   less its unpickling plus this.
+   per node, the replies read in one ``ray.get``, and 8 clock round trips) with the
+   batches of part 1, and the driver process's CPU is read over the window (all its
+   threads, Ray's C++ ones included), less an idle window. Two pull periods, interleaved:
+   `TICK_S` and the recorder's for ``--nodes`` (2 s where that is `TICK_S`). This includes
+   deserialising the replies; the receiver's total is part 2 less its unpickling plus this
+   at the same period.
 4. **analyze** — the run such a job leaves, ``--nodes`` nodes x 8 GPUs for ``--hours``
    at 10 Hz: the watcher's node file compacted to Parquet as `watch` leaves it, every other
    node's file as the recorder writes it (its rows as one Arrow chunk per pull and table
    where this tree's recorder stores chunks, else SQLite rows: ``--layout``; its own run
    document naming the reference node, a ``"clock"`` document with the node's offset, its
-   rows on its own clock). Nothing compacts those files when a Ray run ends (`watch`
-   compacts its own node's file only), so this is what ``analyze`` reads. Made from
+   rows on its own clock): what ``analyze`` reads while the run goes on or after its driver
+   was killed. ``--compacted`` then compacts them as `watch` does when the job ends
+   (several files at once, `api.compact`) and measures again. Made from
    simulated GRPO on 8 nodes x 8 GPUs (`gpuprof.sim`, the job and pathologies of
    bench_analyze_scale.py) copied node by node (host, GPU uuid and rank renumbered, times
    moved to each node's clock). Then ``gpuprof analyze RUN --json`` and
    ``gpuprof report RUN`` as fresh processes (``cli.main`` as ``python -m gpuprof`` runs
    it, with the time spent loading, diagnosing, in the per-node summary and drawing
    recorded), interleaved, ``--analyze-repeats`` times: wall time, CPU, peak RSS
-   (``wait4``), the report's size, the diagnosis's ``nodes`` section. ``--compacted`` then
-   compacts every node file (`store.compact_run` of the directory, timed) and measures again.
+   (``wait4``), the report's size, the diagnosis's ``nodes`` section.
 
 Budgets: <= 100 KB/s shipped per node at 10 Hz; <= 5% of one core for the head's receiver;
 analysis and report within the existing ones (docs/PERFORMANCE.md: 24 h x 64 GPUs, ~55 M GPU
@@ -88,7 +90,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gpuprof.clocks import TIME_COLUMNS  # noqa: E402
-from gpuprof.integrations.ray_cluster.recorder import TICK_S  # noqa: E402
+from gpuprof.integrations.ray_cluster import recorder as recorder_mod  # noqa: E402
+from gpuprof.integrations.ray_cluster.recorder import TICK_S, pull_period_s  # noqa: E402
 from gpuprof.model import RECORD_TYPES, columns  # noqa: E402
 
 GPUS_PER_NODE = 8
@@ -488,12 +491,12 @@ def merged(batches: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
 
 
 def replay_blobs(
-    batches: list[dict[str, Any]], nodes: int, pulls: int
+    batches: list[dict[str, Any]], nodes: int, pulls: int, period_s: float = TICK_S
 ) -> dict[int, list[tuple[bytes, int]]]:
-    """Per node 1..nodes, ``pulls`` pickled replies and the rows in each: ``batches`` in
-    turn, renamed to the node, moved by the recorded window at each pass (so times keep
-    increasing)."""
-    period_ns = int(len(batches) * TICK_S * 1e9)
+    """Per node 1..nodes, ``pulls`` pickled replies and the rows in each: ``batches`` (one
+    pull every ``period_s``) in turn, renamed to the node, moved by the recorded window at
+    each pass (so times keep increasing)."""
+    period_ns = int(len(batches) * period_s * 1e9)
     out = {}
     for n in range(1, nodes + 1):
         host = f"node{n}"
@@ -523,6 +526,7 @@ def receive_once(
     blobs: dict[int, list[tuple[bytes, int]]],
     args: argparse.Namespace,
     run_dir: Path,
+    period_s: float,
 ) -> dict[str, Any]:
     from gpuprof.integrations.ray_cluster.recorder import ClusterRecorder
 
@@ -541,26 +545,31 @@ def receive_once(
         stream=lines,
         own_node_id=fake.head,
     )
-    assert rec.start(), lines.getvalue()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        states = [n.state for n in rec.nodes.values() if n.ray_id != fake.head]
-        if len(states) == args.nodes and all(s == "active" for s in states):
-            break
-        time.sleep(0.1)
-    else:
-        raise SystemExit(f"nodes not active: {lines.getvalue()}")
-    time.sleep(2.0)  # every writer has committed once
-    writers = [n.writer for n in rec.nodes.values() if n.writer is not None]
-    writer_threads = [w._thread for w in writers]
-    rec_thread = [rec._thread]
-    load0 = os.getloadavg()[0]
-    rows0, takes0, dec0 = fake.rows, fake.takes, fake.decode_s
-    c0, r0, w0, t0 = _cpu(rec_thread, writer_threads)
-    time.sleep(args.seconds)
-    c1, r1, w1, t1 = _cpu(rec_thread, writer_threads)
-    rows1, takes, decode = fake.rows, fake.takes - takes0, fake.decode_s - dec0
-    rec.finish()
+    chosen = recorder_mod.pull_period_s
+    recorder_mod.pull_period_s = lambda nodes: period_s  # the variant's period
+    try:
+        assert rec.start(), lines.getvalue()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            states = [n.state for n in rec.nodes.values() if n.ray_id != fake.head]
+            if len(states) == args.nodes and all(s == "active" for s in states):
+                break
+            time.sleep(0.1)
+        else:
+            raise SystemExit(f"nodes not active: {lines.getvalue()}")
+        time.sleep(2.0 * period_s)  # every writer has committed once
+        writers = [n.writer for n in rec.nodes.values() if n.writer is not None]
+        writer_threads = [w._thread for w in writers]
+        rec_thread = [rec._thread]
+        load0 = os.getloadavg()[0]
+        rows0, takes0, dec0 = fake.rows, fake.takes, fake.decode_s
+        c0, r0, w0, t0 = _cpu(rec_thread, writer_threads)
+        time.sleep(args.seconds)
+        c1, r1, w1, t1 = _cpu(rec_thread, writer_threads)
+        rows1, takes, decode = fake.rows, fake.takes - takes0, fake.decode_s - dec0
+        rec.finish()
+    finally:
+        recorder_mod.pull_period_s = chosen
     wall = t1 - t0
     said = [line for line in lines.getvalue().splitlines() if line.strip()]
     return {
@@ -575,33 +584,44 @@ def receive_once(
     }
 
 
-RECEIVE_VARIANTS = ("sampler + spans", "sampler only")
+def receive_variants(nodes: int) -> list[tuple[str, bool, float]]:
+    """(label, with the workers' spans, pull period): the recorder's period for ``nodes``
+    with and without spans, and, where it is longer, `TICK_S` with spans beside it."""
+    period = pull_period_s(nodes)
+    out = [(f"sampler + spans, {period:g} s", True, period),
+           (f"sampler only, {period:g} s", False, period)]  # fmt: skip
+    if period != TICK_S:
+        out.append((f"sampler + spans, {TICK_S:g} s", True, TICK_S))
+    return out
 
 
 def receive(doc: dict[str, Any], args: argparse.Namespace, work: Path) -> dict[str, list]:
-    pulls = int((args.seconds + 20) / TICK_S)
     t = time.perf_counter()
     batches = [pickle.loads(p["blob"]) for p in doc["pulls"]]
-    blobs = {
-        "sampler + spans": replay_blobs(batches, args.nodes, pulls),
-        "sampler only": replay_blobs([without_spans(b) for b in batches], args.nodes, pulls),
-    }
+    variants = receive_variants(args.nodes)
+    blobs = {}
+    for label, spans, period in variants:
+        k = max(1, round(period / TICK_S))
+        pulls = merged(batches if spans else [without_spans(b) for b in batches], k)
+        blobs[label] = replay_blobs(pulls, args.nodes, int((args.seconds + 20) / period) + 4,
+                                    period)  # fmt: skip
     mb = {v: sum(len(b) for bs in blobs[v].values() for b, _ in bs) / 1e6 for v in blobs}
     print(
-        f"\n2. receive: the recorder over a fake Ray of {args.nodes} nodes, "
-        f"{args.seconds:g} s windows, variants interleaved; replies prepared in "
-        f"{time.perf_counter() - t:.1f} s ("
+        f"\n2. receive: the recorder over a fake Ray of {args.nodes} nodes (pull period "
+        f"{pull_period_s(args.nodes):g} s at that size), {args.seconds:g} s windows, variants "
+        f"interleaved; replies prepared in {time.perf_counter() - t:.1f} s ("
         + ", ".join(f"{v}: {m:.0f} MB" for v, m in mb.items())
         + ")",
         flush=True,
     )
-    out: dict[str, list] = {v: [] for v in RECEIVE_VARIANTS}
+    out: dict[str, list] = {label: [] for label, _, _ in variants}
     for i in range(args.repeats):
-        for variant in RECEIVE_VARIANTS:
-            r = receive_once(doc["info"], blobs[variant], args, work / "receive-run")
-            out[variant].append(r)
+        for label, _, period in variants:
+            r = receive_once(doc["info"], blobs[label], args, work / "receive-run", period)
+            r["period"] = period
+            out[label].append(r)
             print(
-                f"   {variant:15s} run {i + 1}: process {r['cpu_pct']:5.2f}% of a core "
+                f"   {label:22s} run {i + 1}: process {r['cpu_pct']:5.2f}% of a core "
                 f"(recorder thread {r['recorder_pct']:.2f}%, of which unpickling "
                 f"{r['decode_pct']:.2f}%; writers {r['writers_pct']:.2f}%), "
                 f"{r['takes_per_s']:.1f} takes/s, {r['rows_per_s']:,.0f} rows/s received, "
@@ -610,13 +630,13 @@ def receive(doc: dict[str, Any], args: argparse.Namespace, work: Path) -> dict[s
             )
             if r["lines"]:
                 print("   recorder said: " + " | ".join(r["lines"][:3]))
-    for variant, rs in out.items():
+    for label, rs in out.items():
         med = {
             k: statistics.median(r[k] for r in rs)
             for k in ("cpu_pct", "recorder_pct", "decode_pct", "writers_pct", "rows_per_s")
         }
         print(
-            f"   {variant:15s} median: {med['cpu_pct']:.2f}% (recorder "
+            f"   {label:22s} median: {med['cpu_pct']:.2f}% (recorder "
             f"{med['recorder_pct']:.2f}%, unpickling {med['decode_pct']:.2f}%, writers "
             f"{med['writers_pct']:.2f}%), {med['rows_per_s']:,.0f} rows/s"
         )
@@ -625,8 +645,12 @@ def receive(doc: dict[str, Any], args: argparse.Namespace, work: Path) -> dict[s
 
 # -- part 3: Ray's own cost per call in the driver ---------------------------------------------
 
-PULL_PERIODS = (TICK_S, 2.0)
-"""Seconds between two takes from a node: the recorder's, and one four times longer."""
+
+def pull_periods(nodes: int) -> tuple[float, ...]:
+    """Seconds between two takes from a node, measured side by side: `TICK_S` and the
+    recorder's period for ``nodes`` (2 s when that is `TICK_S`)."""
+    period = pull_period_s(nodes)
+    return (TICK_S, period if period != TICK_S else 2.0)
 
 
 def ray_child(blobs_path: Path, out: Path, nodes: int, seconds: float, repeats: int) -> None:
@@ -660,7 +684,8 @@ def ray_child(blobs_path: Path, out: Path, nodes: int, seconds: float, repeats: 
         def clock(self) -> int:
             return time.time_ns()
 
-    by_period = {p: merged(batches, round(p / TICK_S)) for p in PULL_PERIODS}
+    periods = pull_periods(nodes)
+    by_period = {p: merged(batches, round(p / TICK_S)) for p in periods}
     actors = 4
     handles = [Replay.remote(by_period) for _ in range(actors)]
     ray.get([h.clock.remote() for h in handles])
@@ -675,8 +700,7 @@ def ray_child(blobs_path: Path, out: Path, nodes: int, seconds: float, repeats: 
     def tick(k: int, period: float) -> int:
         refs = [handles[i % actors].take.remote(period) for i in range(nodes)]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=5.0)
-        for ref in ready:
-            ray.get(ref)
+        ray.get(ready)  # one call for every reply, as the recorder reads them
         h = handles[k % actors]
         for _ in range(CLOCK_ROUNDS):
             ray.get(h.clock.remote(), timeout=5.0)
@@ -708,11 +732,11 @@ def ray_child(blobs_path: Path, out: Path, nodes: int, seconds: float, repeats: 
         }
 
     for k in range(6):  # warm up: workers, connections
-        tick(k, PULL_PERIODS[0])
+        tick(k, periods[0])
         time.sleep(TICK_S)
     results = [window(None)]
     for _ in range(repeats):
-        results += [window(p) for p in PULL_PERIODS]
+        results += [window(p) for p in periods]
     ray.shutdown()
     out.write_text(json.dumps({"windows": results, "sizes": sizes}))
 
@@ -850,7 +874,7 @@ def _make_node(job: tuple) -> int:
     from gpuprof import __version__, store
     from gpuprof.model import RunMeta
 
-    n, name, copy, src, run_dir, work, ranks, gpus, base_meta, start, end, chunks = job
+    n, name, copy, src, run_dir, work, ranks, gpus, base_meta, start, end, chunks, pull_s = job
     tmp = Path(work) / f"tmp-{name}.sqlite"
     shutil.copyfile(src, tmp)
     off = _offset_ns(n)  # rows on the node's own clock: the reference's minus its lead
@@ -901,9 +925,7 @@ def _make_node(job: tuple) -> int:
         conn.close()
     dest = store.host_file(run_dir, name)
     if n and chunks:
-        from gpuprof.integrations.ray_cluster import recorder
-
-        written = _to_chunks(tmp, dest, recorder.TICK_S)
+        written = _to_chunks(tmp, dest, pull_s)
         tmp.unlink()
         return written
     os.replace(tmp, dest)
@@ -953,7 +975,10 @@ def write_node_run(
         ]
         src = base_dir / f"{hosts[h]}.sqlite"
         meta = base.meta.to_dict()
-        jobs.append((n, name, copy, src, run_dir, work, ranks, gpus, meta, start, end, chunks))
+        pull_s = pull_period_s(nodes - 1)  # the recorder's, for the nodes other than its own
+        jobs.append(
+            (n, name, copy, src, run_dir, work, ranks, gpus, meta, start, end, chunks, pull_s)
+        )
     with multiprocessing.get_context("fork").Pool(2) as pool:
         written = sum(pool.map(_make_node, jobs, chunksize=1))
     store.compact_run(store.host_file(run_dir, "node0"))  # what `watch` does to its own file
@@ -1101,19 +1126,22 @@ def analyze_part(args: argparse.Namespace, work: Path) -> None:
         + f"; written in {time.perf_counter() - t:.0f} s",
         flush=True,
     )
-    measure_run(run_dir, "as recorded", args.analyze_repeats, work)
+    measure_run(run_dir, "as recorded (uncompacted)", args.analyze_repeats, work)
     if args.compacted:
         load0 = os.getloadavg()[0]
-        code = "import sys; from gpuprof import store; store.compact_run(sys.argv[1])"
+        # what `watch` does when the job ends (`api._compact_cluster`), as `gpuprof compact`:
+        # the node files, as many at once as there are cores (at most 8)
+        workers = min(args.nodes, os.cpu_count() or 1, 8)
+        code = "import sys; from gpuprof import api; api.compact(sys.argv[1])"
         r = _run_child([sys.executable, "-c", code, str(run_dir)])
         size = sum(p.stat().st_size for p in run_dir.iterdir()) / 1e9
         print(
-            f"   compact_run of the whole directory: {r['s']:.0f} s, peak RSS "
-            f"{r['rss'] / 2**20:.0f} MB, {size:.2f} GB after; load {load0:.2f}->"
-            f"{os.getloadavg()[0]:.2f}",
+            f"   compacting the directory ({workers} files at once): {r['s']:.0f} s, peak RSS "
+            f"{r['rss'] / 2**20:.0f} MB (the parent's), {size:.2f} GB after; load "
+            f"{load0:.2f}->{os.getloadavg()[0]:.2f}",
             flush=True,
         )
-        measure_run(run_dir, "compacted", args.analyze_repeats, work)
+        measure_run(run_dir, "compacted (as watch leaves it)", args.analyze_repeats, work)
     if not args.keep:
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.with_suffix(".html").unlink(missing_ok=True)
@@ -1174,13 +1202,15 @@ def main() -> None:
                 for variant, rs in rec.items():
                     cpu = statistics.median(r["cpu_pct"] for r in rs)
                     dec = statistics.median(r["decode_pct"] for r in rs)
-                    totals = ", ".join(
-                        f"pull every {p:g} s {cpu - dec + v:.2f}%" for p, v in ray.items()
-                    )
+                    period = rs[0]["period"]
+                    calls = ray.get(period)
+                    if calls is None:
+                        continue
                     print(
                         f"   receiver total, {variant}: {cpu:.2f}% (recorder and writers) - "
-                        f"{dec:.2f}% (unpickling, counted in Ray's) + Ray's calls: {totals} "
-                        "of a core (budget 5%)"
+                        f"{dec:.2f}% (unpickling, counted in Ray's) + {calls:.2f}% (Ray's "
+                        f"calls at {period:g} s) = {cpu - dec + calls:.2f}% of a core "
+                        "(budget 5%)"
                     )
         if "analyze" not in skip:
             analyze_part(args, work)

@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,6 +303,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         store.compact_run(final_path)
     except Exception as exc:
         _notify(f"samples left in SQLite (compaction failed: {exc})", options.quiet)
+    _compact_cluster(run_dir, meta.run_id, host, options.quiet)
     if place.multi_node and (place.node_rank != 0 or not place.samples):
         # one summary per run: node rank 0's watcher prints it once the others are done
         _notify(
@@ -313,6 +315,43 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     if place.multi_node:
         _wait_for_nodes(run_dir, place, options)
     return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices)
+
+
+COMPACT_WORKERS = 8
+"""The most files compacted at once (each a process holding one GPU's samples at a time)."""
+COMPACT_SAY_AFTER_S = 2.0
+"""A compaction of the Ray nodes' files lasting longer than this says so (the run is over but
+the command has not returned yet)."""
+
+
+def _compact_cluster(run_dir: Path, run_id: str, host: str, quiet: bool) -> None:
+    """Compact the files a Ray driver in the command wrote for the cluster's other nodes (its
+    recorder stores their rows as chunks; read uncompacted, 64 nodes' hour takes minutes to
+    analyse), several files at once."""
+    files = store.recorded_nodes(run_dir, run_id, host)
+    if not files:
+        return
+    workers = min(len(files), os.cpu_count() or 1, COMPACT_WORKERS)
+    line = f"compacting the samples of {len(files)} other Ray nodes…"
+    say = threading.Timer(COMPACT_SAY_AFTER_S, _notify, (line, quiet))
+    say.daemon = True
+    say.start()
+    try:
+        store.compact_run(run_dir, files, workers=workers)
+    except Exception as exc:
+        _notify(f"the other Ray nodes' samples are left in SQLite (compaction failed: {exc}); "
+                f"`gpuprof compact {run_dir}` tries again", quiet)  # fmt: skip
+    finally:
+        say.cancel()
+
+
+def compact(run_dir: str | os.PathLike, workers: int | None = None) -> tuple[int, list[str]]:
+    """Compact every file of a run directory (a run whose driver or watcher was killed before
+    it could, or one still going): ``workers`` files at once (default: the cores, at most
+    `COMPACT_WORKERS`). Returns the number of run files and the side files written."""
+    files = store.run_files(run_dir)
+    workers = workers or min(len(files), os.cpu_count() or 1, COMPACT_WORKERS)
+    return len(files), store.compact_run(run_dir, files, workers=workers)
 
 
 def _node_file(run_dir: Path, node: str, place: launch.Launch) -> Path:

@@ -622,16 +622,8 @@ def node_ranks(run_dir: str | os.PathLike) -> dict[int, bool]:
     files without a node rank are skipped."""
     out: dict[int, bool] = {}
     for path in Path(run_dir).glob("*.sqlite"):
-        try:
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
-            try:
-                row = conn.execute("SELECT value FROM meta WHERE key = 'run'").fetchone()
-            finally:
-                conn.close()
-            meta = json.loads(row[0]) if row else {}
-        except (sqlite3.Error, ValueError, TypeError):
-            continue
-        rank = meta.get("node_rank") if isinstance(meta, dict) else None
+        meta = file_meta(path, timeout_s=1.0) or {}
+        rank = meta.get("node_rank")
         if isinstance(rank, int) and not isinstance(rank, bool):
             out[rank] = out.get(rank, True) and meta.get("end_ns") is not None
     return out
@@ -831,17 +823,69 @@ def count_rows(run_dir: str | os.PathLike, table: str) -> int:
     return total
 
 
-def compact_run(run_dir: str | os.PathLike) -> list[str]:
-    """Move the sample tables of every run file into columnar side files (`gpuprof.columnar`).
+def compact_run(
+    run_dir: str | os.PathLike, files: Sequence[Path] | None = None, workers: int = 1
+) -> list[str]:
+    """Move the sample tables of every run file (or of ``files``) into columnar side files
+    (`gpuprof.columnar`).
 
-    Done when a run ends; safe to repeat and safe against a crash at any point. Returns the
-    side files written.
+    Done when a run ends; safe to repeat, safe against a crash at any point and beside a
+    process still writing (rows it adds meanwhile stay). ``workers`` > 1 compacts that many
+    files at once in child processes (each file is independent; a Ray run leaves one per
+    node). Returns the side files written.
     """
-    written = []
-    for path in run_files(Path(run_dir)):
-        for table in columnar.compact(path, read_table, read_chunks):
-            written.append(columnar.side_file(path, table).name)
-    return written
+    paths = list(files) if files is not None else run_files(Path(run_dir))
+    workers = max(1, min(workers, len(paths)))
+    if workers == 1:
+        return [name for path in paths for name in _compact_file(path)]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawned, not forked: the caller may have threads (writers, a watcher's sampler)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        return [name for names in pool.map(_compact_file, paths) for name in names]
+
+
+def _compact_file(path: Path) -> list[str]:
+    try:
+        tables = columnar.compact(path, read_table, read_chunks)
+    except sqlite3.DatabaseError as exc:
+        raise RunError(f"{path}: damaged or not a gpuprof run file ({exc})") from None
+    except (OSError, pa.ArrowException) as exc:
+        raise RunError(f"{path}: could not be compacted ({exc})") from None
+    return [columnar.side_file(path, table).name for table in tables]
+
+
+def file_meta(
+    path: str | os.PathLike, key: str = "run", timeout_s: float = 5.0
+) -> dict[str, Any] | None:
+    """One metadata document of a run file; None when the file, its ``meta`` table or the
+    document is missing or unreadable (or locked past ``timeout_s``). Nothing is written,
+    but the file is opened read-write: a read-only connection to a WAL file leaves its
+    ``-wal`` and ``-shm`` files behind when it is the last to close."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=timeout_s)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        finally:
+            conn.close()
+        value = json.loads(row[0]) if row else None
+    except (sqlite3.Error, ValueError, TypeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def recorded_nodes(run_dir: str | os.PathLike, run_id: str, reference: str) -> list[Path]:
+    """The files of ``run_dir`` a Ray driver's recorder wrote for the run ``run_id`` whose
+    watcher is on node ``reference`` (their ``"run"`` document names it the reference node):
+    the cluster's other nodes, which the watcher compacts when the run ends."""
+    out = []
+    for path in sorted(Path(run_dir).glob("*.sqlite")):
+        meta = file_meta(path)
+        if meta and meta.get("run_id") == run_id and meta.get("reference_node") == reference:
+            out.append(path)
+    return out
 
 
 def save_run(run: Run, run_dir: str | os.PathLike) -> list[Path]:

@@ -302,6 +302,7 @@ class _FakeRay:
         self.setups = setups
         self.alive = dict.fromkeys(setups, True)
         self.actors = {}
+        self.list_gets = 0
 
     def nodes(self):
         return [{"NodeID": i, "Alive": a, "NodeManagerAddress": "10.0.0.1"}
@@ -326,6 +327,9 @@ class _FakeRay:
         return [r for r in refs if r.ready], [r for r in refs if not r.ready]
 
     def get(self, ref, timeout=None):
+        if isinstance(ref, list):  # as Ray's: every value, or the first error
+            self.list_gets += 1
+            return [self.get(r) for r in ref]
         if ref.error is not None:
             raise ref.error
         return ref.value
@@ -365,7 +369,12 @@ def test_recorder_places_skips_dedupes_times_out_and_loses_nodes(tmp_path, monke
     assert states == {"a": "watcher", "b": "active", "c": "failed", "d": "active",
                       "e": "watcher"}  # fmt: skip
     assert fake.actors["a" * 56].killed and fake.actors["c" * 56].killed
-    fake.setups["b" * 56]["dead"] = True  # its sampler dies
+    assert fake.list_gets >= 1  # the nodes' replies read in one call
+    for name in ("w1", "w1-dddddddd"):  # committed right after the pull, not by a timer
+        conn = sqlite3.connect(tmp_path / f"{name}.sqlite")
+        assert conn.execute("SELECT count(*) FROM chunks").fetchone()[0] > 0
+        conn.close()
+    fake.setups["b" * 56]["dead"] = True  # its sampler dies: its reply fails the joint read
     fake.alive["d" * 56] = False  # Ray marks the node dead
     rec.tick()
     rec.finish()
@@ -389,6 +398,12 @@ def test_recorder_places_skips_dedupes_times_out_and_loses_nodes(tmp_path, monke
         assert meta["clock"]["method"] == "ray-rtt" and abs(meta["clock"]["offset_ns"]) < 5 * MS
         assert any(n.startswith(f"node {name} lost at") for n in meta["run"]["notices"])
         assert meta["run"]["end_ns"] is not None
+
+
+def test_pull_period_grows_past_32_nodes_to_hold_the_drivers_calls():
+    period = recorder_mod.pull_period_s
+    assert [period(n) for n in (0, 2, 32, 64, 96)] == [1.0, 1.0, 1.0, 2.0, 3.0]
+    assert period(1000) == recorder_mod.MAX_PULL_S
 
 
 def test_too_old_ray_is_one_line_and_the_job_runs_as_written(monkeypatch, tmp_path, capsys):
@@ -615,6 +630,13 @@ def test_whole_cluster_recorded_with_aligned_clocks(cluster, simnvml_lib, tmp_pa
     # the other nodes' files are written by the driver alone: one file per node, no spool
     names = sorted(p.name for p in run_dir.glob("node[12]*.sqlite"))
     assert names == ["node1.sqlite", "node2.sqlite"]
+    # ... and compacted by the watcher once the job ended, as its own: nothing left in SQLite
+    for name in names:
+        conn = sqlite3.connect(run_dir / name)
+        assert conn.execute("SELECT count(*) FROM chunks").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM gpu").fetchone() == (0,)
+        conn.close()
+        assert (run_dir / name.replace(".sqlite", ".gpu.parquet")).exists()
 
 
 def test_node_joining_without_nvml_then_lost(cluster, simnvml_lib, tmp_path):

@@ -337,3 +337,57 @@ def test_a_damaged_chunk_is_one_clear_error(tmp_path):
         store.load_run(tmp_path)
     proc = run_gpuprof("analyze", str(tmp_path))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_compact_command_moves_every_node_file_at_once_and_can_repeat(tmp_path):
+    # a Ray run whose driver was killed: node files still holding their chunks
+    for host in ("nodeA", "nodeB", "nodeC"):
+        _chunked_run(tmp_path, host)
+    before = store.load_run(tmp_path)
+    proc = run_gpuprof("compact", str(tmp_path), "--jobs", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("s") and ": 3 run files, 6 tables moved" in proc.stdout
+    for host in ("nodeA", "nodeB", "nodeC"):
+        conn = sqlite3.connect(tmp_path / f"{host}.sqlite")
+        assert conn.execute("SELECT count(*) FROM chunks").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM spans").fetchone() == (0,)
+        conn.close()
+        assert (tmp_path / f"{host}.gpu.parquet").exists()
+    after = store.load_run(tmp_path)
+    key = ["host", "gpu", "t_ns"]
+    assert after.gpu.sort_values(key, ignore_index=True).equals(
+        before.gpu.sort_values(key, ignore_index=True)
+    )
+    assert len(after.spans) == len(before.spans) == 6
+    again = run_gpuprof("compact", str(tmp_path))  # nothing left to move: the same run
+    assert again.returncode == 0 and ": 3 run files, 0 tables moved" in again.stdout
+    assert len(store.load_run(tmp_path).gpu) == len(before.gpu)
+
+
+@pytest.mark.parametrize("case", ["missing", "damaged"])
+def test_compact_command_bad_input_is_one_line(tmp_path, case):
+    target = tmp_path / "run"
+    if case == "damaged":
+        target.mkdir()
+        (target / "nodeA.sqlite").write_bytes(b"not a database at all" * 100)
+    proc = run_gpuprof("compact", str(target))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("gpuprof: error: ")
+
+
+def test_recorded_nodes_are_the_ray_recorders_files_of_this_run(tmp_path):
+    def node_file(host, **meta):
+        writer = store.BufferedWriter(store.host_file(tmp_path, host))
+        writer.set_meta("run", RunMeta(run_id=meta.pop("run_id", "r1"), hosts=[host],
+                                       **meta).to_dict())  # fmt: skip
+        writer.close()
+
+    node_file("head")  # the watcher's own
+    node_file("n1", reference_node="head")
+    node_file("n2", reference_node="head")
+    node_file("n3", reference_node="other-head")  # another watcher's Ray run
+    node_file("n4", reference_node="head", run_id="r0")  # an earlier run in the directory
+    (tmp_path / "junk.sqlite").write_bytes(b"garbage")
+    names = [p.name for p in store.recorded_nodes(tmp_path, "r1", "head")]
+    assert names == ["n1.sqlite", "n2.sqlite"]

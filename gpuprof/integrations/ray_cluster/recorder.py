@@ -8,14 +8,14 @@ cluster node (Ray Client) and is on another machine when the raylet it attached 
 its wall clock *is* the watcher's (same machine, same environment), the clock every node is
 aligned on, so round trips measure exactly the offset the run needs; (3) nothing named is
 left in the cluster to collide with another job, and no extra process runs. Actors cannot
-call into a driver, so the thread *pulls*: every second (`TICK_S`) it asks every sampler for
-what accumulated (`NodeSampler.take`): per table, one Arrow IPC stream the sampler encoded
-(`gpuprof.columnar.encode_chunk`), which is queued as it is on that node's
-`gpuprof.store.BufferedWriter` (one writer per file, all on this machine, so SQLite's WAL
-never spans machines) and stored as one row of the file's ``chunks`` table. The driver does
-no work per sample: its cost is a few Ray calls per node per tick and one blob insert per
-table, on the writers' own threads (per-row inserts of 64 nodes' rows took a third of a
-core: docs/PERFORMANCE.md).
+call into a driver, so the thread *pulls*: every second (`TICK_S`; every `pull_period_s` past
+32 nodes) it asks every sampler for what accumulated (`NodeSampler.take`): per table, one
+Arrow IPC stream the sampler encoded (`gpuprof.columnar.encode_chunk`), which is queued as it
+is on that node's `gpuprof.store.BufferedWriter` (one writer per file, all on this machine,
+so SQLite's WAL never spans machines) and committed at once as one row of the file's
+``chunks`` table. The driver does no work per sample: its cost is a few Ray calls per node
+per pull (every reply read in one ``ray.get``) and one blob insert per table (per-row inserts
+of 64 nodes' rows took a third of a core: docs/PERFORMANCE.md).
 
 Clock offsets: ``t0`` and ``t1`` read here around a call that reads the node's clock ``n``;
 the node's offset is ``(t0 + t1) / 2 - n`` (add it to the node's times to get the run's),
@@ -46,10 +46,17 @@ from gpuprof.model import RECORD_TYPES, Event, RunMeta
 from gpuprof.nodes import now_ns
 
 TICK_S = 1.0
-"""How often rows are taken from the samplers, and committed by the nodes' writers. Each
-pull is a Ray call per node and each commit a transaction per node file, whatever their size:
-at 0.5 s, 64 nodes cost the driver 10% of a core, at 1 s about half
-(benchmarks/bench_multinode_scale.py); a node's rows reach the run within two ticks."""
+"""How often rows are taken from the samplers of a cluster of up to `PULLS_PER_S` nodes; the
+writers commit right after each pull. Each pull is a Ray call per node and each commit a
+transaction per node file, whatever their size: at 0.5 s, 64 nodes cost the driver 10% of a
+core (benchmarks/bench_multinode_scale.py). A node's rows reach the run within a pull period,
+which is also what a crash of the driver loses of them."""
+PULLS_PER_S = 32
+"""The most Ray calls a second the recorder makes to take rows: past `PULLS_PER_S` nodes the
+period grows with the cluster (2 s at 64 nodes), so the driver's cost stays under 5% of a
+core; the samplers then ship more rows per call, which costs the same per row."""
+MAX_PULL_S = 5.0
+"""The longest pull period, whatever the number of nodes (past 160 the cost grows again)."""
 MEMBERSHIP_S = 3.0
 """How often the cluster's node list is read (nodes that joined, nodes marked dead)."""
 PLACE_TIMEOUT_S = 60.0
@@ -61,12 +68,22 @@ CLOCK_ROUNDS = 8
 """Round trips per clock measurement; the tightest is kept."""
 CLOCK_EVERY_S = 60.0
 """How often each node's clock offset is measured again (clocks drift: NTP-disciplined clocks
-by microseconds per minute). With 64 nodes that is ~8.5 round trips a second in the driver,
-what benchmarks/bench_multinode_scale.py charges to it (8 per tick)."""
+by microseconds per minute). At most one node is measured per tick, so in a large cluster each is
+measured less often (every ~128 s at 64 nodes, with 2 s ticks): 8 round trips per tick at
+most, what benchmarks/bench_multinode_scale.py charges to the driver."""
 FINISH_WAIT_S = 10.0
 """At the end, how long the samplers' last rows are waited for."""
 MAX_TICK_FAILURES = 5
 """Consecutive failed ticks after which the recorder gives up (one line)."""
+WRITER_BACKSTOP_S = 5.0
+"""The nodes' writers commit after every pull (`ClusterRecorder.tick`); their own thread
+only commits what else was queued (a notice, a node lost) this often."""
+
+
+def pull_period_s(nodes: int) -> float:
+    """Seconds between two pulls of every sampler when ``nodes`` samplers are active:
+    `TICK_S` up to `PULLS_PER_S` nodes, then growing with the cluster, at most `MAX_PULL_S`."""
+    return min(MAX_PULL_S, max(TICK_S, nodes / PULLS_PER_S))
 
 
 @dataclass(frozen=True)
@@ -163,6 +180,8 @@ class ClusterRecorder:
         self._finished = False
         self._actor_class: Any = None
         self._strategy: Callable[[str], Any] | None = None
+        self.period_s = TICK_S
+        """The current pull period (`pull_period_s` of the nodes being recorded)."""
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -203,7 +222,7 @@ class ClusterRecorder:
                     self._say(f"recording the Ray cluster stopped ({type(exc).__name__}: "
                               f"{exc}); what was recorded so far is kept")  # fmt: skip
                     return
-            self._stop.wait(max(0.0, TICK_S - (time.monotonic() - began)))
+            self._stop.wait(max(0.0, self.period_s - (time.monotonic() - began)))
 
     def finish(self) -> None:
         """Stop the thread, take the samplers' last rows, close every node's file. Safe to
@@ -358,7 +377,7 @@ class ClusterRecorder:
                       f"{store.failure_reason(exc, node.writer.path)}")  # fmt: skip
 
         node.writer = store.BufferedWriter(store.host_file(self.run_dir, name),
-                                           flush_interval_s=TICK_S, on_error=stopped,
+                                           flush_interval_s=WRITER_BACKSTOP_S, on_error=stopped,
                                            name=f"gpuprof-{name}")  # fmt: skip
         node.state = "active"
         self._measure_clock(node)
@@ -367,6 +386,7 @@ class ClusterRecorder:
 
     def _take(self) -> None:
         active = [n for n in self.nodes.values() if n.state == "active"]
+        self.period_s = pull_period_s(len(active))
         if not active:
             return
         for node in active:
@@ -375,16 +395,24 @@ class ClusterRecorder:
         refs = [n.pending for n in active]
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=TAKE_WAIT_S)
         ready = set(ready)
-        for node in active:
-            if node.pending in ready:
-                ref, node.pending = node.pending, None
-                self._receive(node, ref)
+        replied = [n for n in active if n.pending in ready]
+        try:  # one call for every reply: Ray's cost in the driver is per call
+            batches = self.ray.get([n.pending for n in replied])
+        except Exception:  # a node's error: each reply is read on its own below
+            batches = [None] * len(replied)
+        for node, batch in zip(replied, batches):
+            ref, node.pending = node.pending, None
+            self._receive(node, ref, batch)
+            if node.writer is not None:
+                node.writer.flush()  # committed now: a crash loses at most this period
 
-    def _receive(self, node: _Node, ref: Any) -> None:
-        """Write one reply of a node's sampler; a dead sampler is a lost node."""
+    def _receive(self, node: _Node, ref: Any, batch: dict[str, Any] | None = None) -> None:
+        """Write one reply of a node's sampler (``batch``, else read from ``ref``); a dead
+        sampler is a lost node."""
         exceptions = self.ray.exceptions
         try:
-            batch = self.ray.get(ref)
+            if batch is None:
+                batch = self.ray.get(ref)
         except getattr(exceptions, "ActorUnavailableError", ()):
             return  # unreachable for a moment: asked again next tick
         except exceptions.RayActorError as exc:
