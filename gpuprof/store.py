@@ -411,7 +411,8 @@ def _read_file(
             frame = read_table(conn, table)
             chunked = read_chunks(conn, table)
             if len(chunked):
-                frame = _typed(table, pd.concat([chunked, frame], ignore_index=True))
+                frame = (_typed(table, pd.concat([chunked, frame], ignore_index=True))
+                         if len(frame) else chunked)  # fmt: skip
             if table in sides:
                 side = columnar.read(sides[table], table, categories=reduce is not None)
                 for name in _JSON_NAMES[table]:
@@ -461,10 +462,24 @@ def read_chunks(conn: sqlite3.Connection, table: str, upto: int | None = None) -
     blobs = [b for (b,) in conn.execute(f"SELECT data FROM chunks {where} ORDER BY rowid", params)]
     if not blobs:
         return _empty(table)
+    # the table's Arrow schema gives the model's dtypes, as for a side file: no _typed pass
     frame = columnar.to_frame(columnar.decode_chunks(table, blobs))
     for name in _JSON_NAMES[table]:
         frame[name] = _json_column(frame[name])
-    return _typed(table, frame)
+    return frame
+
+
+def _chunk_gpu_keys(conn: sqlite3.Connection) -> pd.DataFrame:
+    """``host``, ``gpu``, ``uuid`` of every GPU with samples in the file's chunks, decoding
+    only those columns into Python objects (the samples stay in Arrow)."""
+    if not has_chunks(conn):
+        return pd.DataFrame()
+    blobs = [b for (b,) in conn.execute("SELECT data FROM chunks WHERE tbl = 'gpu'")]
+    if not blobs:
+        return pd.DataFrame()
+    data = columnar.decode_chunks("gpu", blobs).select(["host", "gpu", "uuid"])
+    keys = data.group_by(["host", "gpu"], use_threads=False).aggregate([("uuid", "max")])
+    return keys.rename_columns(["host", "gpu", "uuid"]).to_pandas()
 
 
 def has_chunks(conn: sqlite3.Connection) -> bool:
@@ -780,9 +795,9 @@ def gpu_keys(run_dir: str | os.PathLike) -> pd.DataFrame:
                 _check_header(conn, path, allow_new=False)
                 rows = conn.execute("SELECT host, gpu, max(uuid) FROM gpu GROUP BY host, gpu")
                 parts.append(pd.DataFrame(rows.fetchall(), columns=["host", "gpu", "uuid"]))
-                chunked = read_chunks(conn, "gpu")
+                chunked = _chunk_gpu_keys(conn)
                 if len(chunked):
-                    parts.append(chunked[["host", "gpu", "uuid"]].drop_duplicates(["host", "gpu"]))
+                    parts.append(chunked)
                 sides = _side_files(path, conn)
             finally:
                 conn.close()

@@ -311,7 +311,12 @@ def test_rows_shipped_as_arrow_chunks_load_count_stream_and_compact(tmp_path):
     after = store.load_run(tmp_path)
     assert len(after.spans) == 2
     pd_after = after.gpu.sort_values(["gpu", "t_ns"], ignore_index=True)
-    assert pd_after[["gpu", "t_ns", "util_gpu_pct"]].equals(before[["gpu", "t_ns", "util_gpu_pct"]])
+    # read from chunks or from the side file: the same frame, every column, every dtype
+    assert pd_after.dtypes.equals(before.dtypes)
+    assert pd_after.equals(before)
+    spans_before = run.spans.sort_values("start_ns", ignore_index=True)
+    spans_after = after.spans.sort_values("start_ns", ignore_index=True)
+    assert spans_after.dtypes.equals(spans_before.dtypes) and spans_after.equals(spans_before)
 
 
 def test_a_schema_1_file_without_chunks_still_loads(tmp_path):
