@@ -30,7 +30,8 @@ from gpuprof import store  # noqa: E402
 from gpuprof.analyzers.diagnose import diagnose  # noqa: E402
 from gpuprof.model import GpuSample  # noqa: E402
 from gpuprof.reports.export import export  # noqa: E402
-from gpuprof.reports.live import LiveView, StoreTail  # noqa: E402
+from gpuprof.reports.live import LiveView  # noqa: E402
+from gpuprof.reports.run_tail import FileTail  # noqa: E402
 from gpuprof.sim import Pathology, SimConfig, simulate  # noqa: E402
 from gpuprof.sim.config import DEFAULT_PHASE_S  # noqa: E402
 
@@ -81,9 +82,17 @@ def bench(hours: float, gpus: int, repeats: int, tmp: Path) -> dict:
     redraws = 200
     redraw_ms = _median_s(lambda: [redraw() for _ in range(redraws)], repeats) / redraws * 1e3
 
+    # the run file as a running watch has it: spans as SQLite rows (a saved run keeps them
+    # in Parquet side files, which the live view never reads)
+    live_file = tmp / f"live-{hours}.sqlite"
+    conn = store.connect(live_file)
+    store.insert_rows(conn, {"spans": list(store._frame_rows("spans", run.spans))})
+    conn.close()
+
     def poll_all() -> None:
-        tail = StoreTail(store.host_file(run_dir, run.meta.hosts[0]))
-        spans, _ = tail.poll()
+        tail = FileTail(live_file)
+        spans = tail.poll().spans
+        assert len(spans) == len(run.spans)
         view.state.add_spans(spans)
         tail.close()
 

@@ -232,8 +232,10 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
             host_interval_s=options.host_interval_s,
         )
         sampler.start()
-        live = _start_live(options, sampler, db_path)
-        metrics = _start_metrics(options, sampler, db_path, host, meta.gpus, notices)
+        live = _start_live(options, sampler, db_path, host, run_dir)
+        metrics = _start_metrics(options, sampler, db_path, host, meta.gpus, notices,
+                                 run_dir=run_dir, run_id=meta.run_id,
+                                 other_nodes=not place.multi_node)  # fmt: skip
         exit_code = child.wait()
     finally:
         if metrics is not None:
@@ -481,7 +483,7 @@ def _merge_recorded_knobs(meta: RunMeta, run_dir: Path, db_path: Path) -> None:
         meta.notices.append(f"recorded knobs not read: {exc}")
 
 
-def _start_live(options: WatchOptions, sampler, db_path: Path):
+def _start_live(options: WatchOptions, sampler, db_path: Path, node: str, run_dir: Path):
     """The live status view when asked for and stderr is a terminal (else one line, no view)."""
     if not options.live:
         return None
@@ -490,20 +492,24 @@ def _start_live(options: WatchOptions, sampler, db_path: Path):
     if not live_supported(sys.stderr):
         _notify("--live needs a terminal on stderr: going on without the live view", False)
         return None
-    live = LiveView(sampler.latest, db_path, sys.stderr)
+    live = LiveView(sampler.latest, db_path, sys.stderr, node=node, run_dir=run_dir)
     live.start()
     return live
 
 
-def _start_metrics(options: WatchOptions, sampler, db_path: Path, node, gpus, notices):
+def _start_metrics(options: WatchOptions, sampler, db_path: Path, node, gpus, notices, *,
+                   run_dir: Path, run_id: str, other_nodes: bool):  # fmt: skip
     """The Prometheus endpoint when asked for; an address it cannot bind: one line, and the
-    watch goes on without it."""
+    watch goes on without it. It serves the whole run this machine records: the node's files
+    and, unless the run directory is shared by the watchers of a multi-node launch, the files
+    a Ray driver records for the cluster's other nodes."""
     if options.metrics_address is None:
         return None
     from gpuprof.reports.prometheus import MetricsExporter
 
     exporter = MetricsExporter(sampler.latest, db_path, node=node, gpus=gpus,
-                               address=options.metrics_address)  # fmt: skip
+                               address=options.metrics_address, run_dir=run_dir,
+                               run_id=run_id, other_nodes=other_nodes)  # fmt: skip
     try:
         exporter.start()
     except OSError as exc:

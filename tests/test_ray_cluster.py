@@ -12,15 +12,18 @@ nodes' clocks recovered, and a node that joins and is then lost mid-run.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
 import types
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -539,14 +542,15 @@ def cluster(simnvml_lib, tmp_path_factory):
             c.shutdown()
 
 
-def _watch(cluster, simnvml_lib, tmp_path, **job_env) -> tuple[subprocess.Popen, Path]:
+def _watch(cluster, simnvml_lib, tmp_path, *options: str,
+           **job_env) -> tuple[subprocess.Popen, Path]:  # fmt: skip
     script = tmp_path / "job.py"
     script.write_text(JOB)
     run_dir = tmp_path / "run"
     env = clean_env(JOB_RAY_ADDRESS=cluster.address, JOB_VERL="1" if VERL else "0", **job_env)
     env.update(_node_env(simnvml_lib, cluster.scenarios, "node0"))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    cmd = gpuprof_cmd("watch", "--interval", "0.1", "-o", str(run_dir), "--",
+    cmd = gpuprof_cmd("watch", "--interval", "0.1", *options, "-o", str(run_dir), "--",
                       sys.executable, str(script))  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
@@ -678,6 +682,65 @@ def test_node_joining_without_nvml_then_lost(cluster, simnvml_lib, tmp_path):
     # the rest went on: node1 sampled after node3 was lost
     t_lost = lost["t_ns"].iloc[0]
     assert (run.gpu[run.gpu["host"] == "node1"]["t_ns"] > t_lost + 1e9).any()
+
+
+def _scrape(port: int) -> dict[str, list[tuple[dict, float]]]:
+    """Sample name → [(labels, value)] of the endpoint's exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        text = response.read().decode()
+    out: dict[str, list[tuple[dict, float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def test_the_metrics_endpoint_serves_every_node_of_the_cluster(cluster, simnvml_lib, tmp_path):
+    # the watcher's node and the nodes the driver records: GPUs, phases and steps of actors on
+    # every node (the head's actors write files of their own: its raylet predates the watch)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    stop = tmp_path / "stop"
+    proc, _ = _watch(cluster, simnvml_lib, tmp_path, "--metrics-port", str(port),
+                     JOB_STOP_FILE=str(stop))  # fmt: skip
+    nodes = set(NODES)
+
+    def ready(got: dict) -> bool:
+        stepped = {s["node"] for s, v in got.get("gpuprof_steps_total", []) if v >= 5}
+        sampled = {s["node"] for s, _ in got.get("gpuprof_gpu_utilization_ratio", [])}
+        return stepped >= nodes and sampled >= nodes and "gpuprof_idle_gpu_seconds" in got
+
+    got: dict = {}
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not ready(got):
+            assert proc.poll() is None, proc.communicate()
+            with contextlib.suppress(OSError):
+                got = _scrape(port)
+            time.sleep(0.5)
+    finally:
+        stop.touch()
+        code, _, err = _finish(proc)
+    assert ready(got), sorted((k, v) for k, v in got.items() if "gpu_util" in k or "steps" in k)
+    assert code == 0, err
+    for name, (gpu, count, util, _) in NODES.items():
+        utils = [v for s, v in got["gpuprof_gpu_utilization_ratio"] if s["node"] == name]
+        assert utils == [util / 100] * count, (name, utils)
+        models = [s["model_name"] for s, _ in got["gpuprof_gpu_info"] if s["node"] == name]
+        assert models == [gpu] * count
+    phases = {(s["node"], s["phase"]) for s, _ in got["gpuprof_rank_phase_info"]}
+    assert {(name, "rollout") for name in NODES} <= phases
+    # phase ends put on the watcher's clock: the skewed nodes' actors end "now" there too
+    now = time.time()
+    for labels, t in got["gpuprof_rank_phase_end_timestamp_seconds"]:
+        assert abs(t - now) < 10, (labels, t, now)
+    sampled = {s["node"] for s, v in got["gpuprof_sampled_gpu_seconds_total"] if v > 0}
+    assert sampled == nodes
+    hosts = {s["node"] for s, _ in got["gpuprof_host_cpu_utilization_ratio"]}
+    assert hosts == nodes
 
 
 def _count(path: Path, table: str) -> int:

@@ -22,8 +22,11 @@ What it shows:
   running estimate (each reading's idle GPUs are charged to the innermost span that covers it),
   not the full diagnosis.
 
-The run's SQLite file is read incrementally (rows after the last rowid seen) at most once a
-second, from the watcher's process: the training processes never wait on the view.
+The node's run files are read incrementally (rows after the last rowid seen) at most once a
+second, from the watcher's process: the training processes never wait on the view. Besides the
+watcher's own file that is every file the node's other processes write
+(`gpuprof.reports.run_tail`): the Ray workers of a cluster started before the watch write
+their own.
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from gpuprof import store
 from gpuprof.analyzers.findings import Thresholds
 from gpuprof.reports import fmt
+from gpuprof.reports.run_tail import NodeRows, RunTail
 
 REFRESH_HZ = 4.0
 """Redraws per second, at most."""
@@ -56,9 +59,19 @@ HISTORY_READINGS = 3600
 """Readings kept for charging idle time to spans that have not ended yet (15 min at 4 Hz)."""
 MAX_GPU_ROWS = 8
 """GPU lines shown (two GPUs a line when the width allows); more GPUs are summarised."""
+MAX_GAP_S = 5.0
+"""A reading stands for the time since the previous one, at most this long (a gap longer than
+that is a pause in sampling, not idle time)."""
+BIN_NS = 250_000_000
+"""Samples read from a node's file are charged in bins this long (the 4 Hz of the readings)."""
 
 Readings = tuple[int, Sequence[Any], Any]
 """``(t_ns, GpuSample per GPU, HostSample or None)``, as the sampler's ``latest()`` gives."""
+
+
+def _ns(values: Sequence[int | None]) -> np.ndarray:
+    """Times in ns as an array, -1 for a missing one."""
+    return np.array([-1 if v is None else v for v in values], dtype=np.int64)
 
 
 def live_supported(stream: TextIO) -> bool:
@@ -97,6 +110,7 @@ class LiveState:
         self._settled: dict[str | None, float] = {}
         self.gpu_s = 0.0
         self._last_t: int | None = None
+        self._gpu_last_t: dict[int, int] = {}
 
     # ----- inputs
     def add_readings(self, readings: Readings | None) -> None:
@@ -108,13 +122,46 @@ class LiveState:
         self.gpus_seen.update((g.host, g.gpu) for g in gpus)
         if self._last_t is not None and t_ns <= self._last_t:
             return
-        dt = 0.0 if self._last_t is None else min(5.0, (t_ns - self._last_t) / 1e9)
+        dt = 0.0 if self._last_t is None else min(MAX_GAP_S, (t_ns - self._last_t) / 1e9)
         self._last_t = t_ns
         utils = [g.util_gpu_pct for g in gpus if g.util_gpu_pct is not None]
         idle = sum(1 for u in utils if u < self.idle_util_pct)
         self.gpu_s += dt * len(utils)
+        self._append(t_ns, dt * idle)
+
+    def add_gpu_samples(self, t_ns: np.ndarray, gpu: np.ndarray, util_pct: np.ndarray) -> None:
+        """GPU samples read from a node's file rather than the sampler's newest readings (the
+        rows a Ray driver stores for another node): each sample stands for the time since the
+        previous sample of its GPU (at most `MAX_GAP_S`); a NaN utilisation counts for
+        nothing. The idle GPU-time is charged per `BIN_NS` of the node's clock, so that a
+        node's 10 Hz samples cost the history no more than the 4 Hz readings do."""
+        if not len(t_ns):
+            return
+        order = np.lexsort((t_ns, gpu))
+        t = np.asarray(t_ns, dtype=np.int64)[order]
+        g = np.asarray(gpu, dtype=np.int64)[order]
+        util = np.asarray(util_pct, dtype=np.float64)[order]
+        starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        ends = np.r_[starts[1:], len(g)] - 1
+        prev = np.empty_like(t)
+        prev[1:] = t[:-1]
+        for i, j in zip(starts.tolist(), ends.tolist()):
+            key = int(g[i])
+            prev[i] = self._gpu_last_t.get(key, t[i])
+            self._gpu_last_t[key] = max(int(t[j]), self._gpu_last_t.get(key, int(t[j])))
+        dt = np.clip((t - prev) / 1e9, 0.0, MAX_GAP_S)
+        valid = ~np.isnan(util)
+        idle = valid & (util < self.idle_util_pct)
+        bins, where = np.unique(t // BIN_NS, return_inverse=True)
+        self.gpu_s += float((dt * valid).sum())
+        idle_s = np.bincount(where, weights=dt * idle, minlength=len(bins))
+        for b, seconds in zip(bins.tolist(), idle_s.tolist()):
+            self._append(b * BIN_NS, seconds)
+
+    def _append(self, t_ns: int, idle_gpu_s: float) -> None:
+        """One entry of the idle accounting, charged to no phase until a span covers it."""
         self._t.append(t_ns)
-        self._idle_gpu_s.append(dt * idle)
+        self._idle_gpu_s.append(idle_gpu_s)
         self._label.append(None)
         self._label_len.append(0)
         while len(self._t) > HISTORY_READINGS:
@@ -127,26 +174,73 @@ class LiveState:
         """New span rows ``(pid, rank, phase, start_ns, end_ns)`` from the run file."""
         if not rows:
             return
+        pid, rank, phase, start, end = zip(*rows)
+        self.add_span_columns(np.array(pid, dtype=np.int64), list(rank),
+                              np.array(phase, dtype=object), _ns(start), _ns(end))  # fmt: skip
+
+    def add_span_columns(
+        self,
+        pid: np.ndarray,
+        rank: Sequence[int | None],
+        phase: np.ndarray,
+        start_ns: np.ndarray,
+        end_ns: np.ndarray,
+    ) -> None:
+        """New spans as columns (the Arrow chunks of another node come so, hundreds a pull):
+        pids, ranks (None where unknown), phase names, start and end times in ns (-1 where
+        missing: such a span is left out)."""
+        keep = np.flatnonzero((phase != "step") & (start_ns >= 0) & (end_ns >= 0))
+        if not len(keep):
+            return
+        # each process's last phase: its span that ended last
+        by_end = keep[np.argsort(end_ns[keep], kind="stable")]
+        _, from_end = np.unique(pid[by_end][::-1], return_index=True)
+        for i in by_end[len(by_end) - 1 - from_end].tolist():
+            info = self.ranks.get(int(pid[i]))
+            if info is None:
+                info = self.ranks[int(pid[i])] = _Rank(rank[i], int(pid[i]))
+            if end_ns[i] >= info.end_ns:
+                info.phase, info.end_ns = str(phase[i]), int(end_ns[i])
         times = np.fromiter(self._t, dtype=np.int64, count=len(self._t))
-        labels, lengths = list(self._label), list(self._label_len)
-        for pid, rank, phase, start, end in rows:
-            if phase == "step" or start is None or end is None:
-                continue
-            info = self.ranks.setdefault(pid, _Rank(rank, pid))
-            if end >= info.end_ns:
-                info.phase, info.end_ns = str(phase), int(end)
-            if len(times):
-                inside = np.flatnonzero((times >= start) & (times < end))
-                length = int(end - start)
-                for i in inside.tolist():
-                    if labels[i] is None or length < lengths[i]:  # innermost span wins
-                        labels[i], lengths[i] = str(phase), length
-        self._label, self._label_len = deque(labels), deque(lengths)
+        if not len(times):
+            return
+        starts, ends = start_ns[keep], end_ns[keep]
+        if bool(np.all(times[1:] >= times[:-1])):
+            # entries are appended in time order (readings, then each pull's bins): bisect
+            first, stop = np.searchsorted(times, starts), np.searchsorted(times, ends)
+            covering = np.flatnonzero(stop > first).tolist()
+            entries = {k: range(int(first[k]), int(stop[k])) for k in covering}
+        else:
+            entries = {k: np.flatnonzero((times >= starts[k]) & (times < ends[k])).tolist()
+                       for k in range(len(keep))}  # fmt: skip
+        # in place: the entries spans cover are mostly the newest, which a deque reaches fast
+        labels, lengths = self._label, self._label_len
+        for k, inside in entries.items():
+            name, length = str(phase[keep[k]]), int(ends[k] - starts[k])
+            for i in inside:
+                if labels[i] is None or length < lengths[i]:  # innermost span wins
+                    labels[i], lengths[i] = name, length
+
+    def add_rows(self, rows: NodeRows) -> None:
+        """The spans and steps a node's files gained (`gpuprof.reports.run_tail`)."""
+        self.add_spans(rows.spans)
+        data = rows.span_table
+        if data is not None and data.num_rows:
+            self.add_span_columns(
+                data.column("pid").to_numpy(zero_copy_only=False).astype(np.int64),
+                data.column("rank").to_pylist(),
+                data.column("phase").to_numpy(zero_copy_only=False),
+                data.column("start_ns").fill_null(-1).to_numpy().astype(np.int64),
+                data.column("end_ns").fill_null(-1).to_numpy().astype(np.int64),
+            )
+        self.add_steps(rows.steps)
 
     def add_steps(self, rows: Sequence[tuple]) -> None:
         """New step events ``(pid, rank, t_ns)`` from the run file."""
         for pid, rank, t_ns in rows:
-            info = self.ranks.setdefault(pid, _Rank(rank, pid))
+            info = self.ranks.get(pid)
+            if info is None:
+                info = self.ranks[pid] = _Rank(rank, pid)
             info.steps.append(int(t_ns))
             info.step_count += 1
 
@@ -181,47 +275,6 @@ class LiveState:
         phase, lost = max(named.items(), key=lambda kv: kv[1])
         share = lost / self.gpu_s
         return (phase, lost, share) if share >= Thresholds().min_share else None
-
-
-class StoreTail:
-    """Reads the rows added to a run file since the last call (by rowid; cheap, no index)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.conn = None
-        self.span_rowid = 0
-        self.event_rowid = 0
-        self.steps_total = 0
-
-    def poll(self) -> tuple[list[tuple], list[tuple]]:
-        """New spans ``(pid, rank, phase, start_ns, end_ns)`` and step events
-        ``(pid, rank, t_ns)``; empty lists while the file cannot be read."""
-        try:
-            if self.conn is None:
-                self.conn = store.connect(self.path, create=False)
-            spans = self.conn.execute(
-                "SELECT rowid, pid, rank, phase, start_ns, end_ns FROM spans WHERE rowid > ? "
-                "ORDER BY rowid LIMIT 100000",
-                (self.span_rowid,),
-            ).fetchall()
-            steps = self.conn.execute(
-                "SELECT rowid, pid, rank, t_ns FROM events WHERE rowid > ? AND kind = 'step' "
-                "ORDER BY rowid LIMIT 100000",
-                (self.event_rowid,),
-            ).fetchall()
-        except Exception:  # a locked or half-created file: try again at the next poll
-            return [], []
-        if spans:
-            self.span_rowid = spans[-1][0]
-        if steps:
-            self.event_rowid = steps[-1][0]
-        return [r[1:] for r in spans], [r[1:] for r in steps]
-
-    def close(self) -> None:
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                self.conn.close()
-            self.conn = None
 
 
 def _bar(fraction: float | None, width: int, ascii_only: bool) -> Text:
@@ -371,7 +424,8 @@ class ScrollRegion:
 
 class LiveView:
     """The status area's thread: redraws from ``readings()`` at most `REFRESH_HZ` a second and
-    reads ``db_path`` for spans and steps at most once a second."""
+    reads ``db_path`` (and the other files of ``node`` in ``run_dir``) for spans and steps at
+    most once a second."""
 
     def __init__(
         self,
@@ -379,11 +433,14 @@ class LiveView:
         db_path: Path,
         stream: TextIO,
         *,
+        node: str = "",
+        run_dir: Path | None = None,
         refresh_hz: float = REFRESH_HZ,
     ) -> None:
         self.readings = readings
         self.state = LiveState()
-        self.tail = StoreTail(Path(db_path))
+        # the node's other files too (Ray workers of a cluster started before the watch)
+        self.tail = RunTail(Path(db_path), node, run_dir=run_dir, other_nodes=False)
         self.region = ScrollRegion(stream.fileno())
         self.period_s = 1.0 / min(refresh_hz, REFRESH_HZ)
         self.draws = 0
@@ -434,9 +491,8 @@ class LiveView:
             try:
                 self.state.add_readings(self.readings())
                 if started >= next_poll:
-                    spans, steps = self.tail.poll()
-                    self.state.add_spans(spans)
-                    self.state.add_steps(steps)
+                    for rows in self.tail.poll().values():
+                        self.state.add_rows(rows)
                     next_poll = started + STORE_POLL_S
                 # one column spare: writing the last column would leave a pending wrap
                 self.region.draw(self._render(max(20, self.region.width() - 1)))

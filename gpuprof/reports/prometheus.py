@@ -54,6 +54,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 from prometheus_client import start_http_server
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -64,7 +66,9 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpuprof.analyzers.alignment import NO_PHASE
-from gpuprof.reports.live import STORE_POLL_S, LiveState, Readings, StoreTail
+from gpuprof.nodes import natural_key
+from gpuprof.reports.live import STORE_POLL_S, LiveState, Readings
+from gpuprof.reports.run_tail import NodeRows, RunTail
 
 DEFAULT_ADDRESS = "127.0.0.1"
 """Where the endpoint listens unless ``--metrics-address`` says otherwise."""
@@ -113,6 +117,18 @@ ratio's factor divides (percent → 0–1, exactly: 70 % is 0.7, not 0.700000000
 
 GPU_ATTRS = tuple(spec[1] for spec in _GPU_GAUGES)
 
+_HOST_GAUGES: tuple[tuple[str, str, float, str, str], ...] = (
+    ("cpu_pct", "host_cpu_utilization_ratio", 100.0, "ratio",
+     "Host CPU busy share over all cores."),
+    ("mem_used_bytes", "host_memory_used_bytes", 1.0, "bytes", "Host memory in use."),
+    ("mem_total_bytes", "host_memory_total_bytes", 1.0, "bytes", "Host memory in total."),
+)  # fmt: skip
+"""``(HostSample attribute, name, factor to base units, unit, help)`` of each host gauge."""
+NODE_STALE_S = 15.0
+"""Another node's readings are served while its file gave samples this recently (a Ray
+driver pulls every 1–5 s); a node that stops reporting, or that the driver records as lost,
+drops out of the GPU and host gauges."""
+
 
 def _base(value: float, factor: float, unit: str) -> float:
     return value / factor if unit == "ratio" else value * factor
@@ -135,10 +151,12 @@ def stall_kind(phase: str) -> str:
 
 
 class GpuprofCollector(Collector):
-    """Turns a `LiveState` and the held GPU readings into metric families at each scrape.
+    """Turns `LiveState` s and the held GPU readings into metric families at each scrape.
 
-    ``readings`` is called at every scrape for the freshest GPU values (``Sampler.latest``);
-    ``gpus`` is the run's GPU inventory (``RunMeta.gpus``: host, index, uuid, name).
+    ``state`` and ``node`` are the watcher's node: ``readings`` is called at every scrape for
+    its freshest GPU values (``Sampler.latest``); ``gpus`` is the run's GPU inventory
+    (``RunMeta.gpus``: host, index, uuid, name). The cluster's other nodes, whose rows a Ray
+    driver records on this machine, come through `take_rows`, each with a state of its own.
     Thread-safe: the exporter's thread and the HTTP server's threads share ``lock``.
     """
 
@@ -157,10 +175,17 @@ class GpuprofCollector(Collector):
         self.gpus = list(gpus)
         self.lock = lock or threading.Lock()
         self.errors: list[str] = []
+        self.others: dict[str, LiveState] = {}
+        """The other nodes' states, from the rows their files gained."""
         self._held: dict[tuple[str, int], dict[str, tuple[int, float]]] = {}
         """(host, GPU) → attribute → (t_ns, value) of its last reading."""
         self._uuid: dict[tuple[str, int], str] = {}
-        self._host: tuple[int, Any] | None = None
+        self._host: dict[str, tuple[int, dict[str, float]]] = {}
+        """node → (t_ns, host attribute → value) of its last host sample."""
+        self._arrived: dict[str, float] = {}
+        """node → when (monotonic s) its file last gave samples."""
+        self._lost: set[str] = set()
+        self._offsets: dict[str, int] = {}
 
     # ----- inputs (any thread)
     def take(self, readings: Readings | None) -> None:
@@ -180,7 +205,83 @@ class GpuprofCollector(Collector):
                     if value is not None:
                         held[attr] = (g.t_ns or t_ns, float(value))
             if host is not None:
-                self._host = (t_ns, host)
+                values = {a: getattr(host, a, None) for a, *_ in _HOST_GAUGES}
+                self._host[self.node] = (t_ns, {a: float(v) for a, v in values.items()
+                                                if v is not None})  # fmt: skip
+
+    def take_rows(self, node: str, rows: NodeRows) -> None:
+        """What a node's files gained (`gpuprof.reports.run_tail`): spans and steps of the
+        watcher's node, or everything a Ray driver recorded for another node."""
+        with self.lock:
+            if node == self.node:
+                self.state.add_rows(rows)
+                return
+            state = self.others.get(node)
+            if state is None:
+                state = self.others[node] = LiveState(self.state.idle_util_pct)
+            if rows.gpu is not None and rows.gpu.num_rows:
+                self._take_gpu_table(node, rows.gpu, state)
+                self._arrived[node] = time.monotonic()
+            if rows.host is not None and rows.host.num_rows:
+                last = rows.host.slice(rows.host.num_rows - 1).to_pylist()[0]
+                values = {a: last.get(a) for a, *_ in _HOST_GAUGES}
+                self._host[node] = (int(last["t_ns"]), {a: float(v) for a, v in values.items()
+                                                        if v is not None})  # fmt: skip
+                self._arrived[node] = time.monotonic()
+            state.add_rows(rows)
+            if rows.lost_ns is not None:
+                self._lost.add(node)
+
+    def _take_gpu_table(self, node: str, table: pa.Table, state: LiveState) -> None:
+        """A node's GPU samples: the last value of each attribute per GPU is held, and the
+        utilisation goes into the node's idle accounting."""
+        t = _ints(table.column("t_ns"))
+        gpu = _ints(table.column("gpu"))
+        # rows come in the order they were sampled: each GPU's last row holds its newest values,
+        # and the last tick's rows are usually all of them
+        count = len(np.unique(gpu))
+        tick = table.slice(table.num_rows - count)
+        if len(set(tick.column("gpu").to_pylist())) < count:
+            _, from_end = np.unique(gpu[::-1], return_index=True)
+            tick = table.take(len(gpu) - 1 - from_end)
+        last = tick.to_pylist()
+        gaps = set()
+        for row in last:
+            key = (node, int(row["gpu"]))
+            if row["uuid"]:
+                self._uuid[key] = row["uuid"]
+            held = self._held.setdefault(key, {})
+            for attr in GPU_ATTRS:
+                value = row[attr]
+                if value is not None:
+                    held[attr] = (int(row["t_ns"]), float(value))
+                elif table.column(attr).null_count < table.num_rows:
+                    gaps.add(attr)
+        for attr in gaps:  # read for some GPUs in some rows (PCIe without NVML's counters)
+            values = _floats(table.column(attr))
+            valid = np.flatnonzero(~np.isnan(values))
+            order = valid[np.argsort(gpu[valid], kind="stable")]
+            g = gpu[order]
+            for i in order[np.r_[g[1:] != g[:-1], True]].tolist():
+                self._held.setdefault((node, int(gpu[i])), {})[attr] = (int(t[i]), float(values[i]))
+        state.add_gpu_samples(t, gpu, _floats(table.column("util_gpu_pct")))
+
+    def set_others(self, inventory: Sequence[dict[str, Any]], offsets: dict[str, int]) -> None:
+        """The other nodes' GPU inventories and clock offsets, as their files state them."""
+        with self.lock:
+            known = {(str(g.get("host")), g.get("index")) for g in self.gpus}
+            self.gpus.extend(g for g in inventory
+                             if (str(g.get("host")), g.get("index")) not in known)  # fmt: skip
+            self._offsets = dict(offsets)
+
+    def _serving(self, node: str) -> bool:
+        """Whether a node's readings are served: the watcher's always; another node's while
+        its file keeps giving samples and the driver has not recorded it lost."""
+        if node == self.node:
+            return True
+        arrived = self._arrived.get(node)
+        fresh = arrived is not None and time.monotonic() - arrived <= NODE_STALE_S
+        return fresh and node not in self._lost
 
     def error(self, message: str) -> None:
         if len(self.errors) < MAX_ERRORS and message not in self.errors:
@@ -211,22 +312,26 @@ class GpuprofCollector(Collector):
         labels = ["node", "gpu", "uuid"]
         info = InfoMetricFamily(PREFIX + "gpu", "The GPUs of the node, one per GPU.", labels=labels)
         listed = set()
-        for g in self.gpus:
+        for g in sorted(self.gpus, key=lambda g: (self._order(str(g.get("host") or self.node)),
+                                                  int(g.get("index", 0)))):  # fmt: skip
             key = (str(g.get("host") or self.node), int(g.get("index", 0)))
             listed.add(key)
             uuid = g.get("uuid") or self._uuid.get(key, "")
             values = [key[0], str(key[1]), str(uuid)]
             info.add_metric(values, {"model_name": str(g.get("name") or "")})
-        for key in sorted(self._held.keys() - listed):
+        for key in sorted(self._held.keys() - listed, key=self._gpu_order):
             info.add_metric([key[0], str(key[1]), self._uuid.get(key, "")], {"model_name": ""})
         out: list[Metric] = [info] if info.samples else []
-        newest = max((t for held in self._held.values() for t, _ in held.values()), default=0)
-        oldest = newest - int(HOLD_S * 1e9)
+        # each node's values against its own newest reading: nodes' clocks differ
+        newest: dict[str, int] = {}
+        for (host, _), held in self._held.items():
+            newest[host] = max([newest.get(host, 0), *(t for t, _ in held.values())])
+        served = sorted((k for k in self._held if self._serving(k[0])), key=self._gpu_order)
         for name, attr, factor, unit, doc in _GPU_GAUGES:
             family = GaugeMetricFamily(PREFIX + name, doc, labels=labels, unit=unit)
-            for key in sorted(self._held):
+            for key in served:
                 t_ns, value = self._held[key].get(attr, (0, 0.0))
-                if t_ns and t_ns >= oldest:
+                if t_ns and t_ns >= newest[key[0]] - int(HOLD_S * 1e9):
                     family.add_metric(
                         [key[0], str(key[1]), self._uuid.get(key, "")], _base(value, factor, unit)
                     )
@@ -235,23 +340,28 @@ class GpuprofCollector(Collector):
         return out
 
     def _host_families(self) -> list[Metric]:
-        if self._host is None:
-            return []
-        host = self._host[1]
-        node = str(getattr(host, "host", None) or self.node)
+        served = [n for n in sorted(self._host, key=self._order) if self._serving(n)]
         out: list[Metric] = []
-        for name, attr, factor, unit, doc in (
-            ("host_cpu_utilization_ratio", "cpu_pct", 100.0, "ratio",
-             "Host CPU busy share over all cores."),
-            ("host_memory_used_bytes", "mem_used_bytes", 1.0, "bytes", "Host memory in use."),
-            ("host_memory_total_bytes", "mem_total_bytes", 1.0, "bytes", "Host memory in total."),
-        ):  # fmt: skip
-            value = getattr(host, attr, None)
-            if value is not None:
-                family = GaugeMetricFamily(PREFIX + name, doc, labels=["node"], unit=unit)
-                family.add_metric([node], _base(float(value), factor, unit))
+        for attr, name, factor, unit, doc in _HOST_GAUGES:
+            family = GaugeMetricFamily(PREFIX + name, doc, labels=["node"], unit=unit)
+            for node in served:
+                value = self._host[node][1].get(attr)
+                if value is not None:
+                    family.add_metric([node], _base(value, factor, unit))
+            if family.samples:
                 out.append(family)
         return out
+
+    def _states(self) -> list[tuple[str, LiveState]]:
+        """Every node's state, the watcher's first, then the others in natural order."""
+        others = sorted(self.others.items(), key=lambda kv: natural_key(kv[0]))
+        return [(self.node, self.state), *others]
+
+    def _order(self, node: str) -> tuple:
+        return (node != self.node, natural_key(node))
+
+    def _gpu_order(self, key: tuple[str, int]) -> tuple:
+        return (*self._order(key[0]), key[1])
 
     def _rank_families(self) -> list[Metric]:
         labels = ["node", "rank", "pid"]
@@ -263,7 +373,7 @@ class GpuprofCollector(Collector):
         )
         ended = GaugeMetricFamily(
             PREFIX + "rank_phase_end_timestamp_seconds",
-            "When the phase in gpuprof_rank_phase_info ended (Unix time).",
+            "When the phase in gpuprof_rank_phase_info ended (Unix time, on the watcher's clock).",
             labels=labels,
             unit="seconds",
         )
@@ -278,32 +388,28 @@ class GpuprofCollector(Collector):
             labels=labels,
             unit="seconds",
         )
-        ranks = sorted(
-            self.state.ranks.values(), key=lambda r: (r.rank is None, r.rank or 0, r.pid)
-        )
-        for r in ranks:
-            values = [self.node, "" if r.rank is None else str(r.rank), str(r.pid)]
-            if r.end_ns:
-                phase.add_metric(values, {"phase": r.phase})
-                ended.add_metric(values, r.end_ns / 1e9)
-            if r.step_count:
-                steps.add_metric(values, float(r.step_count))
-            seconds = self.state.step_time_s(r)
-            if seconds is not None:
-                step_s.add_metric(values, seconds)
+        for node, state in self._states():
+            offset_ns = self._offsets.get(node, 0)
+            ranks = sorted(state.ranks.values(), key=lambda r: (r.rank is None, r.rank or 0, r.pid))
+            for r in ranks:
+                values = [node, "" if r.rank is None else str(r.rank), str(r.pid)]
+                if r.end_ns:
+                    phase.add_metric(values, {"phase": r.phase})
+                    ended.add_metric(values, (r.end_ns + offset_ns) / 1e9)
+                if r.step_count:
+                    steps.add_metric(values, float(r.step_count))
+                seconds = state.step_time_s(r)
+                if seconds is not None:
+                    step_s.add_metric(values, seconds)
         return [f for f in (phase, ended, steps, step_s) if f.samples]
 
     def _idle_families(self) -> list[Metric]:
-        state = self.state
-        if state.gpu_s <= 0:
-            return []
         sampled = CounterMetricFamily(
             PREFIX + "sampled_gpu_seconds",
             "GPU-seconds covered by utilization readings so far (the denominator of idle shares).",
             labels=["node"],
             unit="seconds",
         )
-        sampled.add_metric([self.node], state.gpu_s)
         idle = GaugeMetricFamily(
             PREFIX + "idle_gpu_seconds",
             "Idle GPU-seconds so far by the innermost phase covering them ((none): no span yet); "
@@ -311,39 +417,54 @@ class GpuprofCollector(Collector):
             labels=["node", "phase"],
             unit="seconds",
         )
-        for name, seconds in sorted(state.idle_by_phase().items(), key=lambda kv: str(kv[0])):
-            idle.add_metric([self.node, NO_PHASE if name is None else name], seconds)
-        out: list[Metric] = [sampled, idle]
-        top = state.top_idle_phase()
-        if top is not None:
-            name, lost, share = top
-            values = [self.node, stall_kind(name), name]
-            labels = ["node", "kind", "phase"]
-            lost_family = GaugeMetricFamily(
-                PREFIX + "top_finding_idle_gpu_seconds",
-                "Idle GPU-seconds of the phase that has lost the most so far (a running "
-                "estimate from idle time by phase, not the full diagnosis).",
-                labels=labels,
-                unit="seconds",
-            )
-            lost_family.add_metric(values, lost)
-            share_family = GaugeMetricFamily(
-                PREFIX + "top_finding_share_ratio",
-                "That idle time as a share of the GPU-time read so far.",
-                labels=labels,
-                unit="ratio",
-            )
-            share_family.add_metric(values, share)
-            out += [lost_family, share_family]
-        return out
+        labels = ["node", "kind", "phase"]
+        lost_family = GaugeMetricFamily(
+            PREFIX + "top_finding_idle_gpu_seconds",
+            "Idle GPU-seconds of the phase that has lost the most so far on the node (a running "
+            "estimate from idle time by phase, not the full diagnosis).",
+            labels=labels,
+            unit="seconds",
+        )
+        share_family = GaugeMetricFamily(
+            PREFIX + "top_finding_share_ratio",
+            "That idle time as a share of the node's GPU-time read so far.",
+            labels=labels,
+            unit="ratio",
+        )
+        for node, state in self._states():
+            if state.gpu_s <= 0:
+                continue
+            sampled.add_metric([node], state.gpu_s)
+            by_phase = sorted(state.idle_by_phase().items(), key=lambda kv: str(kv[0]))
+            for name, seconds in by_phase:
+                idle.add_metric([node, NO_PHASE if name is None else name], seconds)
+            top = state.top_idle_phase()
+            if top is not None:
+                name, lost, share = top
+                values = [node, stall_kind(name), name]
+                lost_family.add_metric(values, lost)
+                share_family.add_metric(values, share)
+        return [f for f in (sampled, idle, lost_family, share_family) if f.samples]
+
+
+def _ints(column: pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _floats(column: pa.ChunkedArray) -> np.ndarray:
+    """A numeric column as float64, NaN where it is null."""
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 class MetricsExporter:
     """Serves ``/metrics`` on ``address`` (host, port) until `stop`.
 
     ``readings`` is ``Sampler.latest``; ``db_path`` the run file the hooks write spans and steps
-    to; ``node`` the node's name; ``gpus`` the run's GPU inventory. `start` raises `OSError`
-    when the address cannot be bound (`bind_failure` words it); nothing else raises.
+    to; ``node`` the node's name; ``gpus`` the run's GPU inventory. With ``run_dir`` it also
+    follows the node's other files there and, with ``run_id`` and ``other_nodes``, the files a
+    Ray driver records for the cluster's other nodes (`gpuprof.reports.run_tail`). `start`
+    raises `OSError` when the address cannot be bound (`bind_failure` words it); nothing else
+    raises.
     """
 
     def __init__(
@@ -354,6 +475,9 @@ class MetricsExporter:
         node: str,
         address: tuple[str, int],
         gpus: Sequence[dict[str, Any]] = (),
+        run_dir: Path | None = None,
+        run_id: str | None = None,
+        other_nodes: bool = True,
     ) -> None:
         self.readings = readings
         self.address = (address[0] or DEFAULT_ADDRESS, int(address[1]))
@@ -361,7 +485,8 @@ class MetricsExporter:
         self.collector = GpuprofCollector(self.state, node, readings=readings, gpus=gpus)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
-        self.tail = StoreTail(Path(db_path))
+        self.tail = RunTail(Path(db_path), node, run_dir=run_dir, run_id=run_id,
+                            other_nodes=other_nodes)  # fmt: skip
         self.bound: tuple[str, int] | None = None
         """The address actually listened on (the port chosen by the system for port 0)."""
         self._server: Any = None
@@ -420,10 +545,10 @@ class MetricsExporter:
                 try:
                     self.collector.take(self.readings())
                     if started >= next_poll:
-                        spans, steps = self.tail.poll()  # outside the lock: file I/O
-                        with self.collector.lock:
-                            self.state.add_spans(spans)
-                            self.state.add_steps(steps)
+                        batches = self.tail.poll()  # outside the lock: file I/O
+                        for node, rows in batches.items():
+                            self.collector.take_rows(node, rows)
+                        self.collector.set_others(self.tail.inventory(), self.tail.offsets())
                         next_poll = started + STORE_POLL_S
                 except Exception as exc:  # never let the endpoint disturb the watch
                     self.collector.error(f"metrics endpoint: {exc!r}")
