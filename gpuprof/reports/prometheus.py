@@ -6,11 +6,18 @@ file (the last phase each rank finished, steps, idle GPU-time by phase). It list
 asked, on 127.0.0.1 unless another address is given, with ``prometheus_client``'s own server
 over a private `CollectorRegistry` (nothing of the process's default registry is exposed).
 
-It never touches the hardware: GPU figures come from ``Sampler.latest()`` (read at each scrape
-and four times a second in the exporter's own thread, never in the sampler's), spans and steps
-from the run's SQLite file, read incrementally at most once a second in that same thread.
-Nothing it does can raise into the watcher: a failure becomes one of at most `MAX_ERRORS`
-notices.
+It never touches the hardware: the watcher's GPU figures come from ``Sampler.latest()`` (read
+at each scrape and four times a second in the exporter's own thread, never in the sampler's),
+spans and steps from the run files this machine writes, read incrementally at most once a
+second in that same thread (`gpuprof.reports.run_tail`): the watcher's file and the node's
+other files (Ray workers started by a raylet that predates the watch write their own), and on
+a Ray cluster the files the driver records for every other node, whose GPU and host samples,
+spans and steps are served under that node's name, each node with its own idle accounting
+(its rows are on its own clock; phase end times are moved onto the watcher's by the offset the
+driver measured). A node the driver records as lost, or whose file gives no samples for
+`NODE_STALE_S`, leaves the GPU and host gauges. Under a torchrun/Slurm launch the run
+directory is shared by the nodes' watchers and each serves its own node. Nothing it does can
+raise into the watcher: a failure becomes one of at most `MAX_ERRORS` notices.
 
 Metrics (all prefixed ``gpuprof_``; labels ``node`` everywhere, ``gpu`` and ``uuid`` per GPU,
 ``rank`` and ``pid`` per process, standing for dcgm-exporter's ``Hostname``, ``gpu``, ``UUID``;
@@ -34,8 +41,8 @@ units in names, base units, ratios 0–1):
   to the innermost span covering each reading, ``(none)`` while no span covers it. A running
   estimate and a gauge, not a counter: time moves from ``(none)`` to a phase when the span that
   covered it ends; ``sampled_gpu_seconds_total`` is the GPU-time read so far;
-- ``top_finding_idle_gpu_seconds{kind,phase}`` and ``top_finding_share_ratio{kind,phase}``: the
-  "top finding so far", derived cheaply from the idle GPU-time by phase (the live view's "most
+- ``top_finding_idle_gpu_seconds{kind,phase}`` and ``top_finding_share_ratio{kind,phase}``,
+  per node: the "top finding so far", derived cheaply from the idle GPU-time by phase (the live view's "most
   idle" line), not from the full analyzer: the phase in which the most GPU-time has gone idle,
   once it reaches `Thresholds.min_share` of the GPU-time read, with the stall kind the analyzer
   charges idle time in that phase to (``reshard_idle``, ``reward_bound``,
