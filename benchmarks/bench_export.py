@@ -31,7 +31,7 @@ from gpuprof.analyzers.diagnose import diagnose  # noqa: E402
 from gpuprof.model import GpuSample  # noqa: E402
 from gpuprof.reports.export import export  # noqa: E402
 from gpuprof.reports.live import LiveView  # noqa: E402
-from gpuprof.reports.run_tail import FileTail  # noqa: E402
+from gpuprof.run_tail import FileTail  # noqa: E402
 from gpuprof.sim import Pathology, SimConfig, simulate  # noqa: E402
 from gpuprof.sim.config import DEFAULT_PHASE_S  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Following a run while it is recorded (`gpuprof.reports.run_tail`) and serving what it reads:
+"""Following a run while it is recorded (`gpuprof.run_tail`) and serving what it reads:
 the node's own files, the files a Ray driver records for other nodes (Arrow chunks), nothing of
 another run, each row once; and the metrics endpoint's collector labelling another node's rows
 with that node, its clock offset applied, its gauges dropped once it is lost or silent."""
@@ -20,7 +20,7 @@ from gpuprof.model import Event, GpuSample, HostSample, RunMeta, Span
 from gpuprof.reports import prometheus
 from gpuprof.reports.live import BIN_NS, LiveState
 from gpuprof.reports.prometheus import GpuprofCollector
-from gpuprof.reports.run_tail import NodeRows, RunTail
+from gpuprof.run_tail import NodeRows, RunTail
 
 S = 1_000_000_000
 GIB = 2**30
@@ -132,7 +132,7 @@ def test_the_nodes_files_and_the_drivers_files_are_read_once(run_dir):
 
 
 def test_files_that_appear_later_are_found_and_a_damaged_chunk_costs_itself(run_dir, monkeypatch):
-    monkeypatch.setattr("gpuprof.reports.run_tail.SCAN_S", 0.0)
+    monkeypatch.setattr("gpuprof.run_tail.SCAN_S", 0.0)
     tail = RunTail(run_dir / "n0.sqlite", "n0", run_dir=run_dir, run_id="run")
     tail.poll()
     # a worker that starts later, a node that joins later, a node the driver records as lost

@@ -25,7 +25,7 @@ What it shows:
 The node's run files are read incrementally (rows after the last rowid seen) at most once a
 second, from the watcher's process: the training processes never wait on the view. Besides the
 watcher's own file that is every file the node's other processes write
-(`gpuprof.reports.run_tail`): the Ray workers of a cluster started before the watch write
+(`gpuprof.run_tail`): the Ray workers of a cluster started before the watch write
 their own.
 """
 
@@ -49,7 +49,7 @@ from rich.text import Text
 
 from gpuprof.analyzers.findings import Thresholds
 from gpuprof.reports import fmt
-from gpuprof.reports.run_tail import NodeRows, RunTail
+from gpuprof.run_tail import NodeRows, RunTail
 
 REFRESH_HZ = 4.0
 """Redraws per second, at most."""
@@ -222,7 +222,7 @@ class LiveState:
                     labels[i], lengths[i] = name, length
 
     def add_rows(self, rows: NodeRows) -> None:
-        """The spans and steps a node's files gained (`gpuprof.reports.run_tail`)."""
+        """The spans and steps a node's files gained (`gpuprof.run_tail`)."""
         self.add_spans(rows.spans)
         data = rows.span_table
         if data is not None and data.num_rows:

@@ -9,7 +9,7 @@ over a private `CollectorRegistry` (nothing of the process's default registry is
 It never touches the hardware: the watcher's GPU figures come from ``Sampler.latest()`` (read
 at each scrape and four times a second in the exporter's own thread, never in the sampler's),
 spans and steps from the run files this machine writes, read incrementally at most once a
-second in that same thread (`gpuprof.reports.run_tail`): the watcher's file and the node's
+second in that same thread (`gpuprof.run_tail`): the watcher's file and the node's
 other files (Ray workers started by a raylet that predates the watch write their own), and on
 a Ray cluster the files the driver records for every other node, whose GPU and host samples,
 spans and steps are served under that node's name, each node with its own idle accounting
@@ -42,12 +42,13 @@ units in names, base units, ratios 0–1):
   estimate and a gauge, not a counter: time moves from ``(none)`` to a phase when the span that
   covered it ends; ``sampled_gpu_seconds_total`` is the GPU-time read so far;
 - ``top_finding_idle_gpu_seconds{kind,phase}`` and ``top_finding_share_ratio{kind,phase}``,
-  per node: the "top finding so far", derived cheaply from the idle GPU-time by phase (the live view's "most
-  idle" line), not from the full analyzer: the phase in which the most GPU-time has gone idle,
-  once it reaches `Thresholds.min_share` of the GPU-time read, with the stall kind the analyzer
-  charges idle time in that phase to (``reshard_idle``, ``reward_bound``,
-  ``dataloader_starvation``, ``periodic_stall``, ``generation_tail``) or ``phase_idle`` for a
-  phase no detector claims by name. ``gpuprof analyze`` gives the diagnosis after the run.
+  per node: the "top finding so far", derived cheaply from the idle GPU-time by phase (the
+  live view's "most idle" line), not from the full analyzer: the phase in which the most
+  GPU-time has gone idle, once it reaches `Thresholds.min_share` of the GPU-time read, with
+  the stall kind the analyzer charges idle time in that phase to (``reshard_idle``,
+  ``reward_bound``, ``dataloader_starvation``, ``periodic_stall``, ``generation_tail``) or
+  ``phase_idle`` for a phase no detector claims by name. ``gpuprof analyze`` gives the
+  diagnosis after the run.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from gpuprof.analyzers.alignment import NO_PHASE
 from gpuprof.nodes import natural_key
 from gpuprof.reports.live import STORE_POLL_S, LiveState, Readings
-from gpuprof.reports.run_tail import NodeRows, RunTail
+from gpuprof.run_tail import NodeRows, RunTail
 
 DEFAULT_ADDRESS = "127.0.0.1"
 """Where the endpoint listens unless ``--metrics-address`` says otherwise."""
@@ -217,7 +218,7 @@ class GpuprofCollector(Collector):
                                                 if v is not None})  # fmt: skip
 
     def take_rows(self, node: str, rows: NodeRows) -> None:
-        """What a node's files gained (`gpuprof.reports.run_tail`): spans and steps of the
+        """What a node's files gained (`gpuprof.run_tail`): spans and steps of the
         watcher's node, or everything a Ray driver recorded for another node."""
         with self.lock:
             if node == self.node:
@@ -469,7 +470,7 @@ class MetricsExporter:
     ``readings`` is ``Sampler.latest``; ``db_path`` the run file the hooks write spans and steps
     to; ``node`` the node's name; ``gpus`` the run's GPU inventory. With ``run_dir`` it also
     follows the node's other files there and, with ``run_id`` and ``other_nodes``, the files a
-    Ray driver records for the cluster's other nodes (`gpuprof.reports.run_tail`). `start`
+    Ray driver records for the cluster's other nodes (`gpuprof.run_tail`). `start`
     raises `OSError` when the address cannot be bound (`bind_failure` words it); nothing else
     raises.
     """

@@ -52,8 +52,8 @@ class NodeRows:
     spans that came as chunks; ``steps`` ``(pid, rank, t_ns)`` in time order; ``gpu`` (every
     sample) and ``host`` (the newest pull's) hold the samples a Ray driver stored for another
     node (columns of `GpuSample` / `HostSample`; the watcher's own node has its sampler
-    instead); ``lost_ns`` is set when the driver recorded the node as lost. All times are on the node's
-    own clock.
+    instead); ``lost_ns`` is set when the driver recorded the node as lost. All times are on
+    the node's own clock.
     """
 
     spans: list[tuple] = field(default_factory=list)
