@@ -49,7 +49,8 @@ class NodeRows:
     """What one node's files gained since the last poll.
 
     ``spans`` are ``(pid, rank, phase, start_ns, end_ns)`` of span rows, ``span_table`` the
-    spans that came as chunks; ``steps`` ``(pid, rank, t_ns)`` in time order; ``gpu`` (every
+    spans that came as chunks; ``steps`` ``(pid, rank, t_ns)`` (in time order from
+    `RunTail.poll`, in the file's order from `FileTail.poll`); ``gpu`` (every
     sample) and ``host`` (the newest pull's) hold the samples a Ray driver stored for another
     node (columns of `GpuSample` / `HostSample`; the watcher's own node has its sampler
     instead); ``lost_ns`` is set when the driver recorded the node as lost. All times are on
@@ -119,7 +120,6 @@ class FileTail:
                 self._version = version
         except Exception:  # a locked or half-created file: what was read is kept
             pass
-        out.steps.sort(key=lambda row: row[2])
         return out
 
     def _rows(self, out: NodeRows) -> bool:
@@ -295,15 +295,16 @@ class RunTail:
                 self._ignored.add(path)
 
     def _classify(self, path: Path) -> None:
-        meta = store.file_meta(path, timeout_s=0.5)
-        if meta is None:
+        tail = FileTail(path, chunks=True)
+        meta = tail.documents().get("run")
+        if not isinstance(meta, dict):
+            tail.close()
             return  # no document yet: looked at again at the next scan
-        hosts = meta.get("hosts") or []
-        ours = meta.get("run_id") == self.run_id and meta.get("reference_node") == self.node
-        if not ours or not hosts or hosts[0] == self.node:
+        if not store.recorded_for(meta, self.run_id, self.node):
+            tail.close()
             self._ignored.add(path)
             return
-        rec = _Recorded(FileTail(path, chunks=True), str(hosts[0]), [])
+        rec = _Recorded(tail, str(meta["hosts"][0]), [])
         self._read_documents(rec)
         self.recorded[path] = rec
 

@@ -895,12 +895,18 @@ def recorded_nodes(run_dir: str | os.PathLike, run_id: str, reference: str) -> l
     """The files of ``run_dir`` a Ray driver's recorder wrote for the run ``run_id`` whose
     watcher is on node ``reference`` (their ``"run"`` document names it the reference node):
     the cluster's other nodes, which the watcher compacts when the run ends."""
-    out = []
-    for path in sorted(Path(run_dir).glob("*.sqlite")):
-        meta = file_meta(path)
-        if meta and meta.get("run_id") == run_id and meta.get("reference_node") == reference:
-            out.append(path)
-    return out
+    return [path for path in sorted(Path(run_dir).glob("*.sqlite"))
+            if recorded_for(file_meta(path), run_id, reference)]  # fmt: skip
+
+
+def recorded_for(meta: dict[str, Any] | None, run_id: str | None, reference: str) -> bool:
+    """Whether a file's ``"run"`` document is that of a node a Ray driver recorded for the run
+    ``run_id`` watched from node ``reference`` (not the reference node's own file)."""
+    if not isinstance(meta, dict):
+        return False
+    hosts = meta.get("hosts") or []
+    return (meta.get("run_id") == run_id and meta.get("reference_node") == reference
+            and bool(hosts) and hosts[0] != reference)  # fmt: skip
 
 
 def save_run(run: Run, run_dir: str | os.PathLike) -> list[Path]:
