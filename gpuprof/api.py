@@ -635,8 +635,8 @@ def analyze(
     ``run`` to reuse. Raises `ValueError` for a ``model_params`` that is no count.
     """
     from gpuprof.analyzers.diagnose import diagnose
-    from gpuprof.analyzers.efficiency import attach_options
     from gpuprof.analyzers.findings import AnalysisContext
+    from gpuprof.analyzers.settings import attach_options
 
     options = efficiency_options(run, gpu_hour_price=gpu_hour_price, model_params=model_params)
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
@@ -650,8 +650,9 @@ def efficiency(
     """The efficiency figures of a run without the rest of the diagnosis (tokens/s and MFU
     per phase, framework-logged MFU, idle cost): the ``efficiency`` entry of
     docs/ANALYZE_JSON.md with no per-finding costs."""
-    from gpuprof.analyzers.efficiency import attach_options, efficiency_summary
+    from gpuprof.analyzers.efficiency import efficiency_summary
     from gpuprof.analyzers.findings import AnalysisContext
+    from gpuprof.analyzers.settings import attach_options
 
     options = efficiency_options(run, gpu_hour_price=gpu_hour_price, model_params=model_params)
     return efficiency_summary(attach_options(AnalysisContext(run), options), [])
@@ -669,12 +670,8 @@ def efficiency_options(
     machine (as written, relative to the run's working directory, or in the Hugging Face hub
     cache for an ``org/name`` id). Raises `ValueError` for a ``model_params`` that is no
     count or a negative price."""
-    from gpuprof.analyzers.efficiency import (
-        EfficiencyOptions,
-        model_path,
-        parse_param_count,
-        run_settings,
-    )
+    from gpuprof.analyzers.model_size import model_path, parse_param_count
+    from gpuprof.analyzers.settings import EfficiencyOptions, run_settings
 
     params = parse_param_count(model_params) if model_params not in (None, "") else None
     if gpu_hour_price is not None and not gpu_hour_price >= 0:

@@ -33,7 +33,7 @@ def _err(message: str) -> None:
 def _model_params(value: str | None) -> str | None:
     if value is None:
         return None
-    from gpuprof.analyzers.efficiency import parse_param_count
+    from gpuprof.analyzers.model_size import parse_param_count
 
     try:
         parse_param_count(value)

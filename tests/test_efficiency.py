@@ -14,17 +14,11 @@ import pytest
 from conftest import SHARED_FIXTURES, run_gpuprof
 
 from gpuprof import api, store
-from gpuprof.analyzers.efficiency import (
-    PEAK_TABLE,
-    EfficiencyOptions,
-    attach_options,
-    efficiency_summary,
-    match_gpu,
-    params_from_config,
-    params_from_name,
-    parse_param_count,
-)
+from gpuprof.analyzers.efficiency import efficiency_summary
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+from gpuprof.analyzers.hardware import GPU_TABLE, match_gpu
+from gpuprof.analyzers.model_size import params_from_config, params_from_name, parse_param_count
+from gpuprof.analyzers.settings import EfficiencyOptions, attach_options
 from gpuprof.analyzers.stalls.low_mfu import detect as detect_low_mfu
 from gpuprof.collectors.importers import verl_log
 from gpuprof.collectors.importers.steplog import StepRecord, frames_from_steps
@@ -106,18 +100,18 @@ def test_unknown_or_ambiguous_names_have_no_peak(name):
 
 def test_peaks_are_dense_data_sheet_figures():
     # NVIDIA prints "1,979 TFLOPS*" (with sparsity) for H100 SXM bf16: dense is half
-    assert PEAK_TABLE["H100 SXM"].flops("bf16") == pytest.approx(989.5e12)
-    assert PEAK_TABLE["H100 SXM"].flops("fp8") == pytest.approx(1979e12)
-    assert PEAK_TABLE["A100 SXM4 80GB"].flops("bf16") == pytest.approx(312e12)
-    assert PEAK_TABLE["A100 SXM4 80GB"].flops("fp8") is None  # Ampere has no FP8
-    assert PEAK_TABLE["A100 PCIe 40GB"].flops("tf32") == pytest.approx(156e12)
+    assert GPU_TABLE["H100 SXM"].flops("bf16") == pytest.approx(989.5e12)
+    assert GPU_TABLE["H100 SXM"].flops("fp8") == pytest.approx(1979e12)
+    assert GPU_TABLE["A100 SXM4 80GB"].flops("bf16") == pytest.approx(312e12)
+    assert GPU_TABLE["A100 SXM4 80GB"].flops("fp8") is None  # Ampere has no FP8
+    assert GPU_TABLE["A100 PCIe 40GB"].flops("tf32") == pytest.approx(156e12)
     # V100 / T4 have no bf16: the training dtype is fp16 mixed precision
-    assert PEAK_TABLE["V100 SXM2"].flops("bf16") is None
-    assert PEAK_TABLE["V100 SXM2"].training_dtype() == "fp16"
-    assert PEAK_TABLE["T4"].flops(PEAK_TABLE["T4"].training_dtype()) == pytest.approx(65e12)
+    assert GPU_TABLE["V100 SXM2"].flops("bf16") is None
+    assert GPU_TABLE["V100 SXM2"].training_dtype() == "fp16"
+    assert GPU_TABLE["T4"].flops(GPU_TABLE["T4"].training_dtype()) == pytest.approx(65e12)
     # MI250X: 383 TFLOPS per package of two GCDs, each a device of its own
-    assert PEAK_TABLE["MI250X"].flops("bf16") == pytest.approx(383e12 / 2)
-    for row in PEAK_TABLE.values():
+    assert GPU_TABLE["MI250X"].flops("bf16") == pytest.approx(383e12 / 2)
+    for row in GPU_TABLE.values():
         assert row.source and row.training_dtype() is not None
         # tensor bf16 never below fp32 (a swapped column would show here)
         if row.bf16 and row.fp32:
@@ -140,8 +134,8 @@ def test_gpu_names_of_imported_real_files_match(tmp_path, path, model):
     assert run.meta.gpus
     efficiency = api.efficiency(run)
     assert efficiency["gpu"]["model"] == model
-    assert efficiency["gpu"]["peak_flops_per_gpu"] == PEAK_TABLE[model].flops(
-        PEAK_TABLE[model].training_dtype()
+    assert efficiency["gpu"]["peak_flops_per_gpu"] == GPU_TABLE[model].flops(
+        GPU_TABLE[model].training_dtype()
     )
 
 

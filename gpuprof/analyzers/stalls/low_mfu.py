@@ -13,9 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from gpuprof.analyzers.efficiency import _compute, _num, run_settings
+from gpuprof.analyzers.efficiency import figures
 from gpuprof.analyzers.evidence import LowMfuEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.settings import num as _num
+from gpuprof.analyzers.settings import run_settings
 from gpuprof.analyzers.stalls._phase import _phase_intervals
 from gpuprof.analyzers.stalls._resource import _fmt_gpu_s
 
@@ -82,7 +84,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     settings known to cost MFU (offload, gradient checkpointing, no dynamic batch, small
     micro-batches) are the evidence's ``causes``.
     """
-    fig = _compute(ctx)
+    fig = figures(ctx)
     update = next((p for p in fig.phases if p["phase"] == "update_actor"), None)
     if update is None or update.get("mfu") is None or not update.get("gpus"):
         return None

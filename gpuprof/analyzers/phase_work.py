@@ -1,0 +1,189 @@
+"""The model work of each phase: which tokens it processes, its FLOPs per token, and per step
+the tokens and wall time of every phase (read from the spans and the step's logged lengths).
+
+- **model FLOPs per token**: ``2·N`` for a forward pass (a generated token in rollout, a token
+  of the reference / old log-prob / value passes) and ``6·N`` for forward + backward (a trained
+  token of update_actor / update_critic), ``N`` the parameters a token passes through (for a
+  mixture of experts, the active ones), plus the attention score FLOPs when the model's
+  config gives its layers and attention width and the run gives the sequence lengths
+  (forward: ``4·layers·attn_dim`` per token of context; causal training: half the sequence);
+- **tokens**: rollout — generated (response) tokens; log-prob and value passes — prompt +
+  response tokens; update — trained tokens (prompt + response, × PPO epochs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.model_size import ModelSize
+from gpuprof.analyzers.settings import num as _num
+from gpuprof.intervals import covered_ns
+
+FORWARD_FACTOR = 2.0
+"""Model FLOPs per parameter per token of a forward pass (one multiply-add per weight)."""
+TRAIN_FACTOR = 6.0
+"""Forward + backward: the backward pass costs twice the forward."""
+
+PHASE_WORK: dict[str, tuple[str, float]] = {
+    "rollout": ("generated", FORWARD_FACTOR),
+    "ref_logprob": ("forward", FORWARD_FACTOR),
+    "old_logprob": ("forward", FORWARD_FACTOR),
+    "values": ("forward", FORWARD_FACTOR),
+    "update_actor": ("trained", TRAIN_FACTOR),
+    "update_critic": ("trained", TRAIN_FACTOR),
+}
+"""Per phase: which tokens it processes and its FLOPs per parameter per token."""
+
+CRITIC_PHASES = ("values", "update_critic")
+
+_RESPONSE_KEYS = ("response_length/mean", "response_length_mean", "rollout/response_length_mean")
+_PROMPT_KEYS = ("prompt_length/mean", "prompt_length_mean")
+
+
+def _first(attrs: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
+    for key in keys:
+        value = _num(attrs.get(key))
+        if value is not None:
+            return value
+    return None
+
+
+def step_rows(spans: pd.DataFrame, settings: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per step span: step, process, and the step's token counts.
+
+    ``batch_tokens``: prompt + response tokens of the step's batch (the step's ``tokens``,
+    unless its source says it counts responses only); ``generated``: response tokens
+    (``generated_tokens`` when recorded, else ``tokens`` × response / (prompt + response)
+    mean lengths, else response mean × ``data.train_batch_size`` × ``rollout.n``, else
+    ``tokens`` when they count responses only); ``trained``: ``trained_tokens`` when recorded,
+    else the batch tokens × PPO epochs (verl ``ppo_epochs``, TRL ``num_iterations``).
+    """
+    cols = ["step", "owner", "batch_tokens", "generated", "trained", "prompt_mean",
+            "response_mean"]  # fmt: skip
+    steps = spans[spans["phase"] == "step"] if len(spans) else spans
+    if steps.empty:
+        return pd.DataFrame(columns=cols)
+    epochs = _num(settings.get("actor_rollout_ref.actor.ppo_epochs"))
+    if epochs is None:
+        epochs = _num(settings.get("num_iterations"))
+    epochs = epochs if epochs and epochs > 0 else 1.0
+    batch = _num(settings.get("data.train_batch_size"))
+    n = _num(settings.get("actor_rollout_ref.rollout.n", 1)) or 1.0
+    rows = []
+    for host, pid, step, attrs in zip(steps["host"], steps["pid"], steps["step"], steps["attrs"]):
+        if step is None or step is pd.NA or (isinstance(step, float) and math.isnan(step)):
+            continue
+        attrs = attrs if isinstance(attrs, Mapping) else {}
+        tokens = _num(attrs.get("tokens"))
+        response = _first(attrs, _RESPONSE_KEYS)
+        prompt = _first(attrs, _PROMPT_KEYS)
+        responses_only = str(attrs.get("tokens_source", "")).startswith("rollout/response_length")
+        batch_tokens = None if responses_only else tokens
+        generated = _num(attrs.get("generated_tokens"))
+        if generated is None and responses_only:
+            generated = tokens
+        if generated is None and response is not None and prompt is not None:
+            if batch_tokens is not None and prompt + response > 0:
+                generated = batch_tokens * response / (prompt + response)
+            elif batch is not None:
+                generated = response * batch * n
+        if batch_tokens is None and generated is not None and response and prompt is not None:
+            batch_tokens = generated * (prompt + response) / response
+        trained = _num(attrs.get("trained_tokens"))
+        if trained is None and batch_tokens is not None:
+            trained = batch_tokens * epochs
+        rows.append((int(step), f"{host}:{pid}", batch_tokens, generated, trained, prompt,
+                     response))  # fmt: skip
+    return pd.DataFrame(rows, columns=cols)
+
+
+def phase_walls(spans: pd.DataFrame) -> pd.DataFrame:
+    """Per (phase, step): wall seconds the phase took (union of its spans per process, mean
+    over the processes that ran it), processes, and tokens the phase's own outermost spans
+    recorded (summed over processes; NaN when none did). Vectorised: a day-long run has
+    millions of spans."""
+    cols = ["phase", "step", "wall_s", "processes", "span_tokens"]
+    work = spans[spans["phase"].isin(PHASE_WORK)] if len(spans) else spans
+    work = work[work["step"].notna()] if len(work) else work
+    if work.empty:
+        return pd.DataFrame(columns=cols)
+    keys = ["phase", "step", "host", "pid"]
+    frame = pd.DataFrame(
+        {
+            "phase": work["phase"].astype(object).to_numpy(),
+            "step": work["step"].astype("int64").to_numpy(),
+            "host": work["host"].astype(object).to_numpy(),
+            "pid": pd.to_numeric(work["pid"]).astype("int64").to_numpy(),
+            "s": work["start_ns"].astype("int64").to_numpy(),
+            "e": work["end_ns"].astype("int64").to_numpy(),
+            "depth": pd.to_numeric(work["depth"], errors="coerce").fillna(0).to_numpy(),
+            "tokens": [
+                _num(a.get("tokens")) if isinstance(a, Mapping) else None for a in work["attrs"]
+            ],
+        }
+    )
+    frame["tokens"] = pd.to_numeric(frame["tokens"], errors="coerce")
+    frame["g"] = frame.groupby(keys, sort=False).ngroup()
+    frame = frame.sort_values(["g", "s"], kind="stable").reset_index(drop=True)
+    # union of each group's intervals: a new block starts past the reach of those before it
+    reach = frame.groupby("g")["e"].cummax()
+    before = reach.groupby(frame["g"]).shift()
+    block = (before.isna() | (frame["s"] > before)).cumsum()
+    merged = frame.groupby(block).agg(g=("g", "first"), s=("s", "min"), e=("e", "max"))
+    covered_s = (merged["e"] - merged["s"]).groupby(merged["g"]).sum() / 1e9
+    outer = frame["depth"] == frame.groupby("g")["depth"].transform("min")
+    tokens = frame["tokens"].where(outer).groupby(frame["g"]).sum(min_count=1)
+    per_proc = frame.groupby("g")[["phase", "step"]].first()
+    per_proc["wall_s"] = covered_s
+    per_proc["tokens"] = tokens
+    out = per_proc.groupby(["phase", "step"], sort=True).agg(
+        wall_s=("wall_s", "mean"),
+        processes=("wall_s", "size"),
+        span_tokens=("tokens", lambda s: s.sum(min_count=1)),
+    )
+    return out.reset_index()[cols]
+
+
+def valid_spans(spans: pd.DataFrame) -> pd.DataFrame:
+    """Spans with a host, a pid, a start and an end not before it (attrs kept)."""
+    if spans.empty:
+        return spans
+    start = pd.to_numeric(spans["start_ns"], errors="coerce")
+    end = pd.to_numeric(spans["end_ns"], errors="coerce")
+    ok = start.notna() & end.notna() & (end >= start) & spans["host"].notna()
+    ok &= pd.to_numeric(spans["pid"], errors="coerce").notna()
+    return spans[ok.to_numpy(dtype=bool)]
+
+
+def steps_wall_s(spans: pd.DataFrame) -> float | None:
+    """Wall seconds of the run's steps (union of step spans per process, mean over
+    processes); None without step spans."""
+    steps = spans[spans["phase"] == "step"] if len(spans) else spans
+    if steps.empty:
+        return None
+    walls = [
+        covered_ns(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64)) / 1e9
+        for _, g in steps.groupby(["host", "pid"], sort=False)
+    ]
+    value = float(np.mean(walls))
+    return value if value > 0 else None
+
+
+def attention_flops(
+    phase: str, model: ModelSize, prompt: float | None, response: float | None
+) -> float | None:
+    """Attention score FLOPs per token of ``phase`` (QKᵀ and AV: 4 FLOPs per layer per
+    attention channel per token of context); None without the model's shape or the mean
+    prompt / response lengths. Mean lengths make it a lower bound (Σs² ≥ (Σs)²/n)."""
+    if not (model.layers and model.attn_dim) or prompt is None or response is None:
+        return None
+    per_context = 4.0 * model.layers * model.attn_dim
+    if phase == "rollout":  # a decoded token attends to the prompt and the response so far
+        return per_context * (prompt + response / 2.0)
+    forward = per_context * (prompt + response) / 2.0  # causal: half the sequence on average
+    return forward * (3.0 if PHASE_WORK[phase][1] == TRAIN_FACTOR else 1.0)
