@@ -19,7 +19,9 @@ import numpy as np
 import pandas as pd
 
 from gpuprof import store
-from gpuprof.analyzers import alignment, resample
+from gpuprof.analyzers import resample
+from gpuprof.analyzers.ownership import gpu_owner
+from gpuprof.analyzers.spans import valid_spans
 from gpuprof.integrations.recorded import merge_run_events
 from gpuprof.model import Run
 
@@ -114,8 +116,8 @@ def _reduced_gpu(
          "uuid": keys["uuid"].astype(object)}
     )  # fmt: skip
     stub = dataclasses.replace(run, gpu=inventory)
-    spans, _ = alignment.valid_spans(stub)
-    bounds = resample.owner_boundaries(spans, alignment.gpu_owner(stub))
+    spans, _ = valid_spans(stub)
+    bounds = resample.owner_boundaries(spans, gpu_owner(stub))
     # every span boundary may add a row: leave room for them in the budget
     n_bounds = sum(len(b) for b in bounds.values())
     if merge is not None:

@@ -10,13 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpuprof.analyzers.alignment import (
-    NO_PHASE,
-    gpu_owner,
-    gpu_phase_samples,
-    phase_breakdown,
-    run_totals,
-)
+from gpuprof.analyzers.breakdown import phase_breakdown, run_totals
+from gpuprof.analyzers.labelling import gpu_phase_samples
+from gpuprof.analyzers.ownership import gpu_owner
+from gpuprof.analyzers.spans import NO_PHASE
 from gpuprof.model import Event, GpuProcSample, GpuSample, ProcSample, Run, RunMeta, Span
 from gpuprof.store import load_run, save_run
 

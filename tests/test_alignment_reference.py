@@ -1,5 +1,6 @@
-"""The alignment computed with numpy group codes (`analyzers.alignment`) equals the
-straightforward pandas formulation it replaced: sort, join, group-by, categoricals."""
+"""The alignment computed with numpy group codes (`analyzers.spans`, `.ownership`,
+`.labelling`, `.breakdown`) equals the straightforward pandas formulation it replaced: sort,
+join, group-by, categoricals."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ import pandas as pd
 import pytest
 
 from gpuprof import store
-from gpuprof.analyzers import alignment as al
+from gpuprof.analyzers.breakdown import _owner_wall, phase_breakdown
+from gpuprof.analyzers.labelling import _object_labels, _samples, _samples_joined
+from gpuprof.analyzers.ownership import (
+    _gpu_inventory,
+    _gpu_owner,
+    _nvml_owners,
+    _parent_map,
+    _process_events,
+    _recording_ancestor,
+)
+from gpuprof.analyzers.spans import _label, _num, valid_spans
 from gpuprof.loader import load_for_analysis
 from gpuprof.model import Run, RunMeta
 from gpuprof.sim import Pathology, SimConfig, simulate
@@ -29,7 +40,7 @@ def ref_inventory(run: Run) -> pd.DataFrame:
         seen = pd.DataFrame(
             {
                 "host": gpu["host"].astype(object),
-                "gpu": al._num(gpu, "gpu"),
+                "gpu": _num(gpu, "gpu"),
                 "uuid": gpu["uuid"].astype(object) if "uuid" in gpu else None,
             }
         )
@@ -45,7 +56,7 @@ def ref_inventory(run: Run) -> pd.DataFrame:
 def ref_samples(run: Run, spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
     """Sort the samples by GPU and time with pandas, join the owners row by row, label each
     owner's samples (`_label`), make the labels categoricals of every row."""
-    frame = al._samples_joined(run, spans, owners)
+    frame = _samples_joined(run, spans, owners)
     frame["phase"] = pd.Categorical(frame["phase"].to_numpy(object))
     return frame
 
@@ -65,7 +76,7 @@ def ref_owner_wall(spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
         )
         if len(bounds) < 2:
             continue
-        phase, step, covered = al._label(proc_spans, bounds[:-1])
+        phase, step, covered = _label(proc_spans, bounds[:-1])
         part = pd.DataFrame({"phase": phase, "step": step, "wall_s": np.diff(bounds) / 1e9})
         part = part[covered].groupby(["phase", "step"], dropna=False, sort=False)["wall_s"].sum()
         parts.append(part.reset_index().assign(owner_host=o_host, pid=float(o_pid)))
@@ -77,7 +88,7 @@ def _same_labels(got: pd.DataFrame, want: pd.DataFrame) -> None:
     in the same order, as Python strings here)."""
     for name in ("host", "owner_host", "phase"):
         assert list(got[name].cat.categories) == list(want[name].cat.categories)
-        want = want.assign(**{name: al._object_labels(want[name].array)})
+        want = want.assign(**{name: _object_labels(want[name].array)})
     pd.testing.assert_frame_equal(got, want, check_exact=True)
 
 
@@ -86,11 +97,11 @@ def ref_parent_map(run: Run) -> dict[tuple[str, int], int]:
     procs = run.procs
     if procs is not None and len(procs) and "ppid" in procs:
         p = pd.DataFrame(
-            {"host": procs["host"].astype(object), "pid": al._num(procs, "pid"),
-             "ppid": al._num(procs, "ppid")}
+            {"host": procs["host"].astype(object), "pid": _num(procs, "pid"),
+             "ppid": _num(procs, "ppid")}
         ).dropna().drop_duplicates(["host", "pid"], keep="last")  # fmt: skip
         parents.update({(h, int(c)): int(q) for h, c, q in zip(p["host"], p["pid"], p["ppid"])})
-    ev = al._process_events(run).dropna(subset=["ppid"])
+    ev = _process_events(run).dropna(subset=["ppid"])
     parents.update({(h, int(c)): int(q) for h, c, q in zip(ev["host"], ev["pid"], ev["ppid"])})
     return parents
 
@@ -100,8 +111,8 @@ def ref_nvml_owners(run: Run, recording: set[tuple[str, int]]) -> dict:
     if gp is None or gp.empty or not recording:
         return {}
     frame = pd.DataFrame(
-        {"host": gp["host"].astype(object), "gpu": al._num(gp, "gpu"),
-         "pid": al._num(gp, "pid"), "mem": al._num(gp, "gpu_mem_bytes")}
+        {"host": gp["host"].astype(object), "gpu": _num(gp, "gpu"),
+         "pid": _num(gp, "pid"), "mem": _num(gp, "gpu_mem_bytes")}
     ).dropna(subset=["host", "gpu", "pid"])  # fmt: skip
     frame = frame[~(frame["mem"] <= 0)]
     if frame.empty:
@@ -112,7 +123,7 @@ def ref_nvml_owners(run: Run, recording: set[tuple[str, int]]) -> dict:
         .reset_index()
     )
     parents = ref_parent_map(run)
-    found = [al._recording_ancestor(h, int(p), recording, parents)
+    found = [_recording_ancestor(h, int(p), recording, parents)
              for h, p in zip(cand["host"], cand["pid"])]  # fmt: skip
     cand["owner_pid"] = [f for f, _ in found]
     cand["direct"] = [d for _, d in found]
@@ -168,28 +179,28 @@ def _runs(tmp_path) -> list[Run]:
 
 def test_inventory_samples_and_breakdowns_match_the_reference(tmp_path):
     for run in _runs(tmp_path):
-        pd.testing.assert_frame_equal(al._gpu_inventory(run), ref_inventory(run))
-        spans, _ = al.valid_spans(run)
-        owners = al._gpu_owner(run, spans)
-        got = al._samples(run, spans, owners)
+        pd.testing.assert_frame_equal(_gpu_inventory(run), ref_inventory(run))
+        spans, _ = valid_spans(run)
+        owners = _gpu_owner(run, spans)
+        got = _samples(run, spans, owners)
         want = ref_samples(run, spans, owners)
         _same_labels(got, want)
         pd.testing.assert_frame_equal(
-            al._owner_wall(spans, owners), ref_owner_wall(spans, owners), check_exact=True
+            _owner_wall(spans, owners), ref_owner_wall(spans, owners), check_exact=True
         )
         for by in (("phase",), ("phase", "step"), ("host", "gpu"), ("rank",), ("phase", "pid")):
-            a = al.phase_breakdown(run, by, got, spans=spans, owners=owners)
-            b = al.phase_breakdown(run, by, want, spans=spans, owners=owners)
+            a = phase_breakdown(run, by, got, spans=spans, owners=owners)
+            b = phase_breakdown(run, by, want, spans=spans, owners=owners)
             a, b = _text_as_objects(a), _text_as_objects(b)
             pd.testing.assert_frame_equal(a, b, check_exact=True)
 
 
 def test_several_owner_rows_for_one_gpu_join_row_by_row():
     run = simulate(SimConfig(gpus=2, steps=2, seed=6)).run
-    spans, _ = al.valid_spans(run)
-    owners = al._gpu_owner(run, spans)
+    spans, _ = valid_spans(run)
+    owners = _gpu_owner(run, spans)
     doubled = pd.concat([owners, owners.iloc[:1]], ignore_index=True)  # GPU 0 listed twice
-    got = al._samples(run, spans, doubled)
+    got = _samples(run, spans, doubled)
     assert len(got) == len(run.gpu) + int((run.gpu["gpu"] == owners["gpu"].iloc[0]).sum())
     _same_labels(got, ref_samples(run, spans, doubled))
 
@@ -199,7 +210,7 @@ def test_nvml_owners_and_parents_match_the_reference(seed):
     """Random process listings: repeated, missing and zero-memory rows, children of ranks."""
     rng = np.random.default_rng(50 + seed)
     run = simulate(SimConfig(gpus=4, steps=2, seed=seed)).run
-    spans, _ = al.valid_spans(run)
+    spans, _ = valid_spans(run)
     recording = {(h, int(p)) for h, p in zip(spans["host"], spans["pid"])}
     pids = sorted({p for _, p in recording})
     n = int(rng.integers(1, 300))
@@ -216,8 +227,8 @@ def test_nvml_owners_and_parents_match_the_reference(seed):
          "pid": rng.choice([7001.0, 7002.0, 7003.0, np.nan], m),
          "ppid": rng.choice(np.array([*pids, 7001, 1, np.nan], dtype=float), m)}
     )  # fmt: skip
-    assert al._parent_map(run) == ref_parent_map(run)
-    assert al._nvml_owners(run, recording) == ref_nvml_owners(run, recording)
+    assert _parent_map(run) == ref_parent_map(run)
+    assert _nvml_owners(run, recording) == ref_nvml_owners(run, recording)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -235,4 +246,4 @@ def test_inventory_first_uuid_per_gpu(seed):
     meta = RunMeta(run_id="r", gpus=[{"host": "a", "index": 5, "uuid": None},
                                      {"host": "b", "index": 0, "uuid": "META"}])  # fmt: skip
     run = Run(meta=meta, gpu=gpu)
-    pd.testing.assert_frame_equal(al._gpu_inventory(run), ref_inventory(run))
+    pd.testing.assert_frame_equal(_gpu_inventory(run), ref_inventory(run))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpuprof import store
 from gpuprof.analyzers import resample
-from gpuprof.analyzers.alignment import phase_breakdown
+from gpuprof.analyzers.breakdown import phase_breakdown
 from gpuprof.analyzers.diagnose import diagnose
 from gpuprof.loader import load_for_analysis
 from gpuprof.sim import Pathology, SimConfig, simulate

@@ -12,8 +12,8 @@ import pytest
 
 from gpuprof import store
 from gpuprof.analyzers import grouping
-from gpuprof.analyzers.alignment import NO_PHASE
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+from gpuprof.analyzers.spans import NO_PHASE
 from gpuprof.analyzers.stalls import _phase
 from gpuprof.loader import load_for_analysis
 from gpuprof.sim import Pathology, SimConfig, simulate

@@ -154,7 +154,7 @@ def owner_boundaries(
     """(host, gpu) → sorted instants no merged sample of the GPU may straddle: the span starts
     and ends of the process that owns the GPU, plus ``cuts`` (default `SPAN_CUTS`) inside spans.
 
-    ``spans``: valid spans (`alignment.valid_spans`); ``owners``: `alignment.gpu_owner`.
+    ``spans``: valid spans (`spans.valid_spans`); ``owners``: `ownership.gpu_owner`.
     """
     if spans.empty or owners.empty:
         return {}

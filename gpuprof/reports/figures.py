@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 from plotly.colors import qualitative
 
-from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE, valid_spans
 from gpuprof.analyzers.basic import step_times
+from gpuprof.analyzers.spans import NO_PHASE, STEP_PHASE, valid_spans
 from gpuprof.intervals import union
 from gpuprof.model import Run
 from gpuprof.nodes import natural_key

@@ -73,7 +73,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from gpuprof.analyzers.alignment import NO_PHASE
+from gpuprof.analyzers.spans import NO_PHASE
 from gpuprof.nodes import natural_key
 from gpuprof.reports.live import STORE_POLL_S, LiveState, Readings
 from gpuprof.run_tail import NodeRows, RunTail

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers.alignment import NO_PHASE, STEP_PHASE
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.grouping import (
     BinGroups,
@@ -38,6 +37,7 @@ from gpuprof.analyzers.grouping import (
     per_frame,
     time_bins,
 )
+from gpuprof.analyzers.spans import NO_PHASE, STEP_PHASE
 from gpuprof.intervals import in_union, top_intervals, union
 
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers.alignment import STEP_PHASE
 from gpuprof.analyzers.findings import AnalysisContext
+from gpuprof.analyzers.spans import STEP_PHASE
 from gpuprof.intervals import covered_ns, top_intervals
 
 _GPU_COUNT_KNOBS: tuple[tuple[str, ...], ...] = (

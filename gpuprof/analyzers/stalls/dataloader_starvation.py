@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuprof.analyzers.alignment import STEP_PHASE
 from gpuprof.analyzers.evidence import PHASE_TIMING, DataloaderStarvationEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.spans import STEP_PHASE
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
     _conf,

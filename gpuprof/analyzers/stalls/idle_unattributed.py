@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuprof.analyzers.alignment import NO_PHASE
 from gpuprof.analyzers.evidence import IdleUnattributedEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.spans import NO_PHASE
 from gpuprof.analyzers.stalls._phase import (
     _conf,
     _gpu_labels,

@@ -1,0 +1,281 @@
+"""GPU-time budgets: the labelled GPU samples aggregated by phase, step, host, GPU, rank, pid.
+
+`phase_breakdown` sums the GPU-seconds of `labelling.gpu_phase_samples` per group of keys,
+with the wall time the owners spent in each phase taken exactly from their span timeline;
+`run_totals` gives the whole run's budget and says which busy measure a figure uses
+(``util_gpu_pct``, NVML's "a kernel was running" share, or GPM's ``sm_active_pct``). Pass the
+run's spans, owners and samples, when already computed, to skip recomputing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.grouping import appearance_codes
+from gpuprof.analyzers.labelling import _samples
+from gpuprof.analyzers.ownership import _gpu_owner
+from gpuprof.analyzers.spans import NO_PHASE, _label, valid_spans
+from gpuprof.model import Run
+from gpuprof.phases import CANONICAL_PHASES
+
+_BY_KEYS = ("phase", "step", "host", "gpu", "rank", "pid")
+_BREAKDOWN_COLUMNS = [
+    "ranks", "gpus", "samples", "wall_s", "gpu_s", "busy_gpu_s", "idle_gpu_s", "unknown_gpu_s",
+    "util_gpu_pct", "sm_active_pct", "mem_peak_bytes", "pcie_bytes", "nvlink_bytes", "share",
+]  # fmt: skip
+
+
+def _owner_wall(spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
+    """Seconds each GPU owner spent with each (phase, step) as its innermost phase.
+
+    Exact, from the span timeline rather than the samples: between consecutive span boundaries
+    the innermost span is constant, so the boundaries themselves are looked up.
+    """
+    cols = ["owner_host", "pid", "phase", "step", "wall_s"]
+    by_proc = spans.groupby(["host", "pid"], sort=False).indices if len(spans) else {}
+    keys = owners.dropna(subset=["pid"])[["owner_host", "pid"]].drop_duplicates()
+    found: list[tuple[Any, float]] = []
+    parts: list[tuple[np.ndarray, ...]] = []
+    # the span columns the lookup reads, as arrays (row selections of a frame cost more)
+    names = ("phase", "is_step", "depth", "start_ns", "end_ns", "step")
+    columns = {c: spans[c].to_numpy() for c in names} if len(spans) else {}
+    for o_host, o_pid in zip(keys["owner_host"], keys["pid"]):
+        rows = by_proc.get((o_host, int(o_pid)))
+        if rows is None:
+            continue
+        proc_spans = {c: values[rows] for c, values in columns.items()}
+        bounds = np.unique(np.concatenate([proc_spans["start_ns"], proc_spans["end_ns"]]))
+        if len(bounds) < 2:
+            continue
+        phase, step, covered = _label(proc_spans, bounds[:-1])
+        wall_s = np.diff(bounds) / 1e9
+        owner = np.full(int(covered.sum()), len(found), dtype=np.int64)
+        parts.append((owner, phase[covered], step[covered], wall_s[covered]))
+        found.append((o_host, float(o_pid)))
+    if not parts:
+        return pd.DataFrame(
+            {"owner_host": pd.Series([], dtype=object), "pid": pd.Series([], dtype=float),
+             "phase": pd.Series([], dtype=object), "step": pd.Series([], dtype=float),
+             "wall_s": pd.Series([], dtype=float)}
+        )  # fmt: skip
+    # one group-by over every owner (each owner's rows together, so its groups come out in the
+    # order a group-by per owner gives)
+    frame = pd.DataFrame(
+        {name: np.concatenate([p[i] for p in parts])
+         for i, name in enumerate(["owner", "phase", "step", "wall_s"])}
+    )  # fmt: skip
+    out = frame.groupby(["owner", "phase", "step"], dropna=False, sort=False)["wall_s"].sum()
+    out = out.reset_index()
+    owner = out["owner"].to_numpy()
+    hosts = pd.Series([h for h, _ in found])  # the dtype a column of these hosts gets
+    out["owner_host"] = hosts.iloc[owner].reset_index(drop=True)
+    out["pid"] = np.array([p for _, p in found], dtype=np.float64)[owner]
+    return out[cols]
+
+
+def phase_breakdown(
+    run: Run,
+    by: Sequence[str] = ("phase",),
+    samples: pd.DataFrame | None = None,
+    *,
+    spans: pd.DataFrame | None = None,
+    owners: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """GPU-time per group of ``by`` keys (any of phase, step, host, gpu, rank, pid).
+
+    Columns, after the keys:
+
+    - ``ranks``: owners (processes) in the group; ``gpus``: distinct GPUs; ``samples``;
+    - ``wall_s``: wall seconds the owners spent in the group's phase as their innermost phase,
+      averaged over the owners that spent any (for ``"(none)"``: the sampled seconds outside
+      all spans, averaged over the GPUs); NaN when ``phase`` is not a key and no span applies;
+    - ``gpu_s`` = Σ dt_s; ``busy_gpu_s``/``idle_gpu_s`` from ``util_gpu_pct``;
+      ``unknown_gpu_s``: GPU-seconds without a utilisation reading;
+    - ``util_gpu_pct``, ``sm_active_pct``: time-weighted means over the samples that have them;
+    - ``mem_peak_bytes``; ``pcie_bytes``, ``nvlink_bytes``: bytes moved (rate × dt);
+    - ``share``: gpu_s over the run's total GPU-seconds (0–1).
+
+    Rows are sorted by the keys, phases in canonical order with ``"(none)"`` last. Pass
+    ``samples`` (a `gpu_phase_samples` result), ``spans`` (`valid_spans`) and ``owners``
+    (`gpu_owner`) to avoid recomputing them.
+    """
+    by = list(by)
+    bad = [k for k in by if k not in _BY_KEYS]
+    if bad or not by:
+        raise ValueError(f"phase_breakdown: keys must be among {_BY_KEYS}, got {by}")
+    if spans is None:
+        spans, _ = valid_spans(run)
+    if owners is None:
+        owners = _gpu_owner(run, spans)
+    if samples is None:
+        samples = _samples(run, spans, owners)
+    if samples.empty:
+        return pd.DataFrame(
+            {**{k: pd.Series([], dtype=object if k in ("phase", "host") else float) for k in by},
+             **{c: pd.Series([], dtype=float) for c in _BREAKDOWN_COLUMNS}}
+        )  # fmt: skip
+
+    s = samples
+    dt = s["dt_s"].to_numpy()
+    util, sm = s["util_gpu_pct"].to_numpy(), s["sm_active_pct"].to_numpy()
+    work = pd.DataFrame(
+        {
+            **{k: s[k] for k in by},
+            # integer ids, not "host:pid" strings: string building dominates at 10⁵–10⁶ rows
+            "owner": appearance_codes([s["owner_host"], s["pid"]]).astype(np.float64),
+            "gpu_id": appearance_codes([s["host"], s["gpu"]]),
+            "gpu_s": dt,
+            "busy_gpu_s": s["busy_gpu_s"],
+            "idle_gpu_s": s["idle_gpu_s"],
+            "unknown_gpu_s": np.where(np.isnan(util), dt, 0.0),
+            "util_w": util * dt,
+            "util_dt": np.where(np.isnan(util), 0.0, dt),
+            "sm_w": sm * dt,
+            "sm_dt": np.where(np.isnan(sm), 0.0, dt),
+            "mem_used_bytes": s["mem_used_bytes"],
+            "pcie_bytes": s["pcie_bytes"],
+            "nvlink_bytes": s["nvlink_bytes"],
+        },
+        copy=False,  # columns as they are, not copied into 2-D blocks
+    )
+    # no owner: NaN, which nunique skips
+    work.loc[(work["owner"] < 0).to_numpy() | s["pid"].isna().to_numpy(), "owner"] = np.nan
+    grouped = work.groupby(by, dropna=False, sort=False)
+    table = grouped.agg(
+        ranks=("owner", "nunique"),
+        gpus=("gpu_id", "nunique"),
+        samples=("gpu_s", "size"),
+        gpu_s=("gpu_s", "sum"),
+        unknown_gpu_s=("unknown_gpu_s", "sum"),
+        util_w=("util_w", "sum"),
+        util_dt=("util_dt", "sum"),
+        sm_w=("sm_w", "sum"),
+        sm_dt=("sm_dt", "sum"),
+        mem_peak_bytes=("mem_used_bytes", "max"),
+    )
+    # NaN, not 0, when no sample of the group measured the quantity
+    for col in ("busy_gpu_s", "idle_gpu_s", "pcie_bytes", "nvlink_bytes"):
+        table[col] = grouped[col].sum(min_count=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        table["util_gpu_pct"] = np.where(table["util_dt"] > 0, table["util_w"] / table["util_dt"],
+                                         np.nan)  # fmt: skip
+        table["sm_active_pct"] = np.where(table["sm_dt"] > 0, table["sm_w"] / table["sm_dt"],
+                                          np.nan)  # fmt: skip
+    total = float(np.nansum(dt))
+    table["share"] = table["gpu_s"] / total if total > 0 else np.nan
+    table = table.reset_index()
+    table = table.merge(_wall_by(by, spans, owners, s), on=by, how="left")
+    table = _sort(table, by)
+    return table[[*by, *_BREAKDOWN_COLUMNS]].reset_index(drop=True)
+
+
+def _wall_by(
+    by: list[str], spans: pd.DataFrame, owners: pd.DataFrame, samples: pd.DataFrame
+) -> pd.DataFrame:
+    """``wall_s`` per group of ``by`` keys (see `phase_breakdown`)."""
+    wall = _owner_wall(spans, owners)
+    per_gpu = owners.dropna(subset=["pid"])[["host", "gpu", "owner_host", "pid", "rank"]].merge(
+        wall, on=["owner_host", "pid"], how="inner"
+    )
+    keys_gpu = list(dict.fromkeys([*by, "owner_host", "pid", "host", "gpu"]))
+    keys_owner = list(dict.fromkeys([*by, "owner_host", "pid"]))
+    # one owner may drive several GPUs: sum per GPU, then count each owner once, then average
+    agg = per_gpu.groupby(keys_gpu, dropna=False, sort=False)["wall_s"].sum()
+    agg = agg.groupby(keys_owner, dropna=False, sort=False).first()
+    spans_wall = agg.groupby(by, dropna=False, sort=False).mean().reset_index()
+    if "phase" not in by:
+        return spans_wall
+    keys = list(dict.fromkeys([*by, "host", "gpu"]))
+    outside = samples.loc[(samples["phase"] == NO_PHASE).to_numpy(), [*keys, "dt_s"]]
+    if outside.empty:
+        return spans_wall
+    none_wall = (
+        outside.groupby(keys, dropna=False, sort=False)["dt_s"]
+        .sum()
+        .groupby(by, dropna=False, sort=False)
+        .mean()
+        .reset_index()
+        .rename(columns={"dt_s": "wall_s"})
+    )
+    return pd.concat([spans_wall, none_wall], ignore_index=True)
+
+
+def _sort(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Sort by the keys; phases in canonical order, unknown names after, ``"(none)"`` last."""
+    if "phase" not in by:
+        return table.sort_values(by, kind="stable", na_position="last")
+    order = {name: i for i, name in enumerate(CANONICAL_PHASES)}
+    rank = table["phase"].map(
+        lambda p: len(order) + 1 if p == NO_PHASE else order.get(p, len(order))
+    )
+    keys = ["_phase_order" if k == "phase" else k for k in by]
+    table = table.assign(_phase_order=rank.to_numpy(), _phase_name=table["phase"].astype(str))
+    keys = [*keys[: keys.index("_phase_order") + 1], "_phase_name",
+            *keys[keys.index("_phase_order") + 1 :]]  # fmt: skip
+    return table.sort_values(keys, kind="stable", na_position="last").drop(
+        columns=["_phase_order", "_phase_name"]
+    )
+
+
+def run_totals(
+    run: Run,
+    samples: pd.DataFrame | None = None,
+    *,
+    spans: pd.DataFrame | None = None,
+    owners: pd.DataFrame | None = None,
+) -> dict[str, Any]:
+    """The run's GPU-time budget as a plain dict (floats in GPU-seconds unless named otherwise).
+
+    Keys: ``gpus``, ``samples``, ``gpu_s``, ``busy_gpu_s``, ``idle_gpu_s``, ``unknown_gpu_s``
+    (no utilisation reading), ``idle_in_spans_gpu_s`` / ``idle_outside_spans_gpu_s`` (idle
+    while the owner was inside some span vs outside all of them — the latter is what
+    ``idle_unattributed`` explains), ``util_gpu_pct`` (time-weighted mean), ``busy_measure``
+    (``"util_gpu_pct"``: busy/idle above count "a kernel was running", which overstates how
+    busy the SMs were) with ``busy_measure_note``, ``sm_active_pct`` and ``sm_busy_gpu_s``
+    (GPM SM activity, None without GPM) with ``sm_active_coverage`` (share of GPU-seconds that
+    have it, 0–1), ``owners`` (count of GPUs per `gpu_owner` rule), ``unowned_gpus`` and
+    ``spans_dropped``. Numbers are None when nothing was measured. ``samples``, ``spans`` and
+    ``owners`` as in `phase_breakdown`.
+    """
+    if spans is None:
+        spans, dropped = valid_spans(run)
+    else:
+        dropped = int(samples.attrs.get("spans_dropped", 0)) if samples is not None else 0
+    if owners is None:
+        owners = _gpu_owner(run, spans)
+    if samples is None:
+        samples = _samples(run, spans, owners)
+    dt = samples["dt_s"].to_numpy(np.float64)
+    util = samples["util_gpu_pct"].to_numpy(np.float64)
+    sm = samples["sm_active_pct"].to_numpy(np.float64)
+    idle = samples["idle_gpu_s"].to_numpy(np.float64)
+    in_span = samples["in_span"].to_numpy(bool)
+    has_util, has_sm = ~np.isnan(util), ~np.isnan(sm)
+    gpu_s = float(dt.sum())
+    util_dt, sm_dt = float(dt[has_util].sum()), float(dt[has_sm].sum())
+    return {
+        "gpus": len(owners),
+        "samples": len(samples),
+        "gpu_s": gpu_s,
+        "busy_gpu_s": float(np.nansum(samples["busy_gpu_s"].to_numpy())) if util_dt else None,
+        "idle_gpu_s": float(np.nansum(idle)) if util_dt else None,
+        "unknown_gpu_s": float(dt[~has_util].sum()),
+        "idle_in_spans_gpu_s": float(np.nansum(idle[in_span])) if util_dt else None,
+        "idle_outside_spans_gpu_s": float(np.nansum(idle[~in_span])) if util_dt else None,
+        "util_gpu_pct": float((util[has_util] * dt[has_util]).sum() / util_dt)
+        if util_dt > 0
+        else None,
+        "busy_measure": "util_gpu_pct",
+        "busy_measure_note": "share of time a kernel was running (NVML utilization.gpu), "
+        "not SM activity; see sm_active_pct where GPM is available",
+        "sm_active_pct": float((sm[has_sm] * dt[has_sm]).sum() / sm_dt) if sm_dt > 0 else None,
+        "sm_busy_gpu_s": float(np.nansum(samples["sm_busy_gpu_s"].to_numpy())) if sm_dt else None,
+        "sm_active_coverage": sm_dt / gpu_s if gpu_s > 0 else None,
+        "owners": {str(k): int(v) for k, v in owners["how"].value_counts().items()},
+        "unowned_gpus": int((owners["how"] == "none").sum()),
+        "spans_dropped": dropped,
+    }

@@ -1,0 +1,359 @@
+"""Which span-recording process drives each GPU.
+
+`gpu_owner` takes the run's GPUs (those sampled and those listed in ``meta.gpus``) and gives
+each the process whose phases explain its samples, by the first rule that applies (`OWNER_HOW`):
+NVML's process list (the process itself or a child it spawned), ``local_rank`` +
+``CUDA_VISIBLE_DEVICES``, rank order, or a single controller. Loops run over processes and GPUs,
+never over samples. A GPU no rule resolves gets ``how == "none"``, never an exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.grouping import appearance_codes, first_rows
+from gpuprof.analyzers.spans import _num, valid_spans
+from gpuprof.model import Run
+
+OWNER_HOW = ("nvml", "nvml_ancestor", "local_rank", "rank_order", "single_controller",
+             "single_controller_remote", "none")  # fmt: skip
+"""Values of ``gpu_owner(...)["how"]``, in rule priority order:
+
+- ``nvml``: NVML listed the span-recording process on the GPU (``run.gpu_procs``);
+- ``nvml_ancestor``: NVML listed a child of a span-recording process (e.g. an inference worker
+  the trainer spawned); the nearest recording ancestor owns the GPU;
+- ``local_rank``: the process's ``local_rank`` picks the GPU, through its ``CUDA_VISIBLE_DEVICES``;
+- ``rank_order``: the host's ranked processes take its remaining GPUs in rank order;
+- ``single_controller``: one process (or only processes without a rank) recorded spans on the
+  GPU's host — a verl driver, a single-process TRL run — and drives all its GPUs;
+- ``single_controller_remote``: no process on the GPU's host recorded spans and the run as a
+  whole has a single controller (on another host), which drives the GPU;
+- ``none``: no rule applied; the GPU's samples get phase ``"(none)"`` and rank NaN.
+"""
+
+_MAX_ANCESTRY = 16  # levels of ppid followed for `nvml_ancestor`; process trees are shallow
+_OWNER_COLUMNS = ["host", "gpu", "uuid", "owner_host", "pid", "rank", "how"]
+
+
+# --------------------------------------------------------------------------------------------
+# Inventory
+
+
+def _gpu_inventory(run: Run) -> pd.DataFrame:
+    """Every (host, gpu) seen in the samples or listed in the metadata, with its uuid."""
+    rows = [
+        (g.get("host"), g.get("index"), g.get("uuid"))
+        for g in (run.meta.gpus or [])
+        if isinstance(g, dict) and g.get("host") is not None and g.get("index") is not None
+    ]
+    meta = pd.DataFrame(rows, columns=["host", "gpu", "uuid"])
+    gpu = run.gpu
+    if gpu is not None and len(gpu):
+        host, number = gpu["host"].astype(object), _num(gpu, "gpu")
+        uuid = gpu["uuid"].astype(object) if "uuid" in gpu else None
+        # only two samples per GPU can matter below: its first, and its first with a uuid
+        first = _first_rows(host, number, uuid)
+        seen = pd.DataFrame(
+            {
+                "host": pd.Series(host.to_numpy(object)[first], dtype=object),
+                "gpu": number[first],
+                "uuid": pd.Series(uuid.to_numpy(object)[first], dtype=object)
+                if uuid is not None
+                else None,
+            }
+        )
+        meta = pd.concat([meta.astype({"gpu": np.float64}), seen], ignore_index=True)
+    if meta.empty:
+        return pd.DataFrame(
+            {"host": pd.Series([], dtype=object), "gpu": pd.Series([], dtype=np.int64),
+             "uuid": pd.Series([], dtype=object)}
+        )  # fmt: skip
+    meta["gpu"] = meta["gpu"].astype(np.int64)
+    meta["host"] = meta["host"].astype(str)
+    # the first non-null uuid per GPU (metadata first, then samples)
+    inv = meta.groupby(["host", "gpu"], sort=True)["uuid"].first().reset_index()
+    inv["uuid"] = inv["uuid"].astype(object)
+    return inv
+
+
+def _first_rows(host: pd.Series, number: np.ndarray, uuid: pd.Series | None) -> np.ndarray:
+    """Positions (ascending) of the first sample of each (host, gpu) and of its first sample
+    with a uuid: the first non-null uuid per GPU over these rows is the one over all samples."""
+    host_code = pd.factorize(host)[0].astype(np.int64)
+    ok = (host_code >= 0) & ~np.isnan(number)
+    rows = np.flatnonzero(ok)
+    gpu_code = pd.factorize(number[rows])[0].astype(np.int64)
+    key = host_code[rows] * (int(gpu_code.max(initial=0)) + 1) + gpu_code
+    first = first_rows(pd.factorize(key)[0])
+    out = [rows[first]]
+    if uuid is not None:
+        has = uuid.to_numpy(object)[rows[first]]
+        for i in np.flatnonzero(pd.isna(has)):  # a GPU whose first sample lacks a uuid
+            same = rows[key == key[first[i]]]
+            with_uuid = same[uuid.iloc[same].notna().to_numpy()]
+            out.append(with_uuid[:1])
+    return np.unique(np.concatenate(out))
+
+
+# --------------------------------------------------------------------------------------------
+# Owners
+
+
+def _span_processes(
+    run: Run, spans: pd.DataFrame, events: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """One row per span-recording process: host, pid, rank, local_rank, CUDA_VISIBLE_DEVICES,
+    ppid and the seconds its spans cover (summed)."""
+    if spans.empty:
+        return pd.DataFrame(
+            columns=["host", "pid", "rank", "local_rank", "cvd", "ppid", "span_s"]
+        ).astype({"pid": np.int64})
+    dur_s = (spans["end_ns"] - spans["start_ns"]) / 1e9
+    procs = (
+        spans.assign(span_s=dur_s)
+        .groupby(["host", "pid"], sort=True)
+        .agg(rank=("rank", "first"), local_rank=("local_rank", "first"), span_s=("span_s", "sum"))
+        .reset_index()
+    )
+    info = events if events is not None else _process_events(run)
+    procs = procs.merge(info, on=["host", "pid"], how="left", suffixes=("", "_ev"))
+    for col in ("rank", "local_rank"):  # the spans' own value first, the process event's next
+        fill = pd.to_numeric(procs[f"{col}_ev"], errors="coerce").astype(np.float64)
+        procs[col] = procs[col].astype(np.float64).fillna(fill)
+    return procs[["host", "pid", "rank", "local_rank", "cvd", "ppid", "span_s"]]
+
+
+def _process_events(run: Run) -> pd.DataFrame:
+    """The ``process``/``start`` events hooks write once per process: rank, local_rank,
+    CUDA_VISIBLE_DEVICES (None = unset) and ppid."""
+    cols = ["host", "pid", "rank_ev", "local_rank_ev", "cvd", "ppid"]
+    ev = run.events
+    if ev is None or ev.empty or "kind" not in ev:
+        return pd.DataFrame(columns=cols).astype({"pid": np.int64})
+    ev = ev[(ev["kind"] == "process") & ev["host"].notna() & ev["pid"].notna()]
+    if ev.empty:
+        return pd.DataFrame(columns=cols).astype({"pid": np.int64})
+    attrs = [a if isinstance(a, dict) else {} for a in ev["attrs"]]  # one per process
+    info = pd.DataFrame(
+        {
+            "host": ev["host"].astype(object).to_numpy(),
+            "pid": _num(ev, "pid").astype(np.int64),
+            "rank_ev": _num(ev, "rank"),
+            "local_rank_ev": pd.to_numeric(
+                pd.Series([a.get("local_rank") for a in attrs], dtype=object), errors="coerce"
+            ).to_numpy(np.float64),
+            "cvd": [a.get("cuda_visible_devices") for a in attrs],
+            "ppid": pd.to_numeric(
+                pd.Series([a.get("ppid") for a in attrs], dtype=object), errors="coerce"
+            ).to_numpy(np.float64),
+        }
+    )
+    return info.drop_duplicates(["host", "pid"], keep="last")
+
+
+def _visible_devices(cvd: Any, host_gpus: pd.DataFrame) -> list[int] | None:
+    """GPU indices a ``CUDA_VISIBLE_DEVICES`` value exposes, in order; None when unset.
+
+    Follows CUDA: entries are indices or (prefixes of) ``GPU-`` uuids, and enumeration stops
+    at the first entry that names no GPU (so ``"-1"`` or ``""`` hide every GPU).
+    """
+    if cvd is None or (isinstance(cvd, float) and np.isnan(cvd)):
+        return None
+    uuids = [(str(u), int(g)) for u, g in zip(host_gpus["uuid"], host_gpus["gpu"]) if u]
+    out: list[int] = []
+    for token in str(cvd).split(","):
+        token = token.strip()
+        if token.isdigit():
+            out.append(int(token))
+            continue
+        matches = [g for u, g in uuids if token and u.startswith(token)]
+        if len(matches) != 1:
+            break
+        out.append(matches[0])
+    return out
+
+
+def gpu_owner(run: Run) -> pd.DataFrame:
+    """Which span-recording process drives each GPU.
+
+    One row per (host, gpu) of the inventory (samples ∪ ``meta.gpus``), columns: ``host``,
+    ``gpu``, ``uuid``, ``owner_host`` and ``pid`` of the owning process (it differs from
+    ``host`` only for ``single_controller_remote``), its ``rank`` (NaN when it has none) and
+    ``how`` — the rule that decided, tried in the priority order documented in `OWNER_HOW`.
+    A GPU no rule resolves has NaN pid/rank and ``how == "none"``. One process may own
+    several GPUs (a controller); a GPU has at most one owner. Rule ``local_rank`` assumes
+    CUDA numbers the GPUs as NVML does (true for identical GPUs; with mixed models set
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in the job, or rely on NVML's process list).
+    """
+    spans, _ = valid_spans(run)
+    return _gpu_owner(run, spans)
+
+
+def _gpu_owner(run: Run, spans: pd.DataFrame) -> pd.DataFrame:
+    inv = _gpu_inventory(run)
+    events = _process_events(run)
+    procs = _span_processes(run, spans, events)
+    owner: dict[tuple[str, int], tuple[str, int, str]] = {}  # (host, gpu) → (host, pid, how)
+    recording = {(h, int(p)) for h, p in zip(procs["host"], procs["pid"])}
+    claimed: set[tuple[str, int]] = set()  # processes that already own a GPU by rules a/b/c
+
+    # (a) NVML saw the process (or a child of it) on the GPU with memory
+    for key, (o_host, o_pid, how) in _nvml_owners(run, recording, events).items():
+        owner[key] = (o_host, o_pid, how)
+        claimed.add((o_host, o_pid))
+
+    for host, host_gpus in inv.groupby("host", sort=True):
+        gpus = [int(g) for g in host_gpus["gpu"]]
+        hp = procs[procs["host"] == host]
+        # (b) local_rank → the local_rank-th GPU the process can see
+        for pid, local_rank, cvd in zip(hp["pid"], hp["local_rank"], hp["cvd"]):
+            if (host, int(pid)) in claimed or not np.isfinite(local_rank):
+                continue
+            visible = _visible_devices(cvd, host_gpus)
+            lr = int(local_rank)
+            if visible is None:
+                target = lr
+            elif lr < len(visible):
+                target = visible[lr]
+            else:
+                continue  # CUDA would have refused this device: no evidence of a GPU
+            if target in gpus and (host, target) not in owner:
+                owner[(host, target)] = (host, int(pid), "local_rank")
+                claimed.add((host, int(pid)))
+        # (c) remaining ranked processes take the remaining GPUs in rank order
+        ranked = hp[hp["rank"].notna()].sort_values(["rank", "pid"])
+        left_procs = [int(p) for p in ranked["pid"] if (host, int(p)) not in claimed]
+        left_gpus = [g for g in gpus if (host, g) not in owner]
+        for pid, gpu in zip(left_procs, left_gpus):
+            owner[(host, gpu)] = (host, pid, "rank_order")
+            claimed.add((host, pid))
+        # (d) a single controller on this host drives every GPU still unowned
+        controller = _controller(hp)
+        if controller is not None:
+            for gpu in gpus:
+                owner.setdefault((host, gpu), (*controller, "single_controller"))
+
+    # (d') GPUs on hosts where nothing recorded spans: the run's single controller, if any
+    controller = _controller(procs)
+    if controller is not None:
+        span_hosts = set(procs["host"])
+        for host, gpu in zip(inv["host"], inv["gpu"]):
+            if host not in span_hosts:
+                owner.setdefault((host, int(gpu)), (*controller, "single_controller_remote"))
+
+    rank_of = {(h, int(p)): r for h, p, r in zip(procs["host"], procs["pid"], procs["rank"])}
+    rows = []
+    for host, gpu, uuid in zip(inv["host"], inv["gpu"], inv["uuid"]):
+        o = owner.get((host, int(gpu)))
+        if o is None:
+            rows.append((host, int(gpu), uuid, None, np.nan, np.nan, "none"))
+        else:
+            rank = rank_of.get((o[0], o[1]), np.nan)
+            rows.append((host, int(gpu), uuid, o[0], float(o[1]), float(rank), o[2]))
+    out = pd.DataFrame(rows, columns=_OWNER_COLUMNS)
+    return out.astype({"gpu": np.int64, "pid": np.float64, "rank": np.float64})
+
+
+def _controller(procs: pd.DataFrame) -> tuple[str, int] | None:
+    """(host, pid) of the single controller among span-recording processes: the only one, or —
+    when none of them has a rank — the one whose spans cover the most time (a driver's spans
+    span the step; helper processes record short ones)."""
+    if procs.empty:
+        return None
+    if len(procs) == 1 or procs["rank"].isna().all():
+        best = procs.sort_values(["span_s", "pid"], ascending=[False, True]).iloc[0]
+        return str(best["host"]), int(best["pid"])
+    return None
+
+
+def _nvml_owners(
+    run: Run, recording: set[tuple[str, int]], events: pd.DataFrame | None = None
+) -> dict[tuple[str, int], tuple[str, int, str]]:
+    """Rule (a): for each GPU, the span-recording process NVML saw on it.
+
+    A pid NVML lists that recorded no spans is followed up its parents (``run.procs`` and the
+    ``process`` events give ppid) to the nearest recording ancestor. Several candidates on one
+    GPU — typically every rank leaving a small context on GPU 0 — are ranked by direct match,
+    then peak device memory, then how often NVML listed them.
+    """
+    gp = run.gpu_procs
+    if gp is None or gp.empty or not recording:
+        return {}
+    host_code, hosts = pd.factorize(gp["host"].astype(object))
+    gpu, pid, mem = _num(gp, "gpu"), _num(gp, "pid"), _num(gp, "gpu_mem_bytes")
+    # "seen with memory": a listed pid holding 0 bytes has no context worth owning the GPU;
+    # NaN means NVML could not tell (containers), which still proves a context exists
+    rows = np.flatnonzero((host_code >= 0) & ~np.isnan(gpu) & ~np.isnan(pid) & ~(mem <= 0))
+    if len(rows) == 0:
+        return {}
+    # one candidate per (host, gpu, pid), in order of appearance: peak memory, times listed
+    group = appearance_codes([host_code[rows], gpu[rows], pid[rows]])
+    first = rows[first_rows(group)]
+    peak = np.full(len(first), np.nan)
+    np.fmax.at(peak, group, mem[rows])  # NaN only where no listing had a reading
+    cand = pd.DataFrame(
+        {
+            "host": pd.Series(np.asarray(hosts, dtype=object)[host_code[first]], dtype=object),
+            "gpu": gpu[first],
+            "pid": pid[first],
+            "mem": peak,
+            "seen": np.bincount(group, minlength=len(first)),
+        }
+    )
+    parents = _parent_map(run, events)
+    resolved, direct = [], []
+    for host, pid in zip(cand["host"], cand["pid"]):  # one per (gpu, process), not per sample
+        found, is_direct = _recording_ancestor(host, int(pid), recording, parents)
+        resolved.append(found)
+        direct.append(is_direct)
+    cand["owner_pid"] = resolved
+    cand["direct"] = direct
+    cand = cand[cand["owner_pid"].notna()]
+    if cand.empty:
+        return {}
+    cand = cand.assign(mem_rank=cand["mem"].fillna(-1.0)).sort_values(
+        ["direct", "mem_rank", "seen", "owner_pid"], ascending=[False, False, False, True]
+    )
+    best = cand.drop_duplicates(["host", "gpu"], keep="first")
+    return {
+        (h, int(g)): (h, int(p), "nvml" if d else "nvml_ancestor")
+        for h, g, p, d in zip(best["host"], best["gpu"], best["owner_pid"], best["direct"])
+    }
+
+
+def _parent_map(run: Run, events: pd.DataFrame | None = None) -> dict[tuple[str, int], int]:
+    """(host, pid) → ppid from the watcher's process samples and the hooks' process events."""
+    parents: dict[tuple[str, int], int] = {}
+    procs = run.procs
+    if procs is not None and len(procs) and "ppid" in procs:
+        host_code, hosts = pd.factorize(procs["host"].astype(object))
+        pid, ppid = _num(procs, "pid"), _num(procs, "ppid")
+        rows = np.flatnonzero((host_code >= 0) & ~np.isnan(pid) & ~np.isnan(ppid))
+        # the last sample of each (host, pid): first rows of the reversed order
+        key = appearance_codes([host_code[rows][::-1], pid[rows][::-1]])
+        last = rows[::-1][first_rows(key)]
+        names = np.asarray(hosts, dtype=object)[host_code[last]]
+        parents.update({(h, int(c)): int(q) for h, c, q in zip(names, pid[last], ppid[last])})
+    ev = (events if events is not None else _process_events(run)).dropna(subset=["ppid"])
+    parents.update({(h, int(c)): int(q) for h, c, q in zip(ev["host"], ev["pid"], ev["ppid"])})
+    return parents
+
+
+def _recording_ancestor(
+    host: str, pid: int, recording: set[tuple[str, int]], parents: dict[tuple[str, int], int]
+) -> tuple[float, bool]:
+    """The pid itself when it recorded spans (direct), else its nearest recording ancestor."""
+    if (host, pid) in recording:
+        return float(pid), True
+    seen = {pid}
+    for _ in range(_MAX_ANCESTRY):
+        pid = parents.get((host, pid), -1)
+        if pid <= 1 or pid in seen:  # init / unknown / a cycle in bad data
+            return np.nan, False
+        if (host, pid) in recording:
+            return float(pid), False
+        seen.add(pid)
+    return np.nan, False
