@@ -204,15 +204,20 @@ def _print_summary(run_dir: Path, figures: dict | None = None) -> None:
         return
     console = Console(stderr=True)
     console.print(summary_renderable(run, str(run_dir)))
-    if run.gpu.empty or run.spans.empty:
+    if run.spans.empty:
         return  # nothing to diagnose yet: the summary's notes say what is missing
-    from gpuprof.reports.terminal import efficiency_renderable, findings_renderable
+    from rich.console import Group
+
+    from gpuprof.reports.terminal import bound_parts, efficiency_renderable, findings_renderable
 
     try:
         diagnosis = api.analyze(run, **(figures or {}))
     except Exception as exc:  # the run is saved; a diagnosis bug must not cost the exit code
         _err(f"diagnosis failed ({type(exc).__name__}: {exc}); try: gpuprof analyze {run_dir}")
         return
+    console.print(Group(*bound_parts(diagnosis.summary.get("bound"))))
+    if run.gpu.empty:
+        return  # findings need GPU samples; the step's bound needs only its phases
     console.print(efficiency_renderable(diagnosis.summary.get("efficiency")))
     console.print(findings_renderable(diagnosis, top=3))
     # soft_wrap: a path must stay on one line to be copied

@@ -43,7 +43,7 @@ def test_analyze_json_is_the_documented_document(demo_runs):
     result = run_gpuprof("analyze", str(run_dir), "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
     findings = doc["findings"]
     lost = [f["gpu_seconds_lost"] for f in findings]
     assert lost == sorted(lost, reverse=True)

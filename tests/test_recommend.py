@@ -199,7 +199,9 @@ def test_every_kind_covered_for_every_framework():
         for kind in STALL_KINDS:
             direct = entries(fw, kind)
             assert direct or entries("pytorch", kind), (fw, kind)
-            recs = recommend([finding(kind)], meta([], framework=fw))
+            # a periodic stall always carries its period (every-N settings need one)
+            ev = {"every_n_steps": 10} if kind == "periodic_stall" else {}
+            recs = recommend([finding(kind, **ev)], meta([], framework=fw))
             assert recs, (fw, kind)
             assert all(r.kind == kind for r in recs)
             assert all(r.fallback == (not direct) for r in recs), (fw, kind)
@@ -327,9 +329,16 @@ def test_suggestions_follow_rules_on_verl_command():
     opt = recs[f"{ar}.actor.fsdp_config.optimizer_offload"]
     assert opt.current is None and opt.suggested is False and opt.default is False
     assert (recs["trainer.save_freq"].current, recs["trainer.save_freq"].suggested) == (10, 40)
-    # test_freq is not on the command line and defaults to -1: a relative suggestion
-    assert recs["trainer.test_freq"].current is None
-    assert recs["trainer.test_freq"].suggested == "every 4× as many steps as now"
+    # test_freq is not on the command line, defaults to -1 and the finding shows no period:
+    # no value to suggest, and no sentence to make of it
+    assert "trainer.test_freq" not in recs
+    # ... with the period the run shows (a config file set it): that is the current value
+    seen = finding("periodic_stall", every_n_steps=10, phases=["eval"])
+    recs = by_knob(recommend([seen], meta([], framework="verl")))
+    test = recs["trainer.test_freq"]
+    assert (test.current, test.suggested) == ("10 (observed period)", 40)
+    assert "10 (observed period)" in test.rationale and "every every" not in test.rationale
+    assert "trainer.save_freq" not in recs  # validations, not checkpoints
     assert SUGGEST_RULES["less_often"](None, 4, PeriodicStallEvidence(every_n_steps=5), {}) == 20
     assert SUGGEST_RULES["less_often"](-1, 4, PeriodicStallEvidence(every_n_steps=5), {}) is None
     # gains: share × factor, GPU-seconds × factor

@@ -195,7 +195,7 @@ def _evidence(kind: str, res, healthy) -> None:
         assert (t[1] - t[0]) / 1e9 >= 300 and during["util_gpu_pct"].max() == 0
         named = run.spans[(run.spans["depth"] > 0) & (run.spans["phase"] != "collective")]
         assert not ((named["start_ns"] < t[1]) & (named["end_ns"] > t[0])).any()
-    elif kind == "low_mfu":
+    elif kind == "update_bound":
         up, hup = in_phase(run, "update_actor"), in_phase(h, "update_actor")
         assert up["util_gpu_pct"].mean() > 80  # kernels keep running: busy, but slow
         step = run.spans[run.spans["phase"] == "update_actor"]
@@ -205,6 +205,17 @@ def _evidence(kind: str, res, healthy) -> None:
             hstep["end_ns"] - hstep["start_ns"]
         ).mean()
         assert run.meta.knobs.get("actor_rollout_ref.actor.use_dynamic_bsz") is False
+    elif kind == "rollout_bound":
+        ro = in_phase(run, "rollout")
+        assert ro["util_gpu_pct"].mean() > 80  # the engine keeps running: busy, but slow
+        span = run.spans[run.spans["phase"] == "rollout"]
+        hspan = h.spans[h.spans["phase"] == "rollout"]
+        # the same generated tokens take longer, with the engine given little memory
+        assert (span["end_ns"] - span["start_ns"]).mean() > 3 * (
+            hspan["end_ns"] - hspan["start_ns"]
+        ).mean()
+        knob = next(k for k in run.meta.knobs if k.endswith("gpu_memory_utilization"))
+        assert run.meta.knobs[knob] == 0.3
     else:  # pragma: no cover - a new kind must get its evidence check
         raise AssertionError(f"no evidence check for {kind}")
 

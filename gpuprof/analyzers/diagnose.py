@@ -17,13 +17,15 @@ from gpuprof.analyzers.efficiency import efficiency_summary
 from gpuprof.analyzers.findings import BUSY_LOSS_KINDS, AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.nodes import node_summary
 from gpuprof.analyzers.stalls import DETECTORS, STALLS
+from gpuprof.analyzers.stalls._bound import bound_summary
+from gpuprof.analyzers.stalls._startup import claim_startup
 from gpuprof.analyzers.stalls._timing import timing
 from gpuprof.model import Run
 
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2
 """Version of the ``gpuprof analyze --json`` document (docs/ANALYZE_JSON.md)."""
 
-__all__ = ["DETECTORS", "Diagnosis", "diagnose", "summarize"]
+__all__ = ["DETECTORS", "Diagnosis", "diagnose", "nothing_to_judge", "summarize"]
 
 
 @dataclass
@@ -60,6 +62,11 @@ def diagnose(
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
     notes = data_notes(run, th)
     findings: list[Finding] = []
+    try:  # start-up and warm-up are claimed first: no stall counts them
+        startup = claim_startup(ctx) if len(run.gpu) else None
+    except Exception as exc:
+        startup = None
+        notes.append(f"start-up analysis failed: {type(exc).__name__}: {exc}")
     for stall in STALLS:  # in their declared order: earlier stalls claim GPU-time first
         try:
             finding = stall.detect(ctx, th)
@@ -71,7 +78,8 @@ def diagnose(
             ctx.found.append(finding)
     findings.sort(key=lambda f: (-f.gpu_seconds_lost, f.kind))
     recommendations = _recommend(findings, run, notes)
-    summary = summarize(ctx, findings)
+    summary = summarize(ctx, findings, startup=startup)
+    summary["bound"] = bound_summary(ctx, th)
     try:
         summary["nodes"] = node_summary(ctx, th)
     except Exception as exc:  # the per-node figures must not cost the diagnosis
@@ -90,9 +98,12 @@ def _recommend(findings: list[Finding], run: Run, notes: list[str]) -> list[Any]
         return []
 
 
-def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
+def summarize(
+    ctx: AnalysisContext, findings: list[Finding], *, startup: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Headline figures: duration (s), GPUs, GPU-hours, mean utilisation (and which measure),
-    idle GPU-seconds by cause, step time p50/p95 (s), tokens/s, share of time per phase."""
+    idle GPU-seconds by cause (``startup``: before the first step and in warm-up steps, not a
+    stall), step time p50/p95 (s), tokens/s, share of time per phase."""
     run = ctx.run
     totals = ctx.totals if len(run.gpu) else {}
     steps = step_times(run)
@@ -103,6 +114,9 @@ def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
     for f in findings:
         into = busy_loss if f.kind in BUSY_LOSS_KINDS else by_cause
         into[f.kind] = round(into.get(f.kind, 0.0) + f.gpu_seconds_lost, 3)
+    for key, cause in (("idle_gpu_s", "startup"), ("wind_down_idle_gpu_s", "wind_down")):
+        if startup and startup.get(key):
+            by_cause[cause] = round(float(startup[key]), 3)
     if idle_total is not None:
         by_cause["other_idle"] = round(max(0.0, idle_total - sum(by_cause.values())), 3)
     phases = []
@@ -152,8 +166,21 @@ def summarize(ctx: AnalysisContext, findings: list[Finding]) -> dict[str, Any]:
         "step_time_p95_s": finite_or_none(np.percentile(durations, 95)) if len(durations) else None,
         "tokens_per_s": tokens_per_s(steps),
         "phases": phases,
+        "startup": startup,
         "efficiency": efficiency_summary(ctx, findings),
     }
+
+
+def nothing_to_judge(diagnosis: Diagnosis) -> str | None:
+    """Why the run gives the analyzers nothing to judge (no GPU samples and no phase
+    timing), or None when it does."""
+    s = diagnosis.summary
+    if s.get("basis") == "gpu_samples" and (s.get("gpus") or 0) > 0:
+        return None
+    bound = s.get("bound") or {}
+    if bound.get("composition"):
+        return None
+    return "nothing to judge — the run has neither GPU samples nor phase timing"
 
 
 def data_notes(run: Run, th: Thresholds | None = None) -> list[str]:

@@ -168,6 +168,11 @@ class CommBoundEvidence(Evidence):
     inter_node_bandwidth_bytes_s: float | None = None
     intra_node_collective_s: float | None = None
     intra_node_bandwidth_bytes_s: float | None = None
+    exposed_comm_gpu_s: float | None = None
+    overlapped_comm_gpu_s: float | None = None
+    comm_share_of_busy: float | None = None
+    exposed_share_of_busy: float | None = None
+    source: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -259,14 +264,22 @@ class IdleAllocationEvidence(Evidence):
 
 
 @dataclass(kw_only=True)
-class LowMfuEvidence(Evidence):
-    """``low_mfu``: the update phase's model FLOPs utilisation."""
+class UpdateBoundEvidence(Evidence):
+    """``update_bound``: the actor update slow for the tokens it trains — its model FLOPs
+    utilisation (``measure="mfu"``), or with no GPU known its seconds per token per epoch over
+    a forward pass's of the same steps (``measure="forward_ratio"``)."""
 
-    kind: ClassVar[str] = "low_mfu"
+    kind: ClassVar[str] = "update_bound"
+    measure: str = "mfu"
+    update_share_of_step: float | None = None
+    update_gpu_s: float | None = None
     mfu: float | None = None
     threshold_mfu: float | None = None
     reachable_mfu: float | None = None
-    update_gpu_s: float | None = None
+    forward_ratio: float | None = None
+    forward_phase: str | None = None
+    healthy_forward_ratio: float | None = None
+    ppo_epochs: float | None = None
     tokens_per_s: float | None = None
     flops_per_token: float | None = None
     peak_flops_per_gpu: float | None = None
@@ -274,6 +287,33 @@ class LowMfuEvidence(Evidence):
     model_params: float | None = None
     model_params_source: str | None = None
     framework_mfu: float | None = None
+    causes: list[dict[str, Any]] = field(default_factory=list)
+    knobs: dict[str, Any] | None = None
+
+
+@dataclass(kw_only=True)
+class RolloutBoundEvidence(Evidence):
+    """``rollout_bound``: generation slow for the tokens it makes — against the decode roofline
+    (``measure="decode_roofline"``: the GPUs' memory bandwidth at the engine's concurrency), or
+    with no GPU known its seconds per generated token over a forward pass's seconds per token
+    (``measure="forward_ratio"``)."""
+
+    kind: ClassVar[str] = "rollout_bound"
+    measure: str = "forward_ratio"
+    rollout_share_of_step: float | None = None
+    rollout_gpu_s: float | None = None
+    forward_ratio: float | None = None
+    forward_phase: str | None = None
+    healthy_forward_ratio: float | None = None
+    decode_efficiency: float | None = None
+    reachable_decode_efficiency: float | None = None
+    bandwidth_util: float | None = None
+    concurrency: float | None = None
+    concurrency_source: str | None = None
+    tokens_per_s_per_gpu: float | None = None
+    response_length_mean_tokens: float | None = None
+    mem_peak_frac: float | None = None
+    gpu_model: str | None = None
     causes: list[dict[str, Any]] = field(default_factory=list)
     knobs: dict[str, Any] | None = None
 
@@ -296,7 +336,8 @@ EVIDENCE: dict[str, type[Evidence]] = {
         IdleUnattributedEvidence,
         UnusedGpuEvidence,
         IdleAllocationEvidence,
-        LowMfuEvidence,
+        RolloutBoundEvidence,
+        UpdateBoundEvidence,
     )
 }
 """Stall kind → its evidence class."""

@@ -34,16 +34,18 @@ STALL_KINDS: tuple[str, ...] = (
     "idle_unattributed",
     "unused_gpu",
     "idle_allocation",
-    "low_mfu",
+    "rollout_bound",
+    "update_bound",
 )
 """The stable ``kind`` of every finding (DESIGN.md, "Stall taxonomy")."""
 
 BUSY_LOSS_KINDS: frozenset[str] = frozenset(
-    {"memory_headroom", "throttling", "host_bound", "comm_bound", "low_mfu"}
+    {"memory_headroom", "throttling", "host_bound", "comm_bound", "rollout_bound", "update_bound"}
 )
 """Kinds whose loss is time the GPUs were busy but slow (too little memory used, reduced
-clocks, launch-bound kernels, exposed collectives, low model FLOPs utilisation) rather
-than idle time; `summarize` keeps them apart from idle time by cause."""
+clocks, launch-bound kernels, exposed collectives, generation or an update slow for its
+tokens) rather than idle time; `summarize` and every headline keep them apart from idle time
+by cause."""
 
 
 @dataclass
@@ -196,17 +198,56 @@ class Thresholds:
     Source: seed (PyTorch's NCCL watchdog gives up on a hung collective after 10 min by
     default; half of that is already a hang, not a pause)."""
     low_mfu: float = 0.15
-    """Update-phase MFU below this is ``low_mfu``. Source: vendor/published — dense LLM
-    training reaches 30–50% MFU (PaLM, Chowdhery et al. 2022, Table 3: 30.2% MT-NLG, 32.5%
+    """Update-phase MFU below this makes the update ``update_bound``. Source: vendor/published —
+    dense LLM training reaches 30–50% MFU (PaLM, Chowdhery et al. 2022, Table 3: 30.2% MT-NLG, 32.5%
     Gopher, 46.2% PaLM; Megatron-LM 52% of A100 peak, Narayanan et al. 2021); RL updates run on
     shorter, ragged batches, so half the low end."""
     reachable_mfu: float = 0.30
-    """The MFU a tuned FSDP update reaches: ``low_mfu`` wins back the update's GPU-seconds ×
+    """The MFU a tuned FSDP update reaches: ``update_bound`` wins back the update's GPU-seconds ×
     (1 − MFU / this). Source: vendor/published — the low end of the range above."""
     mfu_long_sequence_tokens: float = 8192
     """Without attention FLOPs (no config.json), a mean sequence longer than this can hide
-    enough attention work to double a small model's FLOPs: ``low_mfu`` stays silent. Source:
+    enough attention work to double a small model's FLOPs: the MFU test stays silent. Source:
     seed (attention is 12·L·h·s FLOPs per token against 2N: comparable for s ≈ 8k at 7B)."""
+    bound_dominant_share: float = 0.5
+    """A phase taking at least this share of the step bounds it. Source: seed (more than half
+    the step: halving any other phase wins less than a quarter of it)."""
+    bound_pair_share: float = 0.6
+    """Without one dominant phase, the two largest bound the step together when they take at
+    least this share, each at least `bound_member_share`. Source: seed."""
+    bound_member_share: float = 0.25
+    """The least share of the step a phase has to be named among those that bound it.
+    Source: seed."""
+    update_forward_ratio_healthy: float = 3.4
+    """Update seconds per token per PPO epoch over a forward pass's (reference / old
+    log-prob) of the same step, in a healthy run. Source: measured — verl's logged
+    timing_per_token_ms update_actor / ref in public logs: 2.86 (verl docs, agent-loop
+    example), 3.25 and 3.34 (two public Qwen GRPO runs), 3.39 (the gemma-2b PPO fixture);
+    6N / 2N FLOPs give 3."""
+    update_forward_ratio_slow: float = 6.8
+    """An update per epoch at or above this many forward passes is slow for its tokens
+    (``update_bound``). Source: seed — twice the healthy ratio; the 16×H100 GSPO run of verl
+    issue #3727, whose user called the update extremely slow, reads 40.5."""
+    gen_forward_ratio_healthy: float = 7.5
+    """Rollout seconds per generated token over a forward pass's seconds per token in a
+    healthy run (decode is memory-bound, a forward pass compute-bound). Source: measured —
+    2.5 (verl docs, agent-loop example), 6.3 (the gemma-2b PPO fixture, 2 GPUs, TP 2), 6.3 and
+    7.4 (two public Qwen GRPO runs' timing_per_token_ms)."""
+    gen_forward_ratio_slow: float = 15.0
+    """Generation at or above this many forward tokens per generated token is slow for its
+    tokens (``rollout_bound``). Source: seed — twice the healthy ratio; the GH200 SGLang run
+    of verl issue #1208, reported "slower than expected", reads 28.5."""
+    decode_efficiency_low: float = 0.05
+    """Generation taking more than 1/this times the least time the decode roofline allows
+    for its tokens is slow (``rollout_bound``), when no forward pass of the same steps gives
+    the (calibrated) ratio. Source: seed — a 7B model on an H100 decoding 128 sequences per
+    engine reads its 15 GB of weights in ≥ 4.5 ms an iteration while vLLM's iterations take
+    ~12–15 ms, and a rollout adds prefill and its longest response's tail: healthy rollouts
+    sit near 0.1–0.3 of the bound, so only 20× the bound is called slow."""
+    decode_efficiency_reachable: float = 0.25
+    """Share of the decode roofline a tuned rollout reaches; ``rollout_bound`` by the roofline
+    wins back the rollout's GPU-seconds × (1 − efficiency / this). Source: seed (the estimate
+    above)."""
     clock_skew_note_s: float = 2.0
     """Hosts whose records start further apart than this are noted as possibly skewed.
     Source: seed."""
@@ -220,35 +261,35 @@ class AnalysisContext:
 
     @cached_property
     def spans(self) -> pd.DataFrame:
-        """`alignment.valid_spans` of the run (spans that end after they start)."""
-        from gpuprof.analyzers.alignment import valid_spans
+        """`spans.valid_spans` of the run (spans that end after they start)."""
+        from gpuprof.analyzers.spans import valid_spans
 
         return valid_spans(self.run)[0]
 
     @cached_property
     def owners(self) -> pd.DataFrame:
-        """`alignment.gpu_owner` of the run: which process drives each GPU."""
-        from gpuprof.analyzers.alignment import _gpu_owner
+        """`ownership.gpu_owner` of the run: which process drives each GPU."""
+        from gpuprof.analyzers.ownership import _gpu_owner
 
         return _gpu_owner(self.run, self.spans)
 
     @cached_property
     def samples(self) -> pd.DataFrame:
-        """`alignment.gpu_phase_samples`: one row per GPU sample with its owner's phase."""
-        from gpuprof.analyzers.alignment import gpu_phase_samples
+        """`labelling.gpu_phase_samples`: one row per GPU sample with its owner's phase."""
+        from gpuprof.analyzers.labelling import gpu_phase_samples
 
         return gpu_phase_samples(self.run, spans=self.spans, owners=self.owners)
 
     @cached_property
     def totals(self) -> dict[str, Any]:
-        """`alignment.run_totals` of the run."""
-        from gpuprof.analyzers.alignment import run_totals
+        """`breakdown.run_totals` of the run."""
+        from gpuprof.analyzers.breakdown import run_totals
 
         return run_totals(self.run, samples=self.samples, spans=self.spans, owners=self.owners)
 
     @cached_property
     def by_phase(self) -> pd.DataFrame:
-        from gpuprof.analyzers.alignment import phase_breakdown
+        from gpuprof.analyzers.breakdown import phase_breakdown
 
         return phase_breakdown(
             self.run, ("phase",), self.samples, spans=self.spans, owners=self.owners
@@ -256,7 +297,7 @@ class AnalysisContext:
 
     @cached_property
     def by_phase_step(self) -> pd.DataFrame:
-        from gpuprof.analyzers.alignment import phase_breakdown
+        from gpuprof.analyzers.breakdown import phase_breakdown
 
         return phase_breakdown(
             self.run, ("phase", "step"), self.samples, spans=self.spans, owners=self.owners

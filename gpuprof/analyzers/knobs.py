@@ -131,12 +131,13 @@ def _rule_less_often(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, Any
 
 RELATIVE: dict[str, str] = {
     "multiply": "{arg}× the current value",
-    "less_often": "every {arg}× as many steps as now",
     "divide": "the current value ÷ {arg}",
     "cap_length": "about {arg}× the mean response length",
     "memory_fraction": "current + 0.8 × the unused share (at most {arg})",
 }
-"""How a rule's suggestion reads when the current value is unknown and has no default."""
+"""How a rule's suggestion reads when the current value is unknown and has no default.
+``less_often`` has none: without the current period or one the run shows, there is no
+sentence to make ("every every 4× as many steps")."""
 
 
 def _rule_cap_length(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, Any]) -> Any:

@@ -33,8 +33,10 @@ class ModelSize:
     ``flops_params``: the parameters one token passes through (all of a dense model, the active
     ones of a mixture of experts; the input embedding, a lookup, is left out when the config
     says how big it is) — the ``N`` of ``2N`` / ``6N`` FLOPs per token. ``layers`` and
-    ``attn_dim`` (heads × head dim) give the attention FLOPs when known. ``source`` says where
-    the figure came from, ``method`` how it was computed.
+    ``attn_dim`` (heads × head dim) give the attention FLOPs when known;
+    ``kv_bytes_per_token``: the KV cache one token of context holds over all layers at 2 bytes
+    a value (from config.json only). ``source`` says where the figure came from, ``method``
+    how it was computed.
     """
 
     flops_params: float
@@ -44,6 +46,12 @@ class ModelSize:
     layers: int | None = None
     attn_dim: int | None = None
     name: str | None = None
+    kv_bytes_per_token: float | None = None
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of the weights at 2 bytes a parameter (bf16/fp16; all experts of a mixture)."""
+        return 2.0 * (self.params or self.flops_params)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,6 +61,7 @@ class ModelSize:
             "method": self.method,
             "name": self.name,
             "attention_flops": bool(self.layers and self.attn_dim),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
         }
 
 
@@ -179,8 +188,10 @@ def params_from_config(config: Mapping[str, Any], source: str = "config.json") -
         attn += hidden * (kv_lora + rope) + kv_lora * (heads or 0) * (nope + v_head)
         attn += (heads or 0) * v_head * hidden
         attn_dim = qk or q_dim
+        kv_bytes = 2.0 * layers * (kv_lora + rope)  # the latent and the rope key, cached once
     else:
         attn = hidden * (q_dim + 2 * kv_dim) + q_dim * hidden
+        kv_bytes = 2.0 * layers * 2 * kv_dim  # a key and a value per layer
     gated = str(config.get("model_type") or "").lower() not in _NON_GATED_TYPES
     mats = 3 if gated else 2
     dense_mlp = mats * hidden * inter
@@ -212,15 +223,24 @@ def params_from_config(config: Mapping[str, Any], source: str = "config.json") -
             f"config.json: {layers} layers, hidden {hidden}, {experts} experts of which "
             f"{per_token} per token (active parameters count for FLOPs), vocabulary {vocab}"
         )
-        return ModelSize(float(active), float(total), source, method, layers, attn_dim)
+        return ModelSize(
+            float(active),
+            float(total),
+            source,
+            method,
+            layers,
+            attn_dim,
+            kv_bytes_per_token=kv_bytes,
+        )
     flops_params = layers * (attn + dense_mlp) + lm_head
     method = (
         f"config.json: {layers} layers × (attention {attn:,} + {'gated ' if gated else ''}MLP "
         f"{dense_mlp:,}) + LM head {lm_head:,} (input embedding left out: a lookup)"
     )
     return ModelSize(
-        float(flops_params), float(flops_params + embed), source, method, layers, attn_dim
-    )
+        float(flops_params), float(flops_params + embed), source, method, layers, attn_dim,
+        kv_bytes_per_token=kv_bytes,
+    )  # fmt: skip
 
 
 def _fmt_params(value: float | None) -> str:

@@ -240,6 +240,15 @@ def _build(
         default = settings.get(default[1:])[1] or 1
     base = current if known and current is not None else default
     evidence = finding.evidence or {}
+    observed = None
+    if entry.rule == "less_often" and not known:
+        # an every-N setting not on the command line: the period the run shows is its value
+        # (a config file set it), whatever the framework's default says
+        if not _times_phase(entry, evidence):
+            return None
+        observed = _positive(evidence.get("every_n_steps"))
+        if observed is not None:
+            base = int(observed) if float(observed).is_integer() else observed
     suggested = SUGGEST_RULES[entry.rule](base, entry.arg, evidence, ctx)
     if suggested is None:
         if known or entry.rule not in RELATIVE:
@@ -247,28 +256,70 @@ def _build(
         suggested = RELATIVE[entry.rule].format(arg=entry.arg)
     if known and current == suggested and type(current) is type(suggested):
         return None  # already set as suggested: this knob is not the cause
-    share = min(1.0, max(0.0, float(finding.share) * entry.gain))
-    gain_s = max(0.0, float(finding.gpu_seconds_lost) * entry.gain)
+    # not on the command line, and its default is what we would suggest: the run's config file
+    # may set it otherwise, so the advice is to check it (at half the weight)
+    check = not known and default == suggested and type(default) is type(suggested)
+    gain = entry.gain * (0.5 if check else 1.0)
+    share = min(1.0, max(0.0, float(finding.share) * gain))
+    gain_s = max(0.0, float(finding.gpu_seconds_lost) * gain)
+    if known:
+        shown = _fmt(current)
+    elif observed is not None:
+        shown = f"{_fmt(base)} (observed period)"
+    elif check:
+        shown = "set in a config file"
+    else:
+        shown = f"{_fmt(default)} (default)"
     rationale = entry.rationale.format(
         knob=entry.knob,
-        current=_fmt(current) if known else f"{_fmt(default)} (default)",
+        current=shown,
         suggested=_fmt(suggested),
         lost_gpu_s=f"{float(finding.gpu_seconds_lost):.0f}",
     )
+    if check:
+        rationale = (
+            f"Check {entry.knob}: it is not on the command line and its default is already "
+            f"{_fmt(default)}, but the finding fits it being set otherwise. " + rationale
+        )
+    if evidence.get("measure") == "forward_ratio":
+        rationale += (
+            " The gain is an estimate: the finding rests on a ratio of phase times, not on a "
+            "measurement against the GPUs."
+        )
     return Recommendation(
         kind=finding.kind,
         framework=entry.framework,
         knob=entry.knob,
-        current=current,
+        current=current if known or observed is None else shown,
         suggested=suggested,
         expected_gain_share=share,
         expected_gain_gpu_s=gain_s,
         confidence=min(1.0, max(0.0, float(finding.confidence))),
         rationale=rationale,
         versions=entry.versions,
-        default=None if known else default,
+        default=None if known or observed is not None else default,
         fallback=fallback,
     )
+
+
+_PERIODIC_PHASE = {"save": "checkpoint", "eval": "eval"}
+"""A periodic setting → the phase it schedules (a save period does not cause validations)."""
+
+
+def _times_phase(entry: KnobEntry, evidence: Any) -> bool:
+    """Whether a periodic-stall knob schedules one of the phases the finding names (or the
+    finding names none: a spike no phase explains)."""
+    phase = _PERIODIC_PHASE.get(entry.setting)
+    named = [p for p in (evidence.get("phases") or []) if p in _PERIODIC_PHASE.values()]
+    return phase is None or not named or phase in named
+
+
+def _positive(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 and number == number else None
 
 
 def recommend(

@@ -64,6 +64,35 @@ _SYNC_LESS = (
     "{suggested} generates for more optimizer steps per sync, so GPUs idle in syncs less often."
 )
 
+_GEN_GMU = (
+    "{knob}={current}: the engine keeps weights and KV cache in that share of GPU memory, so "
+    "few sequences decode at once and each iteration reads all weights for few tokens; "
+    "{suggested} fits a larger running batch (watch the update phase for OOM)."
+)
+_GEN_EAGER = (
+    "{knob}={current}: every decode iteration launches its kernels from Python; {suggested} "
+    "captures CUDA graphs, which small decode batches need most."
+)
+_GEN_TP = (
+    "{knob}={current}: each engine splits the model over several GPUs and all-reduces every "
+    "layer; {suggested} runs more, smaller engines when the model and its KV cache fit."
+)
+_GEN_SEQS = (
+    "{knob}={current}: the engine decodes at most that many sequences at once; {suggested} "
+    "shares each weight read over more tokens when memory allows."
+)
+_GEN_VLLM = (
+    "{knob}={current}: completions come from the model's own generate(), one padded batch at "
+    "a time; {suggested} generates with vLLM's paged KV cache and continuous batching."
+)
+_UPD_MICRO = (
+    "{knob}={current}: micro-batches that small leave the matrix multiplies thin; "
+    "{suggested} does more model FLOPs per kernel (lower it again on OOM)."
+)
+_UPD_OFFLOAD = (
+    "{knob}={current}: the update waits on copies over PCIe every step; {suggested} keeps the "
+    "state on the GPU when memory allows."
+)
 _UNUSED = (
     "{knob}={current}: some GPUs given to the job never ran work; {suggested} puts every GPU "
     "of the node to work (or ask the scheduler / CUDA_VISIBLE_DEVICES for fewer GPUs)."

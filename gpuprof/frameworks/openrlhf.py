@@ -9,11 +9,16 @@ import re
 from gpuprof.frameworks._knob import (
     _DYN,
     _EVAL,
+    _GEN_EAGER,
+    _GEN_GMU,
+    _GEN_TP,
     _GMU,
     _K,
     _LEN,
     _OFFLOAD,
     _SAVE,
+    _UPD_MICRO,
+    _UPD_OFFLOAD,
     _WORKERS,
     KnobEntry,
 )
@@ -129,6 +134,34 @@ KNOBS: tuple[KnobEntry, ...] = (
        "multiply", 10, 1, 0.3,
        "{knob}={current}: logging gathers metrics across ranks and syncs the GPU; every "
        "{suggested} steps does it less often."),
+    _K("openrlhf", "rollout_bound", "gmu", "vllm_gpu_memory_utilization", ">=0.6,<0.10.2",
+       "memory_fraction", 0.9, 0.95, 0.4, _GEN_GMU),
+    _K("openrlhf", "rollout_bound", "gmu", "vllm.gpu_memory_utilization", ">=0.10.2",
+       "memory_fraction", 0.9, 0.95, 0.4, _GEN_GMU),
+    _K("openrlhf", "rollout_bound", "eager", "enforce_eager", "<0.10.2", "set", False, False, 0.3,
+       _GEN_EAGER),
+    _K("openrlhf", "rollout_bound", "eager", "vllm.enforce_eager", ">=0.10.2", "set", False,
+       False, 0.3, _GEN_EAGER),
+    _K("openrlhf", "rollout_bound", "tp", "vllm_tensor_parallel_size", "<0.10.2", "divide", 2, 1,
+       0.2, _GEN_TP),
+    _K("openrlhf", "rollout_bound", "tp", "vllm.tensor_parallel_size", ">=0.10.2", "divide", 2,
+       1, 0.2, _GEN_TP),
+    _K("openrlhf", "update_bound", "micro_batch", "micro_train_batch_size", "<0.10.2",
+       "multiply", 2, 8, 0.3, _UPD_MICRO),
+    _K("openrlhf", "update_bound", "micro_batch", "train.micro_batch_size", ">=0.10.2",
+       "multiply", 2, 8, 0.3, _UPD_MICRO),
+    _K("openrlhf", "update_bound", "packing", "packing_samples", ">=0.5,<0.10.2", "set", True,
+       False, 0.3,
+       "{knob}={current}: pad tokens are computed and count for nothing; {suggested} packs "
+       "sequences without padding."),
+    _K("openrlhf", "update_bound", "packing", "ds.packing_samples", ">=0.10.2", "set", True,
+       False, 0.3,
+       "{knob}={current}: pad tokens are computed and count for nothing; {suggested} packs "
+       "sequences without padding."),
+    _K("openrlhf", "update_bound", "adam_offload", "adam_offload", "<0.10.2", "set", False, False,
+       0.3, _UPD_OFFLOAD),
+    _K("openrlhf", "update_bound", "adam_offload", "ds.adam_offload", ">=0.10.2", "set", False,
+       False, 0.3, _UPD_OFFLOAD),
 )  # fmt: skip
 """The knob catalogue's rows for this framework (see `gpuprof.analyzers.knobs`)."""
 

@@ -14,10 +14,15 @@ from gpuprof.frameworks._knob import (
 )
 
 KNOBS: tuple[KnobEntry, ...] = (
-    _K("pytorch", "low_mfu", "compile", "torch.compile", "", "set", True, None, 0.3,
+    _K("pytorch", "update_bound", "compile", "torch.compile", "", "set", True, None, 0.3,
        "The update turns little of the GPU's peak into model FLOPs; torch.compile fuses the "
        "small kernels of a thin micro-batch (and check offload and gradient checkpointing, "
        "listed in the evidence, are needed)."),
+    _K("pytorch", "rollout_bound", "batch", "generation_batch_size", "", "multiply", 2, None,
+       0.4,
+       "{knob}={current}: each decode step reads all weights for few sequences; {suggested} "
+       "shares those reads over more tokens (or generate with an inference engine such as "
+       "vLLM, whose paged KV cache batches continuously)."),
     _K("pytorch", "unused_gpu", "gpus", "nproc_per_node", "", "gpus_per_host", 1, 1, 0.9,
        _UNUSED),
     _K("pytorch", "idle_allocation", "timeout", "init_process_group.timeout", "", "set",

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from gpuprof.frameworks._knob import (
     _EVAL,
+    _GEN_EAGER,
+    _GEN_GMU,
+    _GEN_SEQS,
+    _GEN_TP,
+    _GEN_VLLM,
     _GMU,
     _K,
     _LEN,
@@ -13,6 +18,8 @@ from gpuprof.frameworks._knob import (
     _SAVE,
     _SYNC_LESS,
     _UNUSED,
+    _UPD_MICRO,
+    _UPD_OFFLOAD,
     _WORKERS,
     KnobEntry,
 )
@@ -68,6 +75,22 @@ KNOBS: tuple[KnobEntry, ...] = (
        "{suggested} steps does it less often."),
     _K("swift", "unused_gpu", "gpus", "NPROC_PER_NODE", "", "gpus_per_host", 1, 1, 0.9,
        _UNUSED),
+    _K("swift", "rollout_bound", "use_vllm", "use_vllm", ">=3.2", "set", True, False, 0.6,
+       _GEN_VLLM),
+    _K("swift", "rollout_bound", "gmu", "vllm_gpu_memory_utilization", ">=3.2",
+       "memory_fraction", 0.85, 0.9, 0.4, _GEN_GMU),
+    _K("swift", "rollout_bound", "eager", "vllm_enforce_eager", ">=3.2", "set", False, False, 0.3,
+       _GEN_EAGER),
+    _K("swift", "rollout_bound", "tp", "vllm_tensor_parallel_size", ">=3.2", "divide", 2, 1, 0.2,
+       _GEN_TP),
+    _K("swift", "rollout_bound", "max_seqs", "vllm_max_num_seqs", ">=3.2", "multiply", 2, 256,
+       0.2, _GEN_SEQS),
+    _K("swift", "update_bound", "micro_batch", "per_device_train_batch_size", "", "multiply", 2,
+       1, 0.3, _UPD_MICRO),
+    _K("swift", "update_bound", "offload_model", "offload_model", ">=3.3", "set", False, False,
+       0.3, _UPD_OFFLOAD),
+    _K("swift", "update_bound", "offload_optimizer", "offload_optimizer", ">=3.3", "set", False,
+       False, 0.3, _UPD_OFFLOAD),
 )  # fmt: skip
 """The knob catalogue's rows for this framework (see `gpuprof.analyzers.knobs`)."""
 

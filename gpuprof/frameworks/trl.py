@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from gpuprof.frameworks._knob import (
     _EVAL,
+    _GEN_GMU,
+    _GEN_TP,
+    _GEN_VLLM,
     _GMU,
     _K,
     _LEN,
     _SAVE,
     _SYNC_LESS,
     _UNUSED,
+    _UPD_MICRO,
     _WORKERS,
     KnobEntry,
 )
@@ -75,6 +79,17 @@ KNOBS: tuple[KnobEntry, ...] = (
        "{suggested} steps does it less often (if the idle time is not logging, wrap the code "
        "in a gpuprof phase to find out what it is)."),
     _K("trl", "unused_gpu", "gpus", "num_processes", "", "gpus_per_host", 1, 1, 0.9, _UNUSED),
+    _K("trl", "rollout_bound", "use_vllm", "use_vllm", ">=0.14", "set", True, False, 0.6,
+       _GEN_VLLM),
+    _K("trl", "rollout_bound", "gmu", "vllm_gpu_memory_utilization", ">=0.14",
+       "memory_fraction", 0.85, 0.3, 0.4, _GEN_GMU),
+    _K("trl", "rollout_bound", "tp", "vllm_tensor_parallel_size", ">=0.18", "divide", 2, 1, 0.2,
+       _GEN_TP),
+    _K("trl", "update_bound", "micro_batch", "per_device_train_batch_size", "", "multiply", 2, 8,
+       0.3, _UPD_MICRO),
+    _K("trl", "update_bound", "liger", "use_liger_kernel", "", "set", True, False, 0.2,
+       "{knob}={current}: the loss materialises the full logits of every token; "
+       "{suggested} fuses it (and the MLP / norm kernels) for more tokens per micro-batch."),
 )  # fmt: skip
 """The knob catalogue's rows for this framework (see `gpuprof.analyzers.knobs`)."""
 

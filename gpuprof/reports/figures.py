@@ -254,7 +254,7 @@ def build_figures(
     budget: Budget | None = None,
     evidence_ns: list[list[tuple[int, int]]] | None = None,
 ) -> tuple[FigureSet, TimeAxis]:
-    """Every figure of the report. ``phase_steps`` is `alignment.phase_breakdown` by
+    """Every figure of the report. ``phase_steps`` is `breakdown.phase_breakdown` by
     ``("phase", "step")`` (None or empty: no per-step chart). ``evidence_ns``: per finding,
     its evidence intervals in epoch ns; the timeline keeps full resolution around the first
     few of each, which is where the report's evidence buttons zoom."""
@@ -688,7 +688,7 @@ def _band_process(spans: pd.DataFrame) -> tuple[str, int, str]:
     """(host, pid, description) of the process whose phases the bands show: the lowest rank,
     or without ranks the process whose spans cover the most time (a single controller).
 
-    Chosen from the spans alone: `alignment.gpu_owner` would scan every GPU sample, which at
+    Chosen from the spans alone: `ownership.gpu_owner` would scan every GPU sample, which at
     tens of millions of samples costs more than the rest of the report."""
     per = (
         spans.assign(dur=spans["end_ns"] - spans["start_ns"])

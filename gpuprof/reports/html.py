@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
-from gpuprof.analyzers.diagnose import Diagnosis, diagnose
-from gpuprof.analyzers.findings import AnalysisContext
+from gpuprof.analyzers.diagnose import Diagnosis, diagnose, nothing_to_judge
+from gpuprof.analyzers.findings import BUSY_LOSS_KINDS, AnalysisContext
 from gpuprof.model import Run
 from gpuprof.reports import fmt
 from gpuprof.reports.figures import Budget, FigureSet, build_figures
@@ -54,7 +54,7 @@ def render_html(
     """The report of ``run`` as one HTML document.
 
     ``diagnosis`` (from `gpuprof.analyzers.diagnose.diagnose`) and ``phase_steps``
-    (`alignment.phase_breakdown` by ``("phase", "step")``) are computed when not given; pass
+    (`breakdown.phase_breakdown` by ``("phase", "step")``) are computed when not given; pass
     them for runs too big to align sample by sample in memory.
     """
     if diagnosis is None or phase_steps is None:
@@ -201,16 +201,28 @@ def _headline(s: dict[str, Any], diagnosis: Diagnosis) -> str:
         f'<div class="d">{_e(d)}</div></div>'
         for k, v, d in cards
     )
-    causes = diagnosis.findings[:3]
-    if idle is not None and causes:
-        text = "; ".join(
-            f"<b>{_e(f.kind)}</b> {_e(fmt.gpu_seconds(f.gpu_seconds_lost))} "
-            f"({100 * f.share:.1f}% of GPU-time)"
-            for f in causes
-        )
-        out += f'<p class="cause">Where the idle time went: {text}.</p>'
-    elif not diagnosis.findings:
-        out += '<p class="cause ok">No stall above the noise threshold was found.</p>'
+    bound = s.get("bound") or {}
+    if bound.get("verdict"):
+        out += f'<p class="cause bound">What bounds the step: {_e(bound["verdict"])}.</p>'
+    idle_causes = [f for f in diagnosis.findings if f.kind not in BUSY_LOSS_KINDS][:3]
+    busy_causes = [f for f in diagnosis.findings if f.kind in BUSY_LOSS_KINDS][:3]
+    for label, causes in (
+        ("Where the idle time went", idle_causes),
+        ("What slowed the busy time", busy_causes),
+    ):
+        if causes:
+            text = "; ".join(
+                f"<b>{_e(f.kind)}</b> {_e(fmt.gpu_seconds(f.gpu_seconds_lost))} "
+                f"({100 * f.share:.1f}% of GPU-time)"
+                for f in causes
+            )
+            out += f'<p class="cause">{label}: {text}.</p>'
+    if not diagnosis.findings:
+        why = nothing_to_judge(diagnosis)
+        if why:
+            out += f'<p class="cause">No finding: {_e(why)}.</p>'
+        else:
+            out += '<p class="cause ok">No stall above the noise threshold was found.</p>'
     return f'<div class="cards">{out}</div>'
 
 

@@ -11,7 +11,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from gpuprof.analyzers.diagnose import Diagnosis
+from gpuprof.analyzers.diagnose import Diagnosis, nothing_to_judge
 from gpuprof.reports import fmt
 
 
@@ -48,10 +48,8 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
         if s.get("tokens_per_s"):
             line += f"  {s['tokens_per_s']:.0f} tokens/s"
         parts.append(Text(line))
-    if s.get("basis") == "phase_timing" and s.get("phases"):
-        # no GPU samples: the step-time composition is what the framework's timings show
-        shares = [f"{p['phase']} {p['share']:.0%}" for p in s["phases"] if p.get("share")]
-        parts.append(Text("step time (framework's phase times): " + ", ".join(shares[:8])))
+    parts.extend(startup_parts(s.get("startup")))
+    parts.extend(bound_parts(s.get("bound")))
 
     efficiency = s.get("efficiency")
     if efficiency:
@@ -62,6 +60,53 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
     for note in diagnosis.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     return Group(*parts)
+
+
+def startup_parts(startup: dict[str, Any] | None) -> list[Any]:
+    """One dim line on start-up / warm-up and wind-down, which no finding counts."""
+    if not startup:
+        return []
+    bits = []
+    if startup.get("seconds"):
+        what = f"{fmt.seconds(startup['seconds'])} before the first step"
+        if startup.get("warmup_steps"):
+            steps = ", ".join(str(x) for x in startup["warmup_steps"])
+            what = f"{fmt.seconds(startup['seconds'])} to the end of warm-up step {steps}"
+        bits.append(f"start-up {what} (GPUs idle {fmt.gpu_seconds(startup['idle_gpu_s'])})")
+    if startup.get("wind_down_s"):
+        idle = fmt.gpu_seconds(startup["wind_down_idle_gpu_s"])
+        bits.append(f"{fmt.seconds(startup['wind_down_s'])} after the last step (idle {idle})")
+    if not bits:
+        return []
+    return [Text("; ".join(bits) + ": not counted as stalls", style="dim")]
+
+
+def bound_parts(bound: dict[str, Any] | None) -> list[Any]:
+    """What bounds the step: the verdict, the step's composition, and each busy phase that
+    is slow for its tokens (the ``bound`` section of the summary)."""
+    if not bound:
+        return []
+    if not bound.get("verdict"):
+        why = bound.get("nothing_to_judge")
+        return [Text(f"What bounds the step: {why}", style="dim")] if why else []
+    head = Text("What bounds the step", style="bold")
+    basis = {"phase_timing": "the framework's phase times", "gpu_samples": "GPU samples"}
+    head.append(f" (from {basis.get(bound.get('basis'), bound.get('basis'))})", style="dim")
+    parts: list[Any] = [head, _indented(Text(str(bound["verdict"])))]
+    shares = []
+    for row in bound.get("composition") or []:
+        if not row.get("share"):
+            continue
+        text = f"{row['phase']} {row['share']:.0%}"
+        if row.get("activity") == "wait":
+            text += " (waiting)"
+        shares.append(text)
+    if shares:
+        parts.append(_indented(Text("step: " + ", ".join(shares[:8]))))
+    for phase in bound.get("phases") or []:
+        if phase.get("verdict") == "slow" and phase["phase"] not in bound.get("bound", []):
+            parts.append(_indented(Text(f"{phase['phase']}: {phase['why']} — slow for its tokens")))
+    return parts
 
 
 def nodes_parts(nodes: dict[str, Any] | None, limit: int = 16) -> list[Any]:
@@ -222,6 +267,8 @@ def _findings_parts(diagnosis: Diagnosis, top: int | None) -> list[Any]:
             detail.append(f"  confidence {f.confidence:.2f}")
             parts.append(HeadLine(head, detail))
             parts.append(_indented(Text(f.summary)))
+    elif nothing_to_judge(diagnosis):
+        parts.append(Text(f"No finding: {nothing_to_judge(diagnosis)}.", style="yellow"))
     else:
         parts.append(Text("No stall above the noise threshold was found.", style="green"))
 

@@ -328,15 +328,24 @@ def _idle_allocation(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Genera
     plan.scope["idle_allocation"] = ([], None)
 
 
-def _low_mfu(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
+def _update_bound(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
     # thin, padded micro-batches: kernels keep running (util stays high) but each does little
     # model work, so the same trained tokens take 1.5x (a near miss: MFU ~29%) to 7x as long
-    plan.add_extra("update_actor", "low_mfu", (0.5 + 5.5 * s) * plan.dur["update_actor"])
+    plan.add_extra("update_actor", "update_bound", (0.5 + 5.5 * s) * plan.dur["update_actor"])
     plan.settings["use_dynamic_bsz"] = False
     plan.settings["micro_batch_size_per_gpu"] = 1
     lv = plan.levels["update_actor"]
     lv.sm_ratio = 0.8 - 0.5 * s
-    plan.scope["low_mfu"] = (["update_actor"], None)
+    plan.scope["update_bound"] = (["update_actor"], None)
+
+
+def _rollout_bound(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
+    # a small KV cache (the engine given 30% of memory) caps the running batch: the engine
+    # stays busy but each decode iteration reads the weights for few sequences, so the same
+    # generated tokens take 1.2x (a near miss) to 5x as long
+    plan.add_extra("rollout", "rollout_bound", (0.2 + 3.8 * s) * plan.dur["rollout"])
+    plan.settings["gpu_memory_utilization"] = 0.3
+    plan.scope["rollout_bound"] = (["rollout"], None)
 
 
 def _healthy(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
@@ -360,7 +369,8 @@ PATHOLOGIES: dict[str, ApplyFn] = {
     "idle_unattributed": _idle_unattributed,
     "unused_gpu": _unused_gpu,
     "idle_allocation": _idle_allocation,
-    "low_mfu": _low_mfu,
+    "rollout_bound": _rollout_bound,
+    "update_bound": _update_bound,
 }
 """Stall kind -> function editing a `Plan` at a severity. ``healthy`` injects nothing."""
 

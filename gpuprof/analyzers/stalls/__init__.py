@@ -32,15 +32,16 @@ from gpuprof.analyzers.stalls import (
     idle_allocation,
     idle_unattributed,
     imbalance,
-    low_mfu,
     memory_headroom,
     offload_thrash,
     periodic_stall,
     pipeline_bubble,
     reshard_idle,
     reward_bound,
+    rollout_bound,
     throttling,
     unused_gpu,
+    update_bound,
 )
 
 Detector = Callable[[AnalysisContext, Thresholds], "Finding | None"]
@@ -91,8 +92,10 @@ STALLS: tuple[Stall, ...] = (
            "a share of rollout (or update) time on GPUs with unused memory"),
     _stall("imbalance", imbalance.detect,
            "others' wait for a straggler rank, or work a low GPU left to its peers"),
-    _stall("low_mfu", low_mfu.detect,
-           "update time beyond what a reachable MFU would take (busy but slow)"),
+    _stall("rollout_bound", rollout_bound.detect,
+           "rollout time beyond what a healthy engine takes for its tokens, less earlier findings"),
+    _stall("update_bound", update_bound.detect,
+           "update time beyond a reachable MFU or a healthy forward ratio, less earlier findings"),
 )  # fmt: skip
 """Every stall kind, in the order `diagnose` applies them."""
 

@@ -1,4 +1,11 @@
-"""``comm_bound``: Collectives taking a large share of update time."""
+"""``comm_bound``: collectives taking a large share of update time, or of a trace's GPU time.
+
+Two sources: collective spans inside update spans (the hooks, NCCL flight records), or a
+PyTorch-profiler trace's own NCCL kernels (``gpu_time`` events of the Kineto import): the
+*exposed* communication — NCCL kernels running while no compute kernel does, as HTA's
+communication / computation overlap counts it — is what the GPUs spend waiting on the network;
+communication overlapped with compute costs nothing.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +32,8 @@ from gpuprof.analyzers.stalls._resource import (
 
 
 def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
-    """Collectives take a large share of update time.
+    """Collectives take a large share of update time, or exposed NCCL kernels a large share of a
+    trace's busy GPU time (`_from_trace_kernels`).
 
     From spans: per owner, the wall time of collective spans (not barrier waits) inside its
     update spans over its update time, ``c``. The exposed communication above what a healthy,
@@ -33,6 +41,11 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     GPU-s``. Reported when ``c >= th.collective_min_frac``; NVLink/PCIe traffic and SM activity
     (GPM) during the collectives raise the confidence.
     """
+    return _from_spans(ctx, th) or _from_trace_kernels(ctx, th)
+
+
+def _from_spans(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """Collective spans inside update spans (see `detect`)."""
     s = ctx.samples
     spans = _spans(ctx)
     if s.empty or spans.empty:
@@ -126,9 +139,69 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         collective_share_of_update=round(frac, 4),
         collective_s_per_owner_mean=round(float(per_owner["coll_s"].mean()), 3),
         update_s_per_owner_mean=round(float(per_owner["upd_s"].mean()), 3),
+        source="collective_spans",
         **figures,
     )
     return _finding("comm_bound", ctx, th, gpu_s, conf, summary, evidence)
+
+
+def _from_trace_kernels(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """Exposed communication from a trace's NCCL kernels (the ``gpu_time`` events).
+
+    Per GPU: exposed = NCCL time with no compute kernel running, overlapped = the rest of its
+    NCCL time; reported when exposed communication is at least ``th.collective_min_frac`` of
+    the GPU's busy time; lost = exposed − ``th.collective_healthy_frac`` × busy.
+    """
+    ev = ctx.run.events
+    if ev is None or ev.empty or "kind" not in ev:
+        return None
+    rows = ev[ev["kind"] == "gpu_time"]
+    exposed = overlapped = busy = lost = 0.0
+    gpus: list[str] = []
+    measured_overlap = False
+    for host, attrs in zip(rows["host"], rows["attrs"]):
+        if not isinstance(attrs, dict):
+            continue
+        comm = _ns_s(attrs.get("communication_ns"))
+        b = _ns_s(attrs.get("busy_ns"))
+        if comm is None or not b:
+            continue
+        every = _ns_s(attrs.get("communication_all_ns"))
+        measured_overlap |= every is not None
+        exposed += comm
+        overlapped += max(0.0, every - comm) if every is not None else 0.0
+        busy += b
+        lost += max(0.0, comm - th.collective_healthy_frac * b)
+        gpus.append(f"{host}:{attrs.get('gpu')}")
+    if busy <= 0 or exposed / busy < th.collective_min_frac:
+        return None
+    frac = exposed / busy
+    conf = 0.5 + 0.3 * min(1.0, (frac - th.collective_min_frac) / 0.3)
+    overlap_text = (
+        f"; {overlapped / (exposed + overlapped):.0%} of NCCL time overlapped compute"
+        if measured_overlap and exposed + overlapped > 0
+        else ""
+    )
+    summary = (
+        f"exposed NCCL kernels (no compute kernel running) take {frac:.0%} of the GPUs' busy "
+        f"time (healthy ~{th.collective_healthy_frac:.0%}){overlap_text}: ~{_fmt_gpu_s(lost)} "
+        "({share}) waiting on communication — from the trace's kernels"
+    )
+    evidence = CommBoundEvidence(
+        intervals=[],
+        gpus=sorted(set(gpus)),
+        phases=[],
+        exposed_comm_gpu_s=round(exposed, 6),
+        overlapped_comm_gpu_s=round(overlapped, 6) if measured_overlap else None,
+        comm_share_of_busy=round((exposed + overlapped) / busy, 4) if measured_overlap else None,
+        exposed_share_of_busy=round(frac, 4),
+        source="trace_kernels",
+    )
+    return _finding("comm_bound", ctx, th, lost, conf, summary, evidence)
+
+
+def _ns_s(value: Any) -> float | None:
+    return float(value) / 1e9 if isinstance(value, int | float) and value == value else None
 
 
 def _links_in_update(ctx: AnalysisContext, inside: pd.DataFrame) -> dict[str, dict[str, Any]]:

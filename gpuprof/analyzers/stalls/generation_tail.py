@@ -134,16 +134,27 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     )
 
 
+_WORKER_KEYS = {
+    end: (f"generation_timing/{end}", f"timing_s/generation_timing/{end}",
+          f"agent_loop/generate_sequences/{end}", f"timing_s/agent_loop/generate_sequences/{end}")
+    for end in ("max", "min")
+}  # fmt: skip
+"""verl's per-worker generation times: ``generation_timing/*`` (synchronous rollout) and
+``agent_loop/generate_sequences/*`` (the agent loop, per request), each under ``timing_s/``."""
+
+
 def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     """From a framework's step metrics alone: per-worker generation times (verl's
-    ``timing_s/generation_timing/max`` and ``/min``) where the slowest worker takes more than
-    1 / ``th.tail_util_drop_frac`` times the fastest: the others wait for its long responses.
+    ``timing_s/generation_timing/max`` and ``/min``, or the agent loop's
+    ``timing_s/agent_loop/generate_sequences/max`` and ``/min``) where the slowest worker
+    takes more than 1 / ``th.tail_util_drop_frac`` times the fastest: the others wait for its
+    long responses.
     Lost per step: ``(max - (max + min) / 2) × GPUs`` (the mean worker waits half the spread)."""
     t = timing(ctx)
     if t is None:
         return None
-    mx = t.step_attr("generation_timing/max", "timing_s/generation_timing/max")
-    mn = t.step_attr("generation_timing/min", "timing_s/generation_timing/min")
+    mx = t.step_attr(*_WORKER_KEYS["max"])
+    mn = t.step_attr(*_WORKER_KEYS["min"])
     ok = np.isfinite(mx) & np.isfinite(mn) & (mx > 0)
     if not ok.any():
         return None

@@ -464,8 +464,11 @@ def busy_before(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarr
 
 def class_times(starts: np.ndarray, ends: np.ndarray, classes: np.ndarray) -> dict[str, int]:
     """Busy, compute, communication and memory ns of a set of activities (compute wins over
-    communication over memory where they overlap)."""
+    communication over memory where they overlap): ``communication_ns`` is the exposed
+    communication (NCCL kernels while no compute kernel runs), ``communication_all_ns`` every
+    NCCL kernel's time, overlapped with compute or not."""
     compute = classes == COMPUTE
+    comm = classes == COMMUNICATION
     upto_comm = classes <= COMMUNICATION
     busy = covered_ns(starts, ends)
     compute_ns = covered_ns(starts[compute], ends[compute])
@@ -474,6 +477,7 @@ def class_times(starts: np.ndarray, ends: np.ndarray, classes: np.ndarray) -> di
         "busy_ns": busy,
         "compute_ns": compute_ns,
         "communication_ns": comm_or_compute - compute_ns,
+        "communication_all_ns": covered_ns(starts[comm], ends[comm]),
         "memory_ns": busy - comm_or_compute,
     }
 

@@ -24,6 +24,7 @@ import pandas as pd
 from gpuprof.collectors.importers import Imported, ImportFormatError, open_text, steplog
 from gpuprof.collectors.importers.steplog import (
     LOG_HOST,
+    MAX_SECONDS,
     StepRecord,
     clean_line,
     command_meta,
@@ -213,6 +214,11 @@ def _kept(pairs: list[tuple[str, Any]]) -> dict[str, float]:
     return out
 
 
+_COUNT_KEY = re.compile(r"(^|/)(num_\w+|\w*_length|tool_calls)$")
+"""Sub-timing names that count things (the agent loop's slowest request's ``num_preempted``,
+``prompt_length``, ``response_length``; ``slowest/tool_calls`` is a count too)."""
+
+
 def record_from_pairs(
     step: int, pairs: list[tuple[str, Any]], path: Path, line: int | None
 ) -> StepRecord | None:
@@ -225,6 +231,14 @@ def record_from_pairs(
         if match is None:
             continue
         name = match.group(1)
+        if name not in _ORDER and name != "step":
+            # sub-timings: verl also files counts under timing_s/ (the agent loop's slowest
+            # request: num_preempted -1, prompt_length, response_length); skip what is no
+            # duration rather than reject the line
+            seconds = to_float(value)
+            if seconds is not None and 0 <= seconds <= MAX_SECONDS and not _COUNT_KEY.search(name):
+                sub[name] = seconds
+            continue
         seconds = seconds_at(value, f"{path}:{line}", key)
         if seconds is None:
             if value is None or value == "":
@@ -233,10 +247,8 @@ def record_from_pairs(
             raise ImportFormatError(f"{path}:{line}: {key} value {text!r} is not a number")
         if name == "step":
             step_s = seconds
-        elif name in _ORDER:
-            phases.append((name, seconds))
         else:
-            sub[name] = seconds
+            phases.append((name, seconds))
     if not phases and step_s is None:
         return None
     phases.sort(key=lambda item: _ORDER[item[0]])

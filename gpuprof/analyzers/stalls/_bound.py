@@ -1,0 +1,496 @@
+"""What bounds the step: the phases that take most of it, whether the GPUs work or wait in them,
+and how far each busy phase is from what the hardware allows for the work it did.
+
+Idle time by cause says where the GPUs waited; this is the other half, for the time they were
+busy. From one step line up:
+
+- **composition**: each phase's share of the steps — wall time from the framework's phase times
+  when the run has no GPU samples, GPU-time inside the steps when it has them (with the GPUs'
+  utilisation in each phase);
+- **bound**: the one phase at or above ``Thresholds.bound_dominant_share`` of the step, else
+  the two largest when together they reach ``bound_pair_share``, else none ("no phase
+  dominates"); a bounding phase is *busy* (generation, update, log-prob passes: GPU work) or
+  a *wait* (reward, weight sync, loading, checkpoint, evaluation: GPUs idle, explained by the
+  idle-time findings);
+- **efficiency** of each busy phase against the hardware (`roofline`): MFU of the compute
+  phases, the decode roofline of generation, and with no GPU known the cross-phase ratios; the
+  framework's own figures (verl ``perf/mfu/*``, ``timing_per_token_ms/*``) beside them, an
+  impossible one (MFU above 100%) named as such. Each phase gets a verdict: ``slow``,
+  ``healthy`` or ``not judged`` with why.
+
+`assess` computes it once per `AnalysisContext`; the ``rollout_bound`` and ``update_bound``
+stalls and `bound_summary` (the ``bound`` section of the diagnosis) read it. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.efficiency import FRAMEWORK_MFU_PHASE, figures
+from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+from gpuprof.analyzers.hardware import match_gpu
+from gpuprof.analyzers.model_size import model_size
+from gpuprof.analyzers.phase_work import phase_walls, step_rows, valid_spans
+from gpuprof.analyzers.roofline import DecodeRoofline, decode_roofline, token_ratios
+from gpuprof.analyzers.settings import num, options_of, run_settings
+from gpuprof.analyzers.stalls._timing import timing
+
+__all__ = ["BUSY_PHASES", "WAIT_PHASES", "Assessment", "assess", "bound_summary"]
+
+BUSY_PHASES: frozenset[str] = frozenset(
+    {"rollout", "ref_logprob", "old_logprob", "values", "update_actor", "update_critic"}
+)
+"""Phases whose time is GPU work (generation, forward passes, updates)."""
+WAIT_PHASES: frozenset[str] = frozenset(
+    {"reward", "reshard", "dataload", "checkpoint", "eval", "advantage"}
+)
+"""Phases in which the GPUs of a typical job wait (CPU scoring, weight movement, loading,
+saving, validation, the advantage computation on the driver)."""
+
+OTHER = "(other)"
+"""The part of the steps no named phase covers."""
+
+_WORK_NAME = {
+    "rollout": "generation",
+    "ref_logprob": "the reference log-prob pass",
+    "old_logprob": "the old log-prob pass",
+    "values": "the value pass",
+    "update_actor": "the actor update",
+    "update_critic": "the critic update",
+}
+
+FORWARD_NAME = {"ref_logprob": "reference log-prob", "old_logprob": "old log-prob"}
+"""How a sentence names the forward pass a ratio is taken against."""
+
+TIMING_PER_TOKEN_PHASE: dict[str, str] = {
+    "timing_per_token_ms/gen": "rollout",
+    "timing_per_token_ms/ref": "ref_logprob",
+    "timing_per_token_ms/old_log_prob": "old_logprob",
+    "timing_per_token_ms/values": "values",
+    "timing_per_token_ms/update_actor": "update_actor",
+    "timing_per_token_ms/update_critic": "update_critic",
+}
+"""verl's logged per-token times (ms per token of the whole batch; per response token for
+``gen``) → the phase they time."""
+
+
+@dataclass
+class PhaseVerdict:
+    """One busy phase against what the hardware allows: ``verdict`` is ``slow``, ``healthy``
+    or ``not judged``; ``measure`` the figure it rests on (``mfu``, ``decode_roofline``,
+    ``forward_ratio``), ``value`` and ``expected`` that figure and its healthy level,
+    ``why`` the sentence; ``figures`` every figure known for the phase."""
+
+    phase: str
+    verdict: str
+    measure: str | None
+    value: float | None
+    expected: float | None
+    why: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "verdict": self.verdict,
+            "measure": self.measure,
+            "value": _round(self.value),
+            "expected": _round(self.expected),
+            "why": self.why,
+            "figures": {k: _round(v) for k, v in self.figures.items()},
+        }
+
+
+@dataclass
+class Assessment:
+    """`assess`'s result: the composition rows (phase, seconds, share, activity, util), the
+    phases that bound the step, per-phase verdicts and the figures they rest on."""
+
+    basis: str | None
+    steps: int
+    step_s: float | None
+    composition: list[dict[str, Any]]
+    bound: list[str]
+    verdicts: dict[str, PhaseVerdict]
+    ratios: dict[str, Any] | None
+    decode: DecodeRoofline | None
+    framework: dict[str, Any]
+    notes: list[str]
+    nothing_to_judge: str | None = None
+
+    def share(self, phase: str) -> float:
+        return next((float(r["share"]) for r in self.composition if r["phase"] == phase), 0.0)
+
+    def seconds(self, phase: str) -> float:
+        return next((float(r["seconds"]) for r in self.composition if r["phase"] == phase), 0.0)
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 4) if abs(value) < 100 else round(value, 1)
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Composition
+
+
+def _composition(ctx: AnalysisContext) -> tuple[str | None, int, float | None, list[dict]]:
+    t = timing(ctx)
+    if t is not None:  # no GPU samples: the framework's phase times
+        total = float(t.steps["wall_s"].sum())
+        if total <= 0:
+            return None, 0, None, []
+        rows = []
+        for phase in t.phases:
+            secs = float(t.steps[phase].sum())
+            if secs > 0:
+                activity = (
+                    "busy" if phase in BUSY_PHASES else "wait" if phase in WAIT_PHASES else None
+                )
+                rows.append({"phase": phase, "seconds": secs, "share": secs / total,
+                             "activity": activity, "util_gpu_pct": None})  # fmt: skip
+        other = total - sum(r["seconds"] for r in rows)
+        if other > 0.005 * total:
+            rows.append({"phase": OTHER, "seconds": other, "share": other / total,
+                         "activity": None, "util_gpu_pct": None})  # fmt: skip
+        return "phase_timing", len(t.steps), total / len(t.steps), rows
+    run = ctx.run
+    if run.gpu.empty or ctx.spans.empty:
+        return None, 0, None, []
+    table = ctx.by_phase
+    table = table[table["phase"] != "(none)"]
+    total = float(table["gpu_s"].sum())
+    if total <= 0:
+        return None, 0, None, []
+    steps = ctx.spans[ctx.spans["phase"] == "step"]
+    n_steps = int(steps["step"].nunique()) if len(steps) else 0
+    gpus = max(1, int(table["gpus"].max() or 1))
+    rows = []
+    for row in table.itertuples(index=False):
+        if not row.gpu_s > 0:
+            continue
+        util = float(row.util_gpu_pct) if row.util_gpu_pct == row.util_gpu_pct else None
+        busy = row.busy_gpu_s / row.gpu_s if row.gpu_s > 0 else None
+        activity = None if busy is None else "busy" if busy >= 0.5 else "wait"
+        name = OTHER if row.phase == "step" else str(row.phase)
+        rows.append({"phase": name, "seconds": float(row.gpu_s) / gpus,
+                     "share": float(row.gpu_s) / total, "activity": activity,
+                     "util_gpu_pct": util})  # fmt: skip
+    step_s = total / gpus / n_steps if n_steps else None
+    return "gpu_samples", n_steps, step_s, rows
+
+
+def _bound(rows: list[dict[str, Any]], th: Thresholds) -> list[str]:
+    named = sorted((r for r in rows if r["phase"] != OTHER), key=lambda r: -r["share"])
+    if not named:
+        return []
+    if named[0]["share"] >= th.bound_dominant_share:
+        return [named[0]["phase"]]
+    pair = named[:2]
+    if (
+        len(pair) == 2
+        and sum(r["share"] for r in pair) >= th.bound_pair_share
+        and all(r["share"] >= th.bound_member_share for r in pair)
+    ):
+        return [r["phase"] for r in pair]
+    return []
+
+
+# --------------------------------------------------------------------------------------------
+# Framework figures
+
+
+def _framework(ctx: AnalysisContext) -> dict[str, Any]:
+    """verl's own MFU and per-token times, per phase, with plausibility."""
+    metrics = figures(ctx).framework["metrics"]
+    out: dict[str, Any] = {}
+    for key, phase in FRAMEWORK_MFU_PHASE.items():
+        m = metrics.get(key)
+        if not m:
+            continue
+        mean = float(m["mean"])
+        status = (
+            "impossible (above 100%)" if m["max"] > 1.0 else "not computed" if mean == 0 else "ok"
+        )
+        out.setdefault(phase, {})["framework_mfu"] = {"key": key, "mean": mean, "status": status}
+    per_token = _step_attr_means(ctx, tuple(TIMING_PER_TOKEN_PHASE))
+    for key, value in per_token.items():
+        out.setdefault(TIMING_PER_TOKEN_PHASE[key], {})["framework_ms_per_token"] = {
+            "key": key,
+            "mean": value,
+        }
+    return out
+
+
+def _step_attr_means(ctx: AnalysisContext, keys: tuple[str, ...]) -> dict[str, float]:
+    spans = ctx.run.spans
+    if spans is None or spans.empty or "attrs" not in spans:
+        return {}
+    values: dict[str, list[float]] = {}
+    for attrs in spans.loc[spans["phase"] == "step", "attrs"]:
+        if not isinstance(attrs, dict):
+            continue
+        for key in keys:
+            v = num(attrs.get(key))
+            if v is not None:
+                values.setdefault(key, []).append(v)
+    return {k: float(np.mean(v)) for k, v in values.items() if v}
+
+
+# --------------------------------------------------------------------------------------------
+# Verdicts
+
+
+def _gpu_spec(ctx: AnalysisContext):
+    fig = figures(ctx)
+    return match_gpu(fig.gpu.get("name")) if fig.gpu.get("name") else None
+
+
+def _decode(ctx: AnalysisContext, steps: pd.DataFrame, settings: dict) -> DecodeRoofline | None:
+    fig = figures(ctx)
+    entry = next((p for p in fig.phases if p["phase"] == "rollout"), None)
+    spec = _gpu_spec(ctx)
+    size, _ = model_size(options_of(ctx), settings)
+    if entry is None or spec is None or size is None or not entry.get("tokens"):
+        return None
+    if not entry.get("gpus") or not entry.get("wall_s"):
+        return None
+    prompt = num(steps["prompt_mean"].mean()) if len(steps) else None
+    response = num(steps["response_mean"].mean()) if len(steps) else None
+    response_max = _step_attr_means(ctx, ("response_length/max",)).get("response_length/max")
+    mem = _memory_bytes(ctx)
+    n_steps = max(1, int(entry.get("steps_with_tokens") or 1))
+    return decode_roofline(
+        generated_tokens=float(entry["tokens"]) / n_steps,
+        wall_s=float(entry["wall_s"]) / max(1, int(entry.get("steps") or 1)),
+        gpus=int(entry["gpus"]),
+        gpu=spec,
+        model=size,
+        settings=settings,
+        prompt_mean=prompt,
+        response_mean=response,
+        response_max=response_max,
+        memory_bytes=mem,
+    )
+
+
+def _memory_bytes(ctx: AnalysisContext) -> float | None:
+    gpu = ctx.run.gpu
+    if gpu is None or gpu.empty or "mem_total_bytes" not in gpu:
+        return None
+    value = pd.to_numeric(gpu["mem_total_bytes"], errors="coerce").median()
+    return float(value) if value == value and value > 0 else None
+
+
+def _verdicts(ctx: AnalysisContext, th: Thresholds, ratios, decode, framework) -> dict:
+    fig = figures(ctx)
+    out: dict[str, PhaseVerdict] = {}
+    entries = {p["phase"]: p for p in fig.phases}
+    for phase in sorted(set(entries) | set(framework), key=_phase_order):
+        if phase not in BUSY_PHASES:
+            continue
+        entry = entries.get(phase, {})
+        figs: dict[str, Any] = {
+            k: entry.get(k)
+            for k in ("tokens", "tokens_per_s_per_gpu", "mfu", "gpus")
+            if entry.get(k) is not None
+        }
+        for k, v in framework.get(phase, {}).items():
+            figs[k] = v["mean"]
+            if k == "framework_mfu":
+                figs["framework_mfu_status"] = v["status"]
+        out[phase] = _verdict(phase, th, entry, figs, ratios, decode)
+    return out
+
+
+def _phase_order(phase: str) -> int:
+    order = ("rollout", "old_logprob", "ref_logprob", "values", "update_critic", "update_actor")
+    return order.index(phase) if phase in order else len(order)
+
+
+def _verdict(phase, th, entry, figs, ratios, decode) -> PhaseVerdict:
+    name = _WORK_NAME.get(phase, phase)
+    mfu = entry.get("mfu")
+    if phase == "update_actor" and mfu is not None:
+        figs["reachable_mfu"] = th.reachable_mfu
+        slow = mfu < th.low_mfu
+        return PhaseVerdict(
+            phase, "slow" if slow else "healthy", "mfu", mfu, th.reachable_mfu,
+            f"{name} reaches {mfu:.1%} MFU ({'below' if slow else 'at or above'} "
+            f"{th.low_mfu:.0%}; a tuned update reaches ~{th.reachable_mfu:.0%})", figs,
+        )  # fmt: skip
+    if ratios is not None:
+        fwd = FORWARD_NAME.get(str(ratios.forward_phase), str(ratios.forward_phase))
+        if phase == "update_actor" and ratios.update_per_epoch is not None:
+            r = ratios.update_per_epoch
+            figs["forward_ratio"] = r
+            slow = r >= th.update_forward_ratio_slow
+            epochs = f" per PPO epoch ({ratios.epochs:g})" if ratios.epochs != 1 else ""
+            return PhaseVerdict(
+                phase, "slow" if slow else "healthy", "forward_ratio", r,
+                th.update_forward_ratio_healthy,
+                f"{name} takes {r:.1f}× the {fwd} pass over the same tokens{epochs}; a "
+                f"forward + backward costs ~3× a forward (healthy runs "
+                f"{th.update_forward_ratio_healthy:g}×)",
+                figs,
+            )  # fmt: skip
+        if phase == "rollout" and ratios.generation is not None:
+            r = ratios.generation
+            figs["forward_ratio"] = r
+            if decode is not None:
+                figs.update({"bandwidth_util": decode.bandwidth_util,
+                             "decode_efficiency": decode.efficiency})  # fmt: skip
+            slow = r >= th.gen_forward_ratio_slow
+            return PhaseVerdict(
+                phase, "slow" if slow else "healthy", "forward_ratio", r,
+                th.gen_forward_ratio_healthy,
+                f"a generated token costs {r:.1f}× a token of the {fwd} pass (healthy runs "
+                f"≤ {th.gen_forward_ratio_healthy:g}×)", figs,
+            )  # fmt: skip
+    if phase == "rollout" and decode is not None:  # no forward pass to compare with
+        figs.update({"bandwidth_util": decode.bandwidth_util, "concurrency": decode.concurrency,
+                     "decode_efficiency": decode.efficiency})  # fmt: skip
+        slow = decode.efficiency < th.decode_efficiency_low
+        return PhaseVerdict(
+            phase, "slow" if slow else "healthy", "decode_roofline", decode.efficiency,
+            th.decode_efficiency_reachable,
+            f"{name} takes {1 / max(decode.efficiency, 1e-9):.1f}× the least time the GPUs' "
+            f"memory bandwidth allows at {decode.concurrency:.0f} running sequences per engine "
+            f"({decode.bandwidth_util:.0%} of HBM bandwidth)", figs,
+        )  # fmt: skip
+    if mfu is not None:
+        why = f"{name} reaches {mfu:.1%} MFU (no healthy level set for it)"
+        return PhaseVerdict(phase, "not judged", "mfu", mfu, None, why, figs)
+    return PhaseVerdict(phase, "not judged", None, None, None, _why_not(phase, entry), figs)
+
+
+def _why_not(phase: str, entry: dict) -> str:
+    if phase in ("rollout", "update_actor"):
+        return (
+            "no GPU model with a known peak and model size, and no forward pass of the same "
+            "steps to compare with"
+        )
+    return "no healthy level to compare with"
+
+
+# --------------------------------------------------------------------------------------------
+# The assessment
+
+
+def assess(ctx: AnalysisContext, th: Thresholds | None = None) -> Assessment:
+    """The step's bound and per-phase verdicts of ``ctx``'s run (computed once per context)."""
+    cached = ctx.__dict__.get("_bound")
+    if cached is not None:
+        return cached
+    th = th or Thresholds()
+    basis, n_steps, step_s, rows = _composition(ctx)
+    notes: list[str] = []
+    settings = run_settings(ctx.run.meta)
+    spans = valid_spans(ctx.run.spans)
+    steps = step_rows(spans, settings)
+    ratios = token_ratios(phase_walls(spans), steps, settings)
+    decode = None
+    try:
+        decode = _decode(ctx, steps, settings)
+    except (ValueError, ZeroDivisionError) as exc:  # a figure the run got wrong
+        notes.append(f"decode roofline not available: {exc}")
+    if decode is not None and decode.assumptions:
+        notes.append("decode roofline assumes " + "; ".join(decode.assumptions))
+    framework = _framework(ctx)
+    for figs in framework.values():
+        status = figs.get("framework_mfu", {}).get("status")
+        if status and status != "ok":
+            key = figs["framework_mfu"]["key"]
+            notes.append(f"{key} is {status}: not used as evidence")
+    verdicts = _verdicts(ctx, th, ratios, decode, framework)
+    result = Assessment(
+        basis=basis,
+        steps=n_steps,
+        step_s=step_s,
+        composition=sorted(rows, key=lambda r: -r["share"]),
+        bound=_bound(rows, th),
+        verdicts=verdicts,
+        ratios=ratios.to_dict() if ratios else None,
+        decode=decode,
+        framework=framework,
+        notes=notes,
+        nothing_to_judge=None if rows else _nothing(ctx),
+    )
+    ctx.__dict__["_bound"] = result
+    return result
+
+
+def _nothing(ctx: AnalysisContext) -> str:
+    if ctx.run.spans is None or ctx.run.spans.empty:
+        return "nothing to judge: the run has no phase timing (no spans, no framework step times)"
+    return "nothing to judge: the phases cover no step time"
+
+
+def _verdict_text(a: Assessment) -> str | None:
+    if not a.composition:
+        return None
+    if not a.bound:
+        top = ", ".join(f"{r['phase']} {r['share']:.0%}" for r in a.composition[:3])
+        return f"no phase dominates the step: {top}"
+    rows = [next(r for r in a.composition if r["phase"] == p) for p in a.bound]
+    shares = [
+        f"{r['share']:.0%}" + (" with the GPUs waiting" if r["activity"] == "wait" else "")
+        for r in rows
+    ]
+    if len(a.bound) == 1:
+        text = f"{a.bound[0]} bounds the step ({shares[0]} of it"
+    else:
+        text = f"{a.bound[0]} and {a.bound[1]} bound the step ({shares[0]} and {shares[1]}"
+    text += f", {a.step_s:.1f} s per step)" if a.step_s else ")"
+    for phase in a.bound:
+        v = a.verdicts.get(phase)
+        if v is None:
+            continue
+        if v.verdict == "slow":
+            text += f"; {v.why}: slow for its tokens"
+        elif v.verdict == "healthy":
+            text += f"; {v.why}: within the healthy range"
+        else:
+            text += f"; {phase}'s speed is not judged ({v.why})"
+    return text
+
+
+def bound_summary(ctx: AnalysisContext, th: Thresholds | None = None) -> dict[str, Any]:
+    """The ``bound`` section of the diagnosis (docs/ANALYZE_JSON.md), JSON-able: ``basis``,
+    ``verdict`` (one sentence, or None with ``nothing_to_judge``), ``bound`` (the phases that
+    bound the step), ``composition`` (per phase: seconds per step, share 0–1, ``activity``
+    busy / wait, ``util_gpu_pct``), ``phases`` (per busy phase its verdict and figures),
+    ``ratios`` (the cross-phase ratios), ``decode`` (the decode roofline), ``notes``."""
+    try:
+        a = assess(ctx, th)
+    except Exception as exc:  # the bound must never take the diagnosis down
+        return {"basis": None, "verdict": None, "nothing_to_judge": None,
+                "notes": [f"step bound failed: {type(exc).__name__}: {exc}"]}  # fmt: skip
+    per_step = max(1, a.steps)
+    return {
+        "basis": a.basis,
+        "verdict": _verdict_text(a),
+        "nothing_to_judge": a.nothing_to_judge,
+        "bound": list(a.bound),
+        "steps": a.steps,
+        "step_s": _round(a.step_s),
+        "composition": [
+            {
+                "phase": r["phase"],
+                "seconds_per_step": _round(r["seconds"] / per_step),
+                "share": _round(r["share"]),
+                "activity": r["activity"],
+                "util_gpu_pct": _round(r["util_gpu_pct"]),
+            }
+            for r in a.composition
+        ],
+        "phases": [v.to_dict() for v in a.verdicts.values()],
+        "ratios": a.ratios,
+        "decode": a.decode.to_dict() if a.decode else None,
+        "notes": list(a.notes),
+    }
