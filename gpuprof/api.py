@@ -625,27 +625,35 @@ def analyze(
     *,
     gpu_hour_price: float | None = None,
     model_params: str | float | None = None,
+    gpu: str | None = None,
     context=None,
 ):
     """The diagnosis of a loaded run (`gpuprof.analyzers.diagnose.Diagnosis`).
 
     ``gpu_hour_price`` (the user's currency per GPU-hour) prices idle time and findings;
     ``model_params`` (``7e9``, ``"7B"``) sets the model size for MFU (else the model's
-    config.json or name, see `efficiency_options`). ``context``: an `AnalysisContext` of
+    config.json or name, see `efficiency_options`); ``gpu`` names the GPU model (``H100``)
+    when the run does not, or names it wrongly. ``context``: an `AnalysisContext` of
     ``run`` to reuse. Raises `ValueError` for a ``model_params`` that is no count.
     """
     from gpuprof.analyzers.diagnose import diagnose
     from gpuprof.analyzers.findings import AnalysisContext
     from gpuprof.analyzers.settings import attach_options
 
-    options = efficiency_options(run, gpu_hour_price=gpu_hour_price, model_params=model_params)
+    options = efficiency_options(
+        run, gpu_hour_price=gpu_hour_price, model_params=model_params, gpu=gpu
+    )
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
     attach_options(ctx, options)
     return diagnose(run, thresholds, context=ctx)
 
 
 def efficiency(
-    run: Run, *, gpu_hour_price: float | None = None, model_params: str | float | None = None
+    run: Run,
+    *,
+    gpu_hour_price: float | None = None,
+    model_params: str | float | None = None,
+    gpu: str | None = None,
 ) -> dict:
     """The efficiency figures of a run without the rest of the diagnosis (tokens/s and MFU
     per phase, framework-logged MFU, idle cost): the ``efficiency`` entry of
@@ -654,7 +662,9 @@ def efficiency(
     from gpuprof.analyzers.findings import AnalysisContext
     from gpuprof.analyzers.settings import attach_options
 
-    options = efficiency_options(run, gpu_hour_price=gpu_hour_price, model_params=model_params)
+    options = efficiency_options(
+        run, gpu_hour_price=gpu_hour_price, model_params=model_params, gpu=gpu
+    )
     return efficiency_summary(attach_options(AnalysisContext(run), options), [])
 
 
@@ -663,7 +673,11 @@ MAX_CONFIG_BYTES = 4 * 2**20
 
 
 def efficiency_options(
-    run: Run, *, gpu_hour_price: float | None = None, model_params: str | float | None = None
+    run: Run,
+    *,
+    gpu_hour_price: float | None = None,
+    model_params: str | float | None = None,
+    gpu: str | None = None,
 ):
     """`EfficiencyOptions` for ``run``: the price and parameter count as given, and the
     Hugging Face ``config.json`` at the run's model-path knob when that path exists on this
@@ -684,6 +698,7 @@ def efficiency_options(
     return EfficiencyOptions(
         gpu_hour_price=gpu_hour_price,
         model_params=params,
+        gpu_name=gpu.strip() if gpu and gpu.strip() else None,
         model_config=config,
         model_config_path=where,
     )
@@ -729,12 +744,13 @@ def report(
     diagnosis=None,
     gpu_hour_price: float | None = None,
     model_params: str | float | None = None,
+    gpu: str | None = None,
 ) -> Path:
     """Write the self-contained HTML report of a run; return its path.
 
     ``output`` defaults to ``RUN_DIR/report.html``. ``run`` / ``diagnosis`` skip loading and
-    diagnosing again when the caller has them; ``gpu_hour_price`` and ``model_params`` are
-    `analyze`'s. The file is written to a temporary name and renamed, so a failure leaves no
+    diagnosing again when the caller has them; ``gpu_hour_price``, ``model_params`` and ``gpu``
+    are `analyze`'s. The file is written to a temporary name and renamed, so a failure leaves no
     partial report. Raises `RunError` when the run can't be read or the report can't be
     written.
     """
@@ -750,7 +766,7 @@ def report(
 
         ctx = AnalysisContext(run)  # one alignment for the diagnosis and the per-step table
         diagnosis = analyze(
-            run, gpu_hour_price=gpu_hour_price, model_params=model_params, context=ctx
+            run, gpu_hour_price=gpu_hour_price, model_params=model_params, gpu=gpu, context=ctx
         )
         if len(run.spans) and len(run.gpu):
             extra["phase_steps"] = ctx.by_phase_step

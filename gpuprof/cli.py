@@ -51,6 +51,26 @@ GpuHourPrice = Annotated[
         "finding's lost GPU-time.",
     ),
 ]
+def _gpu_name(value: str | None) -> str | None:
+    if value is None:
+        return None
+    from gpuprof.analyzers.hardware import GPU_TABLE, match_gpu
+
+    if match_gpu(value) is None:
+        known = ", ".join(GPU_TABLE)
+        raise typer.BadParameter(f"unknown GPU model {value!r}; known: {known}")
+    return value
+
+
+GpuName = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu",
+        callback=_gpu_name,
+        help="The GPU model (H100, A100 80GB, GH200, MI300X…) for MFU and the decode roofline "
+        "when the run does not name it (a framework log) or names it wrongly.",
+    ),
+]
 ModelParams = Annotated[
     str | None,
     typer.Option(
@@ -147,6 +167,7 @@ def watch(
     ] = 120.0,
     gpu_hour_price: GpuHourPrice = None,
     model_params: ModelParams = None,
+    gpu: GpuName = None,
 ) -> None:
     if not command:
         _err("no command given: gpuprof watch [OPTIONS] -- CMD...")
@@ -172,7 +193,7 @@ def watch(
     except api.RunError as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_BAD_INPUT) from None
-    figures = {"gpu_hour_price": gpu_hour_price, "model_params": model_params}
+    figures = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
     if not result.complete or not result.summarize:  # a cut run, or not node rank 0
         raise typer.Exit(result.exit_code)
     if not quiet:
@@ -229,6 +250,7 @@ def summary(
     run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
     gpu_hour_price: GpuHourPrice = None,
     model_params: ModelParams = None,
+    gpu: GpuName = None,
 ) -> None:
     from gpuprof.reports.summary import summary_renderable
     from gpuprof.reports.terminal import efficiency_renderable
@@ -236,7 +258,7 @@ def summary(
     run = _load_or_exit(run_dir)
     console = Console()
     console.print(summary_renderable(run, str(run_dir)))
-    figures = api.efficiency(run, gpu_hour_price=gpu_hour_price, model_params=model_params)
+    figures = api.efficiency(run, gpu_hour_price=gpu_hour_price, model_params=model_params, gpu=gpu)
     console.print(efficiency_renderable(figures))
 
 
@@ -249,11 +271,12 @@ def analyze(
     ] = None,
     gpu_hour_price: GpuHourPrice = None,
     model_params: ModelParams = None,
+    gpu: GpuName = None,
 ) -> None:
     from gpuprof.reports.terminal import diagnosis_renderable, render_json
 
     run = _load_or_exit(run_dir)
-    diagnosis = api.analyze(run, gpu_hour_price=gpu_hour_price, model_params=model_params)
+    diagnosis = api.analyze(run, gpu_hour_price=gpu_hour_price, model_params=model_params, gpu=gpu)
     if json_out:
         print(render_json(diagnosis.to_dict(top=top)))
     else:
@@ -333,11 +356,17 @@ def report(
     ] = None,
     gpu_hour_price: GpuHourPrice = None,
     model_params: ModelParams = None,
+    gpu: GpuName = None,
 ) -> None:
     run = _load_or_exit(run_dir)
     try:
         path = api.report(
-            run_dir, output, run=run, gpu_hour_price=gpu_hour_price, model_params=model_params
+            run_dir,
+            output,
+            run=run,
+            gpu_hour_price=gpu_hour_price,
+            model_params=model_params,
+            gpu=gpu,
         )
     except api.RunError as exc:
         _err(str(exc))

@@ -215,3 +215,21 @@ def test_report_headline_keeps_busy_losses_out_of_idle_causes():
     assert "What bounds the step: reward bounds the step" in page
     assert {"rollout_bound", "update_bound", "memory_headroom"} <= BUSY_LOSS_KINDS
     assert Thresholds().gen_forward_ratio_slow > Thresholds().gen_forward_ratio_healthy
+
+
+# --------------------------------------------------------------------------------------------
+# --gpu
+
+
+@needs_fixtures
+def test_gpu_option_names_the_gpu_of_a_log(tmp_path):
+    run_dir = tmp_path / "run"
+    log = SHARED_FIXTURES / "verl" / "issue_excerpt_gh200_sglang.txt"
+    assert run_gpuprof("import", str(log), "-o", str(run_dir)).returncode == 0
+    proc = run_gpuprof("analyze", str(run_dir), "--json", "--gpu", "NVIDIA GH200 480GB")
+    assert proc.returncode == 0, proc.stderr
+    gpu = json.loads(proc.stdout)["summary"]["efficiency"]["gpu"]
+    assert gpu["model"] == "GH200" and gpu["peak_flops_per_gpu"] == pytest.approx(989.5e12)
+    proc = run_gpuprof("analyze", str(run_dir), "--gpu", "Quantum Abacus 9000")
+    assert proc.returncode == 2 and "unknown GPU model" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -90,6 +90,9 @@ class _Figures:
 
 
 def _gpu_name(ctx: AnalysisContext) -> tuple[str | None, list[str]]:
+    named = options_of(ctx).gpu_name
+    if named:  # the user's --gpu: a run without an inventory, or one that names it wrongly
+        return named, [named]
     names = [str(g.get("name")) for g in ctx.run.meta.gpus or [] if g.get("name")]
     if not names:
         return None, []
@@ -176,7 +179,7 @@ def figures(ctx: AnalysisContext) -> _Figures:
     if len(names) > 1:
         notes.append(f"mixed GPU models ({', '.join(names)}): peak of the most common, {name}")
     if name is None:
-        notes.append("MFU not available: the run does not name its GPUs")
+        notes.append("MFU not available: the run does not name its GPUs (pass --gpu NAME)")
     elif peak is None:
         notes.append(f"MFU not available: no peak FLOP/s known for {name!r}")
 

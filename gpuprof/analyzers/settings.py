@@ -40,11 +40,13 @@ def run_settings(meta: Any) -> dict[str, Any]:
 @dataclass(frozen=True)
 class EfficiencyOptions:
     """What the user or the caller adds: ``gpu_hour_price`` (the user's currency per
-    GPU-hour), ``model_params`` (an explicit parameter count), ``model_config`` (the parsed
+    GPU-hour), ``model_params`` (an explicit parameter count), ``gpu_name`` (the GPU model
+    the user names, ``--gpu``: it wins over the run's inventory), ``model_config`` (the parsed
     ``config.json`` found at the model path, read by the caller) and where it was read."""
 
     gpu_hour_price: float | None = None
     model_params: float | None = None
+    gpu_name: str | None = None
     model_config: Mapping[str, Any] | None = None
     model_config_path: str | None = None
 
