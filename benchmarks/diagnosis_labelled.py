@@ -1,18 +1,25 @@
 """Diagnosis accuracy on hand-labelled runs that the simulator did not make.
 
 Each case is a file a user would import (the real third-party files of ``../shared/fixtures``
-and the public-format files of ``tests/labelled/builders.py``) or a real CPU run of the GRPO
-example under ``gpuprof watch``, with the stall kinds a person reading it names. Every case
-goes through the CLI (``gpuprof import`` / ``watch``, then ``analyze --json``). Prints, per
-case, the expected and found kinds, then recall (expected kinds found), false findings (kinds
-found that were not expected) and exact matches.
+and ``tests/labelled/public`` — issue threads, published logs, profiler traces of real jobs,
+labelled in its ``cases.json`` — and the public-format files of ``tests/labelled/builders.py``)
+or a real CPU run of the GRPO example under ``gpuprof watch``, with the stall kinds a person
+reading it names. Every case goes through the CLI (``gpuprof import`` / ``watch``, then
+``analyze --json``). Prints, per case, the expected and found kinds and the phase that bounds
+the step, then per kind found / missed / false, recall, false findings and exact matches; a
+file the import rejects counts as found nothing.
 
-    python benchmarks/diagnosis_labelled.py
+    python benchmarks/diagnosis_labelled.py [--public-only] [--src DIR]
+
+``--src DIR`` runs another checkout's gpuprof (``git worktree add DIR REV``) on the same cases
+and labels: the "before" column of docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,19 +32,30 @@ sys.path.insert(0, str(ROOT / "tests"))
 from labelled import builders  # noqa: E402
 
 FIXTURES = ROOT.parent / "shared" / "fixtures"
+PUBLIC = ROOT / "tests" / "labelled" / "public"
 EXAMPLE = ROOT / "examples" / "grpo_tiny.py"
+SRC: Path | None = None
+"""Another checkout whose gpuprof runs instead of this one (``--src``)."""
+
+
+class ImportRejected(Exception):
+    """The import refused the file: the case found nothing."""
 
 
 def gpuprof(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if SRC is not None:
+        env["PYTHONPATH"] = str(SRC)
     return subprocess.run([sys.executable, "-m", "gpuprof", *args], capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+                          text=True, timeout=600, env=env)  # fmt: skip
 
 
-def imported(path: Path, tmp: Path) -> Path:
+def imported(path: Path | list[Path], tmp: Path) -> Path:
     run = tmp / "run"
-    proc = gpuprof("import", str(path), "-o", str(run))
+    paths = path if isinstance(path, list) else [path]
+    proc = gpuprof("import", *map(str, paths), "-o", str(run))
     if proc.returncode:
-        raise RuntimeError(proc.stderr)
+        raise ImportRejected((proc.stderr.strip().splitlines() or ["?"])[-1][:100])
     return run
 
 
@@ -61,9 +79,18 @@ def built(make: Callable[[Path], Path], name: str) -> Callable[[Path], Path]:
 CASES: list[tuple[str, Callable[[Path], Path], set[str]]] = [
     ("fixture verl gemma-2b PPO, test_freq=10", fixture("verl/gemma2b_ppo_2gpu_old_format.log"),
      {"periodic_stall"}),
-    ("fixture verl 16xH100 GSPO excerpt", fixture("verl/issue_excerpt_16xh100.txt"), set()),
-    ("fixture verl GH200 SGLang step", fixture("verl/issue_excerpt_gh200_sglang.txt"), set()),
+    ("fixture verl 16xH100 GSPO, update 40x ref", fixture("verl/issue_excerpt_16xh100.txt"),
+     {"update_bound"}),
+    ("fixture verl GH200 SGLang, slow generation", fixture("verl/issue_excerpt_gh200_sglang.txt"),
+     {"rollout_bound"}),
     ("fixture nvidia-smi RTX 4090 inference", fixture("nvidia_smi/rtx4090_inference.csv"), set()),
+    ("fixture Kineto DLRM 2 ranks, exposed NCCL",
+     lambda tmp: imported([FIXTURES / "kineto" / f"hta_sampled_rank-{r}.json.gz" for r in (0, 1)],
+                          tmp), {"comm_bound"}),
+    ("fixture Kineto CNN V100, healthy",
+     fixture("kineto/hta_ns_resolution_rank-0.pt.trace.json.gz"), set()),
+    ("fixture Kineto AlexNet, cudaMalloc/cudaFree", fixture("kineto/hta_alexnet_benchmark.json.gz"),
+     {"host_bound"}),
     ("verl log: checkpoint+validation every 10th step",
      built(builders.verl_periodic_checkpoint, "ppo.log"), {"periodic_stall"}),
     ("verl log: generation workers 170 s .. 690 s", built(builders.verl_long_tail, "grpo.log"),
@@ -82,29 +109,68 @@ CASES: list[tuple[str, Callable[[Path], Path], set[str]]] = [
 ]  # fmt: skip
 
 
+def public_cases() -> list[tuple[str, Callable[[Path], Path], set[str], str | None]]:
+    """The labelled files of tests/labelled/public (name, make, expected kinds, bound)."""
+    cases = json.loads((PUBLIC / "cases.json").read_text())
+    return [
+        (f"public {c['file'][:44]}", lambda tmp, f=c["file"]: imported(PUBLIC / f, tmp),
+         set(c["expected_kinds"]), c.get("bound"))
+        for c in cases
+    ]  # fmt: skip
+
+
 def main() -> None:
+    global SRC
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--public-only", action="store_true", help="only tests/labelled/public")
+    parser.add_argument("--src", type=Path, help="run this checkout's gpuprof instead")
+    args = parser.parse_args()
+    SRC = args.src.resolve() if args.src else None
     t0 = time.perf_counter()
-    expected_n = found_n = false_n = exact = ran = 0
-    print(f"{'case':50s} {'expected':28s} found")
-    for name, make, expected in CASES:
+    cases = [] if args.public_only else [(n, m, e, None) for n, m, e in CASES]
+    cases += public_cases()
+    per_kind: dict[str, list[int]] = {}  # kind -> [found, missed, false]
+    expected_n = found_n = false_n = exact = ran = rejected = 0
+    bound_right = bound_cases = 0
+    print(f"{'case':52s} {'expected':26s} {'found':30s} bound")
+    for name, make, expected, bound in cases:
         if name.startswith("fixture") and not FIXTURES.is_dir():
-            print(f"{name:50s} skipped: no ../shared/fixtures")
+            print(f"{name:52s} skipped: no ../shared/fixtures")
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            run = make(Path(tmp))
-            doc = json.loads(gpuprof("analyze", str(run), "--json").stdout)
+            try:
+                run = make(Path(tmp))
+                doc = json.loads(gpuprof("analyze", str(run), "--json").stdout)
+            except ImportRejected as exc:
+                doc, note = {"findings": [], "summary": {}}, f"import rejected: {exc}"
+                rejected += 1
+            else:
+                note = ""
         kinds = {f["kind"] for f in doc["findings"]}
+        got_bound = ((doc["summary"].get("bound") or {}).get("bound") or [None])[0]
         ran += 1
         expected_n += len(expected)
         found_n += len(expected & kinds)
         false_n += len(kinds - expected)
         exact += kinds == expected
-        shown = ", ".join(sorted(kinds)) or "(none)"
-        print(f"{name:50s} {', '.join(sorted(expected)) or '(none)':28s} {shown}")
-    print(f"\n{ran} labelled runs in {time.perf_counter() - t0:.0f} s")
+        for kind in expected | kinds:
+            row = per_kind.setdefault(kind, [0, 0, 0])
+            row[0 if kind in expected & kinds else 1 if kind in expected else 2] += 1
+        if bound:
+            bound_cases += 1
+            bound_right += got_bound == bound
+        shown = note or ", ".join(sorted(kinds)) or "(none)"
+        want = ", ".join(sorted(expected)) or "(none)"
+        bound_text = f"{got_bound or '-'}" + (f" (want {bound})" if bound else "")
+        print(f"{name:52s} {want:26s} {shown[:30]:30s} {bound_text}")
+    print(f"\n{ran} labelled runs in {time.perf_counter() - t0:.0f} s ({rejected} rejected)")
+    print(f"{'kind':24s} found missed false")
+    for kind, (f, m, x) in sorted(per_kind.items()):
+        print(f"{kind:24s} {f:5d} {m:6d} {x:5d}")
     print(f"expected kinds found: {found_n}/{expected_n}")
     print(f"false findings:       {false_n}")
     print(f"exact matches:        {exact}/{ran}")
+    print(f"step bound named:     {bound_right}/{bound_cases}")
 
 
 if __name__ == "__main__":

@@ -149,6 +149,24 @@ def test_impossible_framework_mfu_is_named_and_not_evidence():
     assert any("impossible" in n for n in bound["notes"])
 
 
+def test_low_framework_mfu_is_update_bound_without_a_gpu():
+    """A verl log with perf/mfu/actor ≈ 0.07 and no GPU named: the framework's own MFU is the
+    evidence (it counts the update's compute alone, so a low one is low)."""
+    run = verl_run({"gen": 10.0, "ref": 2.0, "update_actor": 6.0}, steps=20,
+                   **{"perf/mfu/actor": 0.07})  # fmt: skip
+    d = api.analyze(run)
+    assert [f.kind for f in d.findings] == ["update_bound"]
+    f = d.findings[0]
+    assert f.evidence.measure == "framework_mfu"
+    assert f.evidence.framework_mfu == pytest.approx(0.07)
+    # 20 steps × 6 s of update (GPU count unknown: per GPU) × (1 - 0.07 / 0.30)
+    assert f.gpu_seconds_lost == pytest.approx(20 * 6.0 * (1 - 0.07 / 0.30))
+    assert "7.0% MFU by verl's own count" in f.summary
+    # a framework MFU of 0 means "not computed": no evidence either way
+    run = verl_run({"gen": 10.0, "ref": 2.0, "update_actor": 6.0}, **{"perf/mfu/actor": 0.0})
+    assert not api.analyze(run).findings
+
+
 def test_nothing_to_judge_is_said_not_no_stall():
     run = Run(RunMeta(run_id="empty"))
     d = api.analyze(run)

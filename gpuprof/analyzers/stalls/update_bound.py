@@ -123,6 +123,14 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             f"tokens/s on {update.get('gpus')} × {fig.gpu.get('model')}): at "
             f"{th.reachable_mfu:.0%} it would save"
         )
+    elif verdict.measure == "framework_mfu":
+        mfu = float(verdict.value)
+        lost = update_gpu_s * max(0.0, 1.0 - mfu / th.reachable_mfu)
+        confidence = 0.55  # the framework's own count of its own FLOPs
+        head = (
+            f"update_actor reaches {mfu:.1%} MFU by {ctx.run.meta.framework or 'the framework'}'s "
+            f"own count (perf/mfu/actor): at {th.reachable_mfu:.0%} it would save"
+        )
     else:
         ratio = float(verdict.value)
         lost = update_gpu_s * max(0.0, 1.0 - th.update_forward_ratio_healthy / ratio)
