@@ -68,6 +68,9 @@ def test_token_ratios_worked_by_hand():
     # without the lengths the update ratio stands (same tokens), generation does not
     r = token_ratios(walls, steps.iloc[0:0], {})
     assert r.update_per_epoch == pytest.approx(6.0) and r.generation is None
+    # a forward pass of milliseconds is fixed per-call cost, not tokens: not a yardstick
+    short = walls.assign(wall_s=walls["wall_s"] / 1000)
+    assert token_ratios(short, steps, {}, min_forward_s=0.25) is None
     # no forward pass: nothing to compare with
     assert token_ratios(walls[~walls["phase"].str.endswith("logprob")], steps, {}) is None
 

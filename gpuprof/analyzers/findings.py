@@ -218,6 +218,13 @@ class Thresholds:
     bound_member_share: float = 0.25
     """The least share of the step a phase has to be named among those that bound it.
     Source: seed."""
+    ratio_min_forward_s: float = 0.25
+    """The cross-phase ratios leave out steps whose forward pass took less than this: a pass
+    of milliseconds is fixed per-call costs, not tokens. Source: measured — TRL's GRPOTrainer
+    on a tiny model on CPU (tests/test_trl_e2e.py) runs its reference pass in ~5 ms and its
+    update, optimizer step included, at 14× that; real RL forward passes take seconds (3.4 s
+    and 414 s in the verl issue excerpts, 11 s in the gemma-2b log). A quarter second is 50×
+    the tiny run's pass and below any real one."""
     update_forward_ratio_healthy: float = 3.4
     """Update seconds per token per PPO epoch over a forward pass's (reference / old
     log-prob) of the same step, in a healthy run. Source: measured — verl's logged

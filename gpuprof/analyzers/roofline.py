@@ -90,7 +90,10 @@ def _epochs(settings: Mapping[str, Any]) -> float:
 
 
 def token_ratios(
-    walls: pd.DataFrame, steps: pd.DataFrame, settings: Mapping[str, Any]
+    walls: pd.DataFrame,
+    steps: pd.DataFrame,
+    settings: Mapping[str, Any],
+    min_forward_s: float = 0.0,
 ) -> TokenRatios | None:
     """`TokenRatios` from per-(phase, step) wall seconds (`phase_work.phase_walls`) and
     per-step token figures (`phase_work.step_rows`); None without a forward pass.
@@ -98,7 +101,9 @@ def token_ratios(
     The batch is the same in every phase of a step, so relative token counts suffice: a
     forward pass and the update process the same prompt + response tokens (the update once
     per epoch), so their seconds compare directly; generation makes the response tokens, so
-    its ratio needs the mean prompt and response lengths.
+    its ratio needs the mean prompt and response lengths. Steps whose forward pass is shorter
+    than ``min_forward_s`` are left out: a pass of milliseconds is its fixed per-call costs
+    (launches, Python, the optimizer step beside it), not its tokens.
     """
     if walls.empty:
         return None
@@ -111,7 +116,9 @@ def token_ratios(
     medians = {p: float(np.nanmedian(np.where(table[p] > 0, table[p], np.nan))) for p in forward}
     fwd_phase = min(medians, key=lambda p: medians[p])
     fwd = table[fwd_phase].to_numpy(float)
-    fwd = np.where(fwd > 0, fwd, np.nan)
+    fwd = np.where((fwd > 0) & (fwd >= min_forward_s), fwd, np.nan)
+    if not np.isfinite(fwd).any():
+        return None
     epochs = _epochs(settings)
 
     def median_ratio(values: np.ndarray) -> tuple[float | None, int]:

@@ -408,7 +408,7 @@ def assess(ctx: AnalysisContext, th: Thresholds | None = None) -> Assessment:
     settings = run_settings(ctx.run.meta)
     spans = valid_spans(ctx.run.spans)
     steps = step_rows(spans, settings)
-    ratios = token_ratios(phase_walls(spans), steps, settings)
+    ratios = token_ratios(phase_walls(spans), steps, settings, th.ratio_min_forward_s)
     decode = None
     try:
         decode = _decode(ctx, steps, settings)
