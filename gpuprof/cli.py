@@ -51,6 +51,8 @@ GpuHourPrice = Annotated[
         "finding's lost GPU-time.",
     ),
 ]
+
+
 def _gpu_name(value: str | None) -> str | None:
     if value is None:
         return None

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuprof.analyzers.evidence import Evidence
+from gpuprof.analyzers.settings import num as _num
 from gpuprof.frameworks import FRAMEWORKS, framework_module
 from gpuprof.frameworks._knob import KnobEntry
 
@@ -37,16 +38,6 @@ from gpuprof.frameworks._knob import KnobEntry
 # ``context`` holds run facts (``gpus_per_host``). Returning None means "no concrete value".
 
 SuggestFn = Callable[[Any, Any, Mapping[str, Any], dict[str, Any]], Any]
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
 
 
 def _like(base: Any, value: float) -> int | float:

@@ -1,14 +1,9 @@
 """What the busy-time stalls (``rollout_bound``, ``update_bound``) share: a phase's GPU-seconds
-on either basis, what earlier findings already explain in it, and the finding they make."""
+on either basis and what earlier findings already explain in it."""
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
-from gpuprof.analyzers.evidence import Evidence
-from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.findings import AnalysisContext
 from gpuprof.analyzers.stalls._timing import phase_seconds, timing
 
 
@@ -29,29 +24,3 @@ def explained_in(ctx: AnalysisContext, phase: str) -> float:
     """GPU-seconds the findings applied so far lost inside ``phase`` (a long tail, memory
     headroom, offload copies, exposed collectives…), not to be counted again."""
     return sum(f.gpu_seconds_lost for f in ctx.found if phase in f.evidence.phases)
-
-
-def busy_finding(
-    kind: str,
-    lost: float,
-    total: float,
-    th: Thresholds,
-    confidence: float,
-    summary: str,
-    evidence: Evidence,
-) -> Finding | None:
-    """The finding, or None when ``lost`` is not above the noise threshold; ``{share}`` and
-    ``{lost}`` in ``summary`` are filled in."""
-    if not math.isfinite(lost) or lost <= 0 or total <= 0:
-        return None
-    share = float(min(1.0, lost / total))
-    if share < th.min_share:
-        return None
-    return Finding(
-        kind=kind,
-        gpu_seconds_lost=float(lost),
-        share=share,
-        confidence=float(np.clip(confidence, 0.0, 1.0)),
-        summary=summary.replace("{share}", f"{share:.0%}"),
-        evidence=evidence,
-    )

@@ -230,10 +230,17 @@ def _finding(
     confidence: float,
     summary: str,
     evidence: Evidence,
+    total_gpu_s: float | None = None,
 ) -> Finding | None:
+    """The finding, or None below the noise threshold; ``{share}`` in ``summary`` is filled
+    in. ``total_gpu_s``: the run's GPU-seconds when they do not come from GPU samples (a
+    framework log's phase times × its GPU count)."""
     if not np.isfinite(gpu_s) or gpu_s <= 0:
         return None
-    share = ctx.share(gpu_s)
+    if total_gpu_s is None:
+        share = ctx.share(gpu_s)
+    else:
+        share = float(min(1.0, gpu_s / total_gpu_s)) if total_gpu_s > 0 else 0.0
     if share < th.min_share:
         return None
     return Finding(

@@ -24,9 +24,9 @@ from gpuprof.analyzers.model_size import model_size
 from gpuprof.analyzers.roofline import rollout_settings
 from gpuprof.analyzers.settings import num, options_of, run_settings
 from gpuprof.analyzers.stalls._bound import FORWARD_NAME, assess
-from gpuprof.analyzers.stalls._busy import busy_finding, explained_in, phase_gpu_s
+from gpuprof.analyzers.stalls._busy import explained_in, phase_gpu_s
 from gpuprof.analyzers.stalls._phase import _phase_intervals
-from gpuprof.analyzers.stalls._resource import _fmt_gpu_s
+from gpuprof.analyzers.stalls._resource import _finding, _fmt_gpu_s
 
 LOW_MEMORY_SHARE = 0.5
 """An engine given less than this share of GPU memory holds a small KV cache (vLLM's default
@@ -159,7 +159,9 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         causes=causes,
         knobs=knobs or None,
     )
-    return busy_finding("rollout_bound", lost, total, th, confidence, summary, evidence)
+    return _finding(
+        "rollout_bound", ctx, th, lost, confidence, summary, evidence, total_gpu_s=total
+    )
 
 
 def _response_mean(ctx: AnalysisContext) -> float | None:

@@ -19,9 +19,9 @@ from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.settings import num as _num
 from gpuprof.analyzers.settings import run_settings
 from gpuprof.analyzers.stalls._bound import FORWARD_NAME, assess
-from gpuprof.analyzers.stalls._busy import busy_finding, explained_in, phase_gpu_s
+from gpuprof.analyzers.stalls._busy import explained_in, phase_gpu_s
 from gpuprof.analyzers.stalls._phase import _phase_intervals
-from gpuprof.analyzers.stalls._resource import _fmt_gpu_s
+from gpuprof.analyzers.stalls._resource import _finding, _fmt_gpu_s
 
 _CAUSES: tuple[tuple[str, Any, str], ...] = (
     ("actor_rollout_ref.actor.fsdp_config.param_offload", True,
@@ -172,4 +172,4 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         causes=causes,
         knobs=knobs or None,
     )
-    return busy_finding("update_bound", lost, total, th, confidence, summary, evidence)
+    return _finding("update_bound", ctx, th, lost, confidence, summary, evidence, total_gpu_s=total)
