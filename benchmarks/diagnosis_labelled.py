@@ -46,8 +46,9 @@ def gpuprof(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     if SRC is not None:
         env["PYTHONPATH"] = str(SRC)
+    # ``-m`` puts the working directory first on sys.path: run from the checkout measured
     return subprocess.run([sys.executable, "-m", "gpuprof", *args], capture_output=True,
-                          text=True, timeout=600, env=env)  # fmt: skip
+                          text=True, timeout=600, env=env, cwd=SRC or ROOT)  # fmt: skip
 
 
 def imported(path: Path | list[Path], tmp: Path) -> Path:

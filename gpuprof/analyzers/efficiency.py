@@ -86,6 +86,10 @@ class _Figures:
     framework: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     seq_mean: float | None = None
+    step_rows: pd.DataFrame | None = None
+    """`phase_work.step_rows` of the run (one row per step span with its token figures)."""
+    phase_walls: pd.DataFrame | None = None
+    """`phase_work.phase_walls` of the run (wall seconds per phase and step)."""
     attention_counted: bool = False
 
 
@@ -317,6 +321,8 @@ def figures(ctx: AnalysisContext) -> _Figures:
         framework=_framework_metrics(spans, run.meta.framework),
         notes=notes,
         seq_mean=seq_mean,
+        step_rows=steps,
+        phase_walls=walls,
         attention_counted=attention_counted,
     )
     ctx.__dict__["_efficiency"] = result

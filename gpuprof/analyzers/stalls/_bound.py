@@ -34,7 +34,6 @@ from gpuprof.analyzers.efficiency import FRAMEWORK_MFU_PHASE, figures
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.hardware import match_gpu
 from gpuprof.analyzers.model_size import model_size
-from gpuprof.analyzers.phase_work import phase_walls, step_rows, valid_spans
 from gpuprof.analyzers.roofline import DecodeRoofline, decode_roofline, token_ratios
 from gpuprof.analyzers.settings import num, options_of, run_settings
 from gpuprof.analyzers.stalls._timing import timing
@@ -406,9 +405,9 @@ def assess(ctx: AnalysisContext, th: Thresholds | None = None) -> Assessment:
     basis, n_steps, step_s, rows = _composition(ctx)
     notes: list[str] = []
     settings = run_settings(ctx.run.meta)
-    spans = valid_spans(ctx.run.spans)
-    steps = step_rows(spans, settings)
-    ratios = token_ratios(phase_walls(spans), steps, settings, th.ratio_min_forward_s)
+    fig = figures(ctx)  # its per-step tokens and phase walls, computed once
+    steps, walls = fig.step_rows, fig.phase_walls
+    ratios = token_ratios(walls, steps, settings, th.ratio_min_forward_s)
     decode = None
     try:
         decode = _decode(ctx, steps, settings)
