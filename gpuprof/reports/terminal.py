@@ -90,7 +90,7 @@ def bound_parts(bound: dict[str, Any] | None) -> list[Any]:
         why = bound.get("nothing_to_judge")
         return [Text(f"What bounds the step: {why}", style="dim")] if why else []
     head = Text("What bounds the step", style="bold")
-    basis = {"phase_timing": "the framework's phase times", "gpu_samples": "GPU samples"}
+    basis = {"phase_timing": "phase times, no GPU samples", "gpu_samples": "GPU samples"}
     head.append(f" (from {basis.get(bound.get('basis'), bound.get('basis'))})", style="dim")
     parts: list[Any] = [head, _indented(Text(str(bound["verdict"])))]
     shares = []

@@ -34,7 +34,7 @@ from gpuprof.analyzers.efficiency import FRAMEWORK_MFU_PHASE, figures
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.hardware import match_gpu
 from gpuprof.analyzers.model_size import model_size
-from gpuprof.analyzers.roofline import DecodeRoofline, decode_roofline, token_ratios
+from gpuprof.analyzers.roofline import FORWARD_PHASES, DecodeRoofline, decode_roofline, token_ratios
 from gpuprof.analyzers.settings import num, options_of, run_settings
 from gpuprof.analyzers.stalls._timing import timing
 
@@ -303,7 +303,8 @@ def _verdicts(ctx: AnalysisContext, th: Thresholds, ratios, decode, framework) -
             figs[k] = v["mean"]
             if k == "framework_mfu":
                 figs["framework_mfu_status"] = v["status"]
-        out[phase] = _verdict(phase, th, entry, figs, ratios, decode)
+        why_not = _why_not(phase, entry, th, ctx)
+        out[phase] = _verdict(phase, th, entry, figs, ratios, decode, why_not)
     return out
 
 
@@ -312,7 +313,7 @@ def _phase_order(phase: str) -> int:
     return order.index(phase) if phase in order else len(order)
 
 
-def _verdict(phase, th, entry, figs, ratios, decode) -> PhaseVerdict:
+def _verdict(phase, th, entry, figs, ratios, decode, why_not: str) -> PhaseVerdict:
     name = _WORK_NAME.get(phase, phase)
     mfu = entry.get("mfu")
     if phase == "update_actor" and mfu is not None:
@@ -380,16 +381,26 @@ def _verdict(phase, th, entry, figs, ratios, decode) -> PhaseVerdict:
     if mfu is not None:
         why = f"{name} reaches {mfu:.1%} MFU (no healthy level set for it)"
         return PhaseVerdict(phase, "not judged", "mfu", mfu, None, why, figs)
-    return PhaseVerdict(phase, "not judged", None, None, None, _why_not(phase, entry), figs)
+    return PhaseVerdict(phase, "not judged", None, None, None, why_not, figs)
 
 
-def _why_not(phase: str, entry: dict) -> str:
-    if phase in ("rollout", "update_actor"):
-        return (
-            "no GPU model with a known peak and model size, and no forward pass of the same "
-            "steps to compare with"
+def _why_not(phase: str, entry: dict, th: Thresholds, ctx: AnalysisContext) -> str:
+    if phase not in ("rollout", "update_actor"):
+        return "no healthy level to compare with"
+    fig = figures(ctx)
+    walls = fig.phase_walls
+    forward = walls[walls["phase"].isin(FORWARD_PHASES)] if walls is not None else None
+    if forward is None or forward.empty:
+        yardstick = "no forward pass of the same steps"
+    elif float(forward["wall_s"].max()) < th.ratio_min_forward_s:
+        yardstick = (
+            f"the forward pass takes under {th.ratio_min_forward_s:g} s, its fixed per-call "
+            "costs rather than its tokens"
         )
-    return "no healthy level to compare with"
+    else:
+        yardstick = "no prompt / response lengths to count generated tokens"
+    hardware = "no GPU model with a known peak" if not fig.peak else "no model size"
+    return f"{hardware} (--gpu, --model-params), and {yardstick}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -461,6 +472,7 @@ def _verdict_text(a: Assessment) -> str | None:
     else:
         text = f"{a.bound[0]} and {a.bound[1]} bound the step ({shares[0]} and {shares[1]}"
     text += f", {a.step_s:.1f} s per step)" if a.step_s else ")"
+    unjudged: dict[str, list[str]] = {}
     for phase in a.bound:
         v = a.verdicts.get(phase)
         if v is None:
@@ -470,7 +482,9 @@ def _verdict_text(a: Assessment) -> str | None:
         elif v.verdict == "healthy":
             text += f"; {v.why}: within the healthy range"
         else:
-            text += f"; {phase}'s speed is not judged ({v.why})"
+            unjudged.setdefault(v.why, []).append(phase)
+    for why, phases in unjudged.items():
+        text += f"; {' and '.join(phases)}: speed not judged ({why})"
     return text
 
 
