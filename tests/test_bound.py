@@ -122,11 +122,11 @@ def test_a_step_without_a_dominant_phase_says_so_and_finds_nothing():
     assert bound["composition"][0]["phase"] == "rollout"
     assert bound["composition"][0]["share"] == pytest.approx(0.5)
     rollout = next(p for p in bound["phases"] if p["phase"] == "rollout")
-    # (30 / 300) / (5 / 400) = 8: above the healthy 7.5 but far from slow
-    assert rollout["value"] == pytest.approx(8.0) and rollout["verdict"] == "healthy"
+    # (30 / 300) / (5 / 400) = 8: above the healthy 7.5, below the slow 15
+    assert rollout["value"] == pytest.approx(8.0) and rollout["verdict"] == "borderline"
     update = next(p for p in bound["phases"] if p["phase"] == "update_actor")
     assert update["value"] == pytest.approx(17.0 / 5.0) and update["verdict"] == "healthy"
-    assert "within the healthy range" in bound["verdict"]
+    assert "above the healthy range, not yet slow" in bound["verdict"]
     assert not d.findings
 
     run = verl_run({"gen": 15.0, "ref": 10.0, "update_actor": 15.0, "reward": 15.0})
@@ -254,3 +254,39 @@ def test_gpu_option_names_the_gpu_of_a_log(tmp_path):
     proc = run_gpuprof("analyze", str(run_dir), "--gpu", "Quantum Abacus 9000")
     assert proc.returncode == 2 and "unknown GPU model" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+ONE_LINE = (
+    "(TaskRunner pid=51234) step:7 - response_length/mean:1890.2 - response_length/max:2048.0 - "
+    "response_length/clip_ratio:0.897 - prompt_length/mean:180.4 - "
+    "timing_s/agent_loop/generate_sequences/min:92.4 - "
+    "timing_s/agent_loop/generate_sequences/max:371.9 - "
+    "timing_s/agent_loop/generate_sequences/mean:203.1 - "
+    "timing_s/agent_loop/slowest/num_preempted:-1 - timing_s/agent_loop/slowest/prompt_length:150"
+    " - timing_s/gen:380.2 - timing_s/reward:2.1 - timing_s/old_log_prob:31.0 - timing_s/ref:29.8"
+    " - timing_s/adv:0.3 - timing_s/update_actor:96.5 - timing_s/step:540.1\n"
+)
+
+
+def test_one_agent_loop_line_names_the_tail_and_the_cap(tmp_path):
+    """One verl step line: per-request generation 92-372 s (4×), nine in ten responses at the
+    2048-token cap, a count (num_preempted -1) filed under timing_s/. The line imports (the
+    counts are skipped), the tail is named from it, and no shorter cap is suggested: the cap
+    is what the responses reach, not a tail to cut."""
+    log = tmp_path / "step.log"
+    log.write_text(ONE_LINE)
+    run_dir = tmp_path / "run"
+    assert run_gpuprof("import", str(log), "-o", str(run_dir)).returncode == 0
+    doc = json.loads(run_gpuprof("analyze", str(run_dir), "--json").stdout)
+    assert {f["kind"] for f in doc["findings"]} == {"generation_tail"}
+    ev = doc["findings"][0]["evidence"]
+    assert ev["generation_worker_s_min"] == pytest.approx(92.4)
+    assert ev["generation_worker_s_max"] == pytest.approx(371.9)
+    assert ev["response_clip_ratio"] == pytest.approx(0.897)
+    assert "data.max_response_length" not in {r["knob"] for r in doc["recommendations"]}
+    bound = doc["summary"]["bound"]
+    rollout = next(p for p in bound["phases"] if p["phase"] == "rollout")
+    # (380.2 / 1890.2) / (29.8 / 2070.6) = 14.0: above healthy (7.5), below slow (15)
+    assert rollout["verdict"] == "borderline"
+    assert rollout["value"] == pytest.approx(380.2 / 1890.2 / (29.8 / 2070.6), rel=1e-3)
+    assert "above the healthy range, not yet slow" in bound["verdict"]

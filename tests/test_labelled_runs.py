@@ -194,7 +194,8 @@ def test_real_rollout_bound_gh200_step(tmp_path):
     assert bound["bound"] == ["rollout"]
     assert "rollout bounds the step (77% of it" in bound["verdict"]
     update = next(p for p in bound["phases"] if p["phase"] == "update_actor")
-    assert update["verdict"] == "healthy"  # 14.3 s against a 3.4 s reference pass: 4.2×
+    # 14.3 s against a 3.4 s reference pass: 4.2×, above the healthy 3.4×, far from slow
+    assert update["verdict"] == "borderline"
     assert update["figures"]["framework_mfu_status"] == "impossible (above 100%)"
     assert any("perf/mfu/actor is impossible" in n for n in bound["notes"])
     ev = finding(doc, "rollout_bound")["evidence"]

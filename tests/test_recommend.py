@@ -12,7 +12,14 @@ from gpuprof.analyzers.evidence import (
     PeriodicStallEvidence,
 )
 from gpuprof.analyzers.findings import STALL_KINDS, Finding
-from gpuprof.analyzers.knobs import CATALOGUE, FRAMEWORKS, SUGGEST_RULES, KnobEntry, entries
+from gpuprof.analyzers.knobs import (
+    CATALOGUE,
+    FRAMEWORKS,
+    NOT_THE_CAUSE,
+    SUGGEST_RULES,
+    KnobEntry,
+    entries,
+)
 from gpuprof.analyzers.recommend import (
     Recommendation,
     coerce,
@@ -297,6 +304,9 @@ def test_rule_values():
     assert cap(16384, 4, tail, {}) == 4096
     assert cap(2048, 4, tail, {}) == 2048
     assert cap(8192, 4, {}, {}) == 4096
+    # nine in ten responses cut at the cap: the cap is what they reach, not a tail to cut
+    capped = GenerationTailEvidence(response_length_mean_tokens=1890, response_clip_ratio=0.9)
+    assert cap(2048, 4, capped, {}) is NOT_THE_CAUSE
 
 
 def test_explicit_never_is_not_changed():

@@ -131,9 +131,21 @@ RELATIVE: dict[str, str] = {
 sentence to make ("every every 4× as many steps")."""
 
 
+NOT_THE_CAUSE = object()
+"""What a rule returns when the evidence says its knob is not the cause (no advice at all,
+unlike None: no concrete value, which may still read as a relative suggestion)."""
+
+CAP_BINDING_CLIP_RATIO = 0.5
+"""With at least this share of responses cut at the length cap, the cap is what most
+responses reach, not a tail to cut: no shorter cap is suggested."""
+
+
 def _rule_cap_length(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, Any]) -> Any:
     # cap the response length near ``arg`` × the mean response (a power of two), never above
     # the current cap; without a measured mean, halve the current cap
+    clip = _num(evidence_value(ev, "response_clip_ratio")) if ev else None
+    if clip is not None and clip >= CAP_BINDING_CLIP_RATIO:
+        return NOT_THE_CAUSE
     current = _num(base)
     mean = _num(evidence_value(ev, EVIDENCE_READS["cap_length"]))
     if mean is not None and mean > 0:

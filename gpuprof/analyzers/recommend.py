@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuprof.analyzers.findings import Finding
-from gpuprof.analyzers.knobs import CATALOGUE, FRAMEWORKS, RELATIVE, SUGGEST_RULES, KnobEntry
+from gpuprof.analyzers.knobs import (
+    CATALOGUE,
+    FRAMEWORKS,
+    NOT_THE_CAUSE,
+    RELATIVE,
+    SUGGEST_RULES,
+    KnobEntry,
+)
 from gpuprof.commandline import coerce, parse_knobs, tokens
 from gpuprof.model import RunMeta
 
@@ -250,6 +257,8 @@ def _build(
         if observed is not None:
             base = int(observed) if float(observed).is_integer() else observed
     suggested = SUGGEST_RULES[entry.rule](base, entry.arg, evidence, ctx)
+    if suggested is NOT_THE_CAUSE:
+        return None
     if suggested is None:
         if known or entry.rule not in RELATIVE:
             return None  # e.g. an every-N setting already at "never"

@@ -16,7 +16,7 @@ busy. From one step line up:
   phases, the decode roofline of generation, and with no GPU known the cross-phase ratios; the
   framework's own figures (verl ``perf/mfu/*``, ``timing_per_token_ms/*``) beside them, an
   impossible one (MFU above 100%) named as such. Each phase gets a verdict: ``slow``,
-  ``healthy`` or ``not judged`` with why.
+  ``healthy``, ``borderline`` or ``not judged`` with why.
 
 `assess` computes it once per `AnalysisContext`; the ``rollout_bound`` and ``update_bound``
 stalls and `bound_summary` (the ``bound`` section of the diagnosis) read it. Pure: no I/O.
@@ -79,8 +79,9 @@ TIMING_PER_TOKEN_PHASE: dict[str, str] = {
 
 @dataclass
 class PhaseVerdict:
-    """One busy phase against what the hardware allows: ``verdict`` is ``slow``, ``healthy``
-    or ``not judged``; ``measure`` the figure it rests on (``mfu``, ``decode_roofline``,
+    """One busy phase against what the hardware allows: ``verdict`` is ``slow``, ``healthy``,
+    ``borderline`` (between the healthy and the slow level) or ``not judged``; ``measure``
+    the figure it rests on (``mfu``, ``framework_mfu``, ``decode_roofline``,
     ``forward_ratio``), ``value`` and ``expected`` that figure and its healthy level,
     ``why`` the sentence; ``figures`` every figure known for the phase."""
 
@@ -344,10 +345,10 @@ def _verdict(phase, th, entry, figs, ratios, decode, why_not: str) -> PhaseVerdi
         if phase == "update_actor" and ratios.update_per_epoch is not None:
             r = ratios.update_per_epoch
             figs["forward_ratio"] = r
-            slow = r >= th.update_forward_ratio_slow
+            state = _ratio_state(r, th.update_forward_ratio_healthy, th.update_forward_ratio_slow)
             epochs = f" per PPO epoch ({ratios.epochs:g})" if ratios.epochs != 1 else ""
             return PhaseVerdict(
-                phase, "slow" if slow else "healthy", "forward_ratio", r,
+                phase, state, "forward_ratio", r,
                 th.update_forward_ratio_healthy,
                 f"{name} takes {r:.1f}× the {fwd} pass over the same tokens{epochs}; a "
                 f"forward + backward costs ~3× a forward (healthy runs "
@@ -360,9 +361,9 @@ def _verdict(phase, th, entry, figs, ratios, decode, why_not: str) -> PhaseVerdi
             if decode is not None:
                 figs.update({"bandwidth_util": decode.bandwidth_util,
                              "decode_efficiency": decode.efficiency})  # fmt: skip
-            slow = r >= th.gen_forward_ratio_slow
+            state = _ratio_state(r, th.gen_forward_ratio_healthy, th.gen_forward_ratio_slow)
             return PhaseVerdict(
-                phase, "slow" if slow else "healthy", "forward_ratio", r,
+                phase, state, "forward_ratio", r,
                 th.gen_forward_ratio_healthy,
                 f"a generated token costs {r:.1f}× a token of the {fwd} pass (healthy runs "
                 f"≤ {th.gen_forward_ratio_healthy:g}×)", figs,
@@ -382,6 +383,11 @@ def _verdict(phase, th, entry, figs, ratios, decode, why_not: str) -> PhaseVerdi
         why = f"{name} reaches {mfu:.1%} MFU (no healthy level set for it)"
         return PhaseVerdict(phase, "not judged", "mfu", mfu, None, why, figs)
     return PhaseVerdict(phase, "not judged", None, None, None, why_not, figs)
+
+
+def _ratio_state(ratio: float, healthy: float, slow: float) -> str:
+    """``slow`` at or above ``slow``, ``healthy`` up to ``healthy``, ``borderline`` between."""
+    return "slow" if ratio >= slow else "healthy" if ratio <= healthy else "borderline"
 
 
 def _why_not(phase: str, entry: dict, th: Thresholds, ctx: AnalysisContext) -> str:
@@ -481,6 +487,8 @@ def _verdict_text(a: Assessment) -> str | None:
             text += f"; {v.why}: slow for its tokens"
         elif v.verdict == "healthy":
             text += f"; {v.why}: within the healthy range"
+        elif v.verdict == "borderline":
+            text += f"; {v.why}: above the healthy range, not yet slow"
         else:
             unjudged.setdefault(v.why, []).append(phase)
     for why, phases in unjudged.items():
