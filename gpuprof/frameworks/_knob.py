@@ -93,6 +93,10 @@ _UPD_OFFLOAD = (
     "{knob}={current}: the update waits on copies over PCIe every step; {suggested} keeps the "
     "state on the GPU when memory allows."
 )
+_UPD_RECOMPUTE = (
+    "{knob}={current}: the backward recomputes every layer's forward (about a third more work "
+    "that is not model FLOPs); {suggested} keeps the activations when memory allows."
+)
 _UNUSED = (
     "{knob}={current}: some GPUs given to the job never ran work; {suggested} puts every GPU "
     "of the node to work (or ask the scheduler / CUDA_VISIBLE_DEVICES for fewer GPUs)."

@@ -16,6 +16,7 @@ from gpuprof.frameworks._knob import (
     _SYNC_LESS,
     _UNUSED,
     _UPD_MICRO,
+    _UPD_RECOMPUTE,
     _WORKERS,
     KnobEntry,
 )
@@ -87,6 +88,8 @@ KNOBS: tuple[KnobEntry, ...] = (
        _GEN_TP),
     _K("trl", "update_bound", "micro_batch", "per_device_train_batch_size", "", "multiply", 2, 8,
        0.3, _UPD_MICRO),
+    _K("trl", "update_bound", "recompute", "gradient_checkpointing", "", "set", False, False,
+       0.2, _UPD_RECOMPUTE),
     _K("trl", "update_bound", "liger", "use_liger_kernel", "", "set", True, False, 0.2,
        "{knob}={current}: the loss materialises the full logits of every token; "
        "{suggested} fuses it (and the MLP / norm kernels) for more tokens per micro-batch."),

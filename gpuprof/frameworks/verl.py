@@ -22,6 +22,7 @@ from gpuprof.frameworks._knob import (
     _UNUSED,
     _UPD_MICRO,
     _UPD_OFFLOAD,
+    _UPD_RECOMPUTE,
     _WORKERS,
     KnobEntry,
 )
@@ -121,6 +122,13 @@ KNOBS: tuple[KnobEntry, ...] = (
        "set", False, False, 0.4, _UPD_OFFLOAD),
     _K("verl", "update_bound", "optimizer_offload", f"{_AR}.actor.fsdp_config.optimizer_offload",
        "", "set", False, False, 0.3, _UPD_OFFLOAD),
+    _K("verl", "update_bound", "recompute", f"{_AR}.model.enable_gradient_checkpointing", "",
+       "set", False, True, 0.2, _UPD_RECOMPUTE),
+    _K("verl", "update_bound", "ulysses", f"{_AR}.actor.ulysses_sequence_parallel_size", "",
+       "multiply", 2, 1, 0.15,
+       "{knob}={current}: every sequence stays on one GPU, so long sequences force tiny "
+       "micro-batches; {suggested} splits each sequence over GPUs (for sequences of 8k tokens "
+       "and more)."),
     _K("verl", "update_bound", "dynamic_batch", f"{_AR}.actor.use_dynamic_bsz", ">=0.3", "set",
        True, False, 0.4,
        "{knob}={current}: micro-batches padded to a fixed sequence count do few model FLOPs "
