@@ -73,6 +73,7 @@ def clean_line(text: str) -> tuple[str, int | None]:
     match = _RAY_PREFIX.match(text)
     if match:
         pid = int(match.group("pid"))
+        pid = pid if pid <= MAX_PID else None  # a mangled prefix: no process id to keep
         text = text[match.end() :]
     return _RAY_REPEAT.sub("", text).rstrip("\r\n"), pid
 
@@ -106,6 +107,9 @@ def to_float(value: Any) -> float | None:
     return out if math.isfinite(out) else None
 
 
+MAX_PID = 2**31 - 1
+"""Largest process id taken as real (Linux's pid_max is at most 2**22; the store keeps
+64-bit integers)."""
 MAX_SECONDS = 366 * 86400
 """Longest duration or elapsed time a log entry may give (a year); more is a corrupt value."""
 MAX_STEP = 10**12
