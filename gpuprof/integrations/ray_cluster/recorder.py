@@ -73,6 +73,10 @@ measured less often (every ~128 s at 64 nodes, with 2 s ticks): 8 round trips pe
 most, what benchmarks/bench_multinode_scale.py charges to the driver."""
 FINISH_WAIT_S = 10.0
 """At the end, how long the samplers' last rows are waited for."""
+FINISH_START_S = 5.0
+"""At the end, how long samplers still being placed or started are waited for (a job shorter
+than their start-up would otherwise end with those nodes unrecorded);
+``GPUPROF_RAY_FINISH_START_S`` overrides."""
 MAX_TICK_FAILURES = 5
 """Consecutive failed ticks after which the recorder gives up (one line)."""
 WRITER_BACKSTOP_S = 5.0
@@ -170,6 +174,7 @@ class ClusterRecorder:
         """The Ray node this driver started itself (``ray.init()`` without an address): its
         raylet has the driver's environment, so it is the watcher's node without asking."""
         self.place_timeout_s = _env_float("GPUPROF_RAY_PLACE_TIMEOUT_S", PLACE_TIMEOUT_S)
+        self.finish_start_s = _env_float("GPUPROF_RAY_FINISH_START_S", FINISH_START_S)
         self.nodes: dict[str, _Node] = {}
         self.lines: list[str] = []
         self._lock = threading.Lock()
@@ -234,6 +239,7 @@ class ClusterRecorder:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=FINISH_WAIT_S)
         try:
+            self._await_starting()
             with self._lock:
                 self._finish_nodes()
         except Exception as exc:
@@ -243,6 +249,27 @@ class ClusterRecorder:
             if node.writer is not None:
                 with contextlib.suppress(Exception):
                     node.writer.close()
+
+    def _await_starting(self) -> None:
+        """Give samplers still being placed or started up to ``finish_start_s`` to start, so
+        that a short job still gets their rows; say which nodes were never recorded."""
+        deadline = time.monotonic() + self.finish_start_s
+        while True:
+            with self._lock:
+                waiting = [n for n in self.nodes.values() if n.state in ("placing", "starting")]
+                if not waiting or not self.ray.is_initialized():
+                    break
+                for node in waiting:
+                    self._advance(node)
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        for node in self.nodes.values():
+            if node.state in ("placing", "starting"):
+                what = "placed" if node.state == "placing" else "started"
+                waited = time.monotonic() - node.since
+                self._fail(node, f"never recorded: its sampler was still being {what} when the "
+                                 f"job ended ({waited:.0f} s after it was asked for)")  # fmt: skip
 
     def _finish_nodes(self) -> None:
         active = [n for n in self.nodes.values() if n.state == "active"]
