@@ -139,7 +139,9 @@ def _round(value: Any) -> Any:
 # Composition
 
 
-def _composition(ctx: AnalysisContext) -> tuple[str | None, int, float | None, list[dict]]:
+def _composition(
+    ctx: AnalysisContext, th: Thresholds
+) -> tuple[str | None, int, float | None, list[dict]]:
     t = timing(ctx)
     if t is not None:  # no GPU samples: the framework's phase times
         total = float(t.steps["wall_s"].sum())
@@ -176,7 +178,7 @@ def _composition(ctx: AnalysisContext) -> tuple[str | None, int, float | None, l
             continue
         util = float(row.util_gpu_pct) if row.util_gpu_pct == row.util_gpu_pct else None
         busy = row.busy_gpu_s / row.gpu_s if row.gpu_s > 0 else None
-        activity = None if busy is None else "busy" if busy >= 0.5 else "wait"
+        activity = None if busy is None else "busy" if busy >= th.phase_idle_min_frac else "wait"
         name = OTHER if row.phase == "step" else str(row.phase)
         rows.append({"phase": name, "seconds": float(row.gpu_s) / gpus,
                      "share": float(row.gpu_s) / total, "activity": activity,
@@ -419,7 +421,7 @@ def assess(ctx: AnalysisContext, th: Thresholds | None = None) -> Assessment:
     if cached is not None:
         return cached
     th = th or Thresholds()
-    basis, n_steps, step_s, rows = _composition(ctx)
+    basis, n_steps, step_s, rows = _composition(ctx, th)
     notes: list[str] = []
     settings = run_settings(ctx.run.meta)
     fig = figures(ctx)  # its per-step tokens and phase walls, computed once
