@@ -290,3 +290,16 @@ def test_one_agent_loop_line_names_the_tail_and_the_cap(tmp_path):
     assert rollout["verdict"] == "borderline"
     assert rollout["value"] == pytest.approx(380.2 / 1890.2 / (29.8 / 2070.6), rel=1e-3)
     assert "above the healthy range, not yet slow" in bound["verdict"]
+
+
+@needs_fixtures
+def test_a_log_that_names_its_gpu_gets_the_data_sheet(tmp_path):
+    """A verl log with a line naming the device (as vLLM or nvidia-smi print it): the GPU
+    model comes from the log, no --gpu needed."""
+    log = tmp_path / "gh200.log"
+    text = (SHARED_FIXTURES / "verl" / "issue_excerpt_gh200_sglang.txt").read_text()
+    log.write_text("INFO worker: device 0 is NVIDIA GH200 480GB\n" + text)
+    run_dir = tmp_path / "run"
+    assert run_gpuprof("import", str(log), "-o", str(run_dir)).returncode == 0
+    doc = json.loads(run_gpuprof("analyze", str(run_dir), "--json").stdout)
+    assert doc["summary"]["efficiency"]["gpu"]["model"] == "GH200"

@@ -98,8 +98,9 @@ def _gpu_name(ctx: AnalysisContext) -> tuple[str | None, list[str]]:
     if named:  # the user's --gpu: a run without an inventory, or one that names it wrongly
         return named, [named]
     names = [str(g.get("name")) for g in ctx.run.meta.gpus or [] if g.get("name")]
-    if not names:
-        return None, []
+    if not names:  # a log that printed the device's name (imported as the gpu_name knob)
+        logged = (ctx.run.meta.knobs or {}).get("gpu_name")
+        return (str(logged), [str(logged)]) if logged else (None, [])
     counts = pd.Series(names).value_counts()
     return str(counts.index[0]), sorted(set(names))
 

@@ -136,6 +136,23 @@ def step_at(value: int, where: str) -> int:
     return value
 
 
+_GPU_NAME = re.compile(
+    r"\b(?:NVIDIA\s+(?:GeForce\s+)?|AMD\s+Instinct\s+|Tesla\s+)"
+    r"((?:GH|GB|[ABHLTV])\d{1,4}[A-Za-z]*(?:[- ](?:SXM\d?|PCIe|NVL|HBM\d[a-z]?|\d+GB|\d+ ?GB))*"
+    r"|RTX\s+(?:A\d{4}|\d{4})|MI\d{3}X?)"
+)
+"""A GPU product name as drivers and runtimes print it (``NVIDIA H100 80GB HBM3``,
+``NVIDIA A100-SXM4-80GB``, ``Tesla V100-SXM2-32GB``, ``AMD Instinct MI300X``)."""
+
+
+def gpu_name_in(text: str) -> str | None:
+    """The first GPU product name in a log (vLLM, torch, nvidia-smi output pasted into it),
+    as printed; None when the log names none. Matching it to a data sheet is the analyzers'
+    job."""
+    match = _GPU_NAME.search(text)
+    return match.group(0).strip() if match else None
+
+
 def split_command(text: str) -> list[str]:
     """A shell command line as argv (quotes removed); plain whitespace split if unbalanced."""
     try:
