@@ -728,3 +728,22 @@ def test_fuzz_mutated_logs_raise_only_import_errors(tmp_path, text):
     for module in MODULES:
         _only_import_errors(module, path)
     verl_log.spans_from_lines([(i * 10**9, line) for i, line in enumerate(text.split("\n"))])
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "parser", "printed"),
+    [
+        ("trl.log", "INFO vLLM: Device name: NVIDIA H100 80GB HBM3\n" + TRL_CONSOLE, trl_log,
+         "NVIDIA H100 80GB HBM3"),
+        ("openrlhf.log", "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-1)\n" + OPENRLHF_NEW, openrlhf_log,
+         "NVIDIA A100-SXM4-80GB"),
+    ],
+)  # fmt: skip
+def test_gpu_product_name_printed_in_trl_and_openrlhf_logs_is_kept(
+    tmp_path, name, text, parser, printed
+):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    assert parser.parse(path).meta["knobs"]["gpu_name"] == printed
+    path.write_text(text.replace(printed, "a GPU"), encoding="utf-8")
+    assert "gpu_name" not in parser.parse(path).meta.get("knobs", {})

@@ -579,3 +579,52 @@ def test_environment_assignments_before_the_program_are_not_knobs():
     )  # fmt: skip
     assert knobs == {"trainer.n_gpus_per_node": "2", "data.train_batch_size": "256"}
     assert parse_knobs(["a.b=1"]) == {"a.b": "1"}  # a Hydra override is no shell variable
+
+
+# ------------------------------------------------------------------ busy-time knobs with conditions
+
+_PREFIX = "actor_rollout_ref.rollout.enable_prefix_caching"
+_EP = "actor_rollout_ref.actor.megatron.expert_model_parallel_size"
+
+
+@pytest.mark.parametrize(
+    ("n", "advised"),
+    [("actor_rollout_ref.rollout.n=8", True), ("actor_rollout_ref.rollout.n=1", False), (None, False)],
+)  # fmt: skip
+def test_prefix_caching_is_advised_only_when_prompts_are_sampled_several_times(n, advised):
+    cmd = [*VERL_CMD, f"{_PREFIX}=False"] + ([n] if n else [])
+    recs = by_knob(recommend([finding("rollout_bound")], meta(cmd)))
+    assert (_PREFIX in recs) is advised
+    if advised:
+        assert recs[_PREFIX].current is False and recs[_PREFIX].suggested is True
+        assert "prefills it once" in recs[_PREFIX].rationale
+    # OpenRLHF spells it its own way and defaults to off
+    ocmd = [*OPENRLHF_NEW_CMD, "--rollout.n_samples_per_prompt", "8" if advised else "1"]
+    orecs = by_knob(recommend([finding("rollout_bound")], meta(ocmd)))
+    assert ("vllm.enable_prefix_caching" in orecs) is advised
+
+
+@pytest.mark.parametrize(
+    ("command", "active", "total", "gpus", "suggested"),
+    [
+        # Qwen3-30B-A3B on verl's Megatron config: spread the experts over the node
+        (["--config-name=ppo_megatron_trainer"], 3.3e9, 30.5e9, 8, 8),
+        ([f"{_EP}=1", "actor_rollout_ref.actor.strategy=megatron"], 3.3e9, 30.5e9, 4, 4),
+        (["--config-name=ppo_megatron_trainer", f"{_EP}=4"], 3.3e9, 30.5e9, 8, None),  # set
+        (["--config-name=ppo_megatron_trainer"], 7.6e9, 7.6e9, 8, None),  # dense model
+        ([], 3.3e9, 30.5e9, 8, None),  # FSDP: no expert parallelism to set
+        (["--config-name=ppo_megatron_trainer"], None, None, 8, None),  # model unknown
+    ],
+)
+def test_expert_parallelism_only_for_a_mixture_of_experts_under_megatron(
+    command, active, total, gpus, suggested
+):
+    run = meta([*VERL_CMD, *command])
+    run.gpus = [{"host": "h", "index": i} for i in range(gpus)]
+    ev = {"model_params": active, "model_total_params": total, "measure": "mfu"}
+    recs = by_knob(recommend([finding("update_bound", **ev)], run))
+    if suggested is None:
+        assert _EP not in recs
+    else:
+        assert recs[_EP].suggested == suggested
+        assert "experts" in recs[_EP].rationale

@@ -285,6 +285,7 @@ class UpdateBoundEvidence(Evidence):
     peak_flops_per_gpu: float | None = None
     gpu_model: str | None = None
     model_params: float | None = None
+    model_total_params: float | None = None
     model_params_source: str | None = None
     framework_mfu: float | None = None
     causes: list[dict[str, Any]] = field(default_factory=list)

@@ -158,6 +158,32 @@ def _rule_gpus_per_host(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, 
     return int(ctx.get("gpus_per_host") or arg)
 
 
+def _rule_set_when_sampled(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, Any]) -> Any:
+    # a per-prompt cache only pays when each prompt is sampled several times
+    samples = ctx.get("samples_per_prompt")
+    return arg if samples is not None and samples > 1 else NOT_THE_CAUSE
+
+
+MOE_TOTAL_OVER_ACTIVE = 1.5
+"""A model whose total parameters are at least this many times its active ones is a mixture
+of experts (Mixtral 8x7B: 3.6×, Qwen3-30B-A3B: 10×; a dense model: 1×)."""
+
+
+def _rule_expert_parallel(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, Any]) -> Any:
+    # expert parallelism only exists for a mixture of experts trained with Megatron, and only
+    # helps when every GPU still holds every expert
+    active = _num(evidence_value(ev, "model_params")) if ev else None
+    total = _num(evidence_value(ev, "model_total_params")) if ev else None
+    if not (active and total and total >= MOE_TOTAL_OVER_ACTIVE * active):
+        return NOT_THE_CAUSE
+    if not ctx.get("megatron"):
+        return NOT_THE_CAUSE
+    current = _num(base)
+    if current is not None and current > 1:
+        return NOT_THE_CAUSE
+    return int(min(float(arg), ctx.get("gpus_per_host") or float(arg)))
+
+
 SUGGEST_RULES: dict[str, SuggestFn] = {
     "memory_fraction": _rule_memory_fraction,
     "workers": _rule_workers,
@@ -167,6 +193,8 @@ SUGGEST_RULES: dict[str, SuggestFn] = {
     "less_often": _rule_less_often,
     "cap_length": _rule_cap_length,
     "gpus_per_host": _rule_gpus_per_host,
+    "set_when_sampled": _rule_set_when_sampled,
+    "expert_parallel": _rule_expert_parallel,
 }
 """Rule name -> function computing the suggested value (see the module docstring)."""
 

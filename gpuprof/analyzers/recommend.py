@@ -25,6 +25,7 @@ from gpuprof.analyzers.knobs import (
     KnobEntry,
 )
 from gpuprof.commandline import coerce, parse_knobs, tokens
+from gpuprof.frameworks import framework_module
 from gpuprof.model import RunMeta
 
 _ALIASES: dict[str, str] = {
@@ -213,12 +214,32 @@ class _Settings:
         return (key in self.values, self.values.get(key))
 
 
-def _context(meta: RunMeta) -> dict[str, Any]:
+def _context(meta: RunMeta, framework: str, settings: _Settings) -> dict[str, Any]:
     per_host: dict[str, int] = {}
     for gpu in meta.gpus or []:
         host = str(gpu.get("host", ""))
         per_host[host] = per_host.get(host, 0) + 1
-    return {"gpus_per_host": max(per_host.values()) if per_host else None}
+    return {
+        "gpus_per_host": max(per_host.values()) if per_host else None,
+        "samples_per_prompt": _samples_per_prompt(framework, settings),
+        # verl's Megatron config (ppo_megatron_trainer, actor.megatron.*), `megatron rlhf`
+        "megatron": any("megatron" in str(part).lower() for part in meta.command or [])
+        or any("megatron" in key for key in settings.values),
+    }
+
+
+def _samples_per_prompt(framework: str, settings: _Settings) -> int | None:
+    """Responses generated per prompt (verl ``rollout.n``, TRL ``num_generations``…) when the
+    run's settings name it; None when unknown."""
+    try:
+        knob = framework_module(framework).SIM_FLAGS.get("num_generations")
+    except KeyError:  # a framework without a module: no setting to read
+        return None
+    if not knob:
+        return None
+    known, value = settings.get(knob)
+    number = _positive(value) if known else None
+    return int(number) if number is not None else None
 
 
 def _fmt(value: Any) -> str:
@@ -344,7 +365,7 @@ def recommend(
     version = version_tuple(framework_version)
     settings = _Settings(meta)
     present = set(settings.values)
-    ctx = _context(meta)
+    ctx = _context(meta, framework, settings)
     out: list[Recommendation] = []
     for finding in findings:
         rows = _select(framework, finding.kind, version, present)

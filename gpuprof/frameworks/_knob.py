@@ -85,6 +85,15 @@ _GEN_VLLM = (
     "{knob}={current}: completions come from the model's own generate(), one padded batch at "
     "a time; {suggested} generates with vLLM's paged KV cache and continuous batching."
 )
+_GEN_PREFIX = (
+    "{knob}={current}: each prompt is sampled several times and every sample prefills the "
+    "prompt again; {suggested} prefills it once and the other samples reuse its KV cache."
+)
+_UPD_EXPERTS = (
+    "{knob}={current}: every GPU holds all experts of this mixture-of-experts model and runs "
+    "each expert's few tokens as thin matrix multiplies; {suggested} spreads the experts over "
+    "GPUs so each runs fewer, fuller ones (tokens reach them by all-to-all)."
+)
 _UPD_MICRO = (
     "{knob}={current}: micro-batches that small leave the matrix multiplies thin; "
     "{suggested} does more model FLOPs per kernel (lower it again on OOM)."

@@ -167,6 +167,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         peak_flops_per_gpu=fig.peak,
         gpu_model=fig.gpu.get("model"),
         model_params=model.get("flops_params"),
+        model_total_params=model.get("params"),
         model_params_source=model.get("source"),
         framework_mfu=logged_mfu,
         causes=causes,

@@ -94,6 +94,7 @@ def parse(path: Path) -> Imported:
         meta.update(command_meta(launch, "openrlhf"))
     else:
         notes.append("no OpenRLHF launch command in the log: no knobs")
+    steplog.keep_gpu_name(meta, text)
     if any(sum(s for _, s in r.phases) > 1.05 * r.step_s for r in records if r.step_s):
         notes.append(
             "phase times add up to more than timing/step_total in some steps (asynchronous "

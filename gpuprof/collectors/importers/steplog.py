@@ -153,6 +153,15 @@ def gpu_name_in(text: str) -> str | None:
     return match.group(0).strip() if match else None
 
 
+def keep_gpu_name(meta: dict[str, Any], text: str) -> None:
+    """Store the GPU product name a console log prints (`gpu_name_in`) as the ``gpu_name``
+    knob, so that MFU and the decode roofline get their data sheet when the run has no GPU
+    inventory; a name already in the knobs (from the command) wins."""
+    named = gpu_name_in(text)
+    if named:
+        meta.setdefault("knobs", {}).setdefault("gpu_name", named)
+
+
 def split_command(text: str) -> list[str]:
     """A shell command line as argv (quotes removed); plain whitespace split if unbalanced."""
     try:

@@ -33,6 +33,7 @@ from gpuprof.collectors.importers.steplog import (
     StepRecord,
     console_lines,
     frames_from_steps,
+    keep_gpu_name,
     literal_dict,
     seconds_at,
     to_float,
@@ -72,6 +73,7 @@ def parse(path: Path) -> Imported:
         framework = "swift" if any("global_step/max_steps" in e for _, e in entries) else "trl"
     imported = entries_to_imported(entries, path, FORMAT, framework)
     imported.notes[:0] = extra_notes
+    keep_gpu_name(imported.meta, text)
     return imported
 
 

@@ -30,7 +30,7 @@ from gpuprof.collectors.importers.steplog import (
     command_meta,
     console_lines,
     frames_from_steps,
-    gpu_name_in,
+    keep_gpu_name,
     seconds_at,
     step_at,
     to_float,
@@ -87,9 +87,7 @@ def parse(path: Path) -> Imported:
         meta.update(command_meta(launch, "verl"))
         knobs = meta["knobs"]
         _estimate_tokens(records, knobs)
-    named = gpu_name_in(text)
-    if named:  # the log names its GPUs: MFU and the decode roofline can use the data sheet
-        meta.setdefault("knobs", {})["gpu_name"] = named
+    keep_gpu_name(meta, text)
     pids = {pid for _, _, pid in lines if pid is not None}
     imported = Imported(source=path, format=FORMAT, meta=meta, anchored=False)
     imported.frames = frames_from_steps(
