@@ -247,14 +247,16 @@ class Thresholds:
     decode_efficiency_low: float = 0.05
     """Generation taking more than 1/this times the least time the decode roofline allows
     for its tokens is slow (``rollout_bound``), when no forward pass of the same steps gives
-    the (calibrated) ratio. Source: seed — a 7B model on an H100 decoding 128 sequences per
-    engine reads its 15 GB of weights in ≥ 4.5 ms an iteration while vLLM's iterations take
-    ~12–15 ms, and a rollout adds prefill and its longest response's tail: healthy rollouts
-    sit near 0.1–0.3 of the bound, so only 20× the bound is called slow."""
+    the (calibrated) ratio. Source: published decode figures against the memory-bandwidth
+    floor — one decode stream reaches 27% of it on an H100 and 81% on an L4 (three 7–8B GQA
+    models, 2k–16k context; arXiv, May 2026) and ~77% on an A100 40GB (Llama-3.1-8B, vLLM,
+    concurrency 1; docs/CALIBRATION_SOURCES.md §2); a rollout adds prefill and its longest
+    response's tail, so only 5× below the lowest published figure is called slow."""
     decode_efficiency_reachable: float = 0.25
     """Share of the decode roofline a tuned rollout reaches; ``rollout_bound`` by the roofline
-    wins back the rollout's GPU-seconds × (1 − efficiency / this). Source: seed (the estimate
-    above)."""
+    wins back the rollout's GPU-seconds × (1 − efficiency / this). Source: the lowest
+    published single-stream figure above (H100, 27%), rounded down: what even an untuned
+    decode batch reaches on the fastest GPUs."""
     clock_skew_note_s: float = 2.0
     """Hosts whose records start further apart than this are noted as possibly skewed.
     Source: seed."""
