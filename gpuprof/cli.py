@@ -231,14 +231,20 @@ def _print_summary(run_dir: Path, figures: dict | None = None) -> None:
         return  # nothing to diagnose yet: the summary's notes say what is missing
     from rich.console import Group
 
-    from gpuprof.reports.terminal import bound_parts, efficiency_renderable, findings_renderable
+    from gpuprof.reports.terminal import (
+        basis_parts,
+        bound_parts,
+        efficiency_renderable,
+        findings_renderable,
+    )
 
     try:
         diagnosis = api.analyze(run, **(figures or {}))
     except Exception as exc:  # the run is saved; a diagnosis bug must not cost the exit code
         _err(f"diagnosis failed ({type(exc).__name__}: {exc}); try: gpuprof analyze {run_dir}")
         return
-    console.print(Group(*bound_parts(diagnosis.summary.get("bound"))))
+    summary = diagnosis.summary
+    console.print(Group(*basis_parts(summary), *bound_parts(summary.get("bound"))))
     if run.gpu.empty:
         return  # findings need GPU samples; the step's bound needs only its phases
     console.print(efficiency_renderable(diagnosis.summary.get("efficiency")))

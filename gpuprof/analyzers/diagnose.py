@@ -7,14 +7,21 @@ reported in ``notes`` and the others go on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from gpuprof.analyzers.basic import finite_or_none, step_times, tokens_per_s
+from gpuprof.analyzers.basis import data_basis
 from gpuprof.analyzers.efficiency import efficiency_summary
-from gpuprof.analyzers.findings import BUSY_LOSS_KINDS, AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.findings import (
+    BUSY_LOSS_KINDS,
+    STEP_INDEPENDENT_KINDS,
+    AnalysisContext,
+    Finding,
+    Thresholds,
+)
 from gpuprof.analyzers.nodes import node_summary
 from gpuprof.analyzers.stalls import DETECTORS, STALLS
 from gpuprof.analyzers.stalls._bound import bound_summary
@@ -25,7 +32,14 @@ from gpuprof.model import Run
 JSON_SCHEMA_VERSION = 2
 """Version of the ``gpuprof analyze --json`` document (docs/ANALYZE_JSON.md)."""
 
-__all__ = ["DETECTORS", "Diagnosis", "diagnose", "nothing_to_judge", "summarize"]
+__all__ = [
+    "DETECTORS",
+    "Diagnosis",
+    "diagnose",
+    "no_finding_sentence",
+    "nothing_to_judge",
+    "summarize",
+]
 
 
 @dataclass
@@ -77,8 +91,9 @@ def diagnose(
             findings.append(finding)
             ctx.found.append(finding)
     findings.sort(key=lambda f: (-f.gpu_seconds_lost, f.kind))
-    recommendations = _recommend(findings, run, notes)
     summary = summarize(ctx, findings, startup=startup)
+    findings = few_steps_hedged(findings, summary["data_basis"], th)
+    recommendations = _recommend(findings, run, notes)
     summary["bound"] = bound_summary(ctx, th)
     try:
         summary["nodes"] = node_summary(ctx, th)
@@ -86,6 +101,32 @@ def diagnose(
         summary["nodes"] = None
         notes.append(f"per-node analysis failed: {type(exc).__name__}: {exc}")
     return Diagnosis(findings, recommendations, summary, notes)
+
+
+def few_steps_hedged(
+    findings: list[Finding], basis: dict[str, Any], th: Thresholds
+) -> list[Finding]:
+    """Step-based findings of a run with `Thresholds.few_steps` steps or fewer, with their
+    confidence capped and the reason in their summary: one or two steps can't tell a
+    pattern from a one-off (and the first step also holds start-up)."""
+    timing = basis.get("phase_timing") or {}
+    steps = int(timing.get("steps") or 0)
+    if not timing or steps > th.few_steps:
+        return findings
+    out = []
+    for f in findings:
+        if f.kind in STEP_INDEPENDENT_KINDS:
+            out.append(f)
+            continue
+        why = (
+            f" — low confidence: only {steps} step{'s' if steps != 1 else ''}, which can't "
+            "tell a pattern from a one-off"
+            if steps
+            else " — low confidence: no step boundaries"
+        )
+        confidence = min(float(f.confidence), th.few_steps_max_confidence)
+        out.append(replace(f, confidence=confidence, summary=f.summary + why))
+    return out
 
 
 def _recommend(findings: list[Finding], run: Run, notes: list[str]) -> list[Any]:
@@ -168,6 +209,7 @@ def summarize(
         "phases": phases,
         "startup": startup,
         "efficiency": efficiency_summary(ctx, findings),
+        "data_basis": data_basis(run, int(steps["step"].nunique()) if len(steps) else 0),
     }
 
 
@@ -180,7 +222,37 @@ def nothing_to_judge(diagnosis: Diagnosis) -> str | None:
     bound = s.get("bound") or {}
     if bound.get("composition"):
         return None
-    return "nothing to judge — the run has neither GPU samples nor phase timing"
+    return (
+        "nothing to judge — the run holds no GPU samples and no step or phase times: "
+        "nothing to attribute"
+    )
+
+
+def no_finding_sentence(diagnosis: Diagnosis, th: Thresholds | None = None) -> tuple[str, bool]:
+    """What to say when there is no finding, and whether it is good news: "no stall" only
+    when the data could have shown one; with nothing to judge, or too few steps, or phase
+    times without GPU samples, the sentence says how far the data goes."""
+    th = th or Thresholds()
+    why = nothing_to_judge(diagnosis)
+    if why:
+        return f"No finding: {why}.", False
+    s = diagnosis.summary
+    timing = (s.get("data_basis") or {}).get("phase_timing") or {}
+    steps = int(timing.get("steps") or 0)
+    has_gpu = bool((s.get("data_basis") or {}).get("gpu_samples"))
+    if timing and steps <= th.few_steps:
+        unit = f"{steps} step{'s' if steps != 1 else ''}" if steps else "phase times without steps"
+        return (
+            f"No stall above the noise threshold in {unit} — too few to rule one out.",
+            False,
+        )
+    if not has_gpu:
+        return (
+            "No stall above the noise threshold in the phase times; without GPU samples, "
+            "idle time inside a phase can't be seen.",
+            False,
+        )
+    return "No stall above the noise threshold was found.", True
 
 
 def data_notes(run: Run, th: Thresholds | None = None) -> list[str]:

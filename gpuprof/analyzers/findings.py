@@ -47,6 +47,10 @@ clocks, launch-bound kernels, exposed collectives, generation or an update slow 
 tokens) rather than idle time; `summarize` and every headline keep them apart from idle time
 by cause."""
 
+STEP_INDEPENDENT_KINDS: frozenset[str] = frozenset({"unused_gpu", "idle_allocation", "throttling"})
+"""Kinds judged on GPU samples alone, whatever the number of steps (a GPU never used, minutes
+with nothing running, reduced clocks): a run with few steps does not weaken them."""
+
 
 @dataclass
 class Finding:
@@ -94,6 +98,14 @@ class Thresholds:
     min_share: float = 0.02
     """A finding below this share of total GPU-time is noise and is not reported.
     Source: seed (a change worth making wins back at least 2% of the GPU bill)."""
+    few_steps: int = 2
+    """A run with at most this many steps can't tell a pattern from a one-off: its step-based
+    findings are capped at `few_steps_max_confidence` and say why. Source: seed (no spread
+    or period can be estimated from one or two samples; the first step of a run also holds
+    start-up, as the public verl logs of 1–2 steps show)."""
+    few_steps_max_confidence: float = 0.5
+    """The highest confidence a step-based finding of a run with `few_steps` steps or fewer
+    carries. Source: seed (even odds: the step may be typical or not)."""
     idle_util_pct: float = 10.0
     """A GPU sample below this utilisation counts as idle. Source: measured — idle GPUs read
     0–1% in the public nvidia-smi logs (rtx4090_inference.csv between batches)."""
@@ -247,14 +259,14 @@ class Thresholds:
     decode_efficiency_low: float = 0.05
     """Generation taking more than 1/this times the least time the decode roofline allows
     for its tokens is slow (``rollout_bound``), when no forward pass of the same steps gives
-    the (calibrated) ratio. Source: published decode figures against the memory-bandwidth
-    floor — one decode stream reaches 27% of it on an H100 and 81% on an L4 (three 7–8B GQA
-    models, 2k–16k context; arXiv, May 2026) and ~77% on an A100 40GB (Llama-3.1-8B, vLLM,
-    concurrency 1; docs/CALIBRATION_SOURCES.md §2); a rollout adds prefill and its longest
-    response's tail, so only 5× below the lowest published figure is called slow."""
+    the (calibrated) ratio. Source: measured (published) — one decode stream reaches 27% of
+    the memory-bandwidth floor on an H100 and 81% on an L4 (three 7–8B GQA models, 2k–16k
+    context; arXiv, May 2026) and ~77% on an A100 40GB (Llama-3.1-8B, vLLM, concurrency 1;
+    docs/CALIBRATION_SOURCES.md §2); a rollout adds prefill and its longest response's
+    tail, so only 5× below the lowest published figure is called slow."""
     decode_efficiency_reachable: float = 0.25
     """Share of the decode roofline a tuned rollout reaches; ``rollout_bound`` by the roofline
-    wins back the rollout's GPU-seconds × (1 − efficiency / this). Source: the lowest
+    wins back the rollout's GPU-seconds × (1 − efficiency / this). Source: measured — the lowest
     published single-stream figure above (H100, 27%), rounded down: what even an untuned
     decode batch reaches on the fastest GPUs."""
     clock_skew_note_s: float = 2.0

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
-from gpuprof.analyzers.diagnose import Diagnosis, diagnose, nothing_to_judge
+from gpuprof.analyzers.diagnose import Diagnosis, diagnose, no_finding_sentence
 from gpuprof.analyzers.findings import BUSY_LOSS_KINDS, AnalysisContext
 from gpuprof.model import Run
 from gpuprof.reports import fmt
@@ -201,6 +201,9 @@ def _headline(s: dict[str, Any], diagnosis: Diagnosis) -> str:
         f'<div class="d">{_e(d)}</div></div>'
         for k, v, d in cards
     )
+    basis_line = (s.get("data_basis") or {}).get("line")
+    if basis_line:
+        out += f'<p class="cause basis">{_e(basis_line)}.</p>'
     bound = s.get("bound") or {}
     if bound.get("verdict"):
         out += f'<p class="cause bound">What bounds the step: {_e(bound["verdict"])}.</p>'
@@ -218,11 +221,8 @@ def _headline(s: dict[str, Any], diagnosis: Diagnosis) -> str:
             )
             out += f'<p class="cause">{label}: {text}.</p>'
     if not diagnosis.findings:
-        why = nothing_to_judge(diagnosis)
-        if why:
-            out += f'<p class="cause">No finding: {_e(why)}.</p>'
-        else:
-            out += '<p class="cause ok">No stall above the noise threshold was found.</p>'
+        sentence, good = no_finding_sentence(diagnosis)
+        out += f'<p class="cause{" ok" if good else ""}">{_e(sentence)}</p>'
     return f'<div class="cards">{out}</div>'
 
 
@@ -394,7 +394,8 @@ def _recommendations(diagnosis: Diagnosis) -> str:
 
 def _findings(diagnosis: Diagnosis) -> str:
     if not diagnosis.findings:
-        return '<p class="ok">No stall above the noise threshold was found.</p>'
+        sentence, good = no_finding_sentence(diagnosis)
+        return f'<p class="{"ok" if good else "cause"}">{_e(sentence)}</p>'
     rows = []
     for i, f in enumerate(diagnosis.findings):
         ev = f.evidence or {}

@@ -11,7 +11,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from gpuprof.analyzers.diagnose import Diagnosis, nothing_to_judge
+from gpuprof.analyzers.diagnose import Diagnosis, no_finding_sentence
 from gpuprof.reports import fmt
 
 
@@ -48,6 +48,7 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
         if s.get("tokens_per_s"):
             line += f"  {s['tokens_per_s']:.0f} tokens/s"
         parts.append(Text(line))
+    parts.extend(basis_parts(s))
     parts.extend(startup_parts(s.get("startup")))
     parts.extend(bound_parts(s.get("bound")))
 
@@ -60,6 +61,13 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
     for note in diagnosis.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     return Group(*parts)
+
+
+def basis_parts(summary: dict[str, Any]) -> list[Any]:
+    """The one line saying what the diagnosis is judged on (GPU samples, phase timing,
+    framework counters), or that the run holds nothing to judge."""
+    line = (summary.get("data_basis") or {}).get("line")
+    return [Text(line, style="dim")] if line else []
 
 
 def startup_parts(startup: dict[str, Any] | None) -> list[Any]:
@@ -267,10 +275,9 @@ def _findings_parts(diagnosis: Diagnosis, top: int | None) -> list[Any]:
             detail.append(f"  confidence {f.confidence:.2f}")
             parts.append(HeadLine(head, detail))
             parts.append(_indented(Text(f.summary)))
-    elif nothing_to_judge(diagnosis):
-        parts.append(Text(f"No finding: {nothing_to_judge(diagnosis)}.", style="yellow"))
     else:
-        parts.append(Text("No stall above the noise threshold was found.", style="green"))
+        sentence, good = no_finding_sentence(diagnosis)
+        parts.append(Text(sentence, style="green" if good else "yellow"))
 
     recs = diagnosis.recommendations[:top] if top else diagnosis.recommendations
     if recs:

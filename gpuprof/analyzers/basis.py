@@ -1,0 +1,99 @@
+"""What a diagnosis rests on: GPU samples, phase timing, framework counters — stated in one
+line with every diagnosis, so that "no finding" is never read as "no stall" when the run held
+nothing to judge.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.model import Run
+
+_NOT_COUNTERS = frozenset(
+    {"framework", "source", "sub_timing_s", "log_line", "log_window_steps", "tokens", "step"}
+)
+"""Step attributes that are bookkeeping, not figures the framework measured."""
+
+COUNTERS_SHOWN = 4
+"""Counter names spelled out in the line; the rest are counted."""
+
+
+def data_basis(run: Run, steps: int) -> dict[str, Any]:
+    """The data the diagnosis is judged on.
+
+    ``gpu_samples``: ``{"gpus", "samples", "interval_s"}`` (median seconds between samples of
+    one GPU) or None; ``phase_timing``: ``{"steps", "phases"}`` (canonical phases other than
+    the step itself) or None; ``framework_counters``: names of the figures the framework
+    logged per step (``perf/mfu/actor``…), sorted; ``line``: all of it in one sentence.
+    """
+    gpu = _gpu_samples(run)
+    phases = sorted(set(run.spans["phase"].dropna()) - {"step"}) if len(run.spans) else []
+    timing = {"steps": int(steps), "phases": phases} if steps or phases else None
+    counters = _counters(run.spans)
+    return {
+        "gpu_samples": gpu,
+        "phase_timing": timing,
+        "framework_counters": counters,
+        "line": basis_line(gpu, timing, counters),
+    }
+
+
+def basis_line(
+    gpu: dict[str, Any] | None, timing: dict[str, Any] | None, counters: list[str]
+) -> str:
+    """``Judged on: GPU samples (8 GPUs, 48,000 samples every 0.1 s); phase timing (16 steps,
+    9 phases); framework counters (perf/mfu/actor, …)`` — or why there is nothing to judge."""
+    parts = []
+    if gpu:
+        every = f" every {gpu['interval_s']:g} s" if gpu.get("interval_s") else ""
+        parts.append(f"GPU samples ({gpu['gpus']} GPUs, {gpu['samples']:,} samples{every})")
+    if timing:
+        n = timing["steps"]
+        phases = len(timing["phases"])
+        steps = f"{n} step{'s' if n != 1 else ''}" if n else "no step boundaries"
+        parts.append(f"phase timing ({steps}, {phases} phase{'s' if phases != 1 else ''})")
+    if counters:
+        shown = ", ".join(counters[:COUNTERS_SHOWN])
+        more = len(counters) - COUNTERS_SHOWN
+        parts.append(f"framework counters ({shown}{f', +{more} more' if more > 0 else ''})")
+    if not gpu and not timing:
+        missing = "no GPU samples and no step or phase times: nothing to attribute"
+        return f"Judged on: nothing — the run holds {missing}" + (
+            f" (only framework counters: {', '.join(counters[:COUNTERS_SHOWN])})"
+            if counters
+            else ""
+        )
+    return "Judged on: " + "; ".join(parts)
+
+
+def _gpu_samples(run: Run) -> dict[str, Any] | None:
+    gpu = run.gpu
+    if not len(gpu):
+        return None
+    keys = gpu[["host", "gpu"]]
+    count = int(keys.drop_duplicates().shape[0])
+    ordered = gpu.sort_values(["host", "gpu", "t_ns"])
+    same = (ordered["host"].to_numpy() == np.roll(ordered["host"].to_numpy(), 1)) & (
+        ordered["gpu"].to_numpy() == np.roll(ordered["gpu"].to_numpy(), 1)
+    )
+    gaps = np.diff(ordered["t_ns"].to_numpy(dtype="int64"), prepend=0)[same] / 1e9
+    gaps = gaps[gaps > 0]
+    interval = float(np.round(np.median(gaps), 3)) if len(gaps) else None
+    return {"gpus": count, "samples": len(gpu), "interval_s": interval}
+
+
+def _counters(spans: pd.DataFrame) -> list[str]:
+    if not len(spans) or "attrs" not in spans:
+        return []
+    names: set[str] = set()
+    for attrs in spans.loc[spans["phase"] == "step", "attrs"]:
+        if isinstance(attrs, dict):
+            names.update(k for k, v in attrs.items() if k not in _NOT_COUNTERS and _number(v))
+    return sorted(names)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
