@@ -55,6 +55,12 @@ _NAMED_VALUE = re.compile(
     r"(?P<value>[^\s\"',;}]+)"
 )
 _SHORT_FLAG = re.compile(r"^-[A-Za-z]$")
+_QUOTED_FLAG_VALUE = re.compile(
+    r"(?P<q1>[\"'])(?P<flag>--?[A-Za-z][\w.\-]*)(?P=q1)(?P<sep>\s*,\s*)"
+    r"(?P<q2>[\"'])(?P<value>(?:\\.|(?!(?P=q2)).)*)(?P=q2)"
+)
+"""A flag and its value as separate quoted items of a printed argument list: a Python list or
+tuple repr (``'--api-key', 'V'``) or a JSON array (``"--api-key", "V"``)."""
 
 
 def is_secret_name(name: str) -> bool:
@@ -98,6 +104,7 @@ def redact_text(text: str) -> str:
     out = _AUTH_SCHEME.sub(lambda m: f"{m.group('scheme')}{m.group('sep')}{REDACTED}", out)
     out = _NAMED_VALUE.sub(_named, out)
     out = _TOKEN_SHAPES.sub(REDACTED, out)
+    out = _QUOTED_FLAG_VALUE.sub(_quoted_flag_value, out)
     # "--api-key V" inside a printed command line: the word after a secret flag
     words = out.split(" ")
     for i in range(len(words) - 1):
@@ -106,6 +113,13 @@ def redact_text(text: str) -> str:
         if secret_flag and words[i + 1] and not _is_flag(words[i + 1]):
             words[i + 1] = REDACTED
     return " ".join(words)
+
+
+def _quoted_flag_value(match: re.Match[str]) -> str:
+    g = match.group
+    if not is_secret_name(g("flag")) or not g("value") or _is_flag(g("value")):
+        return match.group(0)
+    return f"{g('q1')}{g('flag')}{g('q1')}{g('sep')}{g('q2')}{REDACTED}{g('q2')}"
 
 
 def _is_flag(arg: str) -> bool:

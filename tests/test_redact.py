@@ -70,6 +70,10 @@ _PLANTINGS = [
     "https://user:{s}@host/path",
     "HF_TOKEN={s} python train.py",
     '{{"wandb_api_key": "{s}", "max_tokens": 512}}',
+    "['train.py', '--api-key', '{s}', '--lr', '1e-5']",
+    "('--hf_token', '{s}')",
+    '["--password", "{s}", "--seed", "1"]',
+    "sys.argv=['x','--wandb-key','{s}']",
     "trainer.wandb_token={s}",
     "hf_{s}",
     "sk-proj-{s}",
@@ -130,6 +134,7 @@ print("logging in with " + p["hf"] + " and " + p["sk"])
 print("cloning https://" + p["ghp"] + "@github.com/org/repo.git", file=sys.stderr)
 print("aws key " + p["aws"] + " redis://:" + p["pw"] + "@cache:6379")
 print("argv:", " ".join(sys.argv))
+print(sys.argv)
 """
 
 
@@ -170,3 +175,14 @@ def test_no_planted_secret_anywhere_in_the_run_report_or_exports(tmp_path):
     assert "Authorization: Bearer ***" in loaded.logs.to_json()
     for name, secret in PLANTED.items():
         assert not any(secret in t for t in texts), name
+
+
+def test_argument_list_reprs_hide_the_value_after_a_secret_flag_only():
+    assert redact_text("['t.py', '--api-key', 'SECRET123', '--lr', '1e-5']") == (
+        "['t.py', '--api-key', '***', '--lr', '1e-5']"
+    )
+    assert redact_text('["--password", "hunter2"]') == '["--password", "***"]'
+    # a secret flag followed by another flag keeps both; ordinary flags keep their values
+    assert redact_text("['--api-key', '--lr', '1']") == "['--api-key', '--lr', '1']"
+    kept = "['--tokenizer', 'gpt2', '--max_tokens', '5']"
+    assert redact_text(kept) == kept
