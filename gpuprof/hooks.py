@@ -23,7 +23,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -149,7 +148,11 @@ class _Recorder:
                 self.failed = True
                 self.failed_at_ns = time.time_ns()
                 self.failure = store.failure_reason(exc, self.db_path)
-                _warn_once(f"gpuprof: recording stopped, cannot write {self.db_path}: {exc}")
+                when = time.strftime("%H:%M:%S", time.localtime(self.failed_at_ns / 1e9))
+                _warn_once(
+                    f"gpuprof: recording stopped at {when}: {self.failure} "
+                    f"({self.db_path.name}); the training goes on unrecorded"
+                )
 
     def _count_dropped(self, other: list[tuple], taken: int) -> None:
         """Spans the bounded queue let go since the last flush: queued (ticks) minus taken
@@ -369,11 +372,15 @@ _warned: set[str] = set()
 
 
 def _warn_once(message: str) -> None:
+    """One plain line on stderr, once per message: a Python warning would print a source
+    path and a code line into the training's output, and may be turned into an error by
+    the training's own warning filters."""
     if message in _warned:
         return
     _warned.add(message)
     try:
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
     except Exception:
         pass
 
