@@ -7,7 +7,8 @@ or a real CPU run of the GRPO example under ``gpuprof watch``, with the stall ki
 reading it names. Every case goes through the CLI (``gpuprof import`` / ``watch``, then
 ``analyze --json``). Prints, per case, the expected and found kinds and the phase that bounds
 the step, then per kind found / missed / false, recall, false findings and exact matches; a
-file the import rejects counts as found nothing.
+file the import rejects counts as found nothing. Last, how many public files each framework's
+importer took, and each reason an import gave for refusing a file, with its count.
 
     python benchmarks/diagnosis_labelled.py [--public-only] [--src DIR]
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -56,7 +58,8 @@ def imported(path: Path | list[Path], tmp: Path) -> Path:
     paths = path if isinstance(path, list) else [path]
     proc = gpuprof("import", *map(str, paths), "-o", str(run))
     if proc.returncode:
-        raise ImportRejected((proc.stderr.strip().splitlines() or ["?"])[-1][:100])
+        line = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise ImportRejected(line[:100], line)
     return run
 
 
@@ -110,9 +113,14 @@ CASES: list[tuple[str, Callable[[Path], Path], set[str]]] = [
 ]  # fmt: skip
 
 
+FRAMEWORKS: dict[str, str] = {}
+"""Public case name -> the framework or tool its cases.json entry names."""
+
+
 def public_cases() -> list[tuple[str, Callable[[Path], Path], set[str], str | None]]:
     """The labelled files of tests/labelled/public (name, make, expected kinds, bound)."""
     cases = json.loads((PUBLIC / "cases.json").read_text())
+    FRAMEWORKS.update({f"public {c['file'][:44]}": c.get("framework") or "?" for c in cases})
     return [
         (f"public {c['file'][:44]}", lambda tmp, f=c["file"]: imported(PUBLIC / f, tmp),
          set(c["expected_kinds"]), c.get("bound"))
@@ -133,6 +141,8 @@ def main() -> None:
     per_kind: dict[str, list[int]] = {}  # kind -> [found, missed, false]
     expected_n = found_n = false_n = exact = ran = rejected = 0
     bound_right = bound_cases = 0
+    by_framework: dict[str, list[int]] = {}  # framework -> [imported, cases]
+    reasons: dict[str, int] = {}  # why the import refused a file -> files
     print(f"{'case':52s} {'expected':26s} {'found':30s} bound")
     for name, make, expected, bound in cases:
         if name.startswith("fixture") and not FIXTURES.is_dir():
@@ -143,8 +153,11 @@ def main() -> None:
                 run = make(Path(tmp))
                 doc = json.loads(gpuprof("analyze", str(run), "--json").stdout)
             except ImportRejected as exc:
-                doc, note = {"findings": [], "summary": {}}, f"import rejected: {exc}"
+                doc, note = {"findings": [], "summary": {}}, f"import rejected: {exc.args[0]}"
                 rejected += 1
+                # the reason without the file: 'gpuprof: error: /x/a.log: format not recognised'
+                why = re.sub(r"^gpuprof: error: (\S+: )?", "", exc.args[-1])
+                reasons[why] = reasons.get(why, 0) + 1
             else:
                 note = ""
         kinds = {f["kind"] for f in doc["findings"]}
@@ -152,6 +165,10 @@ def main() -> None:
         composition = (doc["summary"].get("bound") or {}).get("composition") or [{}]
         got_bound = composition[0].get("phase")
         ran += 1
+        if name in FRAMEWORKS:
+            counts = by_framework.setdefault(FRAMEWORKS[name], [0, 0])
+            counts[0] += not note
+            counts[1] += 1
         expected_n += len(expected)
         found_n += len(expected & kinds)
         false_n += len(kinds - expected)
@@ -174,6 +191,11 @@ def main() -> None:
     print(f"false findings:       {false_n}")
     print(f"exact matches:        {exact}/{ran}")
     print(f"largest phase named:  {bound_right}/{bound_cases}")
+    if by_framework:
+        shown = ", ".join(f"{fw} {i}/{n}" for fw, (i, n) in sorted(by_framework.items()))
+        print(f"public files imported by framework: {shown}")
+    for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"rejected ({n}): {why}")
 
 
 if __name__ == "__main__":
