@@ -534,6 +534,28 @@ def _node_env(simnvml_lib: Path, scenarios: Path, name: str) -> dict[str, str]:
     return env
 
 
+BUSY_CORES = "TEST_BUSY_CORES"
+"""Set to N to run this module with N other processes spinning on the CPU the whole time (a
+loaded machine: ``TEST_BUSY_CORES=2 python -m pytest tests/test_ray_cluster.py``)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def busy_cores():
+    """``TEST_BUSY_CORES`` processes burning a core each while the module's tests run."""
+    try:
+        count = int(os.environ.get(BUSY_CORES) or 0)
+    except ValueError:
+        count = 0
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(count)]  # fmt: skip
+    try:
+        yield count
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
 @pytest.fixture(scope="module")
 def cluster(simnvml_lib, tmp_path_factory):
     scenarios = tmp_path_factory.mktemp("scenarios")

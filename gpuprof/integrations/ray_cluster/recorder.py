@@ -37,13 +37,17 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from gpuprof import __version__, store
+from gpuprof import __version__
 from gpuprof.integrations.ray_cluster.sampler import NodeSampler
 from gpuprof.integrations.ray_cluster.setup_hook import is_reference
 from gpuprof.model import RECORD_TYPES, Event, RunMeta
 from gpuprof.nodes import now_ns
+
+if TYPE_CHECKING:  # imported when the first node's file opens (`_store`): the samplers are
+    # placed first, before the driver spends a second importing pandas and pyarrow
+    from gpuprof import store
 
 TICK_S = 1.0
 """How often rows are taken from the samplers of a cluster of up to `PULLS_PER_S` nodes; the
@@ -426,8 +430,9 @@ class ClusterRecorder:
 
         def stopped(exc: BaseException, label: str = name) -> None:
             self._say(f"recording of node {label} stopped: "
-                      f"{store.failure_reason(exc, node.writer.path)}")  # fmt: skip
+                      f"{_store().failure_reason(exc, node.writer.path)}")  # fmt: skip
 
+        store = _store()
         node.writer = store.BufferedWriter(store.host_file(self.run_dir, name),
                                            flush_interval_s=WRITER_BACKSTOP_S, on_error=stopped,
                                            name=f"gpuprof-{name}")  # fmt: skip
@@ -454,6 +459,7 @@ class ClusterRecorder:
                                 gpuprof_version=__version__,
                                 reference_node=self.reference)  # fmt: skip
             try:
+                store = _store()
                 node.writer = store.BufferedWriter(store.host_file(self.run_dir, name),
                                                    flush_interval_s=WRITER_BACKSTOP_S,
                                                    name=f"gpuprof-{name}")  # fmt: skip
@@ -602,6 +608,12 @@ class ClusterRecorder:
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _store() -> Any:
+    from gpuprof import store
+
+    return store
 
 
 def _clock(t_ns: int) -> str:
