@@ -608,7 +608,8 @@ def _watch(cluster, simnvml_lib, tmp_path, *options: str,
     return proc, run_dir
 
 
-def _finish(proc: subprocess.Popen, timeout: float = 90) -> tuple[int, str, str]:
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    # a bound for a job that hangs, not a wait: a loaded 2-core machine takes minutes
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -753,14 +754,14 @@ def test_node_joining_without_nvml_then_lost(cluster, simnvml_lib, tmp_path):
     proc, run_dir = _watch(cluster, simnvml_lib, tmp_path, JOB_STOP_FILE=str(stop),
                            JOB_EXIT="3")  # fmt: skip
     try:
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + 120  # bounds on polls, not waits: a loaded machine
         while not (run_dir / "node2.sqlite").exists() and time.monotonic() < deadline:
             time.sleep(0.5)
         # a node joins mid-run (autoscaling); its raylet has no NVML library
         joined = cluster.add_node(num_cpus=1, env_vars=_node_env(simnvml_lib, cluster.scenarios,
                                                                  "node3"))  # fmt: skip
         node3 = run_dir / "node3.sqlite"
-        while time.monotonic() < deadline + 20:
+        while time.monotonic() < deadline + 90:
             if node3.exists() and _count(node3, "host") >= 3:
                 break
             time.sleep(0.5)
@@ -820,7 +821,7 @@ def test_the_metrics_endpoint_serves_every_node_of_the_cluster(cluster, simnvml_
 
     got: dict = {}
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not ready(got):
             assert proc.poll() is None, proc.communicate()
             with contextlib.suppress(OSError):
