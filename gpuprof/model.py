@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:  # pandas and numpy are imported where frames are made: the record
+    # classes are what a Ray node's sampler needs, and it starts faster without them
+    import numpy as np
+    import pandas as pd
 
 SCHEMA_VERSION = 2
 """Version of the on-disk layout; bumped whenever a table or column changes meaning."""
@@ -191,6 +193,8 @@ def column_kinds(record_type: type) -> dict[str, str]:
 
 def empty_frame(record_type: type) -> pd.DataFrame:
     """A frame with the record's columns and no rows, with dtypes that keep NaN for missing."""
+    import pandas as pd
+
     kinds = column_kinds(record_type)
     data = {}
     for name in columns(record_type):
@@ -234,6 +238,7 @@ _META_TYPES: dict[str, Any] = {
     "nnodes": _is_int,
     "reference_node": lambda v: isinstance(v, str),
     "clocks": lambda v: isinstance(v, dict),
+    "nodes": lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),
 }
 """The type each stored metadata field must have (None is allowed except where required)."""
 _META_REQUIRED = frozenset({"run_id", "command", "hosts", "gpus", "knobs", "notices",
@@ -279,6 +284,11 @@ class RunMeta:
     stopped: str | None = None
     """Set when recording stopped before the command ended: when, why and what is missing
     ("recording stopped at 00:12:31: disk full; 15 of 30 steps recorded; …")."""
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per node a Ray driver recorded or tried to (not the watcher's own), how: ``state``
+    (``recorded``, ``lost`` or ``never_recorded``), ``asked_ns`` (its sampler asked for),
+    ``from_ns`` (its first sample), ``lost_ns``, ``why`` and ``notice`` (the run's notice
+    saying it), times on the run's clock."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -344,6 +354,8 @@ def span_depths(spans: pd.DataFrame) -> np.ndarray:
     the depth of span i is the number of spans of its thread that started before it (ties:
     the longer one first) minus the number that had already ended when it started.
     """
+    import numpy as np
+
     depth = np.zeros(len(spans), dtype=np.int64)
     starts_all = spans["start_ns"].to_numpy(np.int64)
     ends_all = spans["end_ns"].to_numpy(np.int64)

@@ -664,6 +664,7 @@ def merge_meta(metas: list[dict[str, Any]], run_dir: Path) -> RunMeta:
         base.hosts = sorted(set(base.hosts) | set(other.hosts))
         base.gpus = base.gpus + [g for g in other.gpus if g not in base.gpus]
         base.notices = base.notices + other.notices
+        base.nodes = {**base.nodes, **other.nodes}
         if other.start_ns is not None:
             base.start_ns = min(filter(None, (base.start_ns, other.start_ns)))
         if other.end_ns is not None:

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.model import Run
+from gpuprof.nodes import natural_key
 from gpuprof.phases import CANONICAL_PHASES
 
 
@@ -133,7 +134,43 @@ def run_summary(run: Run) -> dict[str, Any]:
         "gpus": gpus.to_dict("records"),
         "phases": phases.to_dict("records"),
         "notices": list(run.meta.notices),
+        "nodes": node_accounts(run),
     }
+
+
+def node_accounts(run: Run) -> list[dict[str, Any]]:
+    """How each node of a Ray cluster run was recorded (`RunMeta.nodes`), the watcher's own
+    node first: ``node``, ``state`` (``recorded``, ``lost``, ``never_recorded``),
+    ``from_s`` / ``lost_s`` (seconds into the run, None when unknown), ``why``, ``notice``
+    (the run's notice that says it) and ``watcher`` (the watcher's node: recorded from the
+    start). Empty for a run with no such nodes (one node, torchrun, an imported run)."""
+    accounts = run.meta.nodes or {}
+    if not accounts:
+        return []
+    start = run.meta.start_ns
+
+    def rel(t: Any) -> float | None:
+        if start is None or not isinstance(t, int) or isinstance(t, bool):
+            return None
+        return max(0.0, (t - start) / 1e9)
+
+    out = []
+    reference = run.meta.reference_node
+    if reference and reference not in accounts:
+        out.append({"node": reference, "state": "recorded", "from_s": 0.0, "lost_s": None,
+                    "why": None, "notice": None, "watcher": True})  # fmt: skip
+    for node in sorted(accounts, key=natural_key):
+        status = accounts[node]
+        out.append({
+            "node": node,
+            "state": str(status.get("state") or "recorded"),
+            "from_s": rel(status.get("from_ns")),
+            "lost_s": rel(status.get("lost_ns")),
+            "why": status.get("why"),
+            "notice": status.get("notice"),
+            "watcher": False,
+        })  # fmt: skip
+    return out
 
 
 def finite_or_none(value: Any) -> float | None:

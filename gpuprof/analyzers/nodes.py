@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers.basic import finite_or_none
+from gpuprof.analyzers.basic import finite_or_none, node_accounts
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.nodes import natural_key
 
@@ -40,12 +40,20 @@ def node_summary(ctx: AnalysisContext, th: Thresholds) -> dict[str, Any] | None:
         names |= set(s["host"].dropna().unique().tolist())
     if len(spans):
         names |= set(spans["host"].dropna().unique().tolist())
+    # a Ray cluster's nodes that were lost or never recorded are listed too, with how
+    accounts = {a["node"]: a for a in node_accounts(run)}
+    names |= set(accounts)
     if len(names) < 2:
         return None
     nodes = sorted(names, key=natural_key)  # node2 before node10, as the report shows them
     per_node = _per_node(s, spans, nodes, th)
     clocks = run.meta.clocks or {}
     for row in per_node:
+        account = accounts.get(row["node"])
+        row["recorded"] = (
+            {k: account[k] for k in ("state", "from_s", "lost_s", "why", "watcher")}
+            if account else None
+        )  # fmt: skip
         clock = clocks.get(row["node"])
         row["clock"] = (
             {k: clock.get(k) for k in ("offset_ns", "error_ns", "method")} if clock else None

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprof.nodes import now_ns
-from gpuprof.store import BufferedWriter
+
+if TYPE_CHECKING:  # the store (pandas, pyarrow) is not needed to sample: a Ray node's
+    # sampler hands its rows to a buffer and starts faster without it
+    from gpuprof.store import BufferedWriter
 
 PROCESS_INTERVAL_S = 1.0
 """How often the processes on each GPU are listed (heavier NVML calls than metrics)."""

@@ -81,3 +81,19 @@ def knob_value(value: Any, default: Any = None) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+def node_recorded(recorded: dict[str, Any] | None) -> str:
+    """A node's ``recorded`` entry (the nodes section) in a few words."""
+    if not recorded:
+        return "—"
+    if recorded.get("watcher"):
+        return "from the start"
+    since = recorded.get("from_s")
+    since_text = "" if since is None else f"from {seconds(since)}"
+    if recorded.get("state") == "lost":
+        lost = recorded.get("lost_s")
+        return f"{since_text}, lost at {seconds(lost)}" if lost is not None else "lost"
+    if recorded.get("state") == "never_recorded":
+        return "never"
+    return since_text or "yes"

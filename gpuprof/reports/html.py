@@ -508,6 +508,14 @@ def _phase_table(diagnosis: Diagnosis) -> str:
     return f'<table class="phases">{head}{"".join(rows)}</table>'
 
 
+def _recorded_html(recorded: dict[str, Any] | None) -> str:
+    """How a node was recorded, in the report's words (with the why of a missing node)."""
+    text = fmt.node_recorded(recorded)
+    if recorded and recorded.get("state") in ("lost", "never_recorded") and recorded.get("why"):
+        text += f" ({recorded['why']})"
+    return text
+
+
 def _node_table(diagnosis: Diagnosis) -> str:
     """A multi-node run's nodes (the summary's ``nodes``): per node GPUs, ranks, utilisation,
     idle GPU-time, idle while another node worked and the clock offset applied; how well the
@@ -529,6 +537,7 @@ def _node_table(diagnosis: Diagnosis) -> str:
     else:
         said = "Node clocks not aligned: no stored offsets and no collectives shared by all ranks"
     rows = []
+    accounted = any(n.get("recorded") for n in rows_in)  # a Ray cluster run
     for n in rows_in:
         ranks = n.get("ranks") or []
         rank_text = f"{ranks[0]}–{ranks[-1]}" if len(ranks) > 2 else ", ".join(map(str, ranks))
@@ -547,11 +556,15 @@ def _node_table(diagnosis: Diagnosis) -> str:
             f"<td>{_e(rank_text or '—')}</td><td>{_e(fmt.percent(n.get('util_gpu_pct')))}</td>"
             f"<td>{_e(fmt.gpu_seconds(n.get('idle_gpu_s') or 0.0))}</td>"
             f"<td>{_e(fmt.gpu_seconds(n.get('idle_while_others_busy_gpu_s') or 0.0))}</td>"
-            f"<td>{_e(clock_text)}</td></tr>"
+            f"<td>{_e(clock_text)}</td>"
+            + (f"<td>{_e(_recorded_html(n.get('recorded')))}</td>" if accounted else "")
+            + "</tr>"
         )
     head = (
         "<tr><th>node</th><th>GPUs</th><th>ranks</th><th>mean util</th><th>idle GPU time</th>"
-        "<th>idle while another node worked</th><th>clock offset</th></tr>"
+        "<th>idle while another node worked</th><th>clock offset</th>"
+        + ("<th>recorded</th>" if accounted else "")
+        + "</tr>"
     )
     extra = []
     for link in nodes.get("links") or []:

@@ -67,14 +67,57 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
     else:
         parts.append(Text("no phases recorded (use gpuprof.phase() in the training loop)"))
 
+    parts.extend(node_lines(s["nodes"]))
+    said = {n["notice"] for n in s["nodes"] if n.get("notice")}
     for notice in s["notices"]:
-        parts.append(Text(f"note: {notice}", style="yellow"))
+        if notice not in said:  # a node's own line above says it
+            parts.append(Text(f"note: {notice}", style="yellow"))
     if run_dir and run.meta.stopped:
         parts.append(Text(f"incomplete run in {run_dir} (recording stopped before the command "
                           "ended)", no_wrap=True, overflow="ignore", style="yellow"))  # fmt: skip
     elif run_dir:
         parts.append(Text(f"run saved to {run_dir}", no_wrap=True, overflow="ignore"))
     return Group(*parts)
+
+
+MAX_RECORDED_LINES = 8
+"""Nodes recorded in full shown one per line at most; the rest are counted (a node lost or
+never recorded always gets its line)."""
+
+
+def node_lines(accounts: list[dict[str, Any]]) -> list[Text]:
+    """One line per node of a Ray cluster run: recorded from when, lost (when, why), or
+    never recorded (why) — so a run that misses a node never reads as complete."""
+    if not accounts:
+        return []
+    recorded = [a for a in accounts if a["state"] == "recorded"]
+    missing = len(accounts) - len(recorded)
+    head = f"nodes: {len(recorded)} of {len(accounts)} recorded"
+    if missing:
+        head += f"; {missing} lost or never recorded"
+    lines = [Text(head, style="yellow" if missing else "")]
+    for a in accounts:
+        if a["state"] == "recorded" and recorded.index(a) >= MAX_RECORDED_LINES:
+            continue
+        lines.append(Text(f"  {a['node']}: {node_state_text(a)}",
+                          style="" if a["state"] == "recorded" else "yellow"))  # fmt: skip
+    if len(recorded) > MAX_RECORDED_LINES:
+        lines.append(Text(f"  … {len(recorded) - MAX_RECORDED_LINES} more nodes recorded"))
+    return lines
+
+
+def node_state_text(a: dict[str, Any]) -> str:
+    """How one node was recorded, in words (a `node_accounts` entry)."""
+    since = "" if a.get("from_s") is None else f" from {fmt.seconds(a['from_s'])} into the run"
+    if a.get("watcher"):
+        return "recorded from the start (the watcher's node)"
+    if a["state"] == "recorded":
+        return f"recorded{since}"
+    if a["state"] == "lost":
+        when = "" if a.get("lost_s") is None else f" {fmt.seconds(a['lost_s'])} into the run"
+        why = f" ({a['why']})" if a.get("why") else ""
+        return f"lost{when}{why}; recorded{since} until then"
+    return f"never recorded: {a.get('why') or 'no sampler started there'}"
 
 
 def render_summary(run: Run, run_dir: str | None = None, width: int = 100) -> str:

@@ -128,6 +128,9 @@ def nodes_parts(nodes: dict[str, Any] | None, limit: int = 16) -> list[Any]:
     table.add_column("node", overflow="fold")
     for col in ("GPUs", "ranks", "util", "idle GPU-s", "idle while others busy", "clock"):
         table.add_column(col, justify="right", no_wrap=True)
+    accounted = any(n.get("recorded") for n in rows)
+    if accounted:  # a Ray cluster run: how each node was recorded
+        table.add_column("recorded", overflow="fold")
     for n in sorted(rows[:limit], key=lambda n: n["node"]):
         ranks = n.get("ranks") or []
         rank_text = f"{ranks[0]}–{ranks[-1]}" if len(ranks) > 2 else ",".join(map(str, ranks))
@@ -138,11 +141,14 @@ def nodes_parts(nodes: dict[str, Any] | None, limit: int = 16) -> list[Any]:
             else "—"
         )  # fmt: skip
         util = n.get("util_gpu_pct")
-        table.add_row(n["node"], str(n.get("gpus", 0)), rank_text or "—",
-                      "—" if util is None else f"{util:.0f}%",
-                      fmt.gpu_seconds(n.get("idle_gpu_s") or 0.0),
-                      fmt.gpu_seconds(n.get("idle_while_others_busy_gpu_s") or 0.0),
-                      clock_text)  # fmt: skip
+        cells = [n["node"], str(n.get("gpus", 0)), rank_text or "—",
+                 "—" if util is None else f"{util:.0f}%",
+                 fmt.gpu_seconds(n.get("idle_gpu_s") or 0.0),
+                 fmt.gpu_seconds(n.get("idle_while_others_busy_gpu_s") or 0.0),
+                 clock_text]  # fmt: skip
+        if accounted:
+            cells.append(fmt.node_recorded(n.get("recorded")))
+        table.add_row(*cells)
     parts: list[Any] = [table]
     if len(rows) > limit:
         parts.append(Text(f"… {len(rows) - limit} more nodes (the idlest {limit} shown)"))

@@ -37,13 +37,17 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from gpuprof import __version__, store
+from gpuprof import __version__
 from gpuprof.integrations.ray_cluster.sampler import NodeSampler
 from gpuprof.integrations.ray_cluster.setup_hook import is_reference
 from gpuprof.model import RECORD_TYPES, Event, RunMeta
 from gpuprof.nodes import now_ns
+
+if TYPE_CHECKING:  # imported when the first node's file opens (`_store`): the samplers are
+    # placed first, before the driver spends a second importing pandas and pyarrow
+    from gpuprof import store
 
 TICK_S = 1.0
 """How often rows are taken from the samplers of a cluster of up to `PULLS_PER_S` nodes; the
@@ -62,6 +66,8 @@ MEMBERSHIP_S = 3.0
 PLACE_TIMEOUT_S = 60.0
 """How long a sampler may take to start on its node (its worker process, the job's
 runtime_env) before the node is given up; ``GPUPROF_RAY_PLACE_TIMEOUT_S`` overrides."""
+START_POLL_S = 0.1
+"""How often, between pulls, the recorder looks for samplers that have started."""
 TAKE_WAIT_S = 0.3
 """How long one tick waits for the samplers' replies (later replies are read next tick)."""
 CLOCK_ROUNDS = 8
@@ -134,10 +140,14 @@ class _Node:
     offset_ns: int = 0
     next_clock: float = 0.0
     dropped: int = 0
+    asked_ns: int = 0
+    """When its sampler was asked for (the driver's clock, the run's)."""
+    from_ns: int | None = None
+    """Its first sample, on the run's clock."""
 
     @property
     def label(self) -> str:
-        return self.name or f"Ray node {self.address} ({self.ray_id[:8]})"
+        return self.name or f"{self.address} ({self.ray_id[:8]})"
 
 
 class ClusterRecorder:
@@ -227,7 +237,21 @@ class ClusterRecorder:
                     self._say(f"recording the Ray cluster stopped ({type(exc).__name__}: "
                               f"{exc}); what was recorded so far is kept")  # fmt: skip
                     return
-            self._stop.wait(max(0.0, self.period_s - (time.monotonic() - began)))
+            self._between_ticks(began + self.period_s)
+
+    def _between_ticks(self, until: float) -> None:
+        """Wait for the next tick; meanwhile answer samplers that are starting within
+        `START_POLL_S`, not a pull period later: a node's record begins there."""
+        while not self._stop.is_set():
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            with self._lock:
+                starting = [n for n in self.nodes.values() if n.state in ("placing", "starting")]
+                if starting and not self._stop.is_set() and self.ray.is_initialized():
+                    for node in starting:
+                        self._advance(node)
+            self._stop.wait(min(left, START_POLL_S) if starting else left)
 
     def finish(self) -> None:
         """Stop the thread, take the samplers' last rows, close every node's file. Safe to
@@ -268,8 +292,8 @@ class ClusterRecorder:
             if node.state in ("placing", "starting"):
                 what = "placed" if node.state == "placing" else "started"
                 waited = time.monotonic() - node.since
-                self._fail(node, f"never recorded: its sampler was still being {what} when the "
-                                 f"job ended ({waited:.0f} s after it was asked for)")  # fmt: skip
+                self._fail(node, f"its sampler was still being {what} when the job ended "
+                                 f"({waited:.1f} s after it was asked for)")  # fmt: skip
 
     def _finish_nodes(self) -> None:
         active = [n for n in self.nodes.values() if n.state == "active"]
@@ -334,13 +358,15 @@ class ClusterRecorder:
                 self._lost(node, "Ray marked the node dead")
 
     def _place(self, node: _Node) -> None:
+        node.since = time.monotonic()
+        node.asked_ns = now_ns()
         try:
             node.actor = self._actor_class.options(
                 scheduling_strategy=self._strategy(node.ray_id),
                 num_cpus=0,
                 num_gpus=0,
                 max_restarts=0,
-            ).remote(self.run_id, self.session)
+            ).remote(self.run_id, self.session, self.interval_s, self.host_interval_s, self.nvml)
             node.pending = node.actor.hello.remote()
         except Exception as exc:
             self._fail(node, f"no sampler could be started there ({type(exc).__name__}: {exc})")
@@ -379,7 +405,10 @@ class ClusterRecorder:
                       f"as {unique} (set GPUPROF_HOST on each node to name them)")  # fmt: skip
             name = unique
         node.name = name
-        node.state = "starting"
+        if name == hello.get("node") and hello.get("start_ns") is not None:
+            self._open(node, hello)  # it samples since it started: no second round trip
+            return
+        node.state = "starting"  # renamed (its rows so far too), or a sampler that waits
         node.pending = node.actor.start.remote(name, self.interval_s, self.host_interval_s,
                                                self.nvml)  # fmt: skip
 
@@ -401,15 +430,53 @@ class ClusterRecorder:
 
         def stopped(exc: BaseException, label: str = name) -> None:
             self._say(f"recording of node {label} stopped: "
-                      f"{store.failure_reason(exc, node.writer.path)}")  # fmt: skip
+                      f"{_store().failure_reason(exc, node.writer.path)}")  # fmt: skip
 
+        store = _store()
         node.writer = store.BufferedWriter(store.host_file(self.run_dir, name),
                                            flush_interval_s=WRITER_BACKSTOP_S, on_error=stopped,
                                            name=f"gpuprof-{name}")  # fmt: skip
         node.state = "active"
         self._measure_clock(node)
-        node.writer.set_meta("run", node.meta.to_dict())
+        start_ns = info.get("start_ns")
+        if isinstance(start_ns, int) and not isinstance(start_ns, bool):
+            node.from_ns = start_ns + node.offset_ns  # on the run's clock
+        else:
+            node.from_ns = now_ns()
+        after = max(0.0, (node.from_ns - node.asked_ns) / 1e9)
+        notice = (f"node {name} recorded from {_clock(node.from_ns)} ({after:.1f} s after its "
+                  "sampler was asked for)")  # fmt: skip
+        self._account(node, "recorded", notice)
         node.writer.flush()
+
+    def _account(self, node: _Node, state: str, notice: str, why: str | None = None) -> None:
+        """Say in the node's file how it was recorded (``RunMeta.nodes``, on the run's
+        clock) and put ``notice``, the line saying it, in the run's notices. A node with no
+        file yet (never recorded) gets one holding just that, so the run says so too."""
+        if node.writer is None:
+            name = node.name or f"ray-{node.address}-{node.ray_id[:8]}"
+            node.meta = RunMeta(run_id=self.run_id, start_ns=node.asked_ns or None,
+                                gpuprof_version=__version__,
+                                reference_node=self.reference)  # fmt: skip
+            try:
+                store = _store()
+                node.writer = store.BufferedWriter(store.host_file(self.run_dir, name),
+                                                   flush_interval_s=WRITER_BACKSTOP_S,
+                                                   name=f"gpuprof-{name}")  # fmt: skip
+            except Exception as exc:
+                self._say(f"could not write how node {node.label} was recorded ({_short(exc)})")
+                return
+        status = {"state": state, "asked_ns": node.asked_ns or None, "from_ns": node.from_ns,
+                  "notice": notice}  # fmt: skip
+        if state == "lost":
+            status["lost_ns"] = now_ns()
+        if why:
+            status["why"] = why
+        old = node.meta.nodes.get(node.label, {}).get("notice")
+        node.meta.nodes[node.label] = status
+        node.meta.notices = [n for n in node.meta.notices if n != old]
+        node.meta.notices.append(notice)
+        node.writer.set_meta("run", node.meta.to_dict())
 
     def _take(self) -> None:
         active = [n for n in self.nodes.values() if n.state == "active"]
@@ -498,28 +565,37 @@ class ClusterRecorder:
         was_active = node.state == "active"
         node.state = "lost"
         node.pending = None
-        stamp = time.strftime("%H:%M:%S")
-        notice = f"node {node.label} lost at {stamp}"
-        self._say(f"{notice} ({reason}): its record ends there; the run goes on")
-        if not was_active:
-            return
         t = now_ns()
+        if not was_active:  # lost before its sampler started: never recorded
+            self._never(node, f"{reason} before its sampler started")
+            return
+        notice = f"node {node.label} lost at {_clock(t)} ({reason})"
+        if node.from_ns is not None:
+            notice += f", recorded from {_clock(node.from_ns)}"
+        self._say(f"{notice}: its record ends there; the run goes on")
         attrs = {"reason": reason, "ray_node_id": node.ray_id, "address": node.address}
         # stored on the node's clock, like every row of its file
         event = Event(node.name, 0, None, t - node.offset_ns, "node_lost", node.name, attrs)
         node.writer.add_records("events", [event])
-        node.meta.notices.append(notice)
         node.meta.end_ns = t
-        node.writer.set_meta("run", node.meta.to_dict())
+        self._account(node, "lost", notice, reason)
         node.writer.flush()
 
     def _fail(self, node: _Node, reason: str) -> None:
         node.state = "failed"
         node.pending = None
-        self._say(f"{node.label} is not recorded: {reason}")
+        self._never(node, reason)
         if node.actor is not None:
             with contextlib.suppress(Exception):
                 self.ray.kill(node.actor)
+
+    def _never(self, node: _Node, reason: str) -> None:
+        """One line, and the run's notices, for a node of the cluster with no record."""
+        notice = f"node {node.label} never recorded: {reason}"
+        self._say(notice)
+        self._account(node, "never_recorded", notice, reason)
+        if node.writer is not None:
+            node.writer.flush()
 
     def _say(self, line: str) -> None:
         self.lines.append(line)
@@ -532,6 +608,17 @@ class ClusterRecorder:
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _store() -> Any:
+    from gpuprof import store
+
+    return store
+
+
+def _clock(t_ns: int) -> str:
+    """A time of the run as the notices give it: local wall-clock time to the second."""
+    return time.strftime("%H:%M:%S", time.localtime(t_ns / 1e9))
 
 
 def _env_float(name: str, default: float) -> float:

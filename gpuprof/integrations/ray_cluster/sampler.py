@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuprof import columnar, nodes
+from gpuprof import nodes
 from gpuprof.integrations.ray_cluster import setup_hook
 from gpuprof.model import RECORD_TYPES, columns
 
@@ -36,6 +36,9 @@ TAIL_LIMIT = 50_000
 """Rows read from one spool file's table per take (bounds one reply's size)."""
 SPOOL_TABLES = ("spans", "events")
 """The tables worker hooks write."""
+ENV_START_DELAY = "GPUPROF_SIM_SAMPLER_DELAY_S"
+"""For tests, set in one node's environment: its sampler waits this long (s) before it
+starts, as a node whose imports or NVML take long would."""
 STALE_SPOOL_S = 24 * 3600.0
 """A spool directory of another run untouched this long (s) is removed when a sampler starts."""
 
@@ -45,8 +48,11 @@ class RowBuffer:
     table's column order) are kept until `take`. The node's raylet, the root of the watched
     process tree, is relabelled ``other``: ``main`` means the job's driver."""
 
-    def __init__(self, max_rows: int = MAX_BUFFERED_ROWS) -> None:
+    def __init__(self, max_rows: int = MAX_BUFFERED_ROWS, host: str | None = None) -> None:
         self.max_rows = max_rows
+        self.host = host
+        """The node's name in the run: rows kept under another (sampled before the driver
+        named the node) are renamed as they are taken."""
         self._rows: dict[str, list[tuple]] = {}
         self._count = 0
         self.dropped = 0
@@ -71,6 +77,11 @@ class RowBuffer:
     def take(self) -> dict[str, list[tuple]]:
         with self._lock:
             rows, self._rows, self._count = self._rows, {}, 0
+        host = self.host
+        if host is not None:  # the host is every table's first column
+            for table, kept in rows.items():
+                if any(row[0] != host for row in kept):
+                    rows[table] = [(host, *row[1:]) for row in kept]
         return rows
 
 
@@ -210,6 +221,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _start_delay_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(ENV_START_DELAY) or 0.0))
+    except ValueError:
+        return 0.0
+
+
 def _raylet_pid() -> int | None:
     """The raylet that started this worker: the root of the node's Ray process tree."""
     try:
@@ -224,11 +242,20 @@ def _raylet_pid() -> int | None:
 
 
 class NodeSampler:
-    """The per-node actor (the driver wraps it with ``ray.remote``). Its methods are called
-    by the driver's recorder thread, one at a time: `hello`, `start`, then `take` about twice
-    a second and `clock` for round trips, and `finish` at the end."""
+    """The per-node actor (the driver wraps it with ``ray.remote``). Created with the
+    watcher's settings, it starts sampling at once, as the node's own name, from a thread
+    (so that `hello` answers meanwhile): a short job must not end before a node's first
+    sample because of round trips to the driver. Its methods are then called by the
+    driver's recorder thread, one at a time: `hello` (who this node is; its GPUs once it
+    samples), `start` when it did not sample yet at `hello` or the driver names the node
+    otherwise (two nodes with one name), `take` every pull period, `clock` for round trips
+    and `finish` at the end.
 
-    def __init__(self, run_id: str, session: str) -> None:
+    Created without ``interval_s`` it waits for `start` to sample (a benchmark drives it
+    that way)."""
+
+    def __init__(self, run_id: str, session: str, interval_s: float | None = None,
+                 host_interval_s: float | None = None, nvml: bool = True) -> None:  # fmt: skip
         self.run_id = run_id
         self.session = session
         self.name = nodes.node_name()
@@ -238,29 +265,71 @@ class NodeSampler:
         self.tail: SpoolTail | None = None
         self.notices: list[str] = []
         self._sent: set[str] = set()
+        self.info: dict[str, Any] = {"gpus": [], "versions": {}, "nvml": False}
+        self._starting: threading.Thread | None = None
+        if interval_s is not None:
+            self._starting = threading.Thread(
+                target=self._begin, args=(self.name, interval_s, host_interval_s, nvml),
+                name="gpuprof-node-start", daemon=True,
+            )  # fmt: skip
+            self._starting.start()
+
+    def _begin(self, name: str, interval_s: float, host_interval_s: float | None,
+               nvml: bool) -> None:  # fmt: skip
+        try:
+            delay = _start_delay_s()
+            if delay:  # tests: a node whose sampler starts late (see ENV_START_DELAY)
+                time.sleep(delay)
+            self._start(name, interval_s, host_interval_s, nvml)
+        except Exception as exc:  # never into Ray: the driver's `start` says it
+            self._note(f"{name}: sampling did not start ({type(exc).__name__}: {exc})")
 
     def hello(self) -> dict[str, Any]:
         """Who this node is: its name, its machine, whether the name is its own
-        (``GPUPROF_HOST`` set) — the driver decides from these whether it is the watcher's."""
+        (``GPUPROF_HOST`` set) — the driver decides from these whether it is the watcher's —
+        and, when it samples already, what `start` returns."""
         return {
             "node": nodes.node_name(),
             "machine": socket.gethostname(),
             "own_name": bool(os.environ.get(nodes.ENV_NODE)),
             "pid": os.getpid(),
+            **(self._info() if self._started() else {}),
         }
+
+    def _started(self) -> bool:
+        return self.sampler is not None and (self._starting is None
+                                             or not self._starting.is_alive())  # fmt: skip
 
     def start(self, name: str, interval_s: float, host_interval_s: float | None,
               nvml: bool) -> dict[str, Any]:  # fmt: skip
-        """Open NVML (unless ``nvml`` is False) and start sampling as ``name`` (the node's
-        name in the run); returns the node's GPU inventory, driver versions and notices."""
-        from gpuprof.collectors.sampler import Sampler
+        """Sample as ``name`` (the node's name in the run): started here unless it already
+        samples (then the rows, those kept so far included, are renamed); returns the node's
+        GPU inventory, driver versions, notices and ``start_ns``, its first sample's time."""
+        if self._starting is not None:
+            self._starting.join()  # started as the node's own name: renamed below
+        if self.sampler is not None:
+            if name != self.name:
+                self._rename(name)
+            return self._info()
+        return self._start(name, interval_s, host_interval_s, nvml)
 
+    def _start(self, name: str, interval_s: float, host_interval_s: float | None,
+               nvml: bool) -> dict[str, Any]:  # fmt: skip
         self.name = name
+        self.buffer.host = name
+        # sampling first: the spool's set-up and its tidying can wait, a short job cannot
+        self._sample(name, interval_s, host_interval_s, nvml)
         spool = setup_hook.spool_dir(self.run_id, self.session, nodes.node_name())
         self.tail = SpoolTail(spool, name)
         with contextlib.suppress(Exception):
             remove_stale_spools(spool.parent)
-        info: dict[str, Any] = {"gpus": [], "versions": {}, "nvml": False}
+        return self._info()
+
+    def _sample(self, name: str, interval_s: float, host_interval_s: float | None,
+                nvml: bool) -> None:  # fmt: skip
+        from gpuprof.collectors.sampler import Sampler
+
+        info = self.info
         collector = None
         if nvml:
             try:
@@ -290,9 +359,24 @@ class NodeSampler:
             self.notices.append(f"{name}: host sampling not available ({exc})")
         self.sampler = Sampler(self.buffer, host, collector, interval_s=interval_s,
                                host_interval_s=host_interval_s)  # fmt: skip
+        info["start_ns"] = nodes.now_ns()  # the first tick samples at once
         self.sampler.start()
-        info["start_ns"] = nodes.now_ns()
-        return info
+
+    def _rename(self, name: str) -> None:
+        old, self.name = self.name, name
+        self.buffer.host = name
+        for collector in (self.nvml, getattr(self.sampler, "host", None)):
+            if collector is not None:
+                collector.host = name
+        self.info["gpus"] = [{**g, "host": name} if g.get("host") == old else g
+                             for g in self.info["gpus"]]  # fmt: skip
+        self.notices = [n.replace(f"{old}: ", f"{name}: ", 1) if n.startswith(f"{old}: ")
+                        else n for n in self.notices]  # fmt: skip
+        if self.tail is not None:
+            self.tail.host = name
+
+    def _info(self) -> dict[str, Any]:
+        return dict(self.info)
 
     def clock(self) -> int:
         """This node's wall clock now (ns since the epoch): the node end of a round trip."""
@@ -309,6 +393,10 @@ class NodeSampler:
             except Exception as exc:
                 self._note(f"{self.name}: reading the workers' spool failed ({exc})")
         notices = self._new_notices()
+        # imported at the first take, after sampling started (pyarrow and pandas take a
+        # second or more to import on a loaded node)
+        from gpuprof import columnar
+
         chunks = {}
         for table, table_rows in rows.items():
             if table_rows:
