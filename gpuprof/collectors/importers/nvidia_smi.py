@@ -359,7 +359,10 @@ def _headerless(
     widths = pd.Series([len(c) for _, c in rows])
     width = int(widths.mode().iloc[0])
     if fields is not None:
-        cols = sc.fields_option(fields)
+        try:
+            cols = sc.fields_option(fields)
+        except ValueError as exc:
+            raise ImportFormatError(f"{path}: {exc}") from None
         width = len(cols)
         header = [_named(c) for c in cols]
         notes.append(f"columns named by --fields: {', '.join(f for f, _ in header)}")
