@@ -9,8 +9,9 @@ kernels hit. Either way ``nvidia-smi -q -d PERFORMANCE,POWER`` shows it.
 
 A busy sample (utilization at least ``th.busy_util_pct``) is at the cap when its draw is at
 least ``th.power_cap_frac`` of its GPU's limit (the inventory's ``power_limit_w``: nvidia-smi
-``power.limit`` / ``enforced.power.limit``, DCGM ``DCGM_FI_DEV_POWER_MGMT_LIMIT``), or when
-its clock-event reasons carry the SW power cap bit. A GPU at the cap for at least
+``power.limit`` / ``enforced.power.limit``, DCGM ``DCGM_FI_DEV_POWER_MGMT_LIMIT``); the SW
+power cap clock-event bit, where logged, raises the confidence (alone, without a limit to
+compare the draw with, it is ``throttling``'s evidence). A GPU at the cap for at least
 ``th.power_cap_share`` of its busy time is held by it. Its loss is, per capped sample, the SM
 clock short of the highest clock the GPU reached in the run (or its inventory maximum);
 without clocks, a limit below the board default costs ``1 - (limit/default)^(1/3)`` (see
@@ -74,7 +75,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     )
     with np.errstate(invalid="ignore"):
         at_limit = (m["power"] >= th.power_cap_frac * m["limit"]).to_numpy(bool)
-    capped = busy & (at_limit | cap_bit)
+    capped = busy & at_limit  # the reason bit alone is throttling's: here the draw decides
     if not capped.any():
         return None
     m["busy"], m["capped"] = busy, capped
