@@ -296,8 +296,9 @@ def import_files(
 
     ``advance(n)`` is called with each file's size in bytes once it is parsed (for a progress
     bar). ``fields`` names the columns of header-less nvidia-smi captures among them
-    (``"timestamp,index,utilization.gpu"``; see `nvidia_smi.parse`). Raises `ImportFormatError` — one line naming the file, and the line where known — for
-    no files, an unknown format, a malformed file, or an output that exists and is not empty;
+    (``"timestamp,index,utilization.gpu"``; see `nvidia_smi.parse`). Raises
+    `ImportFormatError` — one line naming the file, and the line where known — for no files,
+    an unknown format, a file with nothing usable, or an output that exists and is not empty;
     nothing is written then.
     """
     files = [Path(p) for p in paths]

@@ -78,15 +78,9 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     capped = busy & at_limit  # the reason bit alone is throttling's: here the draw decides
     if not capped.any():
         return None
-    m["busy"], m["capped"] = busy, capped
-    per = (
-        m[busy]
-        .groupby(["host", "gpu"])
-        .apply(
-            lambda f: float(f.loc[f["capped"], "dt_s"].sum() / max(f["dt_s"].sum(), 1e-12)),
-            include_groups=False,
-        )
-    )
+    m["capped_s"] = np.where(capped, m["dt_s"], 0.0)
+    sums = m[busy].groupby(["host", "gpu"])[["capped_s", "dt_s"]].sum()
+    per = sums["capped_s"] / sums["dt_s"].clip(lower=1e-12)
     held = per[per >= th.power_cap_share]
     if held.empty:
         return None

@@ -229,8 +229,8 @@ _UNIT_VALUE_RE = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+))\s*(%|MiB|GiB|KiB|W|MHz
 _BARE_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)$")
 _NA_RE = re.compile(r"^(\[.*\]|N/A|n/a|NA|Unknown|unknown|)$")
 _GPU_NAME_RE = re.compile(
-    r"(NVIDIA|Tesla|GeForce|Quadro|TITAN|RTX|GTX|A100|H100|H200|H800|A800|B200|GB200|L40|"
-    r"A10G?|A30|A40|A6000|L4|T4|V100|P100)",
+    r"\b(NVIDIA|Tesla|GeForce|Quadro|TITAN|RTX|GTX|A100|H100|H200|H800|A800|B200|GB200|L40S?|"
+    r"A10G?|A30|A40|A6000|L4|T4|V100|P100)\b",
     re.IGNORECASE,
 )
 _EPOCH_MIN, _EPOCH_MAX = 9.0e8, 4.2e9  # 1998 … 2103, in seconds
