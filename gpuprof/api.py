@@ -601,9 +601,15 @@ def demo(
     return run_dir, run
 
 
-def import_files(paths: list[str | os.PathLike], output: str | os.PathLike) -> Path:
+def import_files(
+    paths: list[str | os.PathLike],
+    output: str | os.PathLike,
+    *,
+    fields: str | list[str] | None = None,
+) -> Path:
     """Import nvidia-smi / dmon / DCGM / profiler / framework-log files into one new run
-    directory ``output`` and return it (see `gpuprof.importing`).
+    directory ``output`` and return it (see `gpuprof.importing`). ``fields`` names the
+    columns of header-less nvidia-smi captures (``"timestamp,index,utilization.gpu"``).
 
     Raises `ImportFormatError` (one line naming the file, and the line where known) for bad
     input; nothing is written then. Draws a progress bar on a terminal.
@@ -616,7 +622,7 @@ def import_files(paths: list[str | os.PathLike], output: str | os.PathLike) -> P
         with contextlib.suppress(OSError):
             total += Path(path).stat().st_size
     with progress("importing", total=total or None) as advance:
-        return run_import(paths, output, advance=advance)
+        return run_import(paths, output, advance=advance, fields=fields)
 
 
 def analyze(

@@ -430,6 +430,14 @@ def import_(
         Path | None,
         typer.Option("-o", "--output", help="Run directory to create (must not exist)."),
     ] = None,
+    fields: Annotated[
+        str | None,
+        typer.Option(
+            "--fields",
+            help="Columns of a header-less nvidia-smi CSV, in order: the --query-gpu list "
+            "(e.g. timestamp,index,utilization.gpu,memory.used).",
+        ),
+    ] = None,
 ) -> None:
     from gpuprof.collectors.importers import ImportFormatError
 
@@ -440,7 +448,7 @@ def import_(
         _err("no run directory given: gpuprof import FILE... -o RUN_DIR")
         raise typer.Exit(EXIT_BAD_INPUT)
     try:
-        run_dir = api.import_files(files, output)
+        run_dir = api.import_files(files, output, fields=fields)
     except (ImportFormatError, api.RunError) as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_BAD_INPUT) from None

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof import __version__, store
-from gpuprof.collectors.importers import Imported, ImportFormatError, detect
+from gpuprof.collectors.importers import Imported, ImportFormatError, detect, nvidia_smi
 from gpuprof.model import RECORD_TYPES, Run, RunMeta, column_kinds, columns, empty_frame
 
 TIME_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -49,14 +49,25 @@ def _time_columns(table: str) -> tuple[str, ...]:
     return TIME_COLUMNS.get(table, ("t_ns",))
 
 
-def parse_file(path: Path) -> Imported:
-    """Detect a file's format and parse it; `ImportFormatError` (one line) when it can't be."""
+def parse_file(path: Path, fields: str | Sequence[str] | None = None) -> Imported:
+    """Detect a file's format and parse it; `ImportFormatError` (one line) when it can't be.
+
+    ``fields``: the columns of a header-less nvidia-smi capture (``--fields``); a file no
+    format recognises is then read as one.
+    """
     if not path.exists():
         raise ImportFormatError(f"{path}: no such file")
     if not path.is_file():
         raise ImportFormatError(f"{path}: not a file")
-    module = detect(path)
     try:
+        module = detect(path)
+    except ImportFormatError:
+        if fields is None:
+            raise
+        module = nvidia_smi
+    try:
+        if fields is not None and module is nvidia_smi:
+            return nvidia_smi.parse(path, fields=fields)
         return module.parse(path)
     except ImportFormatError:
         raise
@@ -279,12 +290,15 @@ def import_files(
     output: str | os.PathLike,
     *,
     advance: Advance | None = None,
+    fields: str | Sequence[str] | None = None,
 ) -> Path:
     """Import ``paths`` into the new run directory ``output``; return its path.
 
     ``advance(n)`` is called with each file's size in bytes once it is parsed (for a progress
-    bar). Raises `ImportFormatError` — one line naming the file, and the line where known — for
-    no files, an unknown format, a malformed file, or an output that exists and is not empty;
+    bar). ``fields`` names the columns of header-less nvidia-smi captures among them
+    (``"timestamp,index,utilization.gpu"``; see `nvidia_smi.parse`). Raises
+    `ImportFormatError` — one line naming the file, and the line where known — for no files,
+    an unknown format, a file with nothing usable, or an output that exists and is not empty;
     nothing is written then.
     """
     files = [Path(p) for p in paths]
@@ -300,7 +314,7 @@ def import_files(
         if key in seen:
             continue
         seen.add(key)
-        parts.append(parse_file(path))
+        parts.append(parse_file(path, fields))
         if advance is not None:
             with contextlib.suppress(OSError):
                 advance(path.stat().st_size)

@@ -127,9 +127,10 @@ def test_bad_second_file_writes_nothing(tmp_path):
     good = tmp_path / "smi.csv"
     good.write_text(SMI)
     bad = tmp_path / "bad.csv"
-    bad.write_text("timestamp, utilization.gpu [%]\n1714521600, 5 %\n1714521601, oops\n")
+    # nothing usable: the one value is no number (one bad value among good ones is skipped)
+    bad.write_text("timestamp, utilization.gpu [%]\n1714521601, oops\n")
     out = tmp_path / "run"
-    with pytest.raises(ImportFormatError, match=r"bad\.csv:3: utilization\.gpu"):
+    with pytest.raises(ImportFormatError, match=r"bad\.csv: no usable samples.*line 2"):
         import_files([good, bad], out)
     assert not out.exists() and not _leftovers(tmp_path)
 
@@ -186,7 +187,8 @@ def test_progress_advances_by_each_file_size(tmp_path):
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, expected):
     (tmp_path / "notes.txt").write_text("just some words\n")
-    (tmp_path / "headerless.csv").write_text("2024/05/01 00:00:00.000, 0, 5 %\n")
+    # bare numbers: GPU index, temperature or memory? (with units it would be inferred)
+    (tmp_path / "headerless.csv").write_text("2024/05/01 00:00:00.000, 0, 45, 1024\n")
     (tmp_path / "smi.csv").write_text(SMI)
     out = tmp_path / "out"
     result = run_gpuprof(*(a.format(dir=tmp_path, out=out) for a in args), cwd=tmp_path)

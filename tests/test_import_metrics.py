@@ -171,19 +171,46 @@ def test_smi_truncated_last_line_is_skipped(tmp_path):
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("2024/05/01 00:00:00.000, 0, 5 %\n", r"t\.csv:1: no header line"),
-        ("timestamp, utilization.gpu [%]\n2024/05/01 00:00:00.000, lots\n", r":2: .*lots"),
-        ("timestamp, utilization.gpu\n2024/05/01 00:00:00.000, 1, 2\nX, 1\n", r":2: 3 values"),
-        ("timestamp, utilization.gpu\nyesterday, 1\n", r":2: timestamp"),
-        ("timestamp, memory.used [MiB]\n2024/05/01 00:00:00.000, 1 parsecs\n", r":2: .*unit"),
+        ("2024/05/01 00:00:00.000, 45, 1024, 30\n", r"t\.csv:1: no header line.*--fields"),
+        ("timestamp, utilization.gpu [%]\n2024/05/01 00:00:00.000, lots\n", r"no usable.*line 2"),
+        ("timestamp, utilization.gpu\nyesterday, 1\n", r"no usable.*timestamp.*line 2"),
+        ("timestamp, memory.used [MiB]\n2024/05/01 00:00:00.000, 1 parsecs\n", r"no usable.*unit"),
         ("timestamp, utilization.gpu\n", r"no samples"),
     ],
 )
-def test_smi_malformed_names_file_and_line(tmp_path, text, expected):
+def test_smi_nothing_usable_is_one_line_naming_file(tmp_path, text, expected):
     path = write(tmp_path, "t.csv", text)
     with pytest.raises(ImportFormatError, match=expected) as info:
         nvidia_smi.parse(path)
     assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def test_smi_bad_values_and_lines_are_skipped_and_counted(tmp_path):
+    text = (
+        "timestamp, index, utilization.gpu [%], memory.used [MiB], temperature.gpu\n"
+        "2024/05/01 00:00:00.000, 0, 40 %, 100 MiB, 50\n"
+        "2024/05/01 00:00:01.000, 0, lots, 100 MiB, 50\n"  # not a number: that value only
+        "2024/05/01 00:00:02.000, 0, 250 %, 100 MiB, 50\n"  # out of range: that value only
+        "2024/05/01 00:00:03.000, 0, 41 %, 100\n"  # a wrapped line: the whole line
+        "MiB, 51\n"
+        "yesterday, 0, 42 %, 100 MiB, 50\n"  # a timestamp that can't be read: the line
+        "2024/05/01 00:00:05.000, 0, 43 %, 1 parsecs, 65535\n"  # unit, sentinel temperature
+    )
+    part = nvidia_smi.parse(write(tmp_path, "t.csv", text))
+    g = part.frames["gpu"]
+    assert g["util_gpu_pct"].tolist()[::3] == [40, 43]
+    assert g["util_gpu_pct"].isna().tolist() == [False, True, True, False]
+    assert np.isnan(g["mem_used_bytes"].iloc[-1]) and np.isnan(g["temp_c"].iloc[-1])
+    notes = " | ".join(part.notes)
+    for expected in (
+        "1 utilization.gpu values that are not numbers skipped (first: line 3)",
+        "1 utilization.gpu values out of range skipped (first: line 4)",
+        "2 lines of the wrong width skipped (first: line 5)",
+        "1 lines whose timestamp can't be read skipped (first: line 7)",
+        "1 memory.used values in an unknown unit skipped (first: line 8)",
+        "1 temperature.gpu values out of range skipped (first: line 8)",
+    ):
+        assert expected in notes
 
 
 def test_smi_sniff_rejects_generic_csv(tmp_path):
@@ -252,9 +279,14 @@ def test_dmon_time_only_wraps_at_midnight(tmp_path):
 
 
 def test_dmon_malformed_and_pmon(tmp_path):
-    bad = "# gpu  sm\n# Idx  %\n 0  5\n 0  x\n 0  6\n"
-    with pytest.raises(ImportFormatError, match=r"bad\.txt:4: sm"):
-        nvidia_smi_dmon.parse(write(tmp_path, "bad.txt", bad))
+    bad = "# gpu  sm\n# Idx  %\n 0  5\n 0  x\n 0  6\n 0  7  8\n 0  9\n"
+    part = nvidia_smi_dmon.parse(write(tmp_path, "bad.txt", bad))
+    util = part.frames["gpu"]["util_gpu_pct"]
+    assert util.tolist()[:1] + util.tolist()[2:] == [5, 6, 9] and np.isnan(util[1])
+    assert "1 sm values that are not numbers skipped (first: line 4)" in part.notes
+    assert "1 rows of the wrong width skipped (first: line 6)" in part.notes
+    with pytest.raises(ImportFormatError, match=r"worse\.txt: no samples \(2 rows before"):
+        nvidia_smi_dmon.parse(write(tmp_path, "worse.txt", " 0  5\n 0  6\n"))
     pmon = write(
         tmp_path, "pmon.txt", "# gpu   pid  type   sm   mem\n# Idx     #   C/G    %     %\n"
     )
@@ -328,11 +360,12 @@ def test_dcgm_timestamps_anchor_and_cut_lines_are_skipped(tmp_path):
     assert sum("incomplete" in n for n in part.notes) == 1  # the first line parses as a sample
 
 
-def test_dcgm_bad_line_in_the_middle_names_it(tmp_path):
+def test_dcgm_bad_line_in_the_middle_is_skipped_and_named(tmp_path):
     good = scrape({"DCGM_FI_DEV_GPU_UTIL": [1, 2]})
     text = good + "DCGM_FI_DEV_GPU_UTIL{gpu=0} 5\n" + good
-    with pytest.raises(ImportFormatError, match=r"bad\.txt:5: not a Prometheus sample"):
-        dcgm.parse(write(tmp_path, "bad.txt", text))
+    part = dcgm.parse(write(tmp_path, "bad.txt", text))
+    assert part.frames["gpu"]["util_gpu_pct"].tolist() == [1, 1, 2, 2]  # two scrapes, 2 GPUs
+    assert "1 lines that are not Prometheus samples skipped (first: line 5)" in part.notes
 
 
 def test_dcgm_without_gpu_samples_is_refused(tmp_path):

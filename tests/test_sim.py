@@ -189,6 +189,28 @@ def _evidence(kind: str, res, healthy) -> None:
         idle = run.gpu[run.gpu["gpu"].isin(gpus)]
         assert idle["util_gpu_pct"].max() == 0 and idle["mem_used_bytes"].max() < 2**30
         assert not run.spans["rank"].isin(gpus).any()  # no process of the job on them
+    elif kind == "phantom_util":
+        gpus = res.truth[0].gpus
+        stuck = run.gpu[run.gpu["gpu"].isin(gpus)]
+        assert stuck["util_gpu_pct"].min() == 100 and stuck["mem_used_bytes"].max() <= 2**20
+        assert stuck["power_w"].max() < 0.3 * 700  # P0 clocks, but no work drawing power
+        assert not run.spans["rank"].isin(gpus).any()  # no process of the job on them
+        assert not run.gpu_procs["gpu"].isin(gpus).any()
+    elif kind == "hot_gpu":
+        gpu = res.truth[0].gpus[0]
+        busy = run.gpu[run.gpu["util_gpu_pct"] > 50]
+        mine, peers = busy[busy["gpu"] == gpu], busy[busy["gpu"] != gpu]
+        assert mine["temp_c"].median() - peers["temp_c"].median() >= 15
+        assert mine["sm_clock_mhz"].mean() < 0.9 * peers["sm_clock_mhz"].mean()
+        assert (mine["clock_event_reasons"] & 0x60).astype(bool).mean() > 0.2
+    elif kind == "power_cap":
+        limit = run.meta.gpus[0]["power_limit_w"]
+        assert limit < run.meta.gpus[0]["power_default_limit_w"]
+        busy = run.gpu[run.gpu["util_gpu_pct"] > 50]
+        assert (busy["power_w"] >= 0.97 * limit).mean() > 0.5
+        assert busy["sm_clock_mhz"].mean() < 0.95 * h.gpu[h.gpu["util_gpu_pct"] > 50][
+            "sm_clock_mhz"
+        ].mean()
     elif kind == "idle_allocation":
         t = res.truth[0].intervals_ns[0]
         during = run.gpu[(run.gpu["t_ns"] >= t[0]) & (run.gpu["t_ns"] < t[1])]
@@ -225,7 +247,7 @@ def test_pathology_evidence_and_cost_scale(kind, healthy):
     strong = sim((kind, 1.0))
     _evidence(kind, strong, healthy)
     costs = [truth_gs(sim((kind, s)), kind) for s in (0.05, 0.5, 1.0)]
-    if kind == "unused_gpu":  # whole GPUs: one until severity 0.7, then two
+    if kind in ("unused_gpu", "phantom_util"):  # whole GPUs: one until severity 0.7, then two
         assert costs[0] == costs[1] < costs[2], costs
     else:
         assert costs[0] < costs[1] < costs[2], costs

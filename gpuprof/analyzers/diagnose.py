@@ -90,6 +90,10 @@ def diagnose(
         if finding is not None and finding.share >= th.min_share:
             findings.append(finding)
             ctx.found.append(finding)
+    if not any(f.kind == "hot_gpu" for f in findings) and len(run.gpu):
+        from gpuprof.analyzers.stalls.hot_gpu import warnings as hot_warnings
+
+        notes.extend(hot_warnings(ctx, th))  # hot but no measurable loss (yet): still say so
     findings.sort(key=lambda f: (-f.gpu_seconds_lost, f.kind))
     summary = summarize(ctx, findings, startup=startup)
     findings = few_steps_hedged(findings, summary["data_basis"], th)

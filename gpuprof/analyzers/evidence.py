@@ -219,6 +219,63 @@ class ThrottlingEvidence(Evidence):
 
 
 @dataclass(kw_only=True)
+class PhantomUtilEvidence(Evidence):
+    """``phantom_util``: GPUs reading busy with no memory in use and no process on them — a
+    stuck context or engine, not work. ``memory_measured`` False: the log had no memory-used
+    column and the memory-activity reading (dmon ``mem``) stood in for it;
+    ``processes_seen`` None: the run has no per-process GPU data."""
+
+    kind: ClassVar[str] = "phantom_util"
+    phantom_gpu_s: float | None = None
+    longest_stretch_s: float | None = None
+    util_gpu_pct_mean: float | None = None
+    util_mem_pct_mean: float | None = None
+    mem_used_bytes_max: float | None = None
+    memory_measured: bool | None = None
+    power_w_mean: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz_mean: float | None = None
+    processes_seen: bool | None = None
+    working_gpus: int | None = None
+
+
+@dataclass(kw_only=True)
+class HotGpuEvidence(Evidence):
+    """``hot_gpu``: a GPU far hotter than its peers of the same host at comparable load;
+    ``sm_clock_mhz_*`` and the lost GPU-seconds are measured where clocks were sampled."""
+
+    kind: ClassVar[str] = "hot_gpu"
+    temp_c: float | None = None
+    peer_temp_c: float | None = None
+    temp_c_above_peers: float | None = None
+    util_gpu_pct: float | None = None
+    peer_util_gpu_pct: float | None = None
+    sm_clock_mhz: float | None = None
+    peer_sm_clock_mhz: float | None = None
+    thermal_reasons_share: float | None = None
+    peers: int | None = None
+
+
+@dataclass(kw_only=True)
+class PowerCapEvidence(Evidence):
+    """``power_cap``: busy GPUs held at their power limit. ``lowered_limit`` True when the
+    limit is below the board's default (``nvidia-smi -pl`` was used); ``loss_measure``
+    ``"clock"`` (SM clock against the highest seen) or ``"power_ratio"`` (no clocks: the cube
+    root of limit / default, see `Thresholds.power_cap_frac`)."""
+
+    kind: ClassVar[str] = "power_cap"
+    power_w_mean: float | None = None
+    power_limit_w: float | None = None
+    power_default_limit_w: float | None = None
+    lowered_limit: bool | None = None
+    capped_share_of_busy: float | None = None
+    sm_clock_mhz_capped: float | None = None
+    sm_clock_mhz_max: float | None = None
+    power_cap_reason_share: float | None = None
+    loss_measure: str | None = None
+
+
+@dataclass(kw_only=True)
 class PeriodicStallEvidence(Evidence):
     kind: ClassVar[str] = "periodic_stall"
     every_n_steps: float | None = None
@@ -333,6 +390,9 @@ EVIDENCE: dict[str, type[Evidence]] = {
         HostBoundEvidence,
         ImbalanceEvidence,
         ThrottlingEvidence,
+        PhantomUtilEvidence,
+        HotGpuEvidence,
+        PowerCapEvidence,
         PeriodicStallEvidence,
         IdleUnattributedEvidence,
         UnusedGpuEvidence,

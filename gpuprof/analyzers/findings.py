@@ -36,16 +36,21 @@ STALL_KINDS: tuple[str, ...] = (
     "idle_allocation",
     "rollout_bound",
     "update_bound",
+    "phantom_util",
+    "hot_gpu",
+    "power_cap",
 )
 """The stable ``kind`` of every finding (DESIGN.md, "Stall taxonomy")."""
 
 BUSY_LOSS_KINDS: frozenset[str] = frozenset(
-    {"memory_headroom", "throttling", "host_bound", "comm_bound", "rollout_bound", "update_bound"}
-)
+    {"memory_headroom", "throttling", "host_bound", "comm_bound", "rollout_bound", "update_bound",
+     "phantom_util", "hot_gpu", "power_cap"}
+)  # fmt: skip
 """Kinds whose loss is time the GPUs were busy but slow (too little memory used, reduced
-clocks, launch-bound kernels, exposed collectives, generation or an update slow for its
-tokens) rather than idle time; `summarize` and every headline keep them apart from idle time
-by cause."""
+clocks from a power cap, heat or another limit, launch-bound kernels, exposed collectives,
+generation or an update slow for its tokens) or read busy without working (a stuck GPU's
+phantom utilization) rather than idle time; `summarize` and every headline keep them apart
+from idle time by cause."""
 
 STEP_INDEPENDENT_KINDS: frozenset[str] = frozenset({"unused_gpu", "idle_allocation", "throttling"})
 """Kinds judged on GPU samples alone, whatever the number of steps (a GPU never used, minutes
@@ -269,6 +274,44 @@ class Thresholds:
     wins back the rollout's GPU-seconds × (1 − efficiency / this). Source: measured — the lowest
     published single-stream figure above (H100, 27%), rounded down: what even an untuned
     decode batch reaches on the fastest GPUs."""
+    phantom_util_pct: float = 90.0
+    """A GPU at or above this utilization with no memory in use reads busy without working
+    (``phantom_util``). Source: measured — stuck GPUs read a steady 100 % (14 of 32 GPUs of
+    four nodes after killed training pods, tests/fixtures_public/phantom_*; a GPU after an Xid
+    43 reset likewise)."""
+    phantom_mem_bytes: float = 128 * 2**20
+    """...with at most this much memory used. Source: measured and vendor — the stuck GPUs
+    read 0–1 MiB, an empty GPU 0–4 MiB, while any process running a kernel holds a CUDA
+    context of a few hundred MiB (PyTorch on Ampere/Hopper: ~300–600 MiB, see
+    ``unused_mem_bytes``)."""
+    phantom_mem_util_pct: float = 1.0
+    """Where memory used is not logged (default ``dmon``), memory activity at most this
+    stands in for it (weaker: the finding's confidence is lower). Source: measured — dmon
+    reads ``sm 100, mem 0`` on the stuck GPU of the public capture; a real kernel at 100 %
+    reads or writes device memory."""
+    phantom_power_frac: float = 0.35
+    """A stuck GPU sits in P0 at high clocks but draws little: above this share of its power
+    limit a GPU is doing real work and is never called phantom. Source: measured — stuck
+    GPUs drew 104–127 W (idle ones 3–23 W, working ones ~170 W and more) on boards of
+    400–700 W limits, i.e. under 30 % of the limit."""
+    hot_gpu_delta_c: float = 15.0
+    """A GPU this many °C above the median of its peers (same host, comparable load) runs hot
+    (``hot_gpu``). Source: seed — GPUs of one node at equal load sit within ~5–10 °C of each
+    other (their place in the airflow); the public report that motivated this read 20 °C."""
+    hot_gpu_util_gap_pct: float = 15.0
+    """Peers count as at comparable load when their mean utilization is within this many
+    points of the GPU's. Source: seed."""
+    power_cap_frac: float = 0.97
+    """Power draw at or above this share of the power limit is at the cap (``power_cap``).
+    Source: vendor — NVML's SW power cap holds the average draw at the limit
+    (``clocks_event_reasons.sw_power_cap``: "SW Power Scaling algorithm is reducing the
+    clocks below requested clocks because the GPU is consuming too much power"); the 1 s
+    average a log reads wanders a few per cent around it. Without clocks, a lowered limit
+    costs ``1 - (limit / default) ** (1/3)`` of the time — seed: dynamic power grows about
+    with the cube of the clock when voltage follows frequency."""
+    power_cap_share: float = 0.5
+    """A GPU at the cap for at least this share of its busy time is held by it. Source: seed
+    (most of the work, not a spike)."""
     clock_skew_note_s: float = 2.0
     """Hosts whose records start further apart than this are noted as possibly skewed.
     Source: seed."""

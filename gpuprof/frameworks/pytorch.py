@@ -79,6 +79,24 @@ KNOBS: tuple[KnobEntry, ...] = (
        "the board's default limit", None, 0.5,
        "Clocks drop under power or thermal limits; restore {suggested} and check the node's "
        "cooling (the throttled GPUs are in the evidence)."),
+    _K("pytorch", "phantom_util", "reset", "nvidia-smi --gpu-reset -i", "", "set",
+       "the GPUs in the evidence", None, 0.9,
+       "These GPUs read busy with no memory and no process: a stuck context or engine left "
+       "by a killed job, not work. Reset {suggested} once nothing runs on them (stop "
+       "nvidia-persistenced first, or reboot the node if the reset is refused), check "
+       "`journalctl -k | grep Xid`, and drain the node until they read 0 %."),
+    _K("pytorch", "hot_gpu", "cooling", "node cooling (fans, airflow)", "", "set",
+       "inspected", None, 0.6,
+       "One GPU runs far hotter than its peers at the same load, so its clocks drop and "
+       "every rank waits for it: have its fans, heat sink and airflow {suggested} (`nvidia-smi "
+       "-q -d TEMPERATURE,PERFORMANCE` shows its slowdown temperature and clock-event "
+       "reasons), or move the job off that GPU."),
+    _K("pytorch", "power_cap", "power", "nvidia-smi -pl", "", "set",
+       "the board's default limit", None, 0.5,
+       "The GPUs sit at their power limit and the SW power cap holds their clocks down; "
+       "`nvidia-smi -q -d PERFORMANCE,POWER` shows the limit and the cap. Where the limit "
+       "was lowered, restore {suggested}; at the default, the work is power-bound "
+       "(lower precision or fewer wasted FLOPs help, a higher limit needs the rack's budget)."),
     _K("pytorch", "periodic_stall", "save", "save_every", "", "less_often", 4, None, 0.5,
        _SAVE),
     _K("pytorch", "periodic_stall", "eval", "eval_every", "", "less_often", 4, None, 0.3,

@@ -28,7 +28,7 @@ from gpuprof.model import (
 )
 from gpuprof.sim.config import SimConfig
 from gpuprof.sim.frameworks import PHASE_NAMES, build_command
-from gpuprof.sim.pathologies import TAIL_DECAY, Level, Plan, build_plan
+from gpuprof.sim.pathologies import COMPUTE_PHASES, TAIL_DECAY, Level, Plan, build_plan
 from gpuprof.sim.timeline import Cost, Group, Timeline, layout
 
 MEM_TOTAL_BYTES = 81559 * 2**20  # H100 80GB HBM3 as NVML reports it
@@ -111,8 +111,13 @@ def simulate(config: SimConfig) -> SimResult:
     if plan.unused:
         gpu, spans, events, procs, gpu_procs = gen.unuse(gpu, spans, events, procs, gpu_procs)
         tl.costs["unused_gpu"] = Cost(tl.duration_s * len(plan.unused), [(0.0, tl.duration_s)])
+    if plan.phantom:
+        gpu, spans, events, procs, gpu_procs = gen.unuse(
+            gpu, spans, events, procs, gpu_procs, gpus=plan.phantom, stuck=True
+        )
+        tl.costs["phantom_util"] = Cost(tl.duration_s * len(plan.phantom), [(0.0, tl.duration_s)])
     end_ns = config.start_ns + round(tl.duration_s * 1e9)
-    used = config.gpus - len(plan.unused)  # the command asks for the GPUs it uses
+    used = config.gpus - len(plan.unused) - len(plan.phantom)  # the command asks for these
     argv, knobs = build_command(
         config.framework, plan.settings, used, config.gpus_per_host, config.algorithm
     )
@@ -188,9 +193,14 @@ class _Gen:
                 # PCIe Gen4 x16: what most public A100/H100 PCIe hosts report
                 "pcie_link_gen_max": 4,
                 "pcie_link_width_max": 16,
+                "max_sm_clock_mhz": MAX_CLOCK_MHZ,
             }
             for i in range(n)
         ]
+        if plan.power_cap is not None:  # a lowered limit, as nvidia-smi -q -d POWER shows
+            for entry in self.inventory:
+                entry["power_limit_w"] = plan.power_cap[0]
+                entry["power_default_limit_w"] = plan.power_cap[1]
         self.group_of = np.zeros(n, dtype=np.int64)
         for gi, g in enumerate(tl.groups):
             self.group_of[g.gpus] = gi
@@ -269,6 +279,20 @@ class _Gen:
             reasons = np.where(hot, reasons | self.plan.throttle_bits, reasons)
             temp = np.where(hot, temp + self.plan.throttle_temp_c, temp)
             power = np.where(hot, np.maximum(power, 690.0), power)
+        compute = np.isin(stack("phase"), list(COMPUTE_PHASES)) & (util > 20)
+        if self.plan.power_cap is not None:
+            limit, _, ratio = self.plan.power_cap
+            at_cap = compute  # the lowered limit is below what every compute phase draws
+            clock = np.where(at_cap, np.round(MAX_CLOCK_MHZ * ratio / 15) * 15, clock)
+            power = np.where(at_cap, limit * (0.985 + 0.01 * rng.random((n, m))), power)
+            reasons = np.where(at_cap, reasons | 0x4, reasons)
+        if self.plan.hot is not None:
+            gpu, ratio, extra_c, bits = self.plan.hot
+            hot = np.zeros((n, m), dtype=bool)
+            hot[gpu] = compute[gpu]
+            clock = np.where(hot, np.round(MAX_CLOCK_MHZ * ratio / 15) * 15, clock)
+            reasons = np.where(hot, reasons | bits, reasons)
+            temp[gpu] += extra_c  # hot whether busy or not: its cooling is bad
         t_ns = self.cfg.start_ns + np.round(t * 1e9).astype(np.int64)
         gpm = cfg.has_gpm
         data = {
@@ -298,10 +322,17 @@ class _Gen:
         frame = frame.iloc[order].reset_index(drop=True)
         return frame, {"util": util, "mem": mem, "t": t, "per_group": per_group}
 
-    def unuse(self, gpu: pd.DataFrame, *frames: pd.DataFrame) -> tuple[pd.DataFrame, ...]:
-        """The frames with the plan's unused GPUs idle and their rank processes absent: no
-        context on the GPU (a few MiB used), no spans, events or process samples."""
-        unused = np.asarray(self.plan.unused, dtype=np.int64)
+    def unuse(
+        self,
+        gpu: pd.DataFrame,
+        *frames: pd.DataFrame,
+        gpus: list[int] | None = None,
+        stuck: bool = False,
+    ) -> tuple[pd.DataFrame, ...]:
+        """The frames with the plan's unused GPUs (or ``gpus``) idle and their rank processes
+        absent: no context on the GPU (a few MiB used), no spans, events or process samples.
+        ``stuck``: the GPUs read 100 % at P0 clocks and ~115 W instead (phantom utilization)."""
+        unused = np.asarray(self.plan.unused if gpus is None else gpus, dtype=np.int64)
         keys = pd.MultiIndex.from_arrays([gpu["host"], gpu["gpu"]])
         off = keys.isin(pd.MultiIndex.from_arrays([self.host_of[unused], self.local[unused]]))
         gpu = gpu.copy()
@@ -315,6 +346,14 @@ class _Gen:
         gpu.loc[off, "power_w"] = 68.0
         gpu.loc[off, "sm_clock_mhz"] = IDLE_CLOCK_MHZ
         gpu.loc[off, "clock_event_reasons"] = REASON_GPU_IDLE
+        if stuck:  # the public captures: 100 %, 0–1 MiB, P0 at max clocks, 104–127 W
+            gpu.loc[off, "util_gpu_pct"] = 100.0
+            gpu.loc[off, "mem_used_bytes"] = 2**20
+            gpu.loc[off, "power_w"] = 115.0
+            gpu.loc[off, "sm_clock_mhz"] = float(MAX_CLOCK_MHZ)
+            gpu.loc[off, "clock_event_reasons"] = 0
+            if gpu["sm_active_pct"].notna().any():
+                gpu.loc[off, "sm_active_pct"] = 100.0
         pids = set(self.pid[unused].tolist())
         out = [gpu]
         for frame in frames:

@@ -110,6 +110,12 @@ class Plan:
     clip_ratio: float = 0.01
     unused: list[int] = field(default_factory=list)
     """GPUs given to the job that it never runs work on (the last ones of the job)."""
+    phantom: list[int] = field(default_factory=list)
+    """GPUs stuck busy (100 %, no memory, no process) that the job therefore can't use."""
+    hot: tuple[int, float, float, int] | None = None
+    """(GPU index, SM clock ratio, °C above its peers, clock-event bits) of a badly cooled GPU."""
+    power_cap: tuple[float, float, float] | None = None
+    """(power limit W, the board's default W, SM clock ratio at the cap) on every GPU."""
     hang: tuple[int, float] | None = None
     """(step, seconds): every GPU idles with nothing running after that step's weight sync."""
     scope: dict[str, tuple[list[str], list[int] | None]] = field(default_factory=dict)
@@ -320,6 +326,32 @@ def _unused_gpu(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) 
     plan.scope["unused_gpu"] = ([], plan.unused)
 
 
+def _phantom_util(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
+    # e.g. GPUs left stuck at 100 % by an earlier job killed mid-collective: the scheduler
+    # hands them out, the launcher skips them (they read busy), they do nothing
+    n = 1 if s < 0.7 or cfg.gpus < 4 else 2
+    plan.phantom = list(range(cfg.gpus - n, cfg.gpus))
+    plan.scope["phantom_util"] = ([], plan.phantom)
+
+
+def _hot_gpu(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
+    # e.g. a failing fan: one GPU at 15–30 °C above its peers, thermally slowed, and the
+    # data-parallel job waits for it every step
+    gpu = int(rng.integers(cfg.gpus)) if cfg.gpus > 1 else 0
+    bits = 0x40 if s >= 0.5 else 0x20  # HW thermal (severe) or SW thermal slowdown
+    plan.hot = (gpu, 1.0 - 0.35 * s, 15.0 + 15.0 * s, bits)
+    plan.scope["hot_gpu"] = (list(COMPUTE_PHASES), [gpu])
+
+
+def _power_cap(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
+    # e.g. `nvidia-smi -pl` lowered to fit a rack's power budget: every GPU held at it during
+    # compute, the SW power cap cutting the clocks
+    default = 700.0
+    limit = default * (1.0 - 0.45 * s)
+    plan.power_cap = (limit, default, 1.0 - 0.3 * s)
+    plan.scope["power_cap"] = (list(COMPUTE_PHASES), None)
+
+
 def _idle_allocation(plan: Plan, s: float, cfg: SimConfig, rng: np.random.Generator) -> None:
     # e.g. a collective that hangs until a timeout, or a wait on storage: minutes, whatever
     # the step length (25 min at full severity; below s = 0.2 shorter than the 5 min that
@@ -371,6 +403,9 @@ PATHOLOGIES: dict[str, ApplyFn] = {
     "idle_allocation": _idle_allocation,
     "rollout_bound": _rollout_bound,
     "update_bound": _update_bound,
+    "phantom_util": _phantom_util,
+    "hot_gpu": _hot_gpu,
+    "power_cap": _power_cap,
 }
 """Stall kind -> function editing a `Plan` at a severity. ``healthy`` injects nothing."""
 
@@ -387,7 +422,7 @@ def build_plan(config: SimConfig, rng: np.random.Generator) -> Plan:
     return plan
 
 
-_MULTI_GPU = ("pipeline_bubble", "imbalance", "unused_gpu")
+_MULTI_GPU = ("pipeline_bubble", "imbalance", "unused_gpu", "phantom_util", "hot_gpu")
 
 
 def random_config(
@@ -416,7 +451,7 @@ def random_config(
     chosen = list(rng.choice(pool, size=min(n, len(pool)), replace=False)) if n else []
     if n_gpus < 2 and any(k in _MULTI_GPU for k in chosen):
         n_gpus = 2
-    if "unused_gpu" in chosen and len(chosen) > 1 and n_gpus < 4:
+    if {"unused_gpu", "phantom_util"} & set(chosen) and len(chosen) > 1 and n_gpus < 4:
         n_gpus = 4  # a bubble or a straggler needs two GPUs besides the unused one
     pathologies = [Pathology(str(k), float(rng.uniform(*severity))) for k in chosen]
     placement = "split" if "pipeline_bubble" in chosen else "colocated"

@@ -80,6 +80,13 @@ def make_groups(config: SimConfig, plan: Plan, placement: str) -> list[Group]:
         gpus, ratio = plan.throttle
         slow_kind[gpus] = "throttling"
         factor[gpus] = 1.0 / ratio
+    if plan.power_cap is not None:
+        slow_kind[:] = "power_cap"
+        factor[:] = 1.0 / plan.power_cap[2]
+    if plan.hot is not None:
+        gpu, ratio = plan.hot[0], plan.hot[1]
+        if 1.0 / ratio >= factor[gpu]:
+            slow_kind[gpu], factor[gpu] = "hot_gpu", 1.0 / ratio
     if plan.straggler is not None:
         rank, f = plan.straggler
         if f >= factor[rank]:
@@ -141,7 +148,10 @@ class _Layout:
         if wall > d0 * (1 + 1e-9):
             slowest = groups[int(np.argmax(ds))]
             n_part = sum(len(g.gpus) for g in groups)
-            waiting = n_part if slowest.slow_kind == "throttling" else n_part - len(slowest.gpus)
+            # a slowed GPU's own time is lost too (it runs below its clocks); a straggler's
+            # extra work is not
+            slowed = slowest.slow_kind in ("throttling", "hot_gpu", "power_cap")
+            waiting = n_part if slowed else n_part - len(slowest.gpus)
             self.cost(slowest.slow_kind or "imbalance").add((wall - d0) * waiting, t, t + wall)
         return t + wall
 

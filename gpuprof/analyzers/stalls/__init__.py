@@ -5,13 +5,16 @@ Each module holds one detector, ``detect(ctx, th) -> Finding | None`` over an
 (`gpuprof.analyzers.evidence`). `STALLS` lists them as `Stall` records in the order they are
 applied; a record says what GPU-time its kind claims, so that later kinds don't count it again:
 
-- GPUs the job never used (``unused_gpu``) and long stretches of an allocation with nothing
-  running (``idle_allocation``) are claimed first, in ``ctx.claimed``: no later detector
-  explains that time again (a bubble, unattributed idle, memory headroom, imbalance…);
+- GPUs the job never used (``unused_gpu``), GPUs reading busy while stuck
+  (``phantom_util``) and long stretches of an allocation with nothing running
+  (``idle_allocation``) are claimed first, in ``ctx.claimed``: no later detector explains
+  that time again (a bubble, unattributed idle, memory headroom, imbalance…);
 - then idle time by where it happens, partitioned through the owners' phases (see `_phase`):
   inside a claimed phase or waiting for it, the decaying tail of rollouts, waiting while other
   GPUs work, idle with nothing explaining it;
-- then resource limits on busy GPUs, with the hand-offs described in `_resource`.
+- then resource limits on busy GPUs, with the hand-offs described in `_resource`; GPUs held
+  at their power limit (``power_cap``) or far hotter than their peers (``hot_gpu``) are named
+  by those kinds, and ``throttling`` counts the reduced clocks of the other GPUs.
 
 Detectors that only need phase timing (framework logs without GPU samples) fall back to the
 framework's own per-step times (`_timing`).
@@ -29,13 +32,16 @@ from gpuprof.analyzers.stalls import (
     dataloader_starvation,
     generation_tail,
     host_bound,
+    hot_gpu,
     idle_allocation,
     idle_unattributed,
     imbalance,
     memory_headroom,
     offload_thrash,
     periodic_stall,
+    phantom_util,
     pipeline_bubble,
+    power_cap,
     reshard_idle,
     reward_bound,
     rollout_bound,
@@ -64,6 +70,8 @@ def _stall(kind: str, detect: Detector, claims: str) -> Stall:
 STALLS: tuple[Stall, ...] = (
     _stall("unused_gpu", unused_gpu.detect,
            "every sample of a GPU the job never ran on (recorded in ctx.claimed)"),
+    _stall("phantom_util", phantom_util.detect,
+           "every sample of a GPU reading busy with no memory and no process (in ctx.claimed)"),
     _stall("idle_allocation", idle_allocation.detect,
            "stretches of minutes with every GPU idle (recorded in ctx.claimed)"),
     _stall("reshard_idle", reshard_idle.detect,
@@ -84,6 +92,10 @@ STALLS: tuple[Stall, ...] = (
            "update samples with heavy PCIe and low compute"),
     _stall("comm_bound", comm_bound.detect,
            "collective share of update time above a healthy allowance"),
+    _stall("power_cap", power_cap.detect,
+           "clock time lost on busy GPUs held at their power limit"),
+    _stall("hot_gpu", hot_gpu.detect,
+           "clock time a GPU far hotter than its peers loses, times the GPUs waiting for it"),
     _stall("throttling", throttling.detect,
            "time lost to reduced clocks on power/thermal-limited GPUs"),
     _stall("host_bound", host_bound.detect,

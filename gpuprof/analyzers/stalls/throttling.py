@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from gpuprof.analyzers.evidence import ThrottlingEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
@@ -17,8 +18,20 @@ from gpuprof.analyzers.stalls._resource import (
 )
 
 
+def _named_elsewhere(ctx: AnalysisContext) -> set[tuple[str, int]]:
+    """GPUs named by an earlier ``power_cap`` or ``hot_gpu`` finding."""
+    named = set()
+    for finding in ctx.found:
+        if finding.kind in ("power_cap", "hot_gpu"):
+            for label in finding.evidence["gpus"]:
+                host, _, gpu = str(label).rpartition(":")
+                named.add((host, int(gpu)))
+    return named
+
+
 def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
-    """Busy GPUs whose clocks a power or thermal limit reduced.
+    """Busy GPUs whose clocks a power or thermal limit reduced (the GPUs a ``power_cap`` or
+    ``hot_gpu`` finding names are left to it).
 
     A busy sample (util at least ``th.busy_util_pct``) is throttled when its clock-event
     reasons carry a power-cap / thermal / HW-slowdown bit (or, without reasons, its SM clock
@@ -29,6 +42,12 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     m = _throttle_samples(ctx, th)
     if m is None or not m["hot"].any():
         return None
+    named = _named_elsewhere(ctx)
+    if named:  # GPUs a power cap or heat explains: their kinds carry the loss and the action
+        keep = ~pd.Series(list(zip(m["host"].astype(str), m["gpu"].astype(int)))).isin(named)
+        m = m[keep.to_numpy()]
+        if not m["hot"].any():
+            return None
     m["lost_s"] = m["dt_s"] * m["lost_frac"]
     m["step_k"] = m["step"].fillna(-1.0)
     per = m.groupby(["step_k", "host", "gpu"], sort=False)["lost_s"].sum()

@@ -1,0 +1,168 @@
+"""``hot_gpu``: one GPU far hotter than its peers at the same load — a cooling problem.
+
+GPUs of one node doing the same data-parallel work run within a few degrees of each other;
+one that runs ``th.hot_gpu_delta_c`` or more above the median of its peers at comparable
+utilization (within ``th.hot_gpu_util_gap_pct`` points) has a cooling problem: a failing or
+blocked fan, a clogged heat sink, a bad seat in the airflow, dried thermal paste. Hot silicon
+leaks more power and, at its slowdown temperature, the driver cuts its clocks (clock-event
+reasons SW/HW thermal slowdown: "SW Thermal capping algorithm is reducing clocks below
+requested clocks because GPU temperature is higher than Max Operating Temp", nvidia-smi
+--help-query-gpu). Its peers then wait for it at every synchronisation.
+
+The loss is measured from clocks where they were sampled: at each instant the hot GPU's SM
+clock short of its busy peers' median costs that share of its time, and every busy GPU of the
+host waits for it (data-parallel ranks synchronise every step). Without clocks, or while its
+clocks still keep up, the GPU is named in a finding only when the loss is measurable; the
+temperatures are in the evidence either way (`warnings` gives the line for the notes).
+``throttling`` leaves the GPUs named here alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.evidence import HotGpuEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._phase import _num
+from gpuprof.analyzers.stalls._resource import (
+    REASON_HW_THERMAL,
+    REASON_SW_THERMAL,
+    _finding,
+    _fmt_gpu_s,
+    _gpu_columns,
+    _intervals,
+    _runs,
+)
+
+_THERMAL_BITS = REASON_SW_THERMAL | REASON_HW_THERMAL
+
+
+def hot_gpus(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame:
+    """One row per GPU that runs hot: host, gpu, temp_c and util (its busy medians), peer_temp
+    and peer_util (its peers' medians of those), peers (how many). Empty when none."""
+    s = ctx.unclaimed_samples
+    cols = ["host", "gpu", "temp_c", "util", "peer_temp", "peer_util", "peers"]
+    if s is None or s.empty:
+        return pd.DataFrame(columns=cols)
+    g = _gpu_columns(ctx).loc[s.index]
+    frame = pd.DataFrame(
+        {
+            "host": s["host"].astype(str).to_numpy(),
+            "gpu": s["gpu"].to_numpy(np.int64),
+            "util": s["util_gpu_pct"].to_numpy(np.float64),
+            "temp": g["temp_c"].to_numpy(np.float64),
+        }
+    )
+    frame = frame[(frame["util"] >= th.busy_util_pct) & np.isfinite(frame["temp"])]
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
+    per = frame.groupby(["host", "gpu"]).agg(temp_c=("temp", "median"), util=("util", "mean"))
+    per = per.reset_index()
+    rows = []
+    for host, group in per.groupby("host", sort=True):
+        if len(group) < 2:
+            continue
+        for i, row in group.iterrows():  # a node has a handful of GPUs: loop over GPUs
+            peers = group.drop(index=i)
+            comparable = peers[(peers["util"] - row["util"]).abs() <= th.hot_gpu_util_gap_pct]
+            if comparable.empty:
+                continue
+            peer_temp = float(comparable["temp_c"].median())
+            if row["temp_c"] - peer_temp >= th.hot_gpu_delta_c:
+                peer_util = float(comparable["util"].mean())
+                gpu = int(row["gpu"])
+                temp, util = float(row["temp_c"]), float(row["util"])
+                rows.append((host, gpu, temp, util, peer_temp, peer_util, len(comparable)))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """A GPU ``th.hot_gpu_delta_c`` above its peers at comparable load, with the clock time it
+    loses against them (see the module doc)."""
+    hot = hot_gpus(ctx, th)
+    if hot.empty:
+        return None
+    s = ctx.unclaimed_samples
+    g = _gpu_columns(ctx).loc[s.index]
+    m = pd.DataFrame(
+        {
+            "host": s["host"].astype(str).to_numpy(),
+            "gpu": s["gpu"].to_numpy(np.int64),
+            "t_ns": s["t_ns"].to_numpy(np.int64),
+            "dt_s": np.nan_to_num(s["dt_s"].to_numpy(np.float64)),
+            "util": s["util_gpu_pct"].to_numpy(np.float64),
+            "clock": g["sm_clock_mhz"].to_numpy(np.float64),
+            "reasons": g["reasons"].to_numpy(np.float64),
+        }
+    )
+    busy = (m["util"] >= th.busy_util_pct).to_numpy()
+    is_hot = pd.MultiIndex.from_frame(m[["host", "gpu"]]).isin(
+        pd.MultiIndex.from_frame(hot[["host", "gpu"]])
+    )
+    # the peers' clock at the same instant: busy samples of the other GPUs, binned by interval
+    step = max(1, int(np.nanmedian(m["dt_s"][m["dt_s"] > 0]) * 1e9) if (m["dt_s"] > 0).any() else 1)
+    m["bin"] = m["t_ns"] // step
+    peers = m[busy & ~is_hot & np.isfinite(m["clock"])]
+    peer_clock = peers.groupby(["host", "bin"])["clock"].median().rename("peer_clock")
+    m = m.join(peer_clock, on=["host", "bin"])
+    ratio = (m["clock"] / m["peer_clock"]).to_numpy(np.float64)
+    lost_frac = np.where(busy & is_hot & np.isfinite(ratio), np.clip(1.0 - ratio, 0.0, 1.0), 0.0)
+    m["lost_s"] = m["dt_s"] * lost_frac
+    n_busy = m[busy].groupby("host")["gpu"].nunique()
+    waiting = m["host"].map(n_busy).fillna(1).to_numpy(np.float64)
+    gpu_s = float((m["lost_s"] * waiting).sum())
+    hot_rows = m[busy & is_hot]
+    reasons = hot_rows["reasons"].to_numpy(np.float64)
+    thermal = np.isfinite(reasons) & ((np.nan_to_num(reasons).astype(np.int64) & _THERMAL_BITS) > 0)
+    thermal_share = float(thermal.mean()) if np.isfinite(reasons).any() else None
+    worst = hot.sort_values("temp_c", ascending=False).iloc[0]
+    clock_hot = hot_rows["clock"].to_numpy(np.float64)
+    clock_peer = hot_rows["peer_clock"].to_numpy(np.float64)
+    labels = [f"{h}:{int(x)}" for h, x in zip(hot["host"], hot["gpu"])]
+    delta = float(worst["temp_c"] - worst["peer_temp"])
+    clock_txt = (
+        f", SM clock {np.nanmean(clock_hot):.0f} vs {np.nanmean(clock_peer):.0f} MHz"
+        if np.isfinite(clock_hot).any() and np.isfinite(clock_peer).any()
+        else ""
+    )
+    summary = (
+        f"{', '.join(labels)} run{'s' if len(labels) == 1 else ''} {delta:.0f} °C above "
+        f"{int(worst['peers'])} peer(s) at comparable load ({worst['temp_c']:.0f} vs "
+        f"{worst['peer_temp']:.0f} °C{clock_txt}): check its fans and airflow — "
+        f"~{_fmt_gpu_s(gpu_s)} ({{share}}) lost waiting for it"
+    )
+    confidence = 0.55 + 0.1 * min(1.0, (delta - th.hot_gpu_delta_c) / 10.0)
+    confidence += 0.15 * min(1.0, (int(worst["peers"]) - 1) / 3.0) + (0.15 if thermal.any() else 0)
+    runs = _runs(m, (busy & is_hot & (lost_frac > 0)), m["lost_s"].to_numpy(np.float64))
+    evidence = HotGpuEvidence(
+        intervals=_intervals(runs, "w"),
+        gpus=labels,
+        phases=sorted(set(s.loc[s.index[busy & is_hot], "phase"].astype(str))),
+        temp_c=_num(float(worst["temp_c"])),
+        peer_temp_c=_num(float(worst["peer_temp"])),
+        temp_c_above_peers=_num(delta),
+        util_gpu_pct=_num(float(worst["util"])),
+        peer_util_gpu_pct=_num(float(worst["peer_util"])),
+        sm_clock_mhz=_num(float(np.nanmean(clock_hot))) if np.isfinite(clock_hot).any() else None,
+        peer_sm_clock_mhz=_num(float(np.nanmean(clock_peer)))
+        if np.isfinite(clock_peer).any()
+        else None,
+        thermal_reasons_share=None if thermal_share is None else round(thermal_share, 4),
+        peers=int(worst["peers"]),
+    )
+    return _finding("hot_gpu", ctx, th, gpu_s, confidence, summary, evidence)
+
+
+def warnings(ctx: AnalysisContext, th: Thresholds) -> list[str]:
+    """A line per hot GPU, for the diagnosis notes (whether or not it costs measurable time)."""
+    try:
+        hot = hot_gpus(ctx, th)
+    except Exception:  # a note must never cost the diagnosis
+        return []
+    return [
+        f"{r.host}:{int(r.gpu)} runs {r.temp_c - r.peer_temp:.0f} °C above {int(r.peers)} "
+        f"peer(s) at comparable load ({r.temp_c:.0f} vs {r.peer_temp:.0f} °C): check its "
+        "cooling before it throttles"
+        for r in hot.itertuples(index=False)
+    ]

@@ -1,0 +1,174 @@
+"""``phantom_util``: a GPU that reads busy but does no work — a stuck GPU to reset.
+
+After a training process is killed mid-collective (SIGKILL after a grace period, an Xid 43
+channel reset), a GPU can stay at 100 % utilization, P0 and maximum clocks with 0 MiB used
+and no process on it, for hours: NVML's utilization is "a kernel was running", and whatever
+the driver holds keeps it there. Nothing runs; the next job scheduled there shares a GPU that
+may not recover until it is reset (``nvidia-smi -r``, which fails while
+``nvidia-persistenced`` holds it) or the node rebooted.
+
+A sample is phantom when its utilization is at least ``th.phantom_util_pct`` while its memory
+used is at most ``th.phantom_mem_bytes`` — less than any CUDA context, so no process can be
+running a kernel there — (or, without a memory-used reading, its memory activity is at most
+``th.phantom_mem_util_pct``), its power draw is below ``th.phantom_power_frac`` of the limit
+where the limit is known, and no process holds memory on the GPU where per-process data
+exists. Its time is lost, and claimed (``ctx.claim``): no later stall counts it as busy work
+(imbalance against idle peers, throttling, headroom), and idle-time stalls see the GPUs
+without it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.evidence import PhantomUtilEvidence
+from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.stalls._phase import _conf, _minutes, _num, _sample_intervals
+from gpuprof.analyzers.stalls._resource import _gpu_columns
+from gpuprof.analyzers.stalls._resource import _num as _column
+
+
+def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """GPUs reading busy with no memory, no process and little power (see the module doc)."""
+    s = ctx.unclaimed_samples
+    if s is None or s.empty or ctx.total_gpu_s <= 0:
+        return None
+    util = s["util_gpu_pct"].to_numpy(np.float64)
+    busy = np.nan_to_num(util, nan=-1.0) >= th.phantom_util_pct
+    if not busy.any():
+        return None
+    g = _gpu_columns(ctx).loc[s.index]
+    rows = s["row"].to_numpy(np.int64)
+    mem = s["mem_used_bytes"].to_numpy(np.float64)
+    mem_util = _column(ctx.run.gpu, "util_mem_pct")[rows]
+    measured = np.isfinite(mem)
+    quiet = np.nan_to_num(mem_util, nan=np.inf) <= th.phantom_mem_util_pct
+    empty = np.where(measured, mem <= th.phantom_mem_bytes, quiet)
+    power = g["power_w"].to_numpy(np.float64)
+    limit = _limits(ctx, s)
+    over = np.isfinite(power) & np.isfinite(limit) & (power > th.phantom_power_frac * limit)
+    procs = _with_process(ctx, s)
+    phantom = busy & empty & ~over & ~procs
+    if not phantom.any():
+        return None
+    dt = s["dt_s"].to_numpy(np.float64)
+    lost = float(np.nansum(dt[phantom]))
+    share = ctx.share(lost)
+    if share < th.min_share:
+        return None
+    claim = np.zeros(len(ctx.samples), dtype=bool)
+    claim[ctx.samples.index.get_indexer(s.index[phantom])] = True
+    ctx.claim(claim)
+    hit = s[phantom]
+    keys = hit[["host", "gpu"]].drop_duplicates().sort_values(["host", "gpu"])
+    labels = [f"{h}:{int(gg)}" for h, gg in zip(keys["host"], keys["gpu"])]
+    n_all = int(s[["host", "gpu"]].drop_duplicates().shape[0])
+    longest = _longest_stretch(s, phantom)
+    mem_max = float(np.nanmax(mem[phantom])) if measured[phantom].any() else np.nan
+    power_mean = float(np.nanmean(power[phantom])) if np.isfinite(power[phantom]).any() else np.nan
+    limit_mean = float(np.nanmean(limit[phantom])) if np.isfinite(limit[phantom]).any() else np.nan
+    clock = g["sm_clock_mhz"].to_numpy(np.float64)[phantom]
+    has_procs = len(ctx.run.gpu_procs) > 0
+    all_measured = bool(measured[phantom].all())
+    # memory below a CUDA context is decisive; memory activity alone is a weaker sign, and a
+    # snapshot can't show the state persists (stuck GPUs stay so for hours)
+    confidence = (0.7 if all_measured else 0.45) + 0.15 * min(1.0, longest / 900.0)
+    confidence += 0.1 if has_procs else 0.0
+    mem_txt = f"{mem_max / 2**20:.0f} MiB used" if np.isfinite(mem_max) else "no memory activity"
+    power_txt = f" at {power_mean:.0f} W" if np.isfinite(power_mean) else ""
+    proc_txt = ", no process on them" if has_procs else ""
+    summary = (
+        f"{len(labels)} of {n_all} GPU(s) read {np.nanmean(util[phantom]):.0f}% utilization "
+        f"with {mem_txt}{proc_txt}{power_txt}: stuck GPUs to reset (nvidia-smi -r, or reboot "
+        f"the node), not work — {_minutes(lost)} ({share:.0%}) of GPU-time"
+    )
+    return Finding(
+        kind="phantom_util",
+        gpu_seconds_lost=lost,
+        share=share,
+        confidence=_conf(confidence),
+        summary=summary,
+        evidence=PhantomUtilEvidence(
+            intervals=_sample_intervals(s, phantom, dt),
+            gpus=labels,
+            phases=[],
+            phantom_gpu_s=_num(lost),
+            longest_stretch_s=_num(longest),
+            util_gpu_pct_mean=_num(float(np.nanmean(util[phantom]))),
+            util_mem_pct_mean=_num(float(np.nanmean(mem_util[phantom])))
+            if np.isfinite(mem_util[phantom]).any()
+            else None,
+            mem_used_bytes_max=_num(mem_max, ".0f"),
+            memory_measured=all_measured,
+            power_w_mean=_num(power_mean),
+            power_limit_w=_num(limit_mean),
+            sm_clock_mhz_mean=_num(float(np.nanmean(clock))) if np.isfinite(clock).any() else None,
+            processes_seen=False if has_procs else None,
+            working_gpus=n_all - len(labels),
+        ),
+    )
+
+
+def _limits(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
+    """The power limit (W) of each sample's GPU from the run's inventory; NaN when unknown."""
+    limits = {
+        (str(g.get("host")), int(g["index"])): float(g["power_limit_w"])
+        for g in ctx.run.meta.gpus or []
+        if isinstance(g, dict) and g.get("index") is not None
+        and isinstance(g.get("power_limit_w"), int | float)
+    }  # fmt: skip
+    if not limits:
+        return np.full(len(s), np.nan)
+    keys = zip(s["host"].astype(str), s["gpu"].astype(int))
+    return np.array([limits.get(k, np.nan) for k in keys], dtype=np.float64)
+
+
+def _with_process(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
+    """Per sample: a process held memory on its GPU at about that time (per-process data)."""
+    procs = ctx.run.gpu_procs
+    out = np.zeros(len(s), dtype=bool)
+    if procs is None or procs.empty:
+        return out
+    mem = pd.to_numeric(procs["gpu_mem_bytes"], errors="coerce").fillna(1.0)
+    held = procs[mem.to_numpy() > 0]
+    if held.empty:
+        return out
+    right = pd.DataFrame(
+        {
+            "t_ns": pd.to_numeric(held["t_ns"]).astype(np.int64),
+            "host": held["host"].astype(str),
+            "gpu": pd.to_numeric(held["gpu"]).astype(np.int64),
+            "seen": True,
+        }
+    ).sort_values("t_ns", kind="stable")
+    left = pd.DataFrame(
+        {
+            "t_ns": s["t_ns"].to_numpy(np.int64),
+            "host": s["host"].astype(str).to_numpy(),
+            "gpu": s["gpu"].to_numpy(np.int64),
+            "pos": np.arange(len(s)),
+        }
+    ).sort_values("t_ns", kind="stable")
+    dt = s["dt_s"].to_numpy(np.float64)
+    tolerance = int(max(1.0, float(np.nanmedian(dt)) if np.isfinite(dt).any() else 1.0) * 2e9)
+    merged = pd.merge_asof(
+        left, right, on="t_ns", by=["host", "gpu"], direction="nearest", tolerance=tolerance
+    )
+    out[merged["pos"].to_numpy()] = merged["seen"].fillna(False).to_numpy(bool)
+    return out
+
+
+def _longest_stretch(s: pd.DataFrame, mask: np.ndarray) -> float:
+    """The longest run of consecutive masked samples of one GPU, in seconds."""
+    frame = pd.DataFrame(
+        {
+            "gid": s.groupby(["host", "gpu"], sort=False).ngroup().to_numpy(),
+            "m": mask,
+            "dt": np.nan_to_num(s["dt_s"].to_numpy(np.float64)),
+        }
+    )
+    brk = (frame["gid"] != frame["gid"].shift()) | (frame["m"] != frame["m"].shift())
+    frame["run"] = brk.cumsum()
+    runs = frame[frame["m"]].groupby("run")["dt"].sum()
+    return float(runs.max()) if len(runs) else 0.0
