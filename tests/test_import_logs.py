@@ -735,8 +735,8 @@ def test_fuzz_mutated_logs_raise_only_import_errors(tmp_path, text):
     [
         ("trl.log", "INFO vLLM: Device name: NVIDIA H100 80GB HBM3\n" + TRL_CONSOLE, trl_log,
          "NVIDIA H100 80GB HBM3"),
-        ("openrlhf.log", "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-1)\n" + OPENRLHF_NEW, openrlhf_log,
-         "NVIDIA A100-SXM4-80GB"),
+        ("openrlhf.log", "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-1)\n" + OPENRLHF_NEW,
+         openrlhf_log, "NVIDIA A100-SXM4-80GB"),
     ],
 )  # fmt: skip
 def test_gpu_product_name_printed_in_trl_and_openrlhf_logs_is_kept(

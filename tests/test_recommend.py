@@ -589,7 +589,8 @@ _EP = "actor_rollout_ref.actor.megatron.expert_model_parallel_size"
 
 @pytest.mark.parametrize(
     ("n", "advised"),
-    [("actor_rollout_ref.rollout.n=8", True), ("actor_rollout_ref.rollout.n=1", False), (None, False)],
+    [("actor_rollout_ref.rollout.n=8", True), ("actor_rollout_ref.rollout.n=1", False),
+     (None, False)],
 )  # fmt: skip
 def test_prefix_caching_is_advised_only_when_prompts_are_sampled_several_times(n, advised):
     cmd = [*VERL_CMD, f"{_PREFIX}=False"] + ([n] if n else [])

@@ -52,9 +52,12 @@ generation or an update slow for its tokens) or read busy without working (a stu
 phantom utilization) rather than idle time; `summarize` and every headline keep them apart
 from idle time by cause."""
 
-STEP_INDEPENDENT_KINDS: frozenset[str] = frozenset({"unused_gpu", "idle_allocation", "throttling"})
+STEP_INDEPENDENT_KINDS: frozenset[str] = frozenset(
+    {"unused_gpu", "idle_allocation", "throttling", "phantom_util", "hot_gpu", "power_cap"}
+)
 """Kinds judged on GPU samples alone, whatever the number of steps (a GPU never used, minutes
-with nothing running, reduced clocks): a run with few steps does not weaken them."""
+with nothing running, reduced clocks, a stuck, hot or power-capped GPU): a run with few steps
+does not weaken them."""
 
 
 @dataclass
