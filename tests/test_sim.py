@@ -208,9 +208,10 @@ def _evidence(kind: str, res, healthy) -> None:
         assert limit < run.meta.gpus[0]["power_default_limit_w"]
         busy = run.gpu[run.gpu["util_gpu_pct"] > 50]
         assert (busy["power_w"] >= 0.97 * limit).mean() > 0.5
-        assert busy["sm_clock_mhz"].mean() < 0.95 * h.gpu[h.gpu["util_gpu_pct"] > 50][
-            "sm_clock_mhz"
-        ].mean()
+        assert (
+            busy["sm_clock_mhz"].mean()
+            < 0.95 * h.gpu[h.gpu["util_gpu_pct"] > 50]["sm_clock_mhz"].mean()
+        )
     elif kind == "idle_allocation":
         t = res.truth[0].intervals_ns[0]
         during = run.gpu[(run.gpu["t_ns"] >= t[0]) & (run.gpu["t_ns"] < t[1])]
