@@ -628,9 +628,9 @@ def attach_timers(records: list[StepRecord], timers: list[TimerLine], notes: lis
     """Give step records the DeepSpeed timer phases logged before them.
 
     The timer lines between one step line (or redraw) and the next belong to the steps that
-    line closes, in order; the global timers are used when logged, else the micro-step
-    timers, summed per step. Records without a ``line`` get none. Timer lines left over (more
-    than steps) are counted in a note.
+    line closes, in order (the last ones when there are more lines than steps); the global
+    timers are used when logged, else the micro-step timers, summed per step. Records without
+    a ``line`` get none. Timer lines left over are counted in a note.
     """
     if not timers or not records:
         return
@@ -657,9 +657,10 @@ def attach_timers(records: list[StepRecord], timers: list[TimerLine], notes: lis
                 for name, seconds in timer.phases:
                     summed[name] = summed.get(name, 0.0) + seconds / len(steps)
             window = [TimerLine(window[-1].line, True, list(summed.items()))] * len(steps)
-        for record, timer in zip(steps, window):
-            record.phases = list(timer.phases)
         left += max(0, len(window) - len(steps))
+        # more timer lines than steps: the ones right before the step line are its own
+        for record, timer in zip(steps, window[-len(steps) :]):
+            record.phases = list(timer.phases)
     left += len(timers) - t
     if left:
         notes.append(f"{left} DeepSpeed timer lines without a step line after them: left out")

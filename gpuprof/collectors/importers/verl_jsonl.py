@@ -85,6 +85,7 @@ def parse(path: Path) -> Imported:
         if elapsed is not None:
             record.end_ns = round(elapsed * 1e9)
         records.append(record)
+    untimed = [r for r in untimed if r.attrs]
     if not records and untimed:
         records = untimed
         notes.append(

@@ -78,7 +78,7 @@ def sniff(head: str, path: Path) -> bool:
     """A verl console log: ``step:N - key:value`` lines (or ``step:N`` followed by one
     ``- key:value`` per line), ``timing_s/key: value`` fragments with or without a leading
     dash, a wandb summary of ``timing_s/`` keys, or a verl launch command."""
-    if re.search(r"step:\d+\s+-\s+[\w@./()-]+:\s*[-\d.]", head):
+    if re.search(r"step:\d+\s+-\s+[\w@./()-]+:\S", head):
         return True
     if re.search(r"step:\d+[ \t]*\r?\n\s*-\s+[\w@./()-]+:", head):
         return True
@@ -314,6 +314,8 @@ def _kept(pairs: list[tuple[str, Any]], every: bool = False) -> dict[str, float]
     else to give)."""
     out = {}
     for key, value in pairs:
+        if every and (key == "step" or _TIMING_KEY.match(key)):
+            continue  # a timing value that was skipped is no figure either
         keep = every or key in _KEEP_METRICS
         if keep or key.startswith(("test_score/", "val/", "val-core/", "perf/")):
             number = to_float(value)
