@@ -6,6 +6,8 @@ Spans keep the name they were given (``Span.name``) and carry the canonical one
 
 from __future__ import annotations
 
+import re
+
 INHERIT = "<inherit>"
 """Phase-map value: the span takes the canonical phase of the framework span around it."""
 
@@ -83,3 +85,58 @@ def canonical_phase(name: str) -> str:
     if name in CANONICAL_PHASES:
         return name
     return _ALIASES.get(name, _ALIASES.get(name.lower(), name))
+
+
+_SPECIFIC: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), phase)
+    for pattern, phase in (
+        (r"update_?weight|sync_?weight|weight_?sync|reshard|broadcast|load_?weight|wake_?up",
+         "reshard"),
+        (r"rollout|generat|(^|[_/])gen($|[_/])|sampling", "rollout"),
+        (r"reward|(^|_)rm($|_)|score", "reward"),
+        (r"(^|_)ref($|_)|ref_?log", "ref_logprob"),
+        (r"old_?log_?prob|old_?logp", "old_logprob"),
+        (r"(^|_)values?($|_)", "values"),
+        (r"(^|_)adv(antage)?s?($|_)", "advantage"),
+        (r"critic", "update_critic"),
+        (r"update_?actor|actor_?update|update_?policy|policy_?(train|update)", "update_actor"),
+        (r"checkpoint|(^|_)save", "checkpoint"),
+        (r"(^|_)(eval|valid|test)", "eval"),
+        (r"data_?load|dataloader|load_?data", "dataload"),
+        (r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|nccl|(^|_)comm($|_|unication)",
+         "collective"),
+    )
+)  # fmt: skip
+_GENERIC: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), phase)
+    for pattern, phase in (
+        (r"train|update|optim|(^|_)(fwd|bwd|forward|backward)($|_)", "update_actor"),
+        (r"log_?prob|logp", "old_logprob"),
+    )
+)
+_NO_GUESS = re.compile(r"^(misc|other|rest|total|overhead)\b")
+
+
+def phase_from_name(name: str) -> str | None:
+    """The canonical phase a timer name not known to any framework says it is, or None.
+
+    For framework logs only: an unknown ``timing_s/<name>`` key is a phase of its own, and its
+    name often says what it times (``get_batch_rollout_with_filtering`` → ``rollout``,
+    ``policy_train`` → ``update_actor``, ``save_checkpoints`` → ``checkpoint``). A name that
+    points at two phases (``fwd_logprobs_values_reward``) or at none gets None: it keeps its
+    own name rather than a wrong one. Specific words (rollout, reward, ref, critic…) are tried
+    before generic ones (train, update, fwd/bwd).
+    """
+    known = canonical_phase(name)
+    if known != name or name in CANONICAL_PHASES:
+        return known
+    lowered = name.lower().strip()
+    if _NO_GUESS.match(lowered):
+        return None
+    for table in (_SPECIFIC, _GENERIC):
+        found = {phase for pattern, phase in table if pattern.search(lowered)}
+        if len(found) == 1:
+            return found.pop()
+        if found:
+            return None
+    return None

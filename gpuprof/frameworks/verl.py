@@ -236,5 +236,13 @@ SUB_TIMER_PHASES: dict[str, str] = {
 model's pass, the rollout side of a weight sync): the integration records them as nested spans;
 the log importer keeps them under ``sub_timing_s``."""
 
+LOG_NESTED: frozenset[str] = frozenset(
+    {*SUB_TIMER_PHASES, "reshard", "start_profile", "stop_profile"}
+)
+"""``timing_s/<name>`` keys without a ``/`` that are no step phase of their own: timers inside
+one (the rollout worker's ``generate_sequences`` and ``reshard`` run inside ``gen``) and the
+profiler's bookkeeping. The log importer keeps them under ``sub_timing_s``; any other unknown
+top-level key (a recipe's own timer, ``get_batch_rollout_with_filtering``) is a phase."""
+
 TIMER_PHASES: dict[str, str] = {**LOG_PHASES, **SUB_TIMER_PHASES}
 """Every verl timer name the integration maps (other names go through `gpuprof.phases`)."""

@@ -34,10 +34,13 @@ IMPORTERS: tuple[str, ...] = (
     "nvidia_smi_dmon",
     "nvidia_smi",
     "openrlhf_log",
+    "megatron_log",
     "verl_jsonl",
     "swift_log",
     "verl_log",
     "trl_log",
+    "phase_table",
+    "progress_log",
 )
 """Module names (within this package) in detection order; each importer adds itself here."""
 

@@ -23,12 +23,14 @@ from typing import Any
 
 from gpuprof.collectors.importers import Imported, ImportFormatError, open_text, steplog
 from gpuprof.collectors.importers.steplog import (
+    Skipped,
     StepRecord,
     command_meta,
     console_lines,
+    duration_s,
     frames_from_steps,
     literal_dict,
-    seconds_at,
+    refusal,
     step_at,
     to_float,
 )
@@ -53,6 +55,7 @@ def parse(path: Path) -> Imported:
     text = open_text(path)
     lines = console_lines(text)
     records: list[StepRecord] = []
+    skipped = Skipped()
     stamps: list[float | None] = []
     pids: set[int] = set()
     previous: datetime | None = None
@@ -66,7 +69,7 @@ def parse(path: Path) -> Imported:
         if status is None:
             raise ImportFormatError(f"{path}:{number}: the Global step line holds no dict")
         step = step_at(int(match.group(1)), f"{path}:{number}")
-        record = _record(step, status, path, number)
+        record = _record(step, status, path, number, skipped)
         stamp = _stamp(line)
         if stamp is not None:
             if previous is not None and stamp < previous:
@@ -81,6 +84,9 @@ def parse(path: Path) -> Imported:
         records.append(record)
     if not records:
         raise ImportFormatError(f"{path}: no OpenRLHF 'Global step N: {{…}}' lines")
+    stamped = all(s is not None for s in stamps) and len(records) >= 2
+    if skipped and not stamped and not any(r.phases or r.step_s is not None for r in records):
+        raise ImportFormatError(refusal(path, skipped, "no usable step time"))
     notes: list[str] = []
     timed = any(r.phases or r.step_s is not None for r in records)
     if all(s is not None for s in stamps):
@@ -100,6 +106,7 @@ def parse(path: Path) -> Imported:
             "phase times add up to more than timing/step_total in some steps (asynchronous "
             "training overlaps generation with training): phases are laid end to end anyway"
         )
+    notes.extend(skipped.notes())
     imported = Imported(source=path, format=FORMAT, meta=meta, anchored=False, notes=notes)
     imported.frames = frames_from_steps(
         records, framework="openrlhf", phase_map=PHASES, pid=min(pids) if pids else 0
@@ -118,7 +125,9 @@ def _stamp(line: str) -> datetime | None:
         return None
 
 
-def _record(step: int, status: dict[str, Any], path: Path, line: int) -> StepRecord:
+def _record(
+    step: int, status: dict[str, Any], path: Path, line: int, skipped: Skipped
+) -> StepRecord:
     phases: list[tuple[str, float]] = []
     step_s = None
     extra: dict[str, float] = {}
@@ -126,10 +135,9 @@ def _record(step: int, status: dict[str, Any], path: Path, line: int) -> StepRec
         match = _TIMING.match(key)
         if match is None:
             continue
-        seconds = seconds_at(value, f"{path}:{line}", key)
+        seconds = duration_s(value, key, f"line {line}", skipped, line)
         if seconds is None:
-            text = str(value)[:40]
-            raise ImportFormatError(f"{path}:{line}: {key} is not a duration ({text!r})")
+            continue
         name = match.group(1)
         if name == "step_total":
             step_s = seconds

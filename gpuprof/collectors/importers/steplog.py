@@ -63,6 +63,11 @@ class StepRecord:
     ``save_checkpoint``): laid out after the step span, in order."""
 
 
+def timed(record: StepRecord) -> bool:
+    """Whether a record says how long anything took (a step time or a phase)."""
+    return record.step_s is not None or bool(record.phases) or bool(record.after)
+
+
 def clean_line(text: str) -> tuple[str, int | None]:
     """A console line without ANSI colour codes and Ray's ``(Actor pid=N)`` prefix.
 
@@ -262,7 +267,9 @@ def frames_from_steps(
     ``end_ns`` ends there; otherwise it starts where the previous record's step and phases
     ended (the first at 0). Each step also gets a ``step`` event at its end carrying its
     tokens. ``phase_map`` maps the framework's names to canonical phases (`canonical_phase`
-    for names it lacks). Zero-length phases are skipped.
+    for names it lacks). Zero-length phases are skipped. A record with no duration at all
+    (`timed` False: a step line without timing keys) gives only its ``step`` event, marked
+    ``untimed``, with the record's figures.
     """
     phase_map = phase_map or {}
     spans: list[tuple] = []
@@ -270,6 +277,16 @@ def frames_from_steps(
     cursor = 0
     for number, record in enumerate(records):
         step = record.step if record.step is not None else number
+        if record.whole_step and not timed(record):
+            # a step the log names without any duration: its figures (MFU, lengths…) are kept
+            # on a step event; a zero-length span would read as a 0 s step
+            attrs = {"untimed": True, **record.attrs}
+            if record.tokens is not None:
+                attrs["tokens"] = record.tokens
+            if record.line is not None:
+                attrs["log_line"] = record.line
+            events.append((host, pid, None, cursor, "step", str(step), attrs))
+            continue
         phase_ns = [(name, round(seconds * 1e9)) for name, seconds in record.phases]
         after_ns = [(name, round(seconds * 1e9)) for name, seconds in record.after]
         inner_ns = sum(ns for _, ns in phase_ns)
@@ -304,3 +321,351 @@ def frames_from_steps(
         event_attrs = {"tokens": record.tokens} if record.tokens is not None else {}
         events.append((host, pid, None, start + step_ns, "step", str(step), event_attrs))
     return {"spans": _typed(Span, spans), "events": _typed(Event, events)}
+
+
+# --------------------------------------------------------------------------------------------
+# tolerant reading: a value that makes no sense is skipped and counted, never a reason to refuse
+
+
+@dataclass
+class Skipped:
+    """What a tolerant reader left out, counted by reason, so that one note per reason tells
+    the user how much was skipped and where the first one was.
+
+    ``kind`` is what was skipped (``value``, ``line``, ``record``); ``reason`` says why
+    (``not a plausible duration``); the first example of each (``line 12: timing_s/x = -1``)
+    is kept for the note and for the one-line error when nothing usable is left.
+    """
+
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    examples: dict[tuple[str, str], str] = field(default_factory=dict)
+    first_line: int | None = None
+    """1-based line of the first thing skipped, where known (for ``path:line`` errors)."""
+
+    def add(self, kind: str, reason: str, example: str, line: int | None = None) -> None:
+        """Count one skipped ``kind`` for ``reason``; ``example`` names it (line, key, value)."""
+        key = (kind, reason)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.examples.setdefault(key, example[:120])
+        if self.first_line is None and line is not None:
+            self.first_line = line
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+    def notes(self) -> list[str]:
+        """One note per reason: ``3 values skipped: not a plausible duration (first: …)``."""
+        out = []
+        for (kind, reason), n in self.counts.items():
+            plural = kind if n == 1 else f"{kind}s"
+            out.append(f"{n} {plural} skipped: {reason} (first: {self.examples[(kind, reason)]})")
+        return out
+
+    def first(self) -> str | None:
+        """``reason (example)`` of the first thing skipped, for a one-line error."""
+        for key in self.counts:
+            if key[0] != "annotation":
+                return f"{key[1]} ({self.examples[key]})"
+        return None
+
+
+_ANNOTATED = re.compile(
+    r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*"
+    r"(?:s\b|sec\b|\(.*\)|\[.*\]|%|,)?\s*$"
+)
+
+
+def number_in(value: Any) -> tuple[float | None, bool]:
+    """A log value as a float (NaN and infinities included, for the caller to judge) and
+    whether an annotation after the number was dropped (``31.27   (72%)``, ``4.2 s``).
+
+    (None, False) for anything that is no number: text, booleans, None.
+    """
+    if isinstance(value, bool) or value is None:
+        return None, False
+    if isinstance(value, int | float):
+        return float(value), False
+    text = str(value).strip()
+    try:
+        return float(text), False
+    except ValueError:
+        pass
+    match = _ANNOTATED.match(text)
+    if match is None:
+        return None, False
+    return float(match.group(1)), True
+
+
+def refusal(path: Any, skipped: Skipped, why: str) -> str:
+    """The one-line error for a file of which nothing usable is left: ``path[:line]: why``,
+    with the first thing skipped and the line it was on when known."""
+    first = skipped.first()
+    place = f"{path}:{skipped.first_line}" if skipped.first_line is not None else f"{path}"
+    return f"{place}: {why}" + (f"; skipped: {first}" if first else "")
+
+
+def duration_s(
+    value: Any, key: str, where: str, skipped: Skipped, line: int | None = None
+) -> float | None:
+    """``value`` as seconds, or None with the reason counted in ``skipped``.
+
+    Skipped (never raised): no value at all (a copy cut right after the key), text, NaN or
+    infinite values, negative durations (verl files counts such as ``num_preempted`` -1 under
+    ``timing_s/``) and durations over `MAX_SECONDS`. ``where`` names the place (``line 12``).
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        skipped.add("value", "no value (the line was cut after the key)", f"{where}: {key}", line)
+        return None
+    number, annotated = number_in(value)
+    shown = f"{where}: {key} = {str(value).strip()[:30]}"
+    if number is None:
+        skipped.add("value", "not a number", shown, line)
+        return None
+    if not math.isfinite(number):
+        skipped.add("value", "NaN or infinite", shown, line)
+        return None
+    if number < 0 or number > MAX_SECONDS:
+        skipped.add("value", "not a plausible duration", shown, line)
+        return None
+    if annotated:
+        skipped.add("annotation", "text after the number ignored", shown)
+    return number
+
+
+# --------------------------------------------------------------------------------------------
+# tqdm progress bars: step times from the elapsed time (or the rate) a bar prints
+
+
+_TQDM = re.compile(
+    r"(?<![\w/.])(\d+)/(\d+)\s*\[\s*(\d+(?::\d{1,2}){1,2})\s*<\s*\**\s*(?:\?|\d+(?::\d{1,2}){0,2})"
+    r"\s*,\s*\**\s*(\?|\d+(?:\.\d+)?)\s*(s/it|it/s)"
+)
+_NOT_STEP_BAR = re.compile(
+    r"(?i)loading|shards|\bmap\b|filter|tokeniz|download|processed prompts|adding requests|"
+    r"capturing|compil|eval|valid|test|saving|upload|fetching"
+)
+"""Descriptions of tqdm bars that count something else than training steps (checkpoint
+shards, dataset maps, vLLM's per-request generation bars, evaluation)."""
+TQDM_MIN_ELAPSED_STEP_S = 10.0
+"""Mean step time above which step times come from differences of the printed elapsed time
+(whole seconds: under 10% error); below it from the printed rate, which tqdm smooths."""
+
+
+@dataclass
+class Progress:
+    """One redraw of a tqdm bar: ``n`` of ``total`` done after ``elapsed_s`` seconds, and the
+    printed rate in seconds per iteration (None for ``?``)."""
+
+    line: int
+    n: int
+    total: int
+    elapsed_s: float
+    s_per_it: float | None
+    desc: str = ""
+
+
+def _clock_s(text: str) -> float:
+    seconds = 0.0
+    for part in text.split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds
+
+
+def progress_updates(lines: Iterable[tuple[int, str, int | None]]) -> list[Progress]:
+    """Every tqdm redraw (``12/500 [00:10<06:45, 1.20it/s]``, ``1/105 [03:02<5:16:30,
+    182.60s/it]``) among cleaned console lines, in order; a line may hold several (``\\r``).
+    Bars that count something else (`_NOT_STEP_BAR`: checkpoint shards, vLLM's prompts,
+    evaluation) are left out."""
+    out = []
+    for number, text, _ in lines:
+        for match in _TQDM.finditer(text):
+            n, total = int(match.group(1)), int(match.group(2))
+            if n > MAX_STEP or total > MAX_STEP:
+                continue
+            rate = match.group(4)
+            s_per_it = None
+            if rate != "?":
+                value = float(rate)
+                if match.group(5) == "it/s":
+                    s_per_it = 1.0 / value if value > 0 else None
+                else:
+                    s_per_it = value
+            before = text[: match.start()]
+            desc = re.sub(r"\s*\d+%\|[^|]*\|?\s*$", "", before.split("\r")[-1]).strip()
+            if _NOT_STEP_BAR.search(desc):
+                continue
+            out.append(Progress(number, n, total, _clock_s(match.group(3)), s_per_it, desc))
+    return out
+
+
+def steps_from_progress(updates: list[Progress], notes: list[str]) -> list[StepRecord]:
+    """Step records from the redraws of the main tqdm bar (the one redrawn most often; other
+    bars — checkpoint loading, evaluation — are left out, noted).
+
+    With steps of 10 s or more (`TQDM_MIN_ELAPSED_STEP_S`) a step lasts the difference of
+    elapsed times between two redraws over the steps done in between, and ends at its
+    redraw's elapsed time; shorter steps take the printed rate (s/it, tqdm's moving average).
+    The first redraw starts the count: step 1 when it shows ``1/N`` (its elapsed time is step
+    1's duration), otherwise the steps before it are unknown. A bar whose count goes back
+    (a new epoch's bar) starts over. The note says which reading was used.
+    """
+    if not updates:
+        return []
+    counts: dict[int, int] = {}
+    for u in updates:
+        counts[u.total] = counts.get(u.total, 0) + 1
+    total = max(counts, key=lambda t: (counts[t], t))
+    main = [u for u in updates if u.total == total]
+    if len(counts) > 1:
+        others = len(updates) - len(main)
+        notes.append(f"{others} progress updates of other tqdm bars left out (not the step bar)")
+    windows: list[tuple[Progress, int, float]] = []  # (redraw, steps done since last, seconds)
+    prev: Progress | None = None
+    for u in main:
+        if prev is None or u.n < prev.n or u.elapsed_s < prev.elapsed_s:
+            if u.n == 1:
+                windows.append((u, 1, u.elapsed_s))
+            prev = u
+            continue
+        if u.n > prev.n:
+            windows.append((u, u.n - prev.n, u.elapsed_s - prev.elapsed_s))
+            prev = u
+    if not windows:
+        return []
+    steps = sum(k for _, k, _ in windows)
+    mean = sum(s for _, _, s in windows) / steps
+    by_elapsed = mean >= TQDM_MIN_ELAPSED_STEP_S
+    records = []
+    for u, k, seconds in windows:
+        per_step = seconds / k if by_elapsed else u.s_per_it
+        if per_step is None:
+            continue
+        for j in range(k):
+            end_ns = None
+            if by_elapsed:
+                end_ns = round((u.elapsed_s - (k - 1 - j) * per_step) * 1e9)
+            records.append(
+                StepRecord(step=u.n - k + 1 + j, step_s=per_step, end_ns=end_ns, line=u.line,
+                           attrs={"duration": "tqdm"})
+            )  # fmt: skip
+    if by_elapsed:
+        notes.append(
+            f"step times from the tqdm bar ({total} steps): differences of its elapsed time "
+            "between redraws (whole seconds), spread over the steps done in between"
+        )
+    else:
+        notes.append(
+            f"step times from the tqdm bar ({total} steps): its printed rate (s/it, a moving "
+            "average over recent steps; the elapsed time is too coarse for steps under "
+            f"{TQDM_MIN_ELAPSED_STEP_S:g} s)"
+        )
+    return records
+
+
+# --------------------------------------------------------------------------------------------
+# DeepSpeed wall_clock_breakdown timers: ``time (ms) | fwd: … | bwd: … | step: …``
+
+
+_DS_TIME = re.compile(r"time \(ms\)\s*\|(.*)$")
+_DS_PAIR = re.compile(r"([A-Za-z][\w \-]*?)\s*:\s*([-+\d.eE]+|nan|inf)")
+DS_LAYOUT: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("fwd", "forward"), "fwd", "update_actor"),
+    (("bwd_inner", "backward_inner", "backward_backward"), "bwd_inner", "update_actor"),
+    (("bwd_allreduce", "backward_allreduce"), "bwd_allreduce", "collective"),
+    (("step", "optimizer"), "optimizer_step", "update_actor"),
+)
+"""DeepSpeed's global timers (and GPT-NeoX's spellings) in the order a step runs them → the
+phase name they get (the optimizer's ``step`` is renamed: ``step`` is the whole step) and its
+canonical phase. ``bwd`` (= ``bwd_inner`` + ``bwd_allreduce``) stands in for ``bwd_inner``
+when the split is not logged."""
+DS_PHASES: dict[str, str] = {name: phase for _, name, phase in DS_LAYOUT}
+"""Phase name → canonical phase, for `frames_from_steps`."""
+
+
+@dataclass
+class TimerLine:
+    """One ``time (ms) | …`` line of DeepSpeed's ``wall_clock_breakdown``: ``micro`` for the
+    per-micro-step timers (``fwd_microstep``…), phases in seconds in step order."""
+
+    line: int
+    micro: bool
+    phases: list[tuple[str, float]]
+
+
+def deepspeed_timers(
+    lines: Iterable[tuple[int, str, int | None]], skipped: Skipped
+) -> list[TimerLine]:
+    """The forward / backward / allreduce / optimizer timer lines among console lines (the
+    ZeRO optimizer's own ``optimizer_allgather``… lines time parts of the step: left out).
+    Values in ms become seconds; an implausible value is skipped (counted in ``skipped``)."""
+    out = []
+    for number, text, _ in lines:
+        match = _DS_TIME.search(text)
+        if match is None:
+            continue
+        values: dict[str, str] = {}
+        for key, raw in _DS_PAIR.findall(match.group(1)):
+            values[re.sub(r"[\s\-]+", "_", key.strip().lower())] = raw
+        micro = any(k.endswith("_microstep") for k in values)
+        if micro:
+            values = {k[: -len("_microstep")]: v for k, v in values.items()}
+        phases = []
+        for names, phase, _ in DS_LAYOUT:
+            key = next((n for n in names if n in values), None)
+            if key is None and phase == "bwd_inner":
+                key = next((n for n in ("bwd", "backward") if n in values), None)
+            if key is None:
+                continue
+            ms = duration_s(values[key], key, f"line {number}", skipped)
+            if ms is not None:
+                phases.append((phase, ms / 1000.0))
+        if phases:
+            out.append(TimerLine(number, micro, phases))
+    return out
+
+
+def attach_timers(records: list[StepRecord], timers: list[TimerLine], notes: list[str]) -> None:
+    """Give step records the DeepSpeed timer phases logged before them.
+
+    The timer lines between one step line (or redraw) and the next belong to the steps that
+    line closes, in order (the last ones when there are more lines than steps); the global
+    timers are used when logged, else the micro-step timers, summed per step. Records without
+    a ``line`` get none. Timer lines left over are counted in a note.
+    """
+    if not timers or not records:
+        return
+    use_micro = not any(not t.micro for t in timers)
+    timers = [t for t in timers if t.micro == use_micro]
+    groups: dict[int, list[StepRecord]] = {}
+    for record in records:
+        if record.line is not None:
+            groups.setdefault(record.line, []).append(record)
+    left = 0
+    start = -1
+    t = 0
+    for line in sorted(groups):
+        window = []
+        while t < len(timers) and timers[t].line <= line:
+            if timers[t].line > start:
+                window.append(timers[t])
+            t += 1
+        start = line
+        steps = groups[line]
+        if use_micro and window:  # micro-steps of one window add up to its steps' update
+            summed: dict[str, float] = {}
+            for timer in window:
+                for name, seconds in timer.phases:
+                    summed[name] = summed.get(name, 0.0) + seconds / len(steps)
+            window = [TimerLine(window[-1].line, True, list(summed.items()))] * len(steps)
+        left += max(0, len(window) - len(steps))
+        # more timer lines than steps: the ones right before the step line are its own
+        for record, timer in zip(steps, window[-len(steps) :]):
+            record.phases = list(timer.phases)
+    left += len(timers) - t
+    if left:
+        notes.append(f"{left} DeepSpeed timer lines without a step line after them: left out")
+    kind = "per-micro-step timers summed per step" if use_micro else "per-step timers"
+    notes.append(
+        f"DeepSpeed wall_clock_breakdown ({kind}) gives forward, backward, gradient allreduce "
+        "and optimizer phases; the rest of each step (generation, data loading…) is not timed"
+    )

@@ -39,20 +39,26 @@ def parse(path: Path) -> Imported:
     last_content = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     entries: list[tuple[int | None, dict[str, Any]]] = []
     cut = None
+    bad: list[int] = []
     for index, raw in enumerate(lines):
         if not raw.strip():
             continue
         try:
             obj = json.loads(raw)
         except (ValueError, RecursionError):
+            obj = None
             if index == last_content:
                 cut = index + 1
                 continue
-            raise ImportFormatError(f"{path}:{index + 1}: not a JSON object") from None
         if not isinstance(obj, dict):
-            raise ImportFormatError(f"{path}:{index + 1}: not a JSON object")
+            bad.append(index + 1)
+            continue
         entries.append((index + 1, obj))
+    if bad and not entries:
+        raise ImportFormatError(f"{path}:{bad[0]}: not a JSON object (nor any other line)")
     imported = entries_to_imported(entries, path, FORMAT, "swift")
+    if bad:
+        imported.notes.append(f"{len(bad)} lines skipped: not a JSON object (first: line {bad[0]})")
     if cut is not None:
         imported.notes.append(f"line {cut} is cut short (the run was still writing): skipped")
     knobs = _args_json(path.parent / "args.json")

@@ -22,6 +22,7 @@ step numbers: without ms-swift's ``global_step/max_steps`` each dict is taken as
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from pathlib import Path
@@ -29,13 +30,20 @@ from typing import Any
 
 from gpuprof.collectors.importers import Imported, ImportFormatError, open_text
 from gpuprof.collectors.importers.steplog import (
+    DS_PHASES,
     MAX_STEP,
+    Skipped,
     StepRecord,
+    attach_timers,
     console_lines,
+    deepspeed_timers,
+    duration_s,
     frames_from_steps,
     keep_gpu_name,
     literal_dict,
-    seconds_at,
+    progress_updates,
+    refusal,
+    steps_from_progress,
     to_float,
 )
 
@@ -50,34 +58,55 @@ _FINAL_KEYS = ("log_history", "last_model_checkpoint", "best_model_checkpoint")
 
 
 def sniff(head: str, path: Path) -> bool:
-    """Python dict reprs with Trainer keys (``'loss'``, ``'train_runtime'``, ``'epoch'``…),
-    or a JSON object with ``log_history`` (``trainer_state.json``)."""
+    """Log dicts with Trainer keys (``'loss'``, ``'train_runtime'``, ``'epoch'``…; Python
+    reprs or JSON, whole or a fragment of a ``log_history`` list), TRL PPO's
+    (``'objective/kl'``, ``'episode'``), or a JSON object with ``log_history``
+    (``trainer_state.json``)."""
     stripped = head.lstrip()
     if stripped.startswith("{") and '"log_history"' in head:
         return True
     return bool(
-        re.search(r"\{\s*'(?:loss|train_runtime|eval_loss|reward|learning_rate)'\s*:", head)
-        and re.search(r"'(?:epoch|train_runtime|global_step/max_steps)'\s*:", head)
+        re.search(
+            r"\{\s*(['\"])(?:loss|train_runtime|eval_loss|reward|learning_rate|eps|"
+            r"objective/\w+)\1\s*:",
+            head,
+        )
+        and re.search(r"(['\"])(?:epoch|train_runtime|global_step/max_steps|episode)\1\s*:", head)
     )
 
 
 def parse(path: Path) -> Imported:
     """Steps (and evaluations) of a Trainer console log or ``trainer_state.json``."""
     text = open_text(path)
+    skipped = Skipped()
+    extra_notes: list[str] = []
+    entries: list[tuple[int | None, dict[str, Any]]] | None = None
     if text.lstrip().startswith("{") and '"log_history"' in text:
         entries, extra_notes = _state_entries(text, path)
-        framework = "trl"
-    else:
-        entries = _console_entries(text, path)
-        extra_notes = []
-        framework = "swift" if any("global_step/max_steps" in e for _, e in entries) else "trl"
-    imported = entries_to_imported(entries, path, FORMAT, framework)
+    if entries is None:
+        entries = _console_entries(text, skipped)
+    framework = "swift" if any("global_step/max_steps" in e for _, e in entries) else "trl"
+    lines = console_lines(text)
+    progress = steps_from_progress(progress_updates(lines), extra_notes)
+    timers = deepspeed_timers(lines, skipped)
+    if not entries and not progress:
+        raise ImportFormatError(refusal(path, skipped, "no readable Trainer log entries"))
+    imported = entries_to_imported(entries, path, FORMAT, framework, progress=progress)
+    if timers:
+        timed_records = imported.meta.pop("_records")
+        attach_timers(timed_records, timers, imported.notes)
+        imported.frames = frames_from_steps(timed_records, framework=framework, phase_map=DS_PHASES)
+    imported.meta.pop("_records", None)
     imported.notes[:0] = extra_notes
+    imported.notes.extend(skipped.notes())
     keep_gpu_name(imported.meta, text)
     return imported
 
 
-def _console_entries(text: str, path: Path) -> list[tuple[int, dict[str, Any]]]:
+def _console_entries(text: str, skipped: Skipped) -> list[tuple[int, dict[str, Any]]]:
+    """Log dicts of a console log: Python reprs one per line, or JSON objects (a pasted
+    ``log_history`` fragment, wrapped anywhere — even inside a number). A dict cut short or
+    unreadable is skipped and counted."""
     entries = []
     for number, line, _ in console_lines(text):
         match = _DICT_AT.search(line)
@@ -87,17 +116,57 @@ def _console_entries(text: str, path: Path) -> list[tuple[int, dict[str, Any]]]:
         end = body.rfind("}")
         entry = literal_dict(body[: end + 1]) if end > 0 else None
         if entry is None:
-            raise ImportFormatError(f"{path}:{number}: unreadable log dict")
+            skipped.add("line", "log dict cut short or unreadable", f"line {number}", number)
+            continue
         entries.append((number, entry))
+    if entries:
+        return entries
+    return _json_entries(text, skipped)
+
+
+_JSON_AT = re.compile(r'\{\s*"')
+
+
+def _json_entries(text: str, skipped: Skipped) -> list[tuple[int, dict[str, Any]]]:
+    """JSON log dicts anywhere in ``text``: lines joined without their breaks (JSON needs no
+    line breaks, and a paste may break a number in two), each ``{"…`` decoded where it can
+    be; a record cut at either end of the paste is skipped and counted."""
+    starts = [0]
+    for line in text.split("\n"):
+        starts.append(starts[-1] + len(line.rstrip("\r")))
+    joined = "".join(line.rstrip("\r") for line in text.split("\n"))
+    decoder = json.JSONDecoder()
+    entries = []
+    position = 0
+    head = joined.find("{")
+    if head > 0 and re.search(r'"\s*:\s*\S', joined[:head]):  # the tail of a JSON record
+        skipped.add("record", "cut at the start of the paste", f"{joined[:30]!r}…")
+    while True:
+        match = _JSON_AT.search(joined, position)
+        if match is None:
+            break
+        number = bisect.bisect_right(starts, match.start())
+        try:
+            obj, end = decoder.raw_decode(joined, match.start())
+        except (ValueError, RecursionError):
+            skipped.add("record", "JSON log dict cut short or unreadable", f"line {number}", number)
+            position = match.end()
+            continue
+        if isinstance(obj, dict):
+            entries.append((number, {str(k): v for k, v in obj.items()}))
+        position = end
     return entries
 
 
-def _state_entries(text: str, path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
+def _state_entries(
+    text: str, path: Path
+) -> tuple[list[tuple[int | None, dict[str, Any]]] | None, list[str]]:
+    """``log_history`` of a ``trainer_state.json``; (None, []) when the file is no valid JSON
+    (a copy cut short): its entries are then read one by one (`_json_entries`)."""
     try:
         state = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        line = getattr(exc, "lineno", None)
-        raise ImportFormatError(f"{path}:{line or 1}: not valid JSON") from None
+    except (ValueError, RecursionError):
+        return None, []
     history = state.get("log_history") if isinstance(state, dict) else None
     if not isinstance(history, list):
         raise ImportFormatError(f"{path}: 'log_history' is not a list")
@@ -132,7 +201,11 @@ def _step_of(entry: dict[str, Any]) -> int | None:
 
 
 def entries_to_imported(
-    entries: list[tuple[int | None, dict[str, Any]]], path: Path, fmt: str, framework: str
+    entries: list[tuple[int | None, dict[str, Any]]],
+    path: Path,
+    fmt: str,
+    framework: str,
+    progress: list[StepRecord] | None = None,
 ) -> Imported:
     """Step records from Trainer log dicts, in logging order.
 
@@ -140,12 +213,18 @@ def entries_to_imported(
     step when no step number is known); every step of the window lasts ``step_time`` when the
     dict gives it, else the window's ``elapsed_time`` span less any evaluation inside it, over
     its steps. ``elapsed_time`` (seconds since training began) places each window's end; without
-    it, steps follow one another from 0. Evaluations become ``eval`` spans of ``eval_runtime``.
+    it, ms-swift's ``train_speed`` (a running average since the start: elapsed = step / speed)
+    stands in; without either, steps follow one another from 0. Evaluations become ``eval``
+    spans of ``eval_runtime``. When no dict times its steps, ``progress`` (step records from a
+    tqdm bar) does; with nothing at all, each entry is an untimed step with its figures.
+    Values that are no duration are skipped and counted. ``meta["_records"]`` holds the step
+    records for a caller that adds phases.
     """
     notes: list[str] = []
+    skipped = Skipped()
     train = [(n, e) for n, e in entries if _kind(e) == "train"]
     summary = next((e for _, e in entries if _kind(e) == "summary"), None)
-    if not train and summary is None:
+    if not train and summary is None and not progress:
         raise ImportFormatError(f"{path}: no training log entries")
     records: list[StepRecord] = []
     prev_step = 0
@@ -156,11 +235,14 @@ def entries_to_imported(
     if train and not numbered:
         notes.append("the log names no step numbers: each log entry is taken as one step")
     timed = False
+    speed_elapsed = False
+    first_window = 0
+    untimed: list[StepRecord] = []
     for index, (number, entry) in enumerate(entries):
         where = f"{path}:{number}" if number is not None else f"{path}: log entry {index + 1}"
         kind = _kind(entry)
         if kind == "eval":
-            runtime = seconds_at(entry.get("eval_runtime"), where, "eval_runtime")
+            runtime = _seconds(entry, "eval_runtime", where, number, skipped)
             if runtime is not None:
                 pending_eval.append((number, runtime))
             continue
@@ -172,12 +254,18 @@ def entries_to_imported(
             continue
         n = step - prev_step
         if n > MAX_WINDOW:
-            raise ImportFormatError(f"{where}: step jumps from {prev_step} to {step}")
+            skipped.add("record", "step number jumps too far", f"{where}: step {step}", number)
+            continue
+        if prev_step == 0 and n > 1 and numbered and len(train) > 1:
+            first_window = n
         elapsed = elapsed_seconds(entry.get("elapsed_time"))
         if elapsed is not None:
-            elapsed = seconds_at(elapsed, where, "elapsed_time")
+            elapsed = duration_s(elapsed, "elapsed_time", where, skipped, number)
+        if elapsed is None:
+            elapsed = _elapsed_from_speed(entry, step, where, number, skipped)
+            speed_elapsed = speed_elapsed or elapsed is not None
         eval_s = sum(s for _, s in pending_eval)
-        step_time = seconds_at(entry.get("step_time"), where, "step_time")
+        step_time = _seconds(entry, "step_time", where, number, skipped)
         per_step = None
         if step_time is not None:
             per_step = step_time
@@ -195,6 +283,9 @@ def entries_to_imported(
                            line=eval_line, whole_step=False)
             )  # fmt: skip
         pending_eval = []
+        if per_step is None:
+            untimed.append(StepRecord(step=step, line=number, tokens=tokens,
+                                      attrs=_attrs(entry, n, every=True)))  # fmt: skip
         if per_step is not None:
             timed = True
             for k in range(n):
@@ -209,12 +300,33 @@ def entries_to_imported(
         prev_step = step
         if elapsed is not None:
             prev_elapsed = elapsed
-    if not timed:
-        records = _mean_steps(summary, prev_step, notes, f"{path}: final log entry")
+    if not timed and progress:
+        records = progress
+    elif not timed:
+        records = _mean_steps(summary, prev_step, notes, "final log entry", skipped)
+        if not records:
+            records = untimed
+            if untimed:
+                notes.append(f"{len(untimed)} log entries imported as untimed steps")
+    if first_window and first_window > 2 * max(1, prev_step - first_window) / max(
+        1, len(train) - 1
+    ):
+        notes.append(
+            f"the first entry (step {first_window}) stands for steps 1-{first_window}: they get "
+            "the mean step time since training began (the log starts mid-run)"
+        )
+    if speed_elapsed:
+        notes.append(_SPEED_NOTE)
+    elif any("train_speed(iter/s)" in e or "train_speed(s/it)" in e for _, e in train):
+        notes.append(
+            "train_speed is ms-swift's running average since training began, not a per-step "
+            "figure: step times come from elapsed_time differences"
+        )
     notes.append(
         "Trainer logs carry no phase times (TRL's profiling timings go to W&B/MLflow only): "
         "steps only"
     )
+    notes.extend(skipped.notes())
     if summary is not None:
         runtime = to_float(summary.get("train_runtime"))
         if runtime is not None:
@@ -223,7 +335,38 @@ def entries_to_imported(
         source=path, format=fmt, meta={"framework": framework}, anchored=False, notes=notes
     )
     imported.frames = frames_from_steps(records, framework=framework)
+    imported.meta["_records"] = records
     return imported
+
+
+_SPEED_NOTE = (
+    "no elapsed_time: elapsed time estimated from ms-swift's train_speed, a running average "
+    "since training began (elapsed = step / speed), so each window's steps get its mean"
+)
+
+
+def _seconds(
+    entry: dict[str, Any], key: str, where: str, line: int | None, skipped: Skipped
+) -> float | None:
+    """``entry[key]`` as seconds when present; None (counted when it makes no sense)."""
+    if key not in entry:
+        return None
+    return duration_s(entry[key], key, where, skipped, line)
+
+
+def _elapsed_from_speed(
+    entry: dict[str, Any], step: int, where: str, line: int | None, skipped: Skipped
+) -> float | None:
+    """Seconds since training began from ms-swift's running ``train_speed`` (iterations per
+    second, or seconds per iteration from 3.12), which averages over all steps so far."""
+    speed = to_float(entry.get("train_speed(iter/s)"))
+    if speed is not None:
+        return duration_s(step / speed if speed > 0 else -1.0, "train_speed(iter/s)", where,
+                          skipped, line)  # fmt: skip
+    per_it = to_float(entry.get("train_speed(s/it)"))
+    if per_it is not None:
+        return duration_s(step * per_it, "train_speed(s/it)", where, skipped, line)
+    return None
 
 
 def _kind(entry: dict[str, Any]) -> str:
@@ -238,20 +381,26 @@ def _kind(entry: dict[str, Any]) -> str:
     return "other"
 
 
-def _attrs(entry: dict[str, Any], window: int) -> dict[str, Any]:
+def _attrs(entry: dict[str, Any], window: int, every: bool = False) -> dict[str, Any]:
+    """Figures kept on a step: lengths, memory and reward, or with ``every`` all numeric ones
+    (an untimed step has nothing else to give)."""
     attrs: dict[str, Any] = {"log_window_steps": window}
-    for key in ("completions/mean_length", "completions/max_length", "memory(GiB)", "reward"):
+    keys = list(entry) if every else list(_KEPT)
+    for key in keys[:200]:
         number = to_float(entry.get(key))
         if number is not None:
-            attrs[key] = number
+            attrs[str(key)] = number
     return attrs
 
 
+_KEPT = ("completions/mean_length", "completions/max_length", "memory(GiB)", "reward")
+
+
 def _mean_steps(
-    summary: dict[str, Any] | None, steps: int, notes: list[str], where: str
+    summary: dict[str, Any] | None, steps: int, notes: list[str], where: str, skipped: Skipped
 ) -> list[StepRecord]:
     """Steps of the mean duration when only the final ``train_runtime`` times the run."""
-    runtime = seconds_at(summary.get("train_runtime"), where, "train_runtime") if summary else None
+    runtime = _seconds(summary, "train_runtime", where, None, skipped) if summary else None
     per_s = to_float(summary.get("train_steps_per_second")) if summary else None
     if runtime is not None and runtime > 0 and not steps and per_s:
         steps = round(min(runtime * per_s, MAX_WINDOW + 1.0))

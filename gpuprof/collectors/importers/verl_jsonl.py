@@ -18,12 +18,16 @@ from typing import Any
 
 from gpuprof.collectors.importers import Imported, ImportFormatError, open_text
 from gpuprof.collectors.importers.steplog import (
+    MAX_STEP,
+    Skipped,
+    StepRecord,
+    duration_s,
     frames_from_steps,
-    seconds_at,
-    step_at,
+    refusal,
+    timed,
     to_float,
 )
-from gpuprof.collectors.importers.verl_log import PHASES, record_from_pairs
+from gpuprof.collectors.importers.verl_log import phase_map, record_from_pairs
 
 FORMAT = "verl-jsonl"
 
@@ -50,6 +54,8 @@ def parse(path: Path) -> Imported:
     lines = text.split("\n")
     last_content = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     notes = []
+    untimed: list[StepRecord] = []
+    skipped = Skipped()
     for index, raw in enumerate(lines):
         number = index + 1
         if not raw.strip():
@@ -59,30 +65,41 @@ def parse(path: Path) -> Imported:
         except (ValueError, RecursionError):
             if index == last_content:
                 notes.append(f"line {number} is cut short (the run was still writing): skipped")
-                continue
-            raise ImportFormatError(f"{path}:{number}: not a JSON object") from None
-        if not isinstance(obj, dict):
-            raise ImportFormatError(f"{path}:{number}: not a JSON object")
-        data = obj.get("data", obj)
-        if not isinstance(data, dict):
-            raise ImportFormatError(f"{path}:{number}: 'data' is not an object")
-        step = to_float(obj.get("step", data.get("step")))
-        if step is None or step != int(step):
-            raise ImportFormatError(f"{path}:{number}: no integer 'step'")
-        step_at(int(step), f"{path}:{number}")
+            else:
+                skipped.add("line", "not a JSON object", f"line {number}: {raw[:40]!r}", number)
+            continue
+        data = obj.get("data", obj) if isinstance(obj, dict) else None
+        step = to_float(obj.get("step", data.get("step"))) if isinstance(data, dict) else None
+        if step is None or step != int(step) or not 0 <= step <= MAX_STEP:
+            skipped.add("line", "no step object with an integer 'step' and a 'data' object",
+                        f"line {number}: {raw[:40]!r}", number)  # fmt: skip
+            continue
         pairs: list[tuple[str, Any]] = [(str(k), v) for k, v in data.items()]
-        record = record_from_pairs(int(step), pairs, path, number)
-        if record is None:
-            continue  # validation-only or metrics-only entries
-        elapsed = seconds_at(obj.get("elapsed_seconds"), f"{path}:{number}", "elapsed_seconds")
+        record = record_from_pairs(int(step), pairs, path, number, skipped)
+        if not timed(record):
+            untimed.append(record)  # validation-only or metrics-only entries
+            continue
+        elapsed = obj.get("elapsed_seconds")
+        if elapsed is not None:
+            elapsed = duration_s(elapsed, "elapsed_seconds", f"line {number}", skipped, number)
         if elapsed is not None:
             record.end_ns = round(elapsed * 1e9)
         records.append(record)
+    untimed = [r for r in untimed if r.attrs]
+    if not records and untimed:
+        records = untimed
+        notes.append(
+            f"no timing keys (timing_s/ or timing/) in any entry: {len(records)} steps imported "
+            "with their figures and no durations (nothing to time)"
+        )
     if not records:
-        raise ImportFormatError(f"{path}: no verl step entries with timing_s/ or timing/ keys")
+        raise ImportFormatError(
+            refusal(path, skipped, "no verl step entries with timing_s/ or timing/ keys")
+        )
     imported = Imported(source=path, format=FORMAT, meta={"framework": "verl"}, anchored=False)
-    imported.frames = frames_from_steps(records, framework="verl", phase_map=PHASES)
+    imported.frames = frames_from_steps(records, framework="verl", phase_map=phase_map(records))
     imported.notes.extend(notes)
-    if any(r.end_ns is None for r in records):
+    imported.notes.extend(skipped.notes())
+    if any(r.end_ns is None for r in records if timed(r)):
         imported.notes.append("no elapsed_seconds: steps are laid end to end from 0")
     return imported

@@ -24,21 +24,25 @@ import pandas as pd
 from gpuprof.collectors.importers import Imported, ImportFormatError, open_text, steplog
 from gpuprof.collectors.importers.steplog import (
     LOG_HOST,
-    MAX_SECONDS,
+    MAX_STEP,
+    Skipped,
     StepRecord,
     clean_line,
     command_meta,
     console_lines,
+    duration_s,
     frames_from_steps,
     keep_gpu_name,
-    seconds_at,
-    step_at,
+    refusal,
+    timed,
     to_float,
 )
 from gpuprof.frameworks.verl import LOG_LAUNCH as _LAUNCH
+from gpuprof.frameworks.verl import LOG_NESTED
 from gpuprof.frameworks.verl import LOG_PHASES as PHASES
 from gpuprof.frameworks.verl import LOG_STEP_AT as _STEP_AT
 from gpuprof.frameworks.verl import LOG_TIMING_KEY as _TIMING_KEY
+from gpuprof.phases import phase_from_name
 
 FORMAT = "verl-log"
 
@@ -50,8 +54,14 @@ key); in old logs without one, the step is taken as everything its line times.""
 _SEGMENT_SPLIT = re.compile(r"\s+-\s*|\s*-\s+")
 """verl's `` - `` between segments; a rejoined wrap may have lost one of its spaces (a value's
 own minus, ``kl:-0.1``, follows a colon and never matches)."""
-_CONTINUATION = re.compile(r"^\S*(?:\s+-\s+[^\s:]+:\S*)+\s*-?\s*$|^[^\s:]+:[^\s:]+\s*$")
-_LOOSE_PAIR = re.compile(r"^\s*-\s+(timing(?:_s)?/[^\s:]+):\s*(\S+)\s*$")
+_CONTINUATION = re.compile(r"^\S*(?:\s+-\s+[^\s:]+(?::\S*)?)+\s*-?\s*$|^[^\s:]+:[^\s:]+\s*$")
+"""A wrapped piece of a step line: the rest of a key or value, then `` - key:value``
+segments (the last one possibly cut inside its key)."""
+_DASH_CONTINUATION = re.compile(r"^-\s+[^\s:]+:\S*(?:\s+-\s+[^\s:]+(?::\S*)?)*\s*-?\s*$")
+"""A line of ``- key:value`` segments: verl 0.7's one key per line, or a wrap at a `` - ``."""
+_STEP_BARE = re.compile(r"(?:^|\s)step:(\d+)\s*$")
+_LOOSE_PAIR = re.compile(r"^\s*(?:-\s+)?(timing(?:_s)?/[^\s:]+):\s*(.*?)\s*$")
+_WANDB_PAIR = re.compile(r"wandb:\s+(timing(?:_s)?/\S+)\s+([-+]?\d[\d.eE+-]*)\s*$")
 _KEEP_METRICS = (
     "response_length/mean",
     "response_length/max",
@@ -65,22 +75,33 @@ MFU ``perf/mfu/actor``…, throughput, time per step, peak memory)."""
 
 
 def sniff(head: str, path: Path) -> bool:
-    """A verl console log: ``step:N - `` lines with ``timing_s/``/``timing/`` keys, a verl
-    launch command, or ``- timing_s/key:value`` fragments."""
-    if re.search(r"step:\d+\s+-\s", head) and re.search(r"timing(?:_s)?/\w+:\s*[-\d.]", head):
+    """A verl console log: ``step:N - key:value`` lines (or ``step:N`` followed by one
+    ``- key:value`` per line), ``timing_s/key: value`` fragments with or without a leading
+    dash, a wandb summary of ``timing_s/`` keys, or a verl launch command."""
+    if re.search(r"step:\d+\s+-\s+[\w@./()-]+:\S", head):
         return True
-    if re.search(r"(?m)^\s*-\s+timing_s/\w+:\s*[\d.]", head):
+    if re.search(r"step:\d+[ \t]*\r?\n\s*-\s+[\w@./()-]+:", head):
         return True
-    return bool(re.search(r"-m\s+verl\.trainer\.main_\w+\s", head))
+    if re.search(r"(?m)^\s*(?:-\s+)?timing_s/\w[\w/]*:\s*[\d.]", head):
+        return True
+    if re.search(r"wandb:\s+timing_s/\w", head):
+        return True
+    return bool(re.search(r"-m\s+verl\.trainer\.\w+\s", head))
 
 
 def parse(path: Path) -> Imported:
-    """The steps of a verl console log as unanchored spans; knobs from the launch command."""
+    """The steps of a verl console log as unanchored spans; knobs from the launch command.
+
+    Values that make no sense (-1 s, NaN, text, a count filed under ``timing_s/``) are
+    skipped and counted in the notes; step lines without any timing key still give their
+    steps and figures (MFU, lengths), untimed. Refused only when nothing is left.
+    """
     text = open_text(path)
     lines = console_lines(text)
-    records = list(step_records(lines, path))
+    skipped = Skipped()
+    records = step_records(lines, path, skipped)
     if not records:
-        raise ImportFormatError(f"{path}: no verl step lines with timing_s/ or timing/ keys")
+        raise ImportFormatError(_nothing_found(path, text, skipped))
     meta: dict[str, Any] = {"framework": "verl"}
     launch = launch_command(text)
     if launch is not None:
@@ -89,19 +110,60 @@ def parse(path: Path) -> Imported:
         _estimate_tokens(records, knobs)
     keep_gpu_name(meta, text)
     pids = {pid for _, _, pid in lines if pid is not None}
+    loose_note = records[0].attrs.pop("loose_note", None)
     imported = Imported(source=path, format=FORMAT, meta=meta, anchored=False)
     imported.frames = frames_from_steps(
-        records, framework="verl", phase_map=PHASES, pid=min(pids) if pids else 0
+        records, framework="verl", phase_map=phase_map(records), pid=min(pids) if pids else 0
     )
-    if any(r.step_s is None for r in records):
-        imported.notes.append(
+    notes = imported.notes
+    untimed = [r for r in records if not timed(r)]
+    if len(untimed) == len(records):
+        notes.append(
+            f"no timing keys (timing_s/ or timing/) in any step line: {len(records)} steps "
+            "imported with their figures and no durations (nothing to time)"
+        )
+    elif untimed:
+        notes.append(f"{len(untimed)} step lines without timing keys: kept untimed")
+    if any(r.step_s is None and timed(r) for r in records):
+        notes.append(
             "the log has no step-total key (timing_s/step): each step lasts its phases' sum"
         )
+    extra = sorted({n for r in records for n, _ in r.phases + r.after if n not in PHASES})
+    if extra:
+        guessed = phase_map(records)
+        named = ", ".join(f"{n} ({guessed.get(n, 'its own name')})" for n in extra)
+        notes.append(f"timers verl does not name, laid out as phases of their own: {named}")
     if launch is None:
-        imported.notes.append("no verl launch command in the log: no knobs")
-    if records[0].attrs.get("loose"):
-        imported.notes.append("no step:N lines: the timing values found are taken as one step")
+        notes.append("no verl launch command in the log: no knobs")
+    if loose_note:
+        notes.append(loose_note)
+    notes.extend(skipped.notes())
     return imported
+
+
+def _nothing_found(path: Path, text: str, skipped: Skipped) -> str:
+    """The one line saying why a verl-looking file gave no step."""
+    if re.search(r"wandb:\s+timing_s/\S+\s+[\u2581-\u2588]", text):
+        return (
+            f"{path}: a wandb run-history summary (sparklines, no numbers): nothing to import; "
+            "the step:N lines of the console log or the run's history export hold the values"
+        )
+    if skipped:
+        return refusal(path, skipped, "no usable step: every timing value was skipped")
+    return f"{path}: no verl step lines (step:N - key:value) and no timing_s/ or timing/ values"
+
+
+def phase_map(records: list[StepRecord]) -> dict[str, str]:
+    """verl's phase map plus a canonical phase for each timer verl does not name, where the
+    name says it (`gpuprof.phases.phase_from_name`)."""
+    out = dict(PHASES)
+    for record in records:
+        for name, _ in record.phases + record.after:
+            if name not in out:
+                guess = phase_from_name(name)
+                if guess is not None:
+                    out[name] = guess
+    return out
 
 
 def spans_from_lines(
@@ -139,59 +201,99 @@ def launch_command(text: str) -> list[str] | None:
     return steplog.launch_command(text, _LAUNCH, _STEP_AT)
 
 
-def step_records(lines: list[tuple[int, str, int | None]], path: Path) -> list[StepRecord]:
+def step_records(
+    lines: list[tuple[int, str, int | None]], path: Path, skipped: Skipped | None = None
+) -> list[StepRecord]:
     """Step records from cleaned console lines, wrapped lines rejoined.
 
-    A line holding ``step:N - `` opens a record; the lines right after it that consist of
-    ``key:value`` segments (a wrap, possibly inside a key) continue it, joined without a
-    separator since the break replaced nothing. Lines with the same step number and no
-    timing keys (verl logs validation scores separately) add their figures to that step.
-    Without any ``step:N`` line, ``- timing_s/key:value`` fragments one per line (as pasted
-    in an issue) are taken as one step.
+    A line holding ``step:N - `` (or ending in ``step:N``, verl 0.7's one key per line)
+    opens a record; the lines right after it that consist of ``key:value`` segments continue
+    it: a wrap (possibly inside a key) is joined without a separator since the break replaced
+    nothing, a ``- key:value`` line with a space. Lines of one step number are merged: the one
+    with timing keys is the step, the others (verl logs validation scores separately) add
+    their figures. Without any ``step:N`` line with timing keys, ``timing_s/key: value``
+    fragments (one per line, as pasted in an issue, or a wandb run summary) are taken as one
+    step. ``skipped`` counts the values left out.
     """
+    skipped = skipped if skipped is not None else Skipped()
     texts: list[tuple[int, int, str]] = []  # (first line, last line, joined text)
     open_record = False
     for number, text, _ in lines:
-        if _STEP_AT.search(text):
-            start = _STEP_AT.search(text)
-            texts.append((number, number, text[start.start() :].strip()))
+        at = _STEP_AT.search(text)
+        bare = _STEP_BARE.search(text) if at is None else None
+        stripped = text.strip()
+        if at is not None:
+            texts.append((number, number, text[at.start() :].strip()))
             open_record = True
-        elif open_record and _CONTINUATION.match(text.strip()):
+        elif bare is not None:
+            texts.append((number, number, f"step:{bare.group(1)}"))
+            open_record = True
+        elif open_record and _DASH_CONTINUATION.match(stripped):
             first, _, joined = texts[-1]
-            texts[-1] = (first, number, joined + text.strip())
+            texts[-1] = (first, number, f"{joined} {stripped}")
+        elif open_record and _CONTINUATION.match(stripped):
+            first, _, joined = texts[-1]
+            texts[-1] = (first, number, joined + stripped)
         else:
             open_record = False
     records: list[StepRecord] = []
-    by_step: dict[int, StepRecord] = {}
-    pending: dict[int, dict[str, float]] = {}
+    by_step: dict[int, int] = {}  # step -> index in records
     for first, last, joined in texts:
         step, pairs = _pairs(joined)
-        step_at(step, f"{path}:{first}")
-        record = record_from_pairs(step, pairs, path, first)
-        if record is None:
-            pending.setdefault(step, {}).update(_kept(pairs))
-            if step in by_step:
-                by_step[step].attrs.update(pending.pop(step))
+        if step > MAX_STEP:
+            skipped.add("line", "not a plausible step number", f"line {first}: step {step:.3g}",
+                        first)  # fmt: skip
             continue
+        record = record_from_pairs(step, pairs, path, first, skipped)
         record.last_line = last
-        record.attrs.update(pending.pop(step, {}))
-        records.append(record)
-        by_step[step] = record
-    if records:
+        index = by_step.get(step)
+        if index is None:
+            by_step[step] = len(records)
+            records.append(record)
+            continue
+        kept = records[index]
+        if timed(kept) and timed(record):  # the same step logged twice: keep both
+            records.append(record)
+        elif timed(record):  # the timed line is the step; the other one's figures join it
+            record.attrs = {**_kept(list(kept.attrs.items())), **record.attrs}
+            records[index] = record
+        elif timed(kept):
+            kept.attrs.update(_kept(list(record.attrs.items())))
+        else:
+            kept.attrs.update(record.attrs)
+    if any(timed(r) for r in records):
         return records
+    loose = _loose_record(lines, path, skipped)
+    if loose is not None:
+        return [loose]
+    return [r for r in records if r.attrs]
+
+
+def _loose_record(
+    lines: list[tuple[int, str, int | None]], path: Path, skipped: Skipped
+) -> StepRecord | None:
+    """One step from ``timing_s/key: value`` fragments outside any step line."""
     loose: list[tuple[str, str]] = []
     first_line = None
+    summary = False
     for number, text, _ in lines:
-        match = _LOOSE_PAIR.match(text)
+        match = _LOOSE_PAIR.match(text) or _WANDB_PAIR.search(text)
         if match:
+            summary = summary or match.re is _WANDB_PAIR
             loose.append((match.group(1), match.group(2)))
             first_line = first_line or number
-    if loose:
-        record = record_from_pairs(1, loose, path, first_line)
-        if record is not None:
-            record.attrs["loose"] = True
-            return [record]
-    return []
+    if not loose:
+        return None
+    record = record_from_pairs(1, loose, path, first_line, skipped)
+    if not timed(record):
+        return None
+    record.attrs["loose"] = True
+    record.attrs["loose_note"] = (
+        "a wandb run summary: the last logged value of each timing key, taken as one step"
+        if summary
+        else "no step:N lines: the timing values found are taken as one step"
+    )
+    return record
 
 
 def _pairs(text: str) -> tuple[int, list[tuple[str, str]]]:
@@ -206,26 +308,54 @@ def _pairs(text: str) -> tuple[int, list[tuple[str, str]]]:
     return step, pairs
 
 
-def _kept(pairs: list[tuple[str, Any]]) -> dict[str, float]:
+def _kept(pairs: list[tuple[str, Any]], every: bool = False) -> dict[str, float]:
+    """The figures of a step line worth keeping (`_KEEP_METRICS`, ``perf/``, validation
+    scores), or with ``every`` all numeric ones (a step line without timing keys has nothing
+    else to give)."""
     out = {}
     for key, value in pairs:
-        if key in _KEEP_METRICS or key.startswith(("test_score/", "val/", "val-core/", "perf/")):
+        if every and (key == "step" or _TIMING_KEY.match(key)):
+            continue  # a timing value that was skipped is no figure either
+        keep = every or key in _KEEP_METRICS
+        if keep or key.startswith(("test_score/", "val/", "val-core/", "perf/")):
             number = to_float(value)
             if number is not None:
                 out[key] = number
+        if len(out) >= _MAX_FIGURES:
+            break
     return out
 
 
-_COUNT_KEY = re.compile(r"(^|/)(num_\w+|\w*_length|tool_calls)$")
-"""Sub-timing names that count things (the agent loop's slowest request's ``num_preempted``,
-``prompt_length``, ``response_length``; ``slowest/tool_calls`` is a count too)."""
+_MAX_FIGURES = 200
+"""Most figures kept per step line (a verl line has ~100)."""
+
+
+_COUNT_KEY = re.compile(r"(^|/)(num_\w+|\w*_length|tool_calls|turns)(/(min|max|mean))?$")
+"""Sub-timing names that count things (the agent loop's ``num_preempted/min`` -1, the slowest
+request's ``prompt_length`` / ``response_length``; ``slowest/tool_calls`` is a count too)."""
+_EXCEED = 1.05
+"""How far the phases may add up beyond ``timing_s/step`` before timers verl does not name are
+taken as nested in a known phase rather than laid out beside it."""
 
 
 def record_from_pairs(
-    step: int, pairs: list[tuple[str, Any]], path: Path, line: int | None
-) -> StepRecord | None:
-    """The step record of one step line's pairs; None when it has no timing keys."""
+    step: int,
+    pairs: list[tuple[str, Any]],
+    path: Path,
+    line: int | None,
+    skipped: Skipped | None = None,
+) -> StepRecord:
+    """The step record of one step line's pairs (untimed when it has no usable timing key).
+
+    Known phases (`PHASES`) and ``step`` are laid out; sub-timers (names with ``/``, and
+    `LOG_NESTED`) are kept under ``sub_timing_s``; any other top-level timer is a phase of its
+    own, unless with it the phases would exceed ``timing_s/step`` (then it is nested: kept
+    aside, counted). Values that are no duration are skipped and counted in ``skipped``.
+    """
+    skipped = skipped if skipped is not None else Skipped()
+    where = f"step {step} at line {line}" if line is not None else f"step {step}"
     phases: list[tuple[str, float]] = []
+    extra: list[tuple[str, float]] = []
     sub: dict[str, float] = {}
     step_s = None
     for key, value in pairs:
@@ -233,32 +363,41 @@ def record_from_pairs(
         if match is None:
             continue
         name = match.group(1)
-        if name not in _ORDER and name != "step":
-            # sub-timings: verl also files counts under timing_s/ (the agent loop's slowest
-            # request: num_preempted -1, prompt_length, response_length); skip what is no
-            # duration rather than reject the line
-            seconds = to_float(value)
-            if seconds is not None and 0 <= seconds <= MAX_SECONDS and not _COUNT_KEY.search(name):
+        if "/" in name or name in LOG_NESTED:
+            if _COUNT_KEY.search(name):
+                number = to_float(value)
+                if number is not None and number < 0:  # a count of -1: "not measured"
+                    skipped.add("value", "a count filed under timing_s/, not a duration",
+                                f"{where}: {key} = {value}", line)  # fmt: skip
+                continue
+            seconds = duration_s(value, key, where, skipped, line)
+            if seconds is not None:
                 sub[name] = seconds
             continue
-        seconds = seconds_at(value, f"{path}:{line}", key)
+        seconds = duration_s(value, key, where, skipped, line)
         if seconds is None:
-            if value is None or value == "":
-                continue  # the line was cut right after the key (a truncated copy)
-            text = str(value)[:40]
-            raise ImportFormatError(f"{path}:{line}: {key} value {text!r} is not a number")
+            continue
         if name == "step":
             step_s = seconds
-        else:
+        elif name in _ORDER:
             phases.append((name, seconds))
-    if not phases and step_s is None:
-        return None
-    phases.sort(key=lambda item: _ORDER[item[0]])
+        else:
+            extra.append((name, seconds))
+    if extra and step_s is not None:
+        inner = sum(s for n, s in phases if n not in _AFTER_STEP)
+        if inner + sum(s for _, s in extra) > _EXCEED * step_s + 1e-3:
+            for name, seconds in extra:
+                sub[name] = seconds
+                skipped.add("timer", "kept aside as nested: with it the phases would exceed "
+                            "timing_s/step", f"{where}: timing_s/{name} = {seconds:g}")  # fmt: skip
+            extra = []
+    phases.extend(extra)
+    phases.sort(key=_order_key)
     after: list[tuple[str, float]] = []
     if step_s is not None:  # verl validates and saves after its step timer stops
         after = [p for p in phases if p[0] in _AFTER_STEP]
         phases = [p for p in phases if p[0] not in _AFTER_STEP]
-    metrics = _kept(pairs)
+    metrics = _kept(pairs, every=not (phases or after or step_s is not None))
     record = StepRecord(
         step=step, phases=phases, after=after, step_s=step_s, line=line, attrs=metrics
     )
@@ -269,6 +408,20 @@ def record_from_pairs(
         record.tokens = tokens
         record.attrs["tokens_source"] = "perf/total_num_tokens"
     return record
+
+
+def _order_key(item: tuple[str, float]) -> float:
+    """Where a phase runs in verl's step: its place in `PHASES`, or for a timer verl does not
+    name, the place of the first known phase with the same canonical phase (else before the
+    validation and checkpoint that close a step)."""
+    name = item[0]
+    if name in _ORDER:
+        return _ORDER[name]
+    guess = phase_from_name(name)
+    for known, phase in PHASES.items():
+        if phase == guess:
+            return _ORDER[known] - 0.5
+    return _ORDER["testing"] - 0.5
 
 
 def _estimate_tokens(records: list[StepRecord], knobs: dict[str, Any]) -> None:
