@@ -19,12 +19,16 @@ from __future__ import annotations
 import codecs
 import gzip
 import importlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pandas as pd
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
+"""A terminal's colour and cursor codes, as Ray, rich and tqdm print them."""
 
 HEAD_BYTES = 64 * 1024
 
@@ -114,7 +118,8 @@ def modules() -> list[ModuleType]:
 
 def detect(path: Path) -> ModuleType:
     """The importer for ``path``; raises `ImportFormatError` when no importer recognises it."""
-    head = read_head(path)
+    # a coloured terminal capture is the same format as a plain one
+    head = ANSI.sub("", read_head(path))
     for module in modules():
         try:
             if module.sniff(head, path):

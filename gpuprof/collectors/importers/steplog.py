@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpuprof.collectors.importers import ImportFormatError
+from gpuprof.collectors.importers import ANSI, ImportFormatError
 from gpuprof.commandline import coerce, parse_knobs
 from gpuprof.model import Event, Span, columns, empty_frame
 from gpuprof.phases import canonical_phase
@@ -31,7 +31,7 @@ from gpuprof.redact import redact_command, redact_knobs
 LOG_HOST = "(log)"
 """Host of spans read from a log that names none; the importer's caller may rename it."""
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
+_ANSI = ANSI
 _RAY_PREFIX = re.compile(r"^\s*\((?P<actor>[^()]*?)\s*pid=(?P<pid>\d+)(?:,\s*ip=[^)]*)?\)\s?")
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 
