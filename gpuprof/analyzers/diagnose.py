@@ -110,24 +110,36 @@ def diagnose(
 def few_steps_hedged(
     findings: list[Finding], basis: dict[str, Any], th: Thresholds
 ) -> list[Finding]:
-    """Step-based findings of a run with `Thresholds.few_steps` steps or fewer, with their
-    confidence capped and the reason in their summary: one or two steps can't tell a
-    pattern from a one-off (and the first step also holds start-up)."""
+    """Findings with their confidence capped and the reason in their summary when the data
+    is thin: every finding of a run with fewer than `Thresholds.few_readings` GPU readings
+    per GPU (a pasted snapshot), and the step-based ones of a run with `Thresholds.few_steps`
+    steps or fewer (one or two steps can't tell a pattern from a one-off, and the first step
+    also holds start-up)."""
     timing = basis.get("phase_timing") or {}
     steps = int(timing.get("steps") or 0)
-    if not timing or steps > th.few_steps:
+    gpu = basis.get("gpu_samples") or {}
+    readings = gpu.get("samples", 0) / max(1, gpu.get("gpus") or 1) if gpu else None
+    few_readings = readings is not None and readings < th.few_readings
+    few_steps = bool(timing) and steps <= th.few_steps
+    if not few_readings and not few_steps:
         return findings
     out = []
     for f in findings:
-        if f.kind in STEP_INDEPENDENT_KINDS:
+        if few_readings:
+            why = (
+                f" — low confidence: only {readings:.0f} reading(s) per GPU, a snapshot rather "
+                "than a record of the run"
+            )
+        elif f.kind in STEP_INDEPENDENT_KINDS:
             out.append(f)
             continue
-        why = (
-            f" — low confidence: only {steps} step{'s' if steps != 1 else ''}, which can't "
-            "tell a pattern from a one-off"
-            if steps
-            else " — low confidence: no step boundaries"
-        )
+        elif steps:
+            why = (
+                f" — low confidence: only {steps} step{'s' if steps != 1 else ''}, which can't "
+                "tell a pattern from a one-off"
+            )
+        else:
+            why = " — low confidence: no step boundaries"
         confidence = min(float(f.confidence), th.few_steps_max_confidence)
         out.append(replace(f, confidence=confidence, summary=f.summary + why))
     return out
@@ -243,7 +255,15 @@ def no_finding_sentence(diagnosis: Diagnosis, th: Thresholds | None = None) -> t
     s = diagnosis.summary
     timing = (s.get("data_basis") or {}).get("phase_timing") or {}
     steps = int(timing.get("steps") or 0)
-    has_gpu = bool((s.get("data_basis") or {}).get("gpu_samples"))
+    gpu = (s.get("data_basis") or {}).get("gpu_samples") or {}
+    has_gpu = bool(gpu)
+    per_gpu = gpu.get("samples", 0) / max(1, gpu.get("gpus") or 1)
+    if has_gpu and per_gpu < th.few_readings:
+        return (
+            f"No stall above the noise threshold in {per_gpu:.0f} reading(s) per GPU — too few "
+            "to rule one out.",
+            False,
+        )
     if timing and steps <= th.few_steps:
         unit = f"{steps} step{'s' if steps != 1 else ''}" if steps else "phase times without steps"
         return (

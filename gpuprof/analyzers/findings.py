@@ -111,6 +111,11 @@ class Thresholds:
     findings are capped at `few_steps_max_confidence` and say why. Source: seed (no spread
     or period can be estimated from one or two samples; the first step of a run also holds
     start-up, as the public verl logs of 1–2 steps show)."""
+    few_readings: int = 10
+    """With fewer GPU readings than this per GPU (a pasted nvidia-smi table, one gpustat
+    line), no finding is not a clean bill of health: the diagnosis says the readings are too
+    few to rule a stall out. Source: seed (ten readings at nvidia-smi's usual 1 s cadence
+    are ten seconds of a run)."""
     few_steps_max_confidence: float = 0.5
     """The highest confidence a step-based finding of a run with `few_steps` steps or fewer
     carries. Source: seed (even odds: the step may be typical or not)."""

@@ -36,6 +36,7 @@ IMPORTERS: tuple[str, ...] = (
     "kineto",
     "dcgm",
     "nvidia_smi_dmon",
+    "smi_display",
     "nvidia_smi",
     "openrlhf_log",
     "megatron_log",

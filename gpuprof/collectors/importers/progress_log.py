@@ -46,6 +46,9 @@ def sniff(head: str, path: Path) -> bool:
     """A tqdm step bar redrawn at least twice (or once at ``1/N``), or a DeepSpeed timer line."""
     if re.search(r"time \(ms\)\s*\|\s*(?:fwd|forward)(?:_microstep)?\s*:", head):
         return True
+    if re.search(r"(?m)^\s*(?:fwd|forward)(?:_microstep)?\s*:\s*[\d.]+\s*\|\s*(?:bwd|backward)",
+                 head):  # fmt: skip
+        return True
     lines = console_lines(head)
     updates = progress_updates(lines)
     return len(updates) >= 2 or any(u.n == 1 for u in updates)

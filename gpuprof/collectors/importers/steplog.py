@@ -567,6 +567,11 @@ def steps_from_progress(updates: list[Progress], notes: list[str]) -> list[StepR
 
 
 _DS_TIME = re.compile(r"time \(ms\)\s*\|(.*)$")
+_DS_BARE = re.compile(
+    r"^\s*((?:fwd|forward)(?:_microstep)?\s*:\s*[-+\d.eE]+\s*\|\s*(?:bwd|backward).*)$"
+)
+"""Older DeepSpeed releases (and users' pastes) print the timers without ``time (ms) |``:
+``forward: 294.88 | backward: 17065.34 | backward_inner: … | step: …``, still in ms."""
 _DS_PAIR = re.compile(r"([A-Za-z][\w \-]*?)\s*:\s*([-+\d.eE]+|nan|inf)")
 DS_LAYOUT: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("fwd", "forward"), "fwd", "update_actor"),
@@ -600,7 +605,7 @@ def deepspeed_timers(
     Values in ms become seconds; an implausible value is skipped (counted in ``skipped``)."""
     out = []
     for number, text, _ in lines:
-        match = _DS_TIME.search(text)
+        match = _DS_TIME.search(text) or _DS_BARE.match(text)
         if match is None:
             continue
         values: dict[str, str] = {}
