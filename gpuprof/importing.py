@@ -33,7 +33,13 @@ import numpy as np
 import pandas as pd
 
 from gpuprof import __version__, store
-from gpuprof.collectors.importers import Imported, ImportFormatError, detect
+from gpuprof.collectors.importers import (
+    Imported,
+    ImportFormatError,
+    detect,
+    detect_dir,
+    detect_uri,
+)
 from gpuprof.model import RECORD_TYPES, Run, RunMeta, column_kinds, columns, empty_frame
 
 TIME_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -50,12 +56,21 @@ def _time_columns(table: str) -> tuple[str, ...]:
 
 
 def parse_file(path: Path) -> Imported:
-    """Detect a file's format and parse it; `ImportFormatError` (one line) when it can't be."""
+    """Detect a file's format and parse it; `ImportFormatError` (one line) when it can't be.
+
+    ``path`` may also be a tracker run's directory (`detect_dir`) or a tracker URI that names
+    no file, such as MLflow's ``runs:/<run id>`` (`detect_uri`).
+    """
     if not path.exists():
-        raise ImportFormatError(f"{path}: no such file")
-    if not path.is_file():
+        module = detect_uri(str(path))
+        if module is None:
+            raise ImportFormatError(f"{path}: no such file")
+    elif path.is_dir():
+        module = detect_dir(path)
+    elif not path.is_file():
         raise ImportFormatError(f"{path}: not a file")
-    module = detect(path)
+    else:
+        module = detect(path)
     try:
         return module.parse(path)
     except ImportFormatError:
