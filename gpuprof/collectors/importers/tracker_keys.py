@@ -240,7 +240,7 @@ def _gpu_frame(
     for key, pct in mlflow_pct.items():
         used = fields[key].get("mem_used_bytes")
         if used is not None and pct > 0 and key[0] not in totals:
-            totals[key[0]] = int(round(used * 100.0 / pct))
+            totals[key[0]] = round(used * 100.0 / pct)
     for key, pct in pct_mem.items():
         total = totals.get(key[0])
         if "mem_used_bytes" not in fields[key] and total:
@@ -384,11 +384,39 @@ def _phase_records(
     return records, bare, other
 
 
+def _length_ns(record: StepRecord) -> int:
+    """Nanoseconds `frames_from_steps` lays a record out over (step, then its after-phases)."""
+    inner = sum(round(s * 1e9) for _, s in record.phases)
+    step = round(record.step_s * 1e9) if record.step_s is not None else inner
+    return max(step, inner) + sum(round(s * 1e9) for _, s in record.after)
+
+
+def _untangle(records: list[StepRecord]) -> int:
+    """Make anchored steps follow one another: a step whose logged end comes too early for
+    its duration (the tracker got a burst of steps at once, a replayed log) ends its own
+    length after the previous one. Returns how many steps moved."""
+    moved = 0
+    previous_end: int | None = None
+    for record in records:
+        assert record.end_ns is not None
+        length = _length_ns(record)
+        if previous_end is not None and record.end_ns - length < previous_end:
+            record.end_ns = previous_end + length
+            moved += 1
+        previous_end = record.end_ns
+    return moved
+
+
 def _profiled_spans(
-    points: pd.DataFrame, framework: str, host: str
+    points: pd.DataFrame, framework: str, host: str, tracker_steps: bool
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Spans of TRL/ms-swift profiled calls (and a step span around each step's calls) plus
-    step events; needs wall-clock times."""
+    step events; needs wall-clock times.
+
+    The step of a call is the trainer's ``train/global_step`` logged last before it; without
+    that key, the tracker's step when ``tracker_steps`` (MLflow and TensorBoard get the
+    trainer's step; W&B's own counter grows with every ``wandb.log`` and means nothing here).
+    """
     phase_map = SWIFT_PHASES if framework == "swift" else TRL_PHASES
     prof = points[points["key"].str.startswith(PROFILING_PREFIX) & points["t_ns"].notna()]
     trainer_steps = points[points["key"].isin(_GLOBAL_STEP_KEYS) & points["t_ns"].notna()]
@@ -398,8 +426,10 @@ def _profiled_spans(
         index = np.searchsorted(marks["t_ns"].to_numpy(), prof["t_ns"].to_numpy(), side="right")
         logged = marks["value"].to_numpy()
         steps = np.where(index > 0, logged[np.maximum(index - 1, 0)], 0.0)
-    else:
+    elif tracker_steps:
         steps = prof["step"].to_numpy()
+    else:
+        steps = np.full(len(prof), np.nan)
     calls = []
     for key, t, seconds, step in zip(prof["key"], prof["t_ns"], prof["value"], steps):
         if not 0 <= seconds <= MAX_SECONDS:
@@ -427,11 +457,10 @@ def _profiled_spans(
         if span[7] is not None:
             bounds = by_step.setdefault(span[7], [span[9], span[10]])
             bounds[0], bounds[1] = min(bounds[0], span[9]), max(bounds[1], span[10])
-    if len(trainer_steps):
-        for step, (start, end) in by_step.items():
-            spans.append((host, 0, 0, None, None, "step", "step", step, 0, start, end, None,
-                          None, {"framework": framework, "source": "tracker"}))  # fmt: skip
-            events.append((host, 0, None, end, "step", str(step), {}))
+    for step, (start, end) in sorted(by_step.items()):
+        spans.append((host, 0, 0, None, None, "step", "step", step, 0, start, end, None, None,
+                      {"framework": framework, "source": "tracker"}))  # fmt: skip
+        events.append((host, 0, None, end, "step", str(step), {}))
     return _typed(Span, spans), _typed(Event, events)
 
 
@@ -489,8 +518,11 @@ def to_imported(run: TrackerRun) -> Imported:
         # host figures (CPU, memory, disk, network) sampled on their own clock: no field of
         # a step, and `host` samples need the whole machine's CPU, which trackers mix up
         names = sorted(metric_points.loc[system, "key"].unique())
-        notes.append(f"{len(names)} non-GPU system metric(s) not imported ("
-                     + ", ".join(names[:4]) + (", …)" if len(names) > 4 else ")"))
+        notes.append(
+            f"{len(names)} non-GPU system metric(s) not imported ("
+            + ", ".join(names[:4])
+            + (", …)" if len(names) > 4 else ")")
+        )
         metric_points = metric_points[~system]
     gpu, totals = _gpu_frame(gpu_points, run, host, notes)
     knobs = flatten_config(run.config)
@@ -502,14 +534,21 @@ def to_imported(run: TrackerRun) -> Imported:
     if framework in ("verl", "openrlhf") and not step_values.empty:
         records, bare, other = _phase_records(run, step_values, framework, knobs, notes)
         if records:
+            anchored = all(r.end_ns is not None for r in records)
+            if not anchored:  # a time for some steps only: one time axis or none
+                for record in records:
+                    record.end_ns = None
+                notes.append("the run has no wall-clock times: steps are laid end to end from 0")
+            moved = _untangle(records) if anchored else 0
+            if moved:
+                notes.append(f"{moved} step(s) logged before the previous step could have "
+                             "ended (values written in a burst): each moved to start where "
+                             "the previous one ended")  # fmt: skip
             phase_map = OPENRLHF_PHASES if framework == "openrlhf" else VERL_PHASES
             frames = frames_from_steps(records, framework=framework, phase_map=phase_map,
                                        host=host)  # fmt: skip
             for span_attrs in frames["spans"]["attrs"]:
                 span_attrs["source"] = "tracker"
-            anchored = all(r.end_ns is not None for r in records)
-            if not anchored:
-                notes.append("the run has no wall-clock times: steps are laid end to end from 0")
             if any(r.step_s is None for r in records):
                 notes.append("no step-total key: each step lasts its phases' sum")
             if other:
@@ -527,11 +566,11 @@ def to_imported(run: TrackerRun) -> Imported:
                 notes.append(f"{len(bare)} step(s) without phase times and without wall-clock "
                              "times not imported")  # fmt: skip
     elif framework in ("trl", "swift"):
-        spans, events = _profiled_spans(metric_points, framework, host)
+        spans, events = _profiled_spans(metric_points, framework, host, run.tracker != "W&B")
         if len(spans):
             frames = {"spans": spans, "events": events}
             if not len(events):
-                notes.append("no train/global_step key: profiled calls have no step spans")
+                notes.append("no trainer step for the profiled calls: no step spans")
             notes.append("phase spans from profiled calls (profiling/Time taken: …): each ends "
                          "when its value was logged")  # fmt: skip
     if not frames and gpu.empty:
