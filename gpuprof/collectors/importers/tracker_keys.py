@@ -131,7 +131,7 @@ def points_frame(
     hold NaN)."""
     return pd.DataFrame(
         {
-            "key": pd.Series(list(keys), dtype=object),
+            "key": pd.Categorical(list(keys)),  # few distinct keys, many values
             "step": np.asarray(list(steps), dtype=np.float64),
             "t_ns": np.asarray(list(t_ns), dtype=np.float64),
             "value": np.asarray(list(values), dtype=np.float64),
@@ -173,14 +173,21 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any
     return redact_knobs(out)
 
 
-def require(module: str, path: Path, what: str) -> Any:
-    """``import module`` for a tracker importer; `ImportFormatError` naming the install
-    command when it is missing (the tracker libraries are an optional extra)."""
+def require(module: str, path: Path, what: str, *, load: bool = True) -> Any:
+    """``import module`` for a tracker importer (with ``load`` False: only find where it is
+    installed, its `ModuleSpec`); `ImportFormatError` naming the install command when it is
+    missing (the tracker libraries are an optional extra)."""
     import importlib
+    import importlib.util
 
     try:
-        return importlib.import_module(module)
-    except ImportError:
+        if load:
+            return importlib.import_module(module)
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            raise ImportError(module)
+        return spec
+    except (ImportError, ValueError):
         raise ImportFormatError(
             f"{path}: reading {what} needs the {module.split('.')[0]} package: {INSTALL_HINT}"
         ) from None
@@ -201,69 +208,92 @@ def _gpu_key(key: str) -> tuple[int, str, str] | None:
     return None
 
 
+_PCT_WANDB = "<memoryAllocated %>"
+_PCT_MLFLOW = "<memory_usage_percentage>"
+
+
+def _gpu_field(key: str) -> tuple[int, str] | None:
+    """(GPU index, `GpuSample` field, or a percent-of-memory marker, or ``?metric`` for a GPU
+    metric with no field) of a system GPU key; None for other keys."""
+    parsed = _gpu_key(key)
+    if parsed is None:
+        return None
+    index, metric, flavour = parsed
+    table = WANDB_GPU_FIELDS if flavour == "W&B" else MLFLOW_GPU_FIELDS
+    if metric in table:
+        return index, table[metric][0]
+    if flavour == "W&B" and metric == "memoryAllocated":
+        return index, _PCT_WANDB
+    if flavour == "MLflow" and metric == "memory_usage_percentage":
+        return index, _PCT_MLFLOW
+    return index, f"?{metric}"
+
+
+def _factor(key: str) -> float:
+    parsed = _gpu_key(key)
+    if parsed is None:
+        return 1.0
+    table = WANDB_GPU_FIELDS if parsed[2] == "W&B" else MLFLOW_GPU_FIELDS
+    return table.get(parsed[1], ("", 1.0))[1]
+
+
 def _gpu_frame(
     points: pd.DataFrame, run: TrackerRun, host: str, notes: list[str]
 ) -> tuple[pd.DataFrame, dict[int, int]]:
     """GPU samples from the system GPU keys among ``points`` (with a time), and the total
-    memory per GPU they reveal."""
-    parsed = [_gpu_key(k) for k in points["key"]]
-    rows = points.assign(
-        gpu=[p[0] if p else -1 for p in parsed],
-        metric=[p[1] if p else "" for p in parsed],
-        flavour=[p[2] if p else "" for p in parsed],
-    )
-    rows = rows[(rows["gpu"] >= 0) & rows["t_ns"].notna()]
+    memory per GPU they reveal. Vectorised: keys are parsed once each, values pivoted to one
+    row per (GPU, instant)."""
     totals = {int(g["index"]): int(g["mem_total_bytes"]) for g in run.gpus
               if g.get("index") is not None and g.get("mem_total_bytes")}  # fmt: skip
-    if rows.empty:
+    points = points[points["t_ns"].notna()]
+    if points.empty:
         return empty_frame(GpuSample), totals
-    unmapped: set[str] = set()
-    fields: dict[tuple[int, int], dict[str, float]] = {}
-    pct_mem: dict[tuple[int, int], float] = {}
-    mlflow_pct: dict[tuple[int, int], float] = {}
-    for gpu, metric, flavour, t, value in zip(
-        rows["gpu"], rows["metric"], rows["flavour"], rows["t_ns"], rows["value"]
-    ):
-        key = (int(gpu), int(t))
-        table = WANDB_GPU_FIELDS if flavour == "W&B" else MLFLOW_GPU_FIELDS
-        if metric in table:
-            name, factor = table[metric]
-            fields.setdefault(key, {})[name] = value * factor
-        elif flavour == "W&B" and metric == "memoryAllocated":
-            pct_mem[key] = value
-            fields.setdefault(key, {})
-        elif flavour == "MLflow" and metric == "memory_usage_percentage":
-            mlflow_pct[key] = value
-            fields.setdefault(key, {})
-        else:
-            unmapped.add(metric)
-    for key, pct in mlflow_pct.items():
-        used = fields[key].get("mem_used_bytes")
-        if used is not None and pct > 0 and key[0] not in totals:
-            totals[key[0]] = round(used * 100.0 / pct)
-    for key, pct in pct_mem.items():
-        total = totals.get(key[0])
-        if "mem_used_bytes" not in fields[key] and total:
-            fields[key]["mem_used_bytes"] = pct / 100.0 * total
+    codes, uniques = pd.factorize(points["key"])
+    parsed = [_gpu_field(k) for k in uniques]
+    gpu = np.array([p[0] for p in parsed], dtype=np.int64)[codes]
+    field_names = np.array([p[1] for p in parsed], dtype=object)[codes]
+    factor = np.array([_factor(k) for k in uniques], dtype=np.float64)[codes]
+    unmapped = sorted({p[1][1:] for p in parsed if p[1].startswith("?")})
     if unmapped:
         notes.append(
             f"{len(unmapped)} GPU metric(s) with no gpuprof field not imported: "
-            + ", ".join(sorted(unmapped)[:8])
+            + ", ".join(unmapped[:8])
         )
-    ordered = sorted(fields)
+    long = pd.DataFrame(
+        {
+            "gpu": gpu,
+            "t_ns": points["t_ns"].to_numpy(np.float64).round().astype(np.int64),
+            "field": field_names,
+            "value": points["value"].to_numpy(np.float64) * factor,
+        }
+    )
+    long = long[~long["field"].str.startswith("?")]
+    if long.empty:
+        return empty_frame(GpuSample), totals
+    wide = long.pivot_table(
+        index=["gpu", "t_ns"], columns="field", values="value", aggfunc="last", sort=True
+    )
+    if _PCT_MLFLOW in wide and "mem_used_bytes" in wide:
+        implied = (wide["mem_used_bytes"] * 100.0 / wide[_PCT_MLFLOW]).where(wide[_PCT_MLFLOW] > 0)
+        for index, total in implied.groupby(level="gpu").median().dropna().items():
+            totals.setdefault(int(index), round(total))
+    gpus_of = wide.index.get_level_values("gpu").to_numpy()
+    total_col = np.array([totals.get(int(g), np.nan) for g in gpus_of], dtype=np.float64)
+    if _PCT_WANDB in wide:
+        from_pct = wide[_PCT_WANDB].to_numpy() / 100.0 * total_col
+        used = wide["mem_used_bytes"].to_numpy() if "mem_used_bytes" in wide else np.nan
+        wide["mem_used_bytes"] = np.where(np.isnan(used), from_pct, used)
     frame = pd.DataFrame(
         {
             "host": host,
-            "gpu": np.array([k[0] for k in ordered], dtype=np.int64),
-            "uuid": [_uuid(run.gpus, k[0]) for k in ordered],
-            "t_ns": np.array([k[1] for k in ordered], dtype=np.int64),
+            "gpu": gpus_of.astype(np.int64),
+            "uuid": [_uuid(run.gpus, int(g)) for g in gpus_of] if run.gpus else None,
+            "t_ns": wide.index.get_level_values("t_ns").to_numpy(np.int64),
         }
     )
     for name in {n for n, _ in (*WANDB_GPU_FIELDS.values(), *MLFLOW_GPU_FIELDS.values())}:
-        frame[name] = np.array([fields[k].get(name, np.nan) for k in ordered], dtype=np.float64)
-    frame["mem_total_bytes"] = np.array(
-        [totals.get(k[0], np.nan) for k in ordered], dtype=np.float64
-    )
+        frame[name] = wide[name].to_numpy(np.float64) if name in wide else np.nan
+    frame["mem_total_bytes"] = total_col
     return frame, totals
 
 
@@ -511,7 +541,8 @@ def to_imported(run: TrackerRun) -> Imported:
         notes.append(f"{len(run.skipped)} key(s) with values that are no numbers not imported "
                      f"(media, tables, text: {names})")  # fmt: skip
     all_keys = set(points["key"].unique()) if len(points) else set()
-    is_gpu = points["key"].map(lambda k: _gpu_key(k) is not None).to_numpy(bool)
+    codes, uniques = pd.factorize(points["key"])
+    is_gpu = np.array([_gpu_key(k) is not None for k in uniques], dtype=bool)[codes]
     gpu_points, metric_points = points[is_gpu], points[~is_gpu]
     system = metric_points["key"].str.startswith(("system.", "system/")).to_numpy(bool)
     if system.any():

@@ -80,6 +80,7 @@ def parse(path: Path) -> Imported:
     times_out: list[np.ndarray] = []
     values_out: list[np.ndarray] = []
     skipped: dict[str, int] = {}
+    names: list[str] = []  # the key of each code in keys_out
     for column in frame.columns:
         name = str(column)
         if name.startswith("_") or name.startswith("Unnamed:") or name == "index":
@@ -100,7 +101,8 @@ def parse(path: Path) -> Imported:
         keep = present
         if not keep.any():
             continue
-        keys_out.append(np.full(int(keep.sum()), name, dtype=object))
+        keys_out.append(np.full(int(keep.sum()), len(names), dtype=np.int32))
+        names.append(name)
         steps_out.append(steps[keep])
         times_out.append(t_ns[keep])
         values_out.append(values[keep])
@@ -108,7 +110,8 @@ def parse(path: Path) -> Imported:
         raise ImportFormatError(f"{path}: a W&B history export with no logged values")
     points = pd.DataFrame(
         {
-            "key": np.concatenate(keys_out),
+            # categorical: a million cells name a few hundred keys
+            "key": pd.Categorical.from_codes(np.concatenate(keys_out), categories=names),
             "step": np.concatenate(steps_out),
             "t_ns": np.concatenate(times_out),
             "value": np.concatenate(values_out),

@@ -87,7 +87,8 @@ def parse(path: Path) -> Imported:
     file = _run_file(path, strict=True) if path.is_dir() else path
     if file is None:
         raise ImportFormatError(f"{path}: no run-*.wandb file in this directory")
-    require("wandb", path, "a W&B run")
+    # found, not imported: the reader is a binary of the package (importing wandb takes ~1 s)
+    package = Path(require("wandb", path, "a W&B run", load=False).origin).parent
     keys: list[str] = []
     steps: list[float] = []
     times: list[float] = []
@@ -97,7 +98,7 @@ def parse(path: Path) -> Imported:
     host = None
     gpus: list[dict[str, Any]] = []
     history = 0
-    for kind, body in _records(file):
+    for kind, body in _records(file, package):
         if kind == "history":
             item = _flat(body.get("item") or {})
             step = number(item.get("_step"))
@@ -212,26 +213,31 @@ def _metadata_file(
     return gpus, host
 
 
-def _records(file: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(record type, its body) for every record of a ``.wandb`` file, by wandb's own reader."""
-    try:
-        from wandb.sdk.internal import datastore  # wandb < 0.31: the Python reader
-    except ImportError:
-        yield from _records_core(file)
-        return
-    yield from _records_datastore(file, datastore)
+def _records(file: Path, package: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(record type, its body) for every record of a ``.wandb`` file, by wandb's own reader
+    (``package``: where wandb is installed)."""
+    if (package / "sdk" / "internal" / "datastore.py").is_file():  # wandb < 0.31
+        from wandb.sdk.internal import datastore
+
+        yield from _records_datastore(file, datastore)
+    else:
+        yield from _records_core(file, package)
 
 
-def _records_core(file: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    from wandb.util import get_core_path
+def _records_core(file: Path, package: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    core = package / "bin" / "wandb-core"
+    if not core.is_file():  # a build that keeps it elsewhere: ask wandb
+        from wandb.util import get_core_path
 
-    try:
-        core = get_core_path()
-    except Exception as exc:  # WandbCoreNotAvailableError: a wheel without its binary
-        raise ImportFormatError(f"{file}: wandb's reader (wandb-core) is missing: {exc}") from None
+        try:
+            core = Path(get_core_path())
+        except Exception as exc:  # WandbCoreNotAvailableError: a wheel without its binary
+            raise ImportFormatError(
+                f"{file}: wandb's reader (wandb-core) is missing: {exc}"
+            ) from None
     # the run file names the run; the directory argument is required but not read then
-    command = [core, "leet", "inspect", "--json", "--no-observability", "--run-file", str(file),
-               str(file.parent.parent)]  # fmt: skip
+    command = [str(core), "leet", "inspect", "--json", "--no-observability",
+               "--run-file", str(file), str(file.parent.parent)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     try:
         done = subprocess.run(
@@ -286,6 +292,10 @@ def _records_datastore(file: Path, datastore: Any) -> Iterator[tuple[str, dict[s
             update = {_item_key(i): _json(i.value_json) for i in body.config.update}
             host = getattr(body, "host", None) if kind == "run" else None
             yield kind, {"config": {"update": update}, "host": host}
+        elif kind == "environment":
+            from google.protobuf.json_format import MessageToDict
+
+            yield kind, MessageToDict(record.environment, preserving_proto_field_name=True)
 
 
 def _item_key(item: Any) -> str:
