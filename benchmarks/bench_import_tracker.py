@@ -55,7 +55,7 @@ EXTRA = ["perf/mfu/actor", "response_length/mean", "actor/pg_loss", "actor/entro
 
 
 def rows(steps: int, keys: int) -> list[dict[str, float]]:
-    names = list(PHASES) + [*EXTRA, *(f"extra/k{i}" for i in range(max(0, keys - 14)))]
+    names = [*PHASES, *EXTRA, *(f"extra/k{i}" for i in range(max(0, keys - 14)))]
     names = names[:keys]
     return [{k: PHASES.get(k, 0.5 + (s % 7) / 10) for k in names} for s in range(steps)]
 
@@ -85,8 +85,8 @@ def write_wandb_run(where: Path, history: list[dict[str, float]]) -> Path:
     spec = where / "history.json"
     where.mkdir(parents=True)
     spec.write_text(json.dumps(history))
-    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(where),
-               WANDB_CONFIG_DIR=str(where / "cfg"), WANDB_CACHE_DIR=str(where / "cache"))  # fmt: skip
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(where))
+    env.update(WANDB_CONFIG_DIR=str(where / "cfg"), WANDB_CACHE_DIR=str(where / "cache"))
     subprocess.run([sys.executable, "-c", WANDB_WRITER, str(spec)], env=env, check=True)
     return next((where / "wandb").glob("offline-run-*"))
 
