@@ -33,7 +33,14 @@ import numpy as np
 import pandas as pd
 
 from gpuprof import __version__, store
-from gpuprof.collectors.importers import Imported, ImportFormatError, detect, nvidia_smi
+from gpuprof.collectors.importers import (
+    Imported,
+    ImportFormatError,
+    detect,
+    detect_dir,
+    detect_uri,
+    nvidia_smi,
+)
 from gpuprof.model import RECORD_TYPES, Run, RunMeta, column_kinds, columns, empty_frame
 
 TIME_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -52,19 +59,26 @@ def _time_columns(table: str) -> tuple[str, ...]:
 def parse_file(path: Path, fields: str | Sequence[str] | None = None) -> Imported:
     """Detect a file's format and parse it; `ImportFormatError` (one line) when it can't be.
 
-    ``fields``: the columns of a header-less nvidia-smi capture (``--fields``); a file no
-    format recognises is then read as one.
+    ``path`` may also be a tracker run's directory (`detect_dir`) or a tracker URI that names
+    no file, such as MLflow's ``runs:/<run id>`` (`detect_uri`). ``fields``: the columns of a
+    header-less nvidia-smi capture (``--fields``); a file no format recognises is then read
+    as one.
     """
     if not path.exists():
-        raise ImportFormatError(f"{path}: no such file")
-    if not path.is_file():
+        module = detect_uri(str(path))
+        if module is None:
+            raise ImportFormatError(f"{path}: no such file")
+    elif path.is_dir():
+        module = detect_dir(path)
+    elif not path.is_file():
         raise ImportFormatError(f"{path}: not a file")
-    try:
-        module = detect(path)
-    except ImportFormatError:
-        if fields is None:
-            raise
-        module = nvidia_smi
+    else:
+        try:
+            module = detect(path)
+        except ImportFormatError:
+            if fields is None:
+                raise
+            module = nvidia_smi
     try:
         if fields is not None and module is nvidia_smi:
             return nvidia_smi.parse(path, fields=fields)

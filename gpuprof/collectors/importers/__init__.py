@@ -9,6 +9,11 @@ Each importer is a module of this package with three names:
 - ``parse(path: Path) -> Imported``: the whole file; raises `ImportFormatError` with one line
   naming the file (and the line where known) for malformed input, and nothing else.
 
+An importer whose input can be a directory (an experiment tracker's run: ``wandb/run-*/``,
+an ``mlruns/`` tree, a TensorBoard log directory) also has ``sniff_dir(path: Path) -> bool``;
+one whose input can be a tracker URI that names no file (MLflow's ``runs:/<run id>``) has
+``sniff_uri(text: str) -> bool``. Its ``parse`` then takes that directory or URI as ``path``.
+
 `IMPORTERS` lists the modules in the order `detect` tries them (specific formats first). The
 `gpuprof import` command (``api.import_files``) detects each file's format, parses it and merges
 the parts into one run directory.
@@ -33,6 +38,11 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 HEAD_BYTES = 64 * 1024
 
 IMPORTERS: tuple[str, ...] = (
+    # experiment trackers: sniffed by file name / directory layout, so they go first
+    "wandb_run",
+    "mlflow_run",
+    "tensorboard_events",
+    "wandb_history",
     "kineto",
     "dcgm",
     "nvidia_smi_dmon",
@@ -128,3 +138,32 @@ def detect(path: Path) -> ModuleType:
         except Exception:  # a sniffer must never break detection of the others
             continue
     raise ImportFormatError(f"{path}: format not recognised")
+
+
+def detect_dir(path: Path) -> ModuleType:
+    """The importer for the directory ``path`` (a tracker's run); `ImportFormatError` when no
+    importer recognises it."""
+    for module in modules():
+        sniff_dir = getattr(module, "sniff_dir", None)
+        if sniff_dir is None:
+            continue
+        try:
+            if sniff_dir(path):
+                return module
+        except Exception:  # a sniffer must never break detection of the others
+            continue
+    raise ImportFormatError(
+        f"{path}: a directory with no W&B run, MLflow run or TensorBoard event files in it"
+    )
+
+
+def detect_uri(text: str) -> ModuleType | None:
+    """The importer for a tracker URI that names no file (``runs:/<id>``); None for none."""
+    for module in modules():
+        sniff_uri = getattr(module, "sniff_uri", None)
+        try:
+            if sniff_uri is not None and sniff_uri(text):
+                return module
+        except Exception:
+            continue
+    return None
