@@ -96,3 +96,18 @@ def test_gpu_sampled_run_states_its_samples_and_a_healthy_one_says_so():
     assert "Judged on: GPU samples" in html
     if not diagnosis.findings:
         assert no_finding_sentence(diagnosis) == (HEALTHY_LINE, True)
+
+
+def test_untimed_steps_keep_the_frameworks_own_figures(tmp_path):
+    # verl issue #2060: step lines with perf/mfu/actor and no timing key at all
+    _, run = _imported(tmp_path, PUBLIC / "verl_issue2060_step0_step1.log")
+    diagnosis = api.analyze(run)
+    basis = diagnosis.summary["data_basis"]
+    assert (
+        basis["phase_timing"] is None
+        and basis["framework_counters"][0] == "perf/cpu_memory_used_gb"
+    )
+    assert "perf/mfu/actor" in basis["framework_counters"]
+    assert "nothing to attribute (only framework counters: perf/" in basis["line"]
+    framework = diagnosis.summary["efficiency"]["framework"]["metrics"]
+    assert framework["perf/mfu/actor"]["mean"] == pytest.approx(0.343)

@@ -13,7 +13,16 @@ import pandas as pd
 from gpuprof.model import Run
 
 _NOT_COUNTERS = frozenset(
-    {"framework", "source", "sub_timing_s", "log_line", "log_window_steps", "tokens", "step"}
+    {
+        "framework",
+        "source",
+        "sub_timing_s",
+        "log_line",
+        "log_window_steps",
+        "tokens",
+        "step",
+        "untimed",
+    }
 )
 """Step attributes that are bookkeeping, not figures the framework measured."""
 
@@ -27,12 +36,12 @@ def data_basis(run: Run, steps: int) -> dict[str, Any]:
     ``gpu_samples``: ``{"gpus", "samples", "interval_s"}`` (median seconds between samples of
     one GPU) or None; ``phase_timing``: ``{"steps", "phases"}`` (canonical phases other than
     the step itself) or None; ``framework_counters``: names of the figures the framework
-    logged per step (``perf/mfu/actor``…), sorted; ``line``: all of it in one sentence.
+    logged per step (``perf/mfu/actor``…), ``perf/*`` first; ``line``: all of it in one sentence.
     """
     gpu = _gpu_samples(run)
     phases = sorted(set(run.spans["phase"].dropna()) - {"step"}) if len(run.spans) else []
     timing = {"steps": int(steps), "phases": phases} if steps or phases else None
-    counters = _counters(run.spans)
+    counters = _counters(run.spans, run.events)
     return {
         "gpu_samples": gpu,
         "phase_timing": timing,
@@ -85,14 +94,19 @@ def _gpu_samples(run: Run) -> dict[str, Any] | None:
     return {"gpus": count, "samples": len(gpu), "interval_s": interval}
 
 
-def _counters(spans: pd.DataFrame) -> list[str]:
-    if not len(spans) or "attrs" not in spans:
-        return []
+def _counters(spans: pd.DataFrame, events: pd.DataFrame) -> list[str]:
+    attrs_list = []
+    if len(spans) and "attrs" in spans:
+        attrs_list += list(spans.loc[spans["phase"] == "step", "attrs"])
+    if len(events) and "attrs" in events and "kind" in events:
+        # steps a log gives figures for but no duration (``untimed`` step events)
+        attrs_list += list(events.loc[events["kind"] == "step", "attrs"])
     names: set[str] = set()
-    for attrs in spans.loc[spans["phase"] == "step", "attrs"]:
+    for attrs in attrs_list:
         if isinstance(attrs, dict):
             names.update(k for k, v in attrs.items() if k not in _NOT_COUNTERS and _number(v))
-    return sorted(names)
+    # the framework's own performance figures first: they are what a reader looks for
+    return sorted(names, key=lambda name: (not name.startswith("perf/"), name))
 
 
 def _number(value: Any) -> bool:

@@ -128,10 +128,20 @@ def _phase_gpus(ctx: AnalysisContext) -> dict[str, int]:
     return {str(p): int(g) for p, g in zip(table["phase"], table["gpus"]) if g == g and g > 0}
 
 
-def _framework_metrics(spans: pd.DataFrame, framework: str | None) -> dict[str, Any]:
+def _framework_metrics(
+    spans: pd.DataFrame, events: pd.DataFrame, framework: str | None
+) -> dict[str, Any]:
     steps = spans[spans["phase"] == "step"] if len(spans) else spans
+    # steps a log gives figures for but no duration are step events (``untimed``)
+    untimed = events[events["kind"] == "step"] if len(events) and "kind" in events else events
     values: dict[str, list[float]] = {}
-    for attrs in steps["attrs"] if len(steps) else []:
+    step_attrs = list(steps["attrs"]) if len(steps) else []
+    step_attrs += (
+        [a for a in untimed["attrs"] if isinstance(a, Mapping) and a.get("untimed")]
+        if (len(untimed) and "attrs" in untimed)
+        else []
+    )
+    for attrs in step_attrs:
         if not isinstance(attrs, Mapping):
             continue
         for key, value in attrs.items():
@@ -319,7 +329,7 @@ def figures(ctx: AnalysisContext) -> _Figures:
         model=size.to_dict() if size is not None else None,
         phases=phases,
         run=run_fig,
-        framework=_framework_metrics(spans, run.meta.framework),
+        framework=_framework_metrics(spans, run.events, run.meta.framework),
         notes=notes,
         seq_mean=seq_mean,
         step_rows=steps,
