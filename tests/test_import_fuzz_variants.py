@@ -10,6 +10,7 @@ silent wrong read.
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -130,10 +131,21 @@ STRAY = [
 ]
 
 
+_LINE_START = re.compile(
+    r"^(?:$|\(|\[|\{|\||-|step:|Epoch|iteration|timing|Training|INFO|WARN|\d{4}[-/]\d\d|"
+    r"DCGM_|# )"
+)
+"""Where a new console line can begin: other processes' output lands between whole lines,
+never inside a line a terminal or a paste wrapped (the verl #7412 paste is one line)."""
+
+
 def stray_lines(text: str, rng: random.Random) -> str | bytes:
     lines = text.split("\n")
+    starts = [i for i in range(1, len(lines) + 1) if i == len(lines) or _LINE_START.match(lines[i])]
     for _ in range(rng.randint(1, 3)):
-        lines.insert(rng.randint(1, len(lines)), rng.choice(STRAY))
+        at = rng.choice(starts)
+        lines.insert(at, rng.choice(STRAY))
+        starts = [j + 1 if j >= at else j for j in starts]
     return "\n".join(lines)
 
 
