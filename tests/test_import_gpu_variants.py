@@ -337,3 +337,16 @@ def test_mig_board_readings_taken_once_memory_summed_whole_gpu_preferred(tmp_pat
     assert g["temp_c"] == 61  # the board's: once, not 122
     assert g["power_w"] == 251.0
     assert part.meta["gpus"][0]["mig_profiles"] == ["3g.40gb", "4g.40gb"]
+
+
+def test_mixed_gpus_without_an_index_are_told_apart_by_name():
+    # bpytop issue #26: a desktop's GTX 1080 Ti and GTX 1060 in a pasted query, no index column
+    from pathlib import Path
+
+    from gpuprof.importing import parse_file
+
+    path = Path(__file__).parent / "labelled" / "public" / "nvidia_smi_bpytop_issue26_query_csv.txt"
+    imported = parse_file(path)
+    names = {g["name"] for g in imported.meta["gpus"]}
+    assert len(imported.meta["gpus"]) == 2 and any("1080" in n for n in names)
+    assert any("told apart by their names" in n for n in imported.notes)

@@ -592,7 +592,8 @@ def _local_offset_s(stamp: pd.Timestamp) -> float:
 
 
 def _gpu_numbers(frame: pd.DataFrame) -> tuple[pd.Series, str | None]:
-    """GPU index per row: the ``index`` column, else first appearance of uuid / PCI bus id."""
+    """GPU index per row: the ``index`` column, else first appearance of uuid / PCI bus id,
+    else of the product name when the rows name several."""
     if "gpu" in frame and frame["gpu"].notna().all():
         return frame["gpu"].astype(np.int64), None
     for key in ("uuid", "pci_bus_id"):
@@ -601,6 +602,13 @@ def _gpu_numbers(frame: pd.DataFrame) -> tuple[pd.Series, str | None]:
             return pd.Series(codes, index=frame.index, dtype=np.int64), (
                 f"no index column: GPUs numbered in order of first appearance of their {key}"
             )
+    if "name" in frame and frame["name"].notna().all() and frame["name"].nunique() > 1:
+        # a desktop's mixed GPUs (a GTX 1080 Ti beside a GTX 1060) are told apart by name;
+        # identical GPUs without an index can't be, and stay one
+        codes, _ = pd.factorize(frame["name"])
+        return pd.Series(codes, index=frame.index, dtype=np.int64), (
+            "no index, UUID or bus id column: GPUs told apart by their names"
+        )
     return pd.Series(0, index=frame.index, dtype=np.int64), None
 
 
