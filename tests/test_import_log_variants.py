@@ -452,3 +452,20 @@ def test_fuzz_mutated_snippets_raise_only_import_errors(tmp_path, text):
             module.parse(path)
         except ImportFormatError as exc:
             assert "\n" not in str(exc)
+
+
+def test_megatron_tflops_per_gpu_become_mfu_when_the_gpu_is_named(tmp_path):
+    # Megatron-LM issue #756: Mixtral 8x7B on H100s at 127-138 TFLOP/s per GPU, "low"
+    from gpuprof import api, store
+
+    out = tmp_path / "run"
+    api.import_files([PUBLIC / "megatron_lm_issue756_mixtral_16xh100.log"], out)
+    run = store.load_run(out)
+    plain = api.analyze(run).summary["efficiency"]["framework"]["metrics"]
+    assert "perf/mfu/from_throughput" not in plain  # no GPU named: no peak to compare with
+    named = api.analyze(run, gpu="NVIDIA H100 80GB HBM3").summary["efficiency"]["framework"]
+    mfu = named["metrics"]["perf/mfu/from_throughput"]
+    tflops = named["metrics"]["perf/throughput_tflops_per_gpu"]
+    assert mfu["mean"] == pytest.approx(tflops["mean"] * 1e12 / 989.4e12, rel=0.01)
+    assert 0.12 < mfu["min"] <= mfu["max"] < 0.15
+    assert any(n.startswith("MFU 13.") for n in named["notes"])

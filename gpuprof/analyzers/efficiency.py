@@ -170,6 +170,27 @@ def _framework_metrics(
     return {"name": framework, "metrics": metrics, "notes": notes, "warnings": warnings}
 
 
+THROUGHPUT_KEY = "perf/throughput_tflops_per_gpu"
+"""Megatron's ``throughput per GPU (TFLOP/s/GPU)`` as the Megatron reader keeps it per step."""
+
+
+def _with_throughput_mfu(
+    framework: dict[str, Any], peak: float | None, gpu_model: str | None
+) -> dict[str, Any]:
+    """The framework's own model TFLOP/s per GPU (Megatron) as MFU against the GPU's peak,
+    when both are known: ``metrics["perf/mfu/from_throughput"]`` and a note naming both."""
+    logged = framework["metrics"].get(THROUGHPUT_KEY)
+    if not logged or not peak:
+        return framework
+    mfu = {k: logged[k] * 1e12 / peak for k in ("mean", "min", "max")}
+    framework["metrics"]["perf/mfu/from_throughput"] = {**mfu, "steps": logged["steps"]}
+    framework["notes"].append(
+        f"MFU {mfu['mean']:.1%} from the framework's own {logged['mean']:.0f} TFLOP/s per GPU "
+        f"over the {gpu_model or 'GPU'}'s peak of {peak / 1e12:.0f} TFLOP/s"
+    )
+    return framework
+
+
 def figures(ctx: AnalysisContext) -> _Figures:
     """The run's efficiency figures (computed once per context; options from `attach_options`)."""
     cached = ctx.__dict__.get("_efficiency")
@@ -329,7 +350,9 @@ def figures(ctx: AnalysisContext) -> _Figures:
         model=size.to_dict() if size is not None else None,
         phases=phases,
         run=run_fig,
-        framework=_framework_metrics(spans, run.events, run.meta.framework),
+        framework=_with_throughput_mfu(
+            _framework_metrics(spans, run.events, run.meta.framework), peak, gpu.get("model")
+        ),
         notes=notes,
         seq_mean=seq_mean,
         step_rows=steps,

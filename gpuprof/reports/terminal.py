@@ -257,6 +257,8 @@ def efficiency_parts(e: dict[str, Any]) -> list[Any]:
         if lost:
             pieces.append(", ".join(f"{f['kind']} {_money(f['cost'])}" for f in lost))
         parts.append(Text(f"at {_money(price)} per GPU-hour: " + "; ".join(pieces)))
+    if metrics.get("perf/mfu/from_throughput"):  # Megatron's own TFLOP/s against the peak
+        parts.extend(Text(n) for n in framework.get("notes") or [] if n.startswith("MFU "))
     if parts:
         for note in [*(e.get("notes") or []), *(framework.get("warnings") or [])]:
             parts.append(Text(f"note: {note}", style="yellow"))
