@@ -591,6 +591,11 @@ def _local_offset_s(stamp: pd.Timestamp) -> float:
         return 0.0
 
 
+_PRODUCT_NAME = r"\s*(?=.*[A-Za-z]{2})(?=.*\d)(?!.*(?:N/A|ERR))[\w .\-]{4,}\s*"
+"""A product name (``GeForce GTX 1080 Ti``, ``NVIDIA A100-SXM4-80GB``): letters and digits,
+no ``[N/A]`` or ``ERR!`` — a garbled name must not make a GPU of its own."""
+
+
 def _gpu_numbers(frame: pd.DataFrame) -> tuple[pd.Series, str | None]:
     """GPU index per row: the ``index`` column, else first appearance of uuid / PCI bus id,
     else of the product name when the rows name several."""
@@ -602,7 +607,13 @@ def _gpu_numbers(frame: pd.DataFrame) -> tuple[pd.Series, str | None]:
             return pd.Series(codes, index=frame.index, dtype=np.int64), (
                 f"no index column: GPUs numbered in order of first appearance of their {key}"
             )
-    if "name" in frame and frame["name"].notna().all() and frame["name"].nunique() > 1:
+    names = frame.get("name")
+    if (
+        names is not None
+        and names.notna().all()
+        and names.nunique() > 1
+        and names.astype(str).str.fullmatch(_PRODUCT_NAME).all()
+    ):
         # a desktop's mixed GPUs (a GTX 1080 Ti beside a GTX 1060) are told apart by name;
         # identical GPUs without an index can't be, and stay one
         codes, _ = pd.factorize(frame["name"])

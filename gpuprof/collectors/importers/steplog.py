@@ -499,7 +499,7 @@ def progress_updates(lines: Iterable[tuple[int, str, int | None]]) -> list[Progr
 
 
 def steps_from_progress(updates: list[Progress], notes: list[str]) -> list[StepRecord]:
-    """Step records from the redraws of the main tqdm bar (the one redrawn most often; other
+    """Step records from the redraws of the main tqdm bar (the one with most distinct counts; other
     bars — checkpoint loading, evaluation — are left out, noted).
 
     With steps of 10 s or more (`TQDM_MIN_ELAPSED_STEP_S`) a step lasts the difference of
@@ -511,9 +511,12 @@ def steps_from_progress(updates: list[Progress], notes: list[str]) -> list[StepR
     """
     if not updates:
         return []
-    counts: dict[int, int] = {}
+    # the step bar is the one with the most distinct counts (a finished sub-task bar printed
+    # again and again is still one count), the longest on a tie
+    seen: dict[int, set[int]] = {}
     for u in updates:
-        counts[u.total] = counts.get(u.total, 0) + 1
+        seen.setdefault(u.total, set()).add(u.n)
+    counts = {t: len(ns) for t, ns in seen.items()}
     total = max(counts, key=lambda t: (counts[t], t))
     main = [u for u in updates if u.total == total]
     if len(counts) > 1:
