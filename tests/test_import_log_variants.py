@@ -469,3 +469,25 @@ def test_megatron_tflops_per_gpu_become_mfu_when_the_gpu_is_named(tmp_path):
     assert mfu["mean"] == pytest.approx(tflops["mean"] * 1e12 / 989.4e12, rel=0.01)
     assert 0.12 < mfu["min"] <= mfu["max"] < 0.15
     assert any(n.startswith("MFU 13.") for n in named["notes"])
+
+
+def test_a_paste_wrapped_again_keeps_every_timing_key():
+    # verl #7412's step line, wrapped at 347 columns: one piece is a lone "key:value -"
+    from gpuprof.collectors.importers import verl_log
+
+    original = (PUBLIC / "verl_issue7412_long_tail_agent_loop.log").read_text()
+    pieces = []
+    for line in original.split("\n"):
+        pieces.extend(
+            line[i : i + 347] for i in range(0, len(line), 347)
+        ) if line else pieces.append(line)
+    assert any(p.strip().endswith(":38.0 -") and " - " not in p.strip() for p in pieces)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "wrapped.log"
+        path.write_text("\n".join(pieces))
+        spans = verl_log.parse(path).frames["spans"]
+    assert {"rollout", "update_actor", "reshard", "step"} <= set(spans["phase"])
+    step = spans[spans["phase"] == "step"].iloc[0]
+    assert (step["end_ns"] - step["start_ns"]) / 1e9 == pytest.approx(1163.957, abs=1e-3)

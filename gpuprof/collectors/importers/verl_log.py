@@ -54,9 +54,10 @@ key); in old logs without one, the step is taken as everything its line times.""
 _SEGMENT_SPLIT = re.compile(r"\s+-\s*|\s*-\s+")
 """verl's `` - `` between segments; a rejoined wrap may have lost one of its spaces (a value's
 own minus, ``kl:-0.1``, follows a colon and never matches)."""
-_CONTINUATION = re.compile(r"^\S*(?:\s+-\s+[^\s:]+(?::\S*)?)+\s*-?\s*$|^[^\s:]+:[^\s:]+\s*$")
+_CONTINUATION = re.compile(r"^\S*(?:\s+-\s+[^\s:]+(?::\S*)?)+\s*-?\s*$|^[^\s:]+:[^\s:]+\s*-?\s*$")
 """A wrapped piece of a step line: the rest of a key or value, then `` - key:value``
-segments (the last one possibly cut inside its key)."""
+segments (the last one possibly cut inside its key); or a lone ``key:value``, with the
+`` -`` before the next segment where the wrap fell after it."""
 _DASH_CONTINUATION = re.compile(r"^-\s+[^\s:]+:\S*(?:\s+-\s+[^\s:]+(?::\S*)?)*\s*-?\s*$")
 """A line of ``- key:value`` segments: verl 0.7's one key per line, or a wrap at a `` - ``."""
 _STEP_BARE = re.compile(r"(?:^|\s)step:(\d+)\s*$")
