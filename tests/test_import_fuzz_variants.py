@@ -181,8 +181,20 @@ def value_units_dropped(text: str, rng: random.Random) -> str | bytes:
     return head + "\n" + re.sub(r"(\d) ?(?:%|MiB|W|MHz)(?=\s*(?:,|$))", r"\1", rest, flags=re.M)
 
 
+def wrapped_lines(text: str, rng: random.Random) -> str | bytes:
+    # a paste wraps long lines at a fixed width, inside keys and numbers alike
+    width = rng.randint(60, 420)
+    out = []
+    for line in text.split("\n"):
+        if len(line) > width and " - " in line:
+            out.extend(line[i : i + width] for i in range(0, len(line), width))
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
 PRESERVING_TEXT = [crlf, utf16, utf8_bom, trailing_blanks, blank_lines]
-PRESERVING_LOG = [*PRESERVING_TEXT, ansi_colour, stray_lines]
+PRESERVING_LOG = [*PRESERVING_TEXT, ansi_colour, stray_lines, wrapped_lines]
 PRESERVING_CSV = [*PRESERVING_TEXT, column_order, header_spelling, value_units_dropped]
 
 
@@ -240,7 +252,7 @@ def test_csv_mutations_that_keep_the_data_read_the_same_samples(tmp_path, path, 
 @_SETTINGS
 @given(st.sampled_from(TEXT_FILES), st.sampled_from(PRESERVING_LOG), st.integers(0, 2**16))
 def test_log_mutations_that_keep_the_data_read_the_same_phases(tmp_path, path, mutate, seed):
-    if "dcgm" in str(path) and mutate in (ansi_colour, stray_lines):
+    if "dcgm" in str(path) and mutate in (ansi_colour, stray_lines, wrapped_lines):
         return  # a Prometheus scrape is not a console log: colour or prose make it another file
     text = path.read_text(encoding="utf-8")
     mutant = write(tmp_path / path.name, mutate(text, random.Random(seed)))

@@ -202,6 +202,20 @@ def launch_command(text: str) -> list[str] | None:
     return steplog.launch_command(text, _LAUNCH, _STEP_AT)
 
 
+WRAP_MIN_WIDTH = 40
+"""Pieces at least this long, repeated at the same length, are a fixed-width wrap."""
+
+
+def _wrap_piece(stripped: str, widths: list[int]) -> bool:
+    """A piece of one token (``-``, ``/total_num_t``, ``:0.0365``) continues the step line
+    only after pieces cut at one fixed width: the last piece before it is as long as an
+    earlier one. A lone word after a line of any other length starts a line of its own."""
+    token = re.sub(r"^-\s+|\s+-$", "", stripped)  # "8.0 -", "- perf/total_num_t"
+    if not token or any(c.isspace() for c in token) or len(widths) < 2:
+        return False
+    return widths[-1] >= WRAP_MIN_WIDTH and widths[-1] in widths[:-1]
+
+
 def step_records(
     lines: list[tuple[int, str, int | None]], path: Path, skipped: Skipped | None = None
 ) -> list[StepRecord]:
@@ -219,22 +233,25 @@ def step_records(
     skipped = skipped if skipped is not None else Skipped()
     texts: list[tuple[int, int, str]] = []  # (first line, last line, joined text)
     open_record = False
+    widths: list[int] = []  # lengths of the open record's pieces
     for number, text, _ in lines:
         at = _STEP_AT.search(text)
         bare = _STEP_BARE.search(text) if at is None else None
         stripped = text.strip()
         if at is not None:
             texts.append((number, number, text[at.start() :].strip()))
-            open_record = True
+            open_record, widths = True, [len(text)]
         elif bare is not None:
             texts.append((number, number, f"step:{bare.group(1)}"))
-            open_record = True
+            open_record, widths = True, [len(text)]
         elif open_record and _DASH_CONTINUATION.match(stripped):
             first, _, joined = texts[-1]
             texts[-1] = (first, number, f"{joined} {stripped}")
-        elif open_record and _CONTINUATION.match(stripped):
+            widths.append(len(text))
+        elif open_record and (_CONTINUATION.match(stripped) or _wrap_piece(stripped, widths)):
             first, _, joined = texts[-1]
             texts[-1] = (first, number, joined + stripped)
+            widths.append(len(text))
         else:
             open_record = False
     records: list[StepRecord] = []
