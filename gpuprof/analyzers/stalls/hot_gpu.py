@@ -48,7 +48,7 @@ def hot_gpus(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame:
     g = _gpu_columns(ctx).loc[s.index]
     frame = pd.DataFrame(
         {
-            "host": s["host"].astype(str).to_numpy(),
+            "host": s["host"].astype(str).reset_index(drop=True),  # kept as Arrow strings: no copy
             "gpu": s["gpu"].to_numpy(np.int64),
             "util": s["util_gpu_pct"].to_numpy(np.float64),
             "temp": g["temp_c"].to_numpy(np.float64),
@@ -87,7 +87,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     g = _gpu_columns(ctx).loc[s.index]
     m = pd.DataFrame(
         {
-            "host": s["host"].astype(str).to_numpy(),
+            "host": s["host"].astype(str).reset_index(drop=True),  # kept as Arrow strings: no copy
             "gpu": s["gpu"].to_numpy(np.int64),
             "t_ns": s["t_ns"].to_numpy(np.int64),
             "dt_s": np.nan_to_num(s["dt_s"].to_numpy(np.float64)),

@@ -145,7 +145,7 @@ def _with_process(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
     left = pd.DataFrame(
         {
             "t_ns": s["t_ns"].to_numpy(np.int64),
-            "host": s["host"].astype(str).to_numpy(),
+            "host": s["host"].astype(str).reset_index(drop=True),  # kept as Arrow strings: no copy
             "gpu": s["gpu"].to_numpy(np.int64),
             "pos": np.arange(len(s)),
         }

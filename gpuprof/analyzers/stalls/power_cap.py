@@ -47,6 +47,22 @@ def _inventory(ctx: AnalysisContext, key: str) -> dict[tuple[str, int], float]:
     }  # fmt: skip
 
 
+def _gpu_codes(m: pd.DataFrame) -> tuple[np.ndarray, list[tuple[str, int]]]:
+    """Each row's GPU as a code into the list of distinct ``(host, gpu)`` pairs."""
+    index = pd.MultiIndex.from_arrays([m["host"], m["gpu"]])
+    codes, uniques = index.factorize()
+    return codes, [(str(h), int(g)) for h, g in uniques]
+
+
+def _per_gpu(
+    codes: np.ndarray, pairs: list[tuple[str, int]], values: dict[tuple[str, int], float]
+) -> np.ndarray:
+    """A per-GPU figure spread to every row (NaN where the GPU has none): one lookup per GPU,
+    not per sample."""
+    table = np.array([values.get(pair, np.nan) for pair in pairs], dtype=np.float64)
+    return table[codes]
+
+
 def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     """Busy GPUs at their power limit most of their busy time (see the module doc)."""
     s = ctx.unclaimed_samples
@@ -56,7 +72,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     g = _gpu_columns(ctx).loc[s.index]
     m = pd.DataFrame(
         {
-            "host": s["host"].astype(str).to_numpy(),
+            "host": s["host"].astype(str).reset_index(drop=True),  # kept as Arrow strings: no copy
             "gpu": s["gpu"].to_numpy(np.int64),
             "t_ns": s["t_ns"].to_numpy(np.int64),
             "dt_s": np.nan_to_num(s["dt_s"].to_numpy(np.float64)),
@@ -66,8 +82,10 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             "reasons": g["reasons"].to_numpy(np.float64),
         }
     )
-    keys = list(zip(m["host"], m["gpu"]))
-    m["limit"] = np.array([limits.get(k, np.nan) for k in keys], dtype=np.float64)
+    if not limits:  # no limit in the data: nothing to hold the draw against
+        return None
+    codes, pairs = _gpu_codes(m)
+    m["limit"] = _per_gpu(codes, pairs, limits)
     busy = (m["util"] >= th.busy_util_pct).to_numpy()
     reasons = m["reasons"].to_numpy(np.float64)
     cap_bit = np.isfinite(reasons) & (
@@ -89,11 +107,11 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     # the clock the GPU reaches when not capped: its inventory maximum, else the run's highest
     max_clock = _inventory(ctx, "max_sm_clock_mhz")
     seen = m.groupby(["host", "gpu"])["clock"].transform("max").to_numpy(np.float64)
-    top = np.array([max_clock.get(k, np.nan) for k in keys], dtype=np.float64)
+    top = _per_gpu(codes, pairs, max_clock)
     top = np.where(np.isfinite(top), np.fmax(top, seen), seen)
     ratio = m["clock"].to_numpy(np.float64) / top
     defaults = _inventory(ctx, "power_default_limit_w")
-    default = np.array([defaults.get(k, np.nan) for k in keys], dtype=np.float64)
+    default = _per_gpu(codes, pairs, defaults)
     lowered = np.isfinite(default) & (m["limit"].to_numpy(np.float64) < default * 0.99)
     by_clock = np.isfinite(ratio)
     with np.errstate(invalid="ignore", divide="ignore"):
