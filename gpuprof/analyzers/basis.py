@@ -33,10 +33,11 @@ COUNTERS_SHOWN = 4
 def data_basis(run: Run, steps: int) -> dict[str, Any]:
     """The data the diagnosis is judged on.
 
-    ``gpu_samples``: ``{"gpus", "samples", "interval_s"}`` (median seconds between samples of
-    one GPU) or None; ``phase_timing``: ``{"steps", "phases"}`` (canonical phases other than
-    the step itself) or None; ``framework_counters``: names of the figures the framework
-    logged per step (``perf/mfu/actor``…), ``perf/*`` first; ``line``: all of it in one sentence.
+    ``gpu_samples``: ``{"gpus", "samples", "interval_s"}`` (the sampling interval the run
+    records, else the median seconds between samples of one GPU) or None; ``phase_timing``:
+    ``{"steps", "phases"}`` (canonical phases other than the step itself) or None;
+    ``framework_counters``: names of the figures the framework logged per step
+    (``perf/mfu/actor``…), ``perf/*`` first; ``line``: all of it in one sentence.
     """
     gpu = _gpu_samples(run)
     phases = sorted(set(run.spans["phase"].dropna()) - {"step"}) if len(run.spans) else []
@@ -84,6 +85,9 @@ def _gpu_samples(run: Run) -> dict[str, Any] | None:
         return None
     keys = gpu[["host", "gpu"]]
     count = int(keys.drop_duplicates().shape[0])
+    recorded = run.meta.interval_s
+    if isinstance(recorded, int | float) and recorded > 0:  # the cadence the run was taken at
+        return {"gpus": count, "samples": len(gpu), "interval_s": round(float(recorded), 3)}
     ordered = gpu.sort_values(["host", "gpu", "t_ns"])
     same = (ordered["host"].to_numpy() == np.roll(ordered["host"].to_numpy(), 1)) & (
         ordered["gpu"].to_numpy() == np.roll(ordered["gpu"].to_numpy(), 1)
