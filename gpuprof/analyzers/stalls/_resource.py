@@ -197,6 +197,23 @@ def _gpu_columns(ctx: AnalysisContext) -> pd.DataFrame:
     )
 
 
+def _sample_frame(ctx: AnalysisContext, s: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """The unclaimed samples ``s`` as a flat frame: host (kept as Arrow strings: no copy),
+    gpu, t_ns, dt_s (NaN as 0), util, and the `_gpu_columns` named in ``columns`` (frame
+    name → column)."""
+    g = _gpu_columns(ctx).loc[s.index]
+    frame = {
+        "host": s["host"].astype(str).reset_index(drop=True),
+        "gpu": s["gpu"].to_numpy(np.int64),
+        "t_ns": s["t_ns"].to_numpy(np.int64),
+        "dt_s": np.nan_to_num(s["dt_s"].to_numpy(np.float64)),
+        "util": s["util_gpu_pct"].to_numpy(np.float64),
+    }
+    for name, column in columns.items():
+        frame[name] = g[column].to_numpy(np.float64)
+    return pd.DataFrame(frame)
+
+
 def _intervals(frame: pd.DataFrame, weight: str, n: int = _MAX_INTERVALS) -> list[list[int]]:
     """The ``n`` worst ``[start_ns, end_ns]`` rows of ``frame`` by ``weight``, in time order."""
     if frame.empty:

@@ -33,6 +33,7 @@ from gpuprof.analyzers.stalls._resource import (
     _gpu_columns,
     _intervals,
     _runs,
+    _sample_frame,
 )
 
 _THERMAL_BITS = REASON_SW_THERMAL | REASON_HW_THERMAL
@@ -84,18 +85,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if hot.empty:
         return None
     s = ctx.unclaimed_samples
-    g = _gpu_columns(ctx).loc[s.index]
-    m = pd.DataFrame(
-        {
-            "host": s["host"].astype(str).reset_index(drop=True),  # kept as Arrow strings: no copy
-            "gpu": s["gpu"].to_numpy(np.int64),
-            "t_ns": s["t_ns"].to_numpy(np.int64),
-            "dt_s": np.nan_to_num(s["dt_s"].to_numpy(np.float64)),
-            "util": s["util_gpu_pct"].to_numpy(np.float64),
-            "clock": g["sm_clock_mhz"].to_numpy(np.float64),
-            "reasons": g["reasons"].to_numpy(np.float64),
-        }
-    )
+    m = _sample_frame(ctx, s, {"clock": "sm_clock_mhz", "reasons": "reasons"})
     busy = (m["util"] >= th.busy_util_pct).to_numpy()
     is_hot = pd.MultiIndex.from_frame(m[["host", "gpu"]]).isin(
         pd.MultiIndex.from_frame(hot[["host", "gpu"]])

@@ -31,9 +31,9 @@ from gpuprof.analyzers.stalls._resource import (
     REASON_SW_POWER_CAP,
     _finding,
     _fmt_gpu_s,
-    _gpu_columns,
     _intervals,
     _runs,
+    _sample_frame,
     _sorted_gpus,
 )
 
@@ -69,21 +69,9 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if s is None or s.empty:
         return None
     limits = _inventory(ctx, "power_limit_w")
-    g = _gpu_columns(ctx).loc[s.index]
-    m = pd.DataFrame(
-        {
-            "host": s["host"].astype(str).reset_index(drop=True),  # kept as Arrow strings: no copy
-            "gpu": s["gpu"].to_numpy(np.int64),
-            "t_ns": s["t_ns"].to_numpy(np.int64),
-            "dt_s": np.nan_to_num(s["dt_s"].to_numpy(np.float64)),
-            "util": s["util_gpu_pct"].to_numpy(np.float64),
-            "power": g["power_w"].to_numpy(np.float64),
-            "clock": g["sm_clock_mhz"].to_numpy(np.float64),
-            "reasons": g["reasons"].to_numpy(np.float64),
-        }
-    )
     if not limits:  # no limit in the data: nothing to hold the draw against
         return None
+    m = _sample_frame(ctx, s, {"power": "power_w", "clock": "sm_clock_mhz", "reasons": "reasons"})
     codes, pairs = _gpu_codes(m)
     m["limit"] = _per_gpu(codes, pairs, limits)
     busy = (m["util"] >= th.busy_util_pct).to_numpy()
