@@ -89,7 +89,8 @@ def run_dir(tmp_path) -> Path:
                    gpus=[{"index": i, "uuid": f"GPU-n1-{i}", "name": "NVIDIA H200"}
                          for i in range(2)])  # fmt: skip
     meta.nodes["n1.rack.2"] = {"state": "recorded", "asked_ns": 1, "from_ns": 2,
-                               "notice": "node n1.rack.2 recorded", "address": "10.0.0.12"}
+                               "notice": "node n1.rack.2 recorded",
+                               "address": "10.0.0.12"}  # fmt: skip
     _document(n1, "run", meta.to_dict())
     _document(n1, "clock", {"node": "n1.rack.2", "offset_ns": -250_000_000, "error_ns": 10,
                             "method": "ray-rtt", "reference": "n0"})  # fmt: skip
