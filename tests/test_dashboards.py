@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_FIXTURES, clean_env, gpuprof_cmd, run_gpuprof
+from conftest import ROOT, SHARED_FIXTURES, clean_env, gpuprof_cmd, run_gpuprof
 from simnvml import simnvml_env, write_scenario
 
 from gpuprof.nodes import ENV_NODE_IP, node_ip
@@ -304,17 +304,22 @@ UTIL = (3, 85, 3, 85)
 
 
 def _ray_scrape(ip: str, gpus: list[dict[str, str]]) -> str:
-    """GPU series as Ray's metrics agent exports them (the node's labels, then the GPU's)."""
-    lines = []
+    """Node and GPU series as Ray's metrics agent exports them: the node's labels (Ray's
+    ``NODE_TAG_KEYS``), and the GPU's after them."""
+    node = {"ip": ip, "Version": "2.60.0", "SessionName": "session_2026_01_01_00-00-00_0_1",
+            "IsHeadNode": "true", "RayNodeType": "head"}  # fmt: skip
+
+    def sample(name: str, labels: dict[str, str], value: float) -> str:
+        return f"{name}{{{','.join(f'{k}={json.dumps(v)}' for k, v in labels.items())}}} {value}"
+
+    lines = ["# HELP ray_node_mem_used Memory usage on a ray node",
+             "# TYPE ray_node_mem_used gauge", sample("ray_node_mem_used", node, 8e9)]  # fmt: skip
     for name, values in (("ray_node_gpus_utilization", UTIL),
                          ("ray_node_gram_used", (1e9, 2e9, 3e9, 4e9))):  # fmt: skip
         lines += [f"# HELP {name} GPU metric of a ray node", f"# TYPE {name} gauge"]
         for g, value in zip(gpus, values):
-            labels = {"ip": ip, "Version": "2.60.0", "SessionName": "session_2026_01_01",
-                      "IsHeadNode": "true", "RayNodeType": "head",
-                      "GpuDeviceName": g["modelName"], "GpuIndex": g["gpu"]}  # fmt: skip
-            text = ",".join(f'{k}="{v}"' for k, v in labels.items())
-            lines.append(f"{name}{{{text}}} {value}")
+            gpu = {"GpuDeviceName": g["modelName"], "GpuIndex": g["gpu"]}
+            lines.append(sample(name, {**node, **gpu}, value))
     return "\n".join(lines) + "\n"
 
 
@@ -515,58 +520,61 @@ def _wait_for(stack: Stack, expr: str, count: int, timeout: float = 30.0) -> lis
     return result
 
 
-def test_joins_with_dcgm_exporter_need_no_label_replace(stack):
+def _documented_joins(section: str) -> list[str]:
+    """The PromQL queries of a section of docs/DASHBOARDS.md (one a line, comments left out)."""
+    text = (ROOT / "docs" / "DASHBOARDS.md").read_text()
+    part = text.split(f"### {section}\n", 1)[1].split("\n### ", 1)[0]
+    blocks = re.findall(r"```promql\n(.*?)```", part, re.S)
+    return [ln.strip() for b in blocks for ln in b.splitlines() if ln.strip() and ln[0] != "#"]
+
+
+def test_the_documented_joins_with_dcgm_exporter_pair_each_gpu_once(stack):
     lines = _dcgm_lines()
     if lines is None:
         pytest.skip(f"{DCGM_SCRAPE} is absent")
-    per_metric: dict[str, set[str]] = {}
+    covers: dict[str, set[str]] = {}  # DCGM field -> UUIDs the excerpt has it for
     for line in lines:
         m = _SAMPLE.match(line)
         if m:
-            per_metric.setdefault(m.group(1), set()).add(_labels(m.group(2))["UUID"])
-    replays = per_metric["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"]
-    assert len(replays) == 4 == len(stack.gpus)
-    # gpuprof's series, with a dcgm-exporter series of the same GPU: one per GPU, on UUID
-    joined = _wait_for(
-        stack,
-        "gpuprof_gpu_utilization_ratio * on(UUID) group_left DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-        4,
-    )
-    assert sorted(s["metric"]["UUID"] for s in joined) == sorted(replays)
-    assert all(s["metric"]["uuid"] == s["metric"]["UUID"] for s in joined)
-    # or on the host and GPU index (dcgm-exporter's Hostname and gpu)
-    on_host = stack.query(
-        "gpuprof_gpu_utilization_ratio * on(Hostname, gpu) group_left "
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
-    )
-    assert sorted(s["metric"]["gpu"] for s in on_host) == ["0", "1", "2", "3"]
-    # the other way: dcgm-exporter's series of the GPUs gpuprof watches, with gpuprof's node
-    # and model, dcgm-exporter's labels kept
-    fleet = stack.query(
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER * on(UUID) group_left(node, model_name) gpuprof_gpu_info"
-    )
-    assert len(fleet) == 4
-    assert {(s["metric"]["node"], s["metric"]["job"]) for s in fleet} == {(stack.node, "dcgm")}
-    assert {s["metric"]["device"] for s in fleet} == {f"nvidia{i}" for i in range(4)}
-    # a metric the excerpt has for fewer GPUs (it is cut): exactly those GPUs
-    utils = stack.query(
-        "gpuprof_gpu_utilization_ratio * on(UUID) group_left(modelName) DCGM_FI_DEV_GPU_UTIL"
-    )
-    assert {s["metric"]["UUID"] for s in utils} == per_metric["DCGM_FI_DEV_GPU_UTIL"]
+            covers.setdefault(m.group(1), set()).add(_labels(m.group(2))["UUID"])
+    assert len(covers["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"]) == 4 == len(stack.gpus)
+    joins = _documented_joins("dcgm-exporter")
+    assert len(joins) >= 5
+    for doc_expr in joins:
+        # a field the excerpt lacks (it has a few): one it has for every GPU instead
+        expr = re.sub(r"DCGM_FI_\w+", lambda m: m.group(0) if m.group(0) in covers
+                      else "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", doc_expr)  # fmt: skip
+        (field,) = set(re.findall(r"DCGM_FI_\w+", expr))
+        if expr.startswith("avg by (node)"):
+            result = _wait_for(stack, expr, 1)
+            assert [s["metric"] for s in result] == [{"node": stack.node}], doc_expr
+            continue
+        result = _wait_for(stack, expr, len(covers[field]))
+        # one series per GPU the field covers, each carrying its UUID or its host and index
+        assert len(result) == len(covers[field]), (doc_expr, result)
+        if "on(UUID)" in expr:
+            assert {s["metric"]["UUID"] for s in result} == covers[field], doc_expr
+        else:
+            assert {s["metric"]["gpu"] for s in result} == {"0", "1", "2", "3"}, doc_expr
+        if "group_left(node" in expr:  # dcgm-exporter's series, labelled with gpuprof's node
+            assert {(s["metric"]["node"], s["metric"]["job"]) for s in result} == {
+                (stack.node, "dcgm")}, doc_expr  # fmt: skip
+            assert {s["metric"]["device"] for s in result} == {f"nvidia{i}" for i in range(4)}
 
 
-def test_joins_with_rays_gpu_metrics_need_no_label_replace(stack):
+def test_the_documented_joins_with_rays_metrics_pair_each_gpu_once(stack):
     assert stack.ip, "no IP address found for this machine"
-    joined = _wait_for(
-        stack, "ray_node_gpus_utilization * on(ip, GpuIndex) group_left(node) gpuprof_gpu_info", 4
-    )
-    assert sorted(s["metric"]["GpuIndex"] for s in joined) == ["0", "1", "2", "3"]
-    assert {(s["metric"]["node"], s["metric"]["ip"]) for s in joined} == {(stack.node, stack.ip)}
-    # gpuprof's utilization against Ray's for each GPU: the same readings, one series per GPU
-    gap = _wait_for(
-        stack,
-        "100 * gpuprof_gpu_utilization_ratio - on(ip, GpuIndex) ray_node_gpus_utilization",
-        4,
-    )
-    assert len(gap) == 4
-    assert all(abs(float(s["value"][1])) < 1e-9 for s in gap), gap
+    joins = _documented_joins("Ray")
+    assert len(joins) == 3
+    for expr in joins:
+        host = "GpuIndex" not in expr  # a node's series: one per node
+        result = _wait_for(stack, expr, 1 if host else 4)
+        assert len(result) == (1 if host else 4), (expr, result)
+        if not host:
+            assert sorted(s["metric"]["GpuIndex"] for s in result) == ["0", "1", "2", "3"]
+        if expr.startswith("100 * gpuprof_gpu_utilization_ratio -"):
+            # the same readings (the Ray scrape mirrors the simulated utilization)
+            assert all(abs(float(s["value"][1])) < 1e-9 for s in result), result
+        if "group_left(node)" in expr:
+            assert {(s["metric"]["node"], s["metric"]["ip"]) for s in result} == {
+                (stack.node, stack.ip)}  # fmt: skip
