@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import time
 from typing import Any
 
@@ -25,7 +24,7 @@ has several and the one found by `node_ip` is not it."""
 
 def node_name() -> str:
     """This process's node name: ``GPUPROF_HOST`` when set, else the host name."""
-    return os.environ.get(ENV_NODE) or socket.gethostname()
+    return os.environ.get(ENV_NODE) or machine()
 
 
 def node_ip() -> str:
@@ -51,8 +50,11 @@ def node_ip() -> str:
 
 
 def machine() -> str:
-    """The real host name of this machine (never overridden)."""
-    return socket.gethostname()
+    """The real host name of this machine (never overridden).
+
+    ``uname``'s node name, which is what ``socket.gethostname()`` returns on Linux and macOS,
+    without importing `socket` into every process that imports the hooks."""
+    return os.uname().nodename
 
 
 def on_watcher_machine() -> bool:
