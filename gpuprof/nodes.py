@@ -37,6 +37,8 @@ def node_ip() -> str:
     given = os.environ.get(ENV_NODE_IP)
     if given:
         return given
+    import socket  # here, not at the top: the hooks import this module in every process
+
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.connect(("8.8.8.8", 53))
