@@ -817,8 +817,8 @@ def test_the_metrics_endpoint_serves_every_node_of_the_cluster(cluster, simnvml_
     def ready(got: dict) -> bool:
         stepped = {s["node"] for s, v in got.get("gpuprof_steps_total", []) if v >= 5}
         sampled = {s["node"] for s, _ in got.get("gpuprof_gpu_utilization_ratio", [])}
-        # a node's first host reading arrives after its first GPU readings (CPU use needs two
-        # readings), a pull or more later on a loaded machine
+        # a node's host CPU figure comes with its second host reading (CPU use is a difference
+        # of two), which a loaded machine may ship a pull after its first GPU readings
         hosted = {s["node"] for s, _ in got.get("gpuprof_host_cpu_utilization_ratio", [])}
         return (stepped >= nodes and sampled >= nodes and hosted >= nodes
                 and "gpuprof_idle_gpu_seconds" in got)  # fmt: skip
