@@ -234,10 +234,12 @@ def test_grpo_example_slow_verifier_is_reward_bound(tmp_path):
     doc = watched(tmp_path, "--reward-cost", "0.4")
     assert kinds(doc) == {"reward_bound"}
     ev = finding(doc, "reward_bound")["evidence"]
-    assert ev["basis"] == "phase_timing" and ev["reward_share_of_step"] > 0.5
     # the watched main process burns a core while scoring, when the machine has a core to
-    # give it: on a saturated machine (other jobs) it reads less, and so it should
+    # give it: on a saturated machine (other jobs) it reads less, and so it should; the
+    # model's CPU passes slow down there too, so scoring is a smaller share of the step
     saturated = os.getloadavg()[0] > (os.cpu_count() or 1)
+    assert ev["basis"] == "phase_timing"
+    assert ev["reward_share_of_step"] > (0.25 if saturated else 0.5), ev
     assert ev["scorer_pinned"] is True or saturated, finding(doc, "reward_bound")["summary"]
 
 
