@@ -166,10 +166,10 @@ def watch(
             help="Log GPU utilization (mean and per GPU), idle GPU-seconds by phase, step time "
             "and the top finding so far to an experiment tracker while the command runs, and "
             "the diagnosis, report.html and diagnosis.json at the end: wandb, tensorboard or "
-            "mlflow (repeat it or give a comma list; env GPUPROF_LOG_TO). Into the training's "
-            "run where the environment names it (WANDB_RUN_ID online, MLFLOW_RUN_ID), else a "
-            "run grouped with it; TensorBoard: a gpuprof directory in the training's log dir. "
-            "A tracker that fails is one line; the command is never held up.",
+            "mlflow (repeat it or give a comma list). Into the training's run where the "
+            "environment names it (WANDB_RUN_ID online, MLFLOW_RUN_ID), else a run grouped "
+            "with it; TensorBoard: a gpuprof directory in the training's log dir. A tracker "
+            "that fails is one line; the command is never held up.",
         ),
     ] = None,
     log_interval: Annotated[

@@ -176,6 +176,18 @@ def test_log_to_names_and_where_each_tracker_logs(tmp_path):
     assert tb(["python", "train.py"]) == str(run_dir / "tensorboard")
 
 
+def test_wandb_settings_are_valid_for_both_ways_of_logging():
+    """Shared mode needs W&B's servers, so it is not run here: its settings are checked."""
+    wandb = pytest.importorskip("wandb")
+    from gpuprof.reports.tracker_sink import wandb_settings
+
+    shared = wandb.Settings(**wandb_settings(shared=True))
+    assert (shared.mode, shared.x_primary, shared.x_label) == ("shared", False, "gpuprof")
+    assert not shared.x_update_finish_state and shared.console == "off"
+    own = wandb.Settings(**wandb_settings(shared=False))
+    assert own.x_primary and own.x_disable_stats and own.console == "off"
+
+
 def test_an_unknown_tracker_is_bad_input(tmp_path):
     result = run_gpuprof("watch", "--log-to", "wandb,comet", "-o", str(tmp_path / "run"), "--",
                          sys.executable, "-c", "pass")  # fmt: skip

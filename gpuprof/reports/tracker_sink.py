@@ -122,6 +122,20 @@ def training_wandb_run(wandb_dir: str | os.PathLike, since_s: float, *, not_id: 
     return max(found)[1] if found else None
 
 
+def wandb_settings(shared: bool) -> dict[str, Any]:
+    """The ``wandb.Settings`` of gpuprof's W&B writer: no console capture, no system monitor,
+    no code, git or machine metadata (the training's run has them); with ``shared``, a second
+    writer of the training's run in W&B's shared mode that neither saves the run's own files
+    nor decides its final state."""
+    settings: dict[str, Any] = {"console": "off", "silent": True, "x_disable_stats": True,
+                                "x_disable_meta": True, "x_disable_machine_info": True,
+                                "save_code": False, "disable_git": True}  # fmt: skip
+    if shared:
+        settings.update(mode="shared", x_primary=False, x_label="gpuprof",
+                        x_update_finish_state=False)  # fmt: skip
+    return settings
+
+
 class WandbWriter(Writer):
     """A W&B run: the training's own in shared mode, or one grouped with it (the module doc
     of `gpuprof.reports.trackers`)."""
@@ -132,14 +146,10 @@ class WandbWriter(Writer):
             raise SinkError("W&B is disabled here (WANDB_MODE=disabled)")
         wandb = _require("wandb", "wandb")
         self.wandb = wandb
-        quiet = {"console": "off", "silent": True, "x_disable_stats": True,
-                 "x_disable_meta": True, "x_disable_machine_info": True, "save_code": False,
-                 "disable_git": True}  # fmt: skip
         self.training_id = spec.get("run_id")
         self.tries = 0
+        settings = wandb.Settings(**wandb_settings(bool(spec.get("shared"))))
         if spec.get("shared"):
-            settings = wandb.Settings(mode="shared", x_primary=False, x_label="gpuprof",
-                                      x_update_finish_state=False, **quiet)  # fmt: skip
             self.run = wandb.init(id=spec["run_id"], project=spec.get("project"),
                                   entity=spec.get("entity"), settings=settings)  # fmt: skip
         else:
@@ -152,7 +162,7 @@ class WandbWriter(Writer):
             config = {"gpuprof_run_dir": spec["gpuprof_run_dir"], "training_run_id": training}
             self.run = wandb.init(project=spec.get("project"), entity=spec.get("entity"),
                                   group=group, job_type="gpuprof", name=name, config=config,
-                                  dir=spec["dir"], settings=wandb.Settings(**quiet))  # fmt: skip
+                                  dir=spec["dir"], settings=settings)  # fmt: skip
         self.run.define_metric("gpuprof/steps")
         self.run.define_metric("gpuprof/*", step_metric="gpuprof/steps")
 
