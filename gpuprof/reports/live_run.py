@@ -182,16 +182,16 @@ class LiveRun:
             self.errors.append(message)
 
     # ----- reading (hold ``lock``)
-    def _states(self) -> list[tuple[str, LiveState]]:
+    def states(self) -> list[tuple[str, LiveState]]:
         """Every node's state, the watcher's first, then the others in natural order."""
         others = sorted(self.others.items(), key=lambda kv: natural_key(kv[0]))
         return [(self.node, self.state), *others]
 
-    def _order(self, node: str) -> tuple:
+    def order(self, node: str) -> tuple:
         return (node != self.node, natural_key(node))
 
-    def _gpu_order(self, key: tuple[str, int]) -> tuple:
-        return (*self._order(key[0]), key[1])
+    def gpu_order(self, key: tuple[str, int]) -> tuple:
+        return (*self.order(key[0]), key[1])
 
 
 def _ints(column: pa.ChunkedArray) -> np.ndarray:

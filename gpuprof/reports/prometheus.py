@@ -184,21 +184,21 @@ class GpuprofCollector(LiveRun, Collector):
         labels = ["node", "gpu", "uuid"]
         info = InfoMetricFamily(PREFIX + "gpu", "The GPUs of the node, one per GPU.", labels=labels)
         listed = set()
-        for g in sorted(self.gpus, key=lambda g: (self._order(str(g.get("host") or self.node)),
+        for g in sorted(self.gpus, key=lambda g: (self.order(str(g.get("host") or self.node)),
                                                   int(g.get("index", 0)))):  # fmt: skip
             key = (str(g.get("host") or self.node), int(g.get("index", 0)))
             listed.add(key)
             uuid = g.get("uuid") or self._uuid.get(key, "")
             values = [key[0], str(key[1]), str(uuid)]
             info.add_metric(values, {"model_name": str(g.get("name") or "")})
-        for key in sorted(self._held.keys() - listed, key=self._gpu_order):
+        for key in sorted(self._held.keys() - listed, key=self.gpu_order):
             info.add_metric([key[0], str(key[1]), self._uuid.get(key, "")], {"model_name": ""})
         out: list[Metric] = [info] if info.samples else []
         # each node's values against its own newest reading: nodes' clocks differ
         newest: dict[str, int] = {}
         for (host, _), held in self._held.items():
             newest[host] = max([newest.get(host, 0), *(t for t, _ in held.values())])
-        served = sorted((k for k in self._held if self._serving(k[0])), key=self._gpu_order)
+        served = sorted((k for k in self._held if self._serving(k[0])), key=self.gpu_order)
         for name, attr, factor, unit, doc in _GPU_GAUGES:
             family = GaugeMetricFamily(PREFIX + name, doc, labels=labels, unit=unit)
             for key in served:
@@ -212,7 +212,7 @@ class GpuprofCollector(LiveRun, Collector):
         return out
 
     def _host_families(self) -> list[Metric]:
-        served = [n for n in sorted(self._host, key=self._order) if self._serving(n)]
+        served = [n for n in sorted(self._host, key=self.order) if self._serving(n)]
         out: list[Metric] = []
         for attr, name, factor, unit, doc in _HOST_GAUGES:
             family = GaugeMetricFamily(PREFIX + name, doc, labels=["node"], unit=unit)
@@ -249,7 +249,7 @@ class GpuprofCollector(LiveRun, Collector):
             labels=labels,
             unit="seconds",
         )
-        for node, state in self._states():
+        for node, state in self.states():
             offset_ns = self._offsets.get(node, 0)
             ranks = sorted(state.ranks.values(), key=lambda r: (r.rank is None, r.rank or 0, r.pid))
             for r in ranks:
@@ -292,7 +292,7 @@ class GpuprofCollector(LiveRun, Collector):
             labels=labels,
             unit="ratio",
         )
-        for node, state in self._states():
+        for node, state in self.states():
             if state.gpu_s <= 0:
                 continue
             sampled.add_metric([node], state.gpu_s)

@@ -8,7 +8,9 @@ and ``attach`` (files) messages; at the end of its input it finishes the tracker
 replies ``{"done": "<where the figures went>"}``. On the first failure it replies
 ``{"error": "<why, one line>"}`` and exits. Those replies go to the stdout it was given; the
 tracker libraries' own output (fd 1 and 2) goes to /dev/null, so nothing they print reaches the
-training's terminal. It runs at low priority (``nice``).
+training's terminal. It runs at the lowest priority there is (``SCHED_IDLE``, else ``nice
+19``): it takes CPU time the training leaves, and so does the tracker's own service process
+(W&B's ``wandb-core``), which inherits it.
 
 Each ``log``/``final`` message: ``step`` (the training step, the x axis), ``t`` (Unix seconds),
 ``metrics`` (name → number, the names' units: ``_pct`` 0–100 %, ``_s`` seconds, ``_gpu_s``
@@ -30,7 +32,6 @@ from typing import Any, TextIO
 INSTALL_HINT = "pip install 'gpuprof[trackers]'"
 DISCOVER_TRIES = 30
 """Times (one per point) the training's own run is looked for to link to it."""
-NICE = 10
 
 
 class SinkError(Exception):
@@ -444,11 +445,19 @@ def run(kind: str, messages: TextIO, replies: TextIO) -> int:
     return 0
 
 
+def lowest_priority() -> None:
+    """This process (and what it starts) runs only on CPU time nothing else wants: Linux's
+    ``SCHED_IDLE`` where it is allowed, else the highest nice value."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(19)
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
 def main() -> int:
     kind = sys.argv[1] if len(sys.argv) > 1 else ""
     replies = _detach_output()
-    with contextlib.suppress(OSError, AttributeError):
-        os.nice(NICE)
+    lowest_priority()
     if kind not in WRITERS:
         replies.write(json.dumps({"error": f"unknown tracker {kind!r}"}) + "\n")
         return 2

@@ -62,7 +62,7 @@ time, so the figures line up with the loss curve by step or by time.
 
 **Never in the training's way.** The tracker's library is imported and called only in a child
 process of the watcher (`gpuprof.reports.tracker_sink`, one per tracker, in a session of its
-own, at low priority). The watcher's thread computes the figures from what the Prometheus
+own, at the lowest CPU priority). The watcher's thread computes the figures from what the Prometheus
 endpoint serves (`gpuprof.reports.live_run`) and hands them over through a bounded queue: when
 the tracker is slow, points are dropped (and counted), never waited for. A tracker that is
 missing, misconfigured, unreachable or raises gives one line, ``gpuprof: --log-to wandb: <why>;
@@ -165,7 +165,7 @@ def live_figures(live: LiveRun, before: Window | None = None) -> tuple[Figures, 
     """The live figures of ``live`` (see the module doc) and the window for the next call:
     utilization is over the time since ``before`` (since the start without it)."""
     with live.lock:
-        states: list[tuple[str, LiveState]] = live._states()
+        states: list[tuple[str, LiveState]] = live.states()
         window: Window = {}
         for node, state in states:
             for gpu, read in state.read_gpu_s.items():
@@ -179,12 +179,12 @@ def live_figures(live: LiveRun, before: Window | None = None) -> tuple[Figures, 
                 idle[name] = idle.get(name, 0.0) + seconds
         ranks = [r for _, state in states for r in state.ranks.values() if r.steps]
         lead = min(ranks, key=lambda r: (r.rank is None, r.rank or 0, r.pid), default=None)
-        step_s = LiveState.step_time_s(live.state, lead) if lead is not None else None
+        step_s = live.state.step_time_s(lead) if lead is not None else None
         steps = lead.step_count if lead is not None else 0
     metrics: dict[str, float] = {}
     several = len({node for node, _ in window}) > 1
     read_sum = busy_sum = 0.0
-    for (node, gpu), (read, busy) in sorted(window.items(), key=lambda kv: live._gpu_order(kv[0])):
+    for (node, gpu), (read, busy) in sorted(window.items(), key=lambda kv: live.gpu_order(kv[0])):
         read0, busy0 = (before or {}).get((node, gpu), (0.0, 0.0))
         if read - read0 <= 0:
             continue
@@ -576,9 +576,3 @@ class TrackerLogger:
             if sink.where and not sink.failed:
                 lines.append(f"--log-to {sink.kind}: {sink.where}")
         return lines
-
-    def abort(self) -> None:
-        """Stop every tracker's process at once (the watch itself failed)."""
-        self.follower.stop()
-        for sink in self.sinks:
-            sink.kill()
