@@ -428,9 +428,7 @@ class Sink:
             self.notice(f"the end-of-run upload did not finish within {timeout_s:g} s")
             self.kill()
             return
-        self.done.wait(timeout=1.0)  # the reader's last line
-        if not self.failed and self.where is None:
-            self.notice(f"its process ended unexpectedly (exit status {self.proc.returncode})")
+        self.done.wait(timeout=6.0)  # the reader's last line, or its notice of a crash
 
     def kill(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -471,7 +469,16 @@ class Sink:
         except (OSError, ValueError):
             pass
         finally:
+            if self.where is None and not self.failed:  # it ended without a word: a crash
+                self.notice(f"its process ended unexpectedly ({self._exit_status()})")
             self.done.set()
+
+    def _exit_status(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            return "its output closed"
+        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
 
 
 class TrackerLogger:
