@@ -1,81 +1,131 @@
 """Hook cost: one phase enter+exit, next to a bare context manager and torch's record_function.
 
     python benchmarks/bench_hooks.py [--n 20000] [--repeats 41]
+    python benchmarks/bench_hooks.py --roots OLD_CHECKOUT NEW_CHECKOUT [--rounds 5]
 
-Each variant runs ``n`` enter/exit pairs per repeat; variants are interleaved repeat by repeat
-so machine noise hits them alike; the table gives the median ns per pair and the difference
-from ``contextlib.nullcontext()``. The recording variant drains its queue between repeats (the
-writer thread does that twice a second in real use) and is timed with the writer thread idle, so
-the figure is the cost on the training thread; the writer's own cost per span is reported
-separately (it runs in the same interpreter, off the hot path).
+Each variant is timed as the statement a user writes (``with gpuprof.phase("rollout"): pass``,
+compiled into a loop by `timeit`, so no helper call is counted for one variant and not for
+another), ``n`` pairs per repeat; variants are interleaved repeat by repeat so machine noise hits
+them alike. The table gives the median ns per pair and the difference from
+``contextlib.nullcontext()``. The recording variant drains its queue between repeats (the
+writer thread does that four times a second in real use) and is timed with the writer thread
+idle, so the figure is the cost on the training thread; the writer's own cost per span is
+reported separately (it runs in the same interpreter, off the hot path).
+
+``--roots`` runs this benchmark in fresh processes with each checkout's ``gpuprof`` first on
+the path, alternating checkouts ``--rounds`` times, and prints the median of each variant's
+per-round medians per checkout: before/after figures measured side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import timeit
 
 
-def _time_pairs(factory, n: int) -> float:
-    start = time.perf_counter_ns()
-    for _ in range(n):
-        with factory():
-            pass
-    return (time.perf_counter_ns() - start) / n
+def _time(stmt: str, names: dict, n: int) -> float:
+    """ns per execution of ``stmt`` (a ``with`` statement), ``n`` times in a compiled loop."""
+    return timeit.timeit(stmt, globals=names, number=n) / n * 1e9
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=20_000)
-    parser.add_argument("--repeats", type=int, default=41)
-    args = parser.parse_args()
-
+def measure(n: int, repeats: int) -> dict[str, float]:
+    """Median ns per enter+exit pair of each variant (and the writer's ns per span)."""
     import gpuprof
     from gpuprof import hooks
 
+    names = {"contextlib": contextlib, "gpuprof": gpuprof}
     variants = {
-        "contextlib.nullcontext()": contextlib.nullcontext,
-        "gpuprof.phase, outside a run": lambda: gpuprof.phase("rollout"),
+        "contextlib.nullcontext()": "with contextlib.nullcontext(): pass",
+        "gpuprof.phase, outside a run": 'with gpuprof.phase("rollout"): pass',
     }
     try:
         import torch.profiler
 
-        variants["torch.profiler.record_function"] = lambda: torch.profiler.record_function(
-            "rollout"
+        names["torch"] = torch
+        variants["torch.profiler.record_function"] = (
+            'with torch.profiler.record_function("rollout"): pass'
         )
     except ImportError:
-        print("torch not installed: record_function not measured")
+        print("torch not installed: record_function not measured", file=sys.stderr)
 
+    reset = getattr(hooks, "_set_recorder", None)
     run_dir = tempfile.mkdtemp(prefix="gpuprof-bench-")
     results: dict[str, list[float]] = {name: [] for name in variants}
     results["gpuprof.phase, recording"] = []
     writer_ns: list[float] = []
-    for _ in range(args.repeats):
-        hooks._recorder, hooks._checked = None, True  # outside a run
-        for name, factory in variants.items():
-            results[name].append(_time_pairs(factory, args.n))
+    for _ in range(repeats):
+        if reset is not None:
+            reset(None)  # outside a run
+        else:  # a checkout from before `_set_recorder`
+            hooks._recorder, hooks._checked = None, True
+        for name, stmt in variants.items():
+            results[name].append(_time(stmt, names, n))
         gpuprof.init(run_dir)
         recorder = hooks._recorder
         recorder.stop.set()  # keep the writer thread out of the timed loop
         recorder.thread.join()
         results["gpuprof.phase, recording"].append(
-            _time_pairs(lambda: gpuprof.phase("rollout"), args.n)
+            _time('with gpuprof.phase("rollout"): pass', names, n)
         )
         queued = len(recorder.spans)
         t0 = time.perf_counter_ns()
         recorder.flush()
         writer_ns.append((time.perf_counter_ns() - t0) / max(queued, 1))
         gpuprof.shutdown()
+    medians = {name: statistics.median(values) for name, values in results.items()}
+    medians["writer thread, per span (off path)"] = statistics.median(writer_ns)
+    return medians
 
-    base = statistics.median(results["contextlib.nullcontext()"])
-    print(f"{'variant':34s} {'median ns/pair':>15s} {'vs nullcontext':>15s}")
-    for name, values in results.items():
-        med = statistics.median(values)
-        print(f"{name:34s} {med:15.0f} {med - base:+15.0f}")
-    print(f"{'writer thread, per span (off path)':34s} {statistics.median(writer_ns):15.0f}")
+
+def _print(medians: dict[str, float], title: str = "variant") -> None:
+    base = medians["contextlib.nullcontext()"]
+    print(f"{title:34s} {'median ns/pair':>15s} {'vs nullcontext':>15s}")
+    for name, value in medians.items():
+        diff = "" if name.startswith("writer") else f"{value - base:+15.0f}"
+        print(f"{name:34s} {value:15.0f} {diff}")
+
+
+def compare(roots: list[str], rounds: int, n: int, repeats: int) -> None:
+    per_root: dict[str, list[dict[str, float]]] = {root: [] for root in roots}
+    for _ in range(rounds):
+        for root in roots:
+            env = {**os.environ, "PYTHONPATH": os.path.abspath(root)}
+            env.pop("GPUPROF_RUN_DIR", None)
+            out = subprocess.run(
+                [sys.executable, __file__, "--json", "--n", str(n), "--repeats", str(repeats)],
+                env=env, capture_output=True, text=True, check=True, cwd=tempfile.gettempdir(),
+            )  # fmt: skip
+            per_root[root].append(json.loads(out.stdout))
+    for root, runs in per_root.items():
+        medians = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+        _print(medians, title=os.path.basename(os.path.abspath(root)) or root)
+        print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=41)
+    parser.add_argument("--roots", nargs="+", help="checkouts to compare, side by side")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.roots:
+        compare(args.roots, args.rounds, args.n, args.repeats)
+        return
+    medians = measure(args.n, args.repeats)
+    if args.json:
+        print(json.dumps(medians))
+    else:
+        _print(medians)
 
 
 if __name__ == "__main__":

@@ -432,6 +432,16 @@ def report(
     print(path)
 
 
+@app.command(
+    help="Print the Grafana dashboard for `watch --metrics-port` (JSON to import into Grafana: "
+    "gpuprof dashboard > gpuprof.json)."
+)
+def dashboard() -> None:
+    from gpuprof.reports.dashboards import grafana_json
+
+    sys.stdout.write(grafana_json())
+
+
 @app.command(help="Simulate an 8-GPU GRPO run with known pathologies and diagnose it.")
 def demo(
     output: Annotated[

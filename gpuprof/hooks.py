@@ -16,9 +16,7 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
-import inspect
 import itertools
-import json
 import os
 import sys
 import threading
@@ -27,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuprof import nodes, store
+from gpuprof import nodes
 from gpuprof.phases import canonical_phase
 
 ENV_RUN_DIR = "GPUPROF_RUN_DIR"
@@ -55,7 +53,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _STEP, _MARK = 1, 2
 _mono = time.monotonic_ns
-_get_ident = threading.get_native_id
+_get_ident = threading.get_ident
+"""The hot path's thread id: ``pthread_self``, a few ns. The kernel's id
+(``threading.get_native_id``) is a system call per span here (~0.25 µs); the writer maps one to
+the other (`_native_ids`)."""
 _RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 _WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -76,6 +77,11 @@ class _Recorder:
     """Per-process state of an active run: the queues, the clock offset and the writer thread."""
 
     def __init__(self, db_path: Path, *, cuda_events: bool = False) -> None:
+        # The store (SQLite, Arrow, pandas) loads here, in the thread that starts recording,
+        # not at `import gpuprof` (a process outside any run never loads it) and not first in
+        # the writer thread (whose import would then race the training's own imports).
+        from gpuprof import store  # noqa: F401
+
         self.db_path = db_path
         self.host = nodes.node_name()
         self.pid = os.getpid()
@@ -85,7 +91,8 @@ class _Recorder:
         bound = _env_int((ENV_MAX_QUEUED,))  # junk or non-positive: the default bound
         self.max_queued = bound if bound is not None and bound > 0 else MAX_QUEUED_SPANS
         self.spans: collections.deque = collections.deque(maxlen=self.max_queued)
-        """(name, attrs, start, end, tid, step[, cuda event pair]) — monotonic ns. Bounded:
+        """(name, attrs, start, end, thread ident, step[, cuda event pair]) — monotonic ns,
+        `threading.get_ident` (stored as the kernel's thread id). Bounded:
         when the writer falls behind, the oldest spans go (counted in `dropped`)."""
         self._queued = itertools.count()
         self.tick = self._queued.__next__
@@ -103,6 +110,8 @@ class _Recorder:
         self.cuda = _CudaTimer() if cuda_events else None
         self.pending_gpu: list[tuple] = []
         self.conn = None
+        self.native_ids: dict[int, int] = {}
+        """`threading.get_ident` → kernel thread id, of every thread seen alive at a flush."""
         self.failed = False
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -147,6 +156,8 @@ class _Recorder:
             except Exception as exc:  # a full disk or a removed run dir must not hurt training
                 self.failed = True
                 self.failed_at_ns = time.time_ns()
+                from gpuprof import store
+
                 self.failure = store.failure_reason(exc, self.db_path)
                 when = time.strftime("%H:%M:%S", time.localtime(self.failed_at_ns / 1e9))
                 _warn_once(
@@ -181,15 +192,17 @@ class _Recorder:
         if self.cuda is not None:
             items, self.pending_gpu = self._with_gpu_times(self.pending_gpu + items, final)
         canonical, encode = _canonical, _encode_attrs
+        native = _native_ids(self.native_ids).get
         if self.cuda is None:
             spans = [
-                (host, pid, tid, rank, local_rank, canonical(name), _text(name), step, 0,
-                 start + offset, end + offset, None, None, encode(attrs))
+                (host, pid, native(tid, tid), rank, local_rank, canonical(name), _text(name),
+                 step, 0, start + offset, end + offset, None, None, encode(attrs))
                 for name, attrs, start, end, tid, step in items
             ]  # fmt: skip
         else:
             spans = [
-                (host, pid, item[4], rank, local_rank, canonical(item[0]), _text(item[0]),
+                (host, pid, native(item[4], item[4]), rank, local_rank, canonical(item[0]),
+                 _text(item[0]),
                  item[5], 0, item[2] + offset, item[3] + offset,
                  item[6] if len(item) > 6 else None, item[7] if len(item) > 7 else None,
                  encode(item[1]))
@@ -200,7 +213,7 @@ class _Recorder:
                 _, n, attrs, start, end, tid = item
                 encoded = _encode_attrs(attrs)
                 spans.append(
-                    (host, pid, tid, rank, local_rank, "step", "step", n, 0,
+                    (host, pid, native(tid, tid), rank, local_rank, "step", "step", n, 0,
                      start + offset, end + offset, None, None, encoded)
                 )  # fmt: skip
                 events.append((host, pid, rank, end + offset, "step", str(n), encoded))
@@ -210,6 +223,9 @@ class _Recorder:
                 events.append(
                     (host, pid, rank, t + offset, kind, _text(name), _encode_attrs(attrs))
                 )
+        # the store (with SQLite and Arrow) loads only in a process that records
+        from gpuprof import store
+
         if self.conn is None:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
             self.conn = store.connect(self.db_path)
@@ -271,10 +287,25 @@ class _Recorder:
         path = Path(status_dir) / f"{self.pid}.json"
         try:
             tmp = path.with_name(path.name + ".tmp")
+            import json
+
             tmp.write_text(json.dumps(status))
             os.replace(tmp, path)
         except Exception:
             pass
+
+
+def _native_ids(known: dict[int, int]) -> dict[int, int]:
+    """``known`` updated with the threads alive now: `threading.get_ident` → kernel thread id.
+
+    Threads that ended keep their last mapping (their spans may still be queued); an ident
+    reused by a new thread takes the new thread's id. A thread Python's `threading` does not
+    know (started from C and never asked for `threading.current_thread()`) keeps its ident.
+    """
+    for thread in threading.enumerate():
+        if thread.ident is not None and thread.native_id is not None:
+            known[thread.ident] = thread.native_id
+    return known
 
 
 def _drain(queue: collections.deque, limit: int | None = None) -> list:
@@ -297,8 +328,14 @@ def _text(name: Any) -> str:
     return str(name[0]) if type(name) is tuple else str(name)
 
 
-_json_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
-_json_str = json.encoder.encode_basestring  # the C-accelerated string escaper
+@functools.cache
+def _json() -> tuple[Callable[[Any], str], Callable[[str], str]]:
+    """The full JSON encoder and the C-accelerated string escaper, loaded by the writer (not
+    at `import gpuprof`)."""
+    import json
+
+    encoder = json.JSONEncoder(separators=(",", ":"), default=str)
+    return encoder.encode, json.encoder.encode_basestring
 
 
 def _encode_attrs(attrs: dict[str, Any] | None) -> str:
@@ -306,6 +343,7 @@ def _encode_attrs(attrs: dict[str, Any] | None) -> str:
     path that is several times quicker than ``json.dumps``."""
     if not attrs:
         return "{}"
+    _json_encode, _json_str = _json()
     parts = []
     for key, value in attrs.items():
         kind = type(value)
@@ -366,6 +404,9 @@ class _CudaTimer:
 # -- process-wide state ------------------------------------------------------------------------
 _recorder: _Recorder | None = None
 _checked = False
+_fast: _Recorder | None = None
+"""`_recorder` while it times phases on the host only (no CUDA events): the one global the
+hot path of `phase` reads."""
 _inherited_step = 0
 _init_lock = threading.Lock()
 _warned: set[str] = set()
@@ -385,10 +426,18 @@ def _warn_once(message: str) -> None:
         pass
 
 
+def _set_recorder(recorder: _Recorder | None, checked: bool = True) -> None:
+    """Make ``recorder`` the process's (None: record nothing); the one place that sets the
+    hot path's `_fast` beside it."""
+    global _recorder, _checked, _fast
+    _fast = None  # first: a phase exiting meanwhile takes the slow path, which re-reads
+    _recorder, _checked = recorder, checked
+    _fast = recorder if recorder is not None and recorder.cuda is None else None
+
+
 def _disable(exc: BaseException) -> None:
-    global _recorder, _checked
     _warn_once(f"gpuprof: hooks disabled after an internal error: {exc!r}")
-    _recorder, _checked = None, True
+    _set_recorder(None)
 
 
 def _resolve_db(run_dir: Path) -> Path:
@@ -396,27 +445,28 @@ def _resolve_db(run_dir: Path) -> Path:
     db = os.environ.get(ENV_DB)
     if db and nodes.on_watcher_machine():
         return Path(db)
+    from gpuprof import store
+
     return store.host_file(run_dir, nodes.node_name(), os.getpid())
 
 
 def _from_env() -> _Recorder | None:
-    global _recorder, _checked
     with _init_lock:
         if _checked:
             return _recorder
         run_dir = os.environ.get(ENV_RUN_DIR)
+        recorder = None
         if run_dir:
             try:
                 cuda = os.environ.get(ENV_CUDA_EVENTS, "") not in ("", "0")
                 recorder = _Recorder(_resolve_db(Path(run_dir)), cuda_events=cuda)
                 recorder.step = _inherited_step
-                _recorder = recorder
             except Exception as exc:
                 _disable(exc)
         # only now: threads arriving while the recorder is built must wait on the lock, not
         # read "checked, no recorder" and skip their spans
-        _checked = True
-        return _recorder
+        _set_recorder(recorder)
+        return recorder
 
 
 def _active() -> _Recorder | None:
@@ -432,12 +482,11 @@ def init(run_dir: str | os.PathLike | None = None, *, cuda_events: bool = False)
     Returns True when hooks record from now on. Never raises: a failure warns once and
     leaves the hooks as no-ops.
     """
-    global _recorder, _checked
     try:
         with _init_lock:
             if _recorder is not None:
                 _recorder.close()
-            _recorder, _checked = None, True
+            _set_recorder(None)
             target = run_dir or os.environ.get(ENV_RUN_DIR)
             if not target:
                 return False
@@ -445,7 +494,7 @@ def init(run_dir: str | os.PathLike | None = None, *, cuda_events: bool = False)
             if run_dir is not None:
                 os.environ[ENV_RUN_DIR] = str(path.resolve())
                 path.mkdir(parents=True, exist_ok=True)
-            _recorder = _Recorder(_resolve_db(path), cuda_events=cuda_events)
+            _set_recorder(_Recorder(_resolve_db(path), cuda_events=cuda_events))
             return True
     except Exception as exc:
         _disable(exc)
@@ -454,9 +503,8 @@ def init(run_dir: str | os.PathLike | None = None, *, cuda_events: bool = False)
 
 def shutdown() -> None:
     """Commit what is queued and stop recording (also runs at interpreter exit)."""
-    global _recorder
     recorder = _recorder
-    _recorder = None
+    _set_recorder(None)
     if recorder is not None:
         try:
             recorder.close()
@@ -481,7 +529,7 @@ class phase:
 
     ``name`` may be a framework's own name; it is stored as given and mapped to a canonical
     phase (``rollout``, ``reward``, ``reshard``…). ``attrs`` (tokens, bytes…) are stored with
-    the span. Phases nest. Outside a run this costs one object and two attribute checks.
+    the span. Phases nest. Outside a run this costs one object and three global checks.
     """
 
     __slots__ = ("_gpu", "_start", "attrs", "name")
@@ -490,54 +538,65 @@ class phase:
         self.name = name
         # no empty dict per span: a million queued spans would carry 64 MB of them
         self.attrs = attrs or None
-        self._start = None
-        self._gpu = None
 
     def __enter__(self) -> phase:
-        recorder = _recorder
-        if recorder is None and (_checked or (recorder := _from_env()) is None):
+        if _fast is not None:
+            self._start = _mono()
             return self
-        if recorder.cuda is not None:
-            self._start_gpu(recorder)
-        self._start = _mono()
-        return self
+        if _checked and _recorder is None:  # outside any run
+            self._start = None
+            return self
+        return self._enter_slow()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        start = self._start
-        if start is None:
-            return False
-        end = _mono()
-        recorder = _recorder
-        if recorder is None:
-            return False
-        try:
-            if exc_type is None and self._gpu is None:
-                # The whole hot path: a tick and one tuple into a bounded deque; depth is
-                # worked out on load.
+        recorder = _fast
+        if recorder is not None and exc_type is None and (start := self._start) is not None:
+            end = _mono()
+            # The whole hot path: a tick and one tuple into a bounded deque; depth is worked
+            # out on load, the thread's kernel id by the writer.
+            try:
                 recorder.tick()
                 recorder.spans.append(
                     (self.name, self.attrs, start, end, _get_ident(), recorder.step)
                 )
-            else:
-                self._exit_slow(recorder, exc_type, start, end)
+            except Exception as err:
+                _disable(err)
+            return False
+        if self._start is None:  # entered outside a run
+            return False
+        try:
+            self._exit_slow(exc_type, _mono())
         except Exception as err:
             _disable(err)
         return False
 
-    def _start_gpu(self, recorder: _Recorder) -> None:
-        try:
-            self._gpu = recorder.cuda.start()
-        except Exception as exc:
-            _disable(exc)
+    def _enter_slow(self) -> phase:
+        """Outside a run (the first phase of a process looks for one), or timed with CUDA."""
+        self._start = self._gpu = None
+        recorder = _recorder
+        if recorder is None and (_checked or (recorder := _from_env()) is None):
+            return self
+        if recorder.cuda is not None:
+            try:
+                self._gpu = recorder.cuda.start()
+            except Exception as exc:
+                _disable(exc)
+                return self
+        self._start = _mono()
+        return self
 
-    def _exit_slow(self, recorder: _Recorder, exc_type: Any, start: int, end: int) -> None:
+    def _exit_slow(self, exc_type: Any, end: int) -> None:
+        start, recorder = self._start, _recorder
+        if start is None or recorder is None:
+            return
         attrs = self.attrs
         if exc_type is not None:
             attrs = {**(attrs or {}), "error": exc_type.__name__}
         item = (self.name, attrs, start, end, _get_ident(), recorder.step)
-        if self._gpu is not None and recorder.cuda is not None:
-            self._gpu[1] = recorder.cuda.stop()
-            item = (*item, self._gpu)
+        gpu = getattr(self, "_gpu", None)  # not set when entered on the fast path
+        if gpu is not None and recorder.cuda is not None:
+            gpu[1] = recorder.cuda.stop()
+            item = (*item, gpu)
             self._gpu = None
         recorder.tick()
         recorder.spans.append(item)
@@ -551,6 +610,8 @@ class phase:
     def __call__(self, fn: F) -> F:
         """Use as a decorator; each call of ``fn`` is one span (sync or async)."""
         name, attrs = self.name, self.attrs
+        import inspect  # only for decorated functions: not on `import gpuprof`
+
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
@@ -583,9 +644,7 @@ def step(n: int | None = None, tokens: int | None = None, **attrs: Any) -> None:
         number = recorder.step if n is None else int(n)
         if tokens is not None:
             attrs["tokens"] = tokens
-        recorder.other.append(
-            (_STEP, number, attrs, recorder.step_start, now, threading.get_native_id())
-        )
+        recorder.other.append((_STEP, number, attrs, recorder.step_start, now, _get_ident()))
         recorder.step = number + 1
         recorder.step_start = now
         recorder.steps_seen += 1
@@ -642,6 +701,8 @@ def enable_cuda_events() -> bool:
     if recorder.cuda is None:
         try:
             recorder.cuda = _CudaTimer()
+            if recorder is _recorder:
+                _set_recorder(recorder)  # CUDA-timed phases take the slow path from now on
         except Exception as exc:
             _warn_once(f"gpuprof: CUDA event timing unavailable: {exc!r}")
             return False
@@ -666,10 +727,10 @@ def _after_fork_in_child() -> None:
     parent writes its own). The child opens its own recorder on its first hook, and keeps the
     parent's step number so worker spans line up.
     """
-    global _recorder, _checked, _init_lock, _inherited_step
+    global _init_lock, _inherited_step
     parent = _recorder
     _init_lock = threading.Lock()
-    _recorder, _checked = None, False
+    _set_recorder(None, checked=False)
     _inherited_step = parent.step if parent is not None else 0
 
 

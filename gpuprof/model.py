@@ -287,8 +287,8 @@ class RunMeta:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per node a Ray driver recorded or tried to (not the watcher's own), how: ``state``
     (``recorded``, ``lost`` or ``never_recorded``), ``asked_ns`` (its sampler asked for),
-    ``from_ns`` (its first sample), ``lost_ns``, ``why`` and ``notice`` (the run's notice
-    saying it), times on the run's clock."""
+    ``from_ns`` (its first sample), ``lost_ns``, ``why``, ``notice`` (the run's notice
+    saying it) and ``address`` (the node's IP in Ray's node table), times on the run's clock."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

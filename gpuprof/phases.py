@@ -6,6 +6,7 @@ Spans keep the name they were given (``Span.name``) and carry the canonical one
 
 from __future__ import annotations
 
+import functools
 import re
 
 INHERIT = "<inherit>"
@@ -87,9 +88,7 @@ def canonical_phase(name: str) -> str:
     return _ALIASES.get(name, _ALIASES.get(name.lower(), name))
 
 
-_SPECIFIC: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern), phase)
-    for pattern, phase in (
+_SPECIFIC_WORDS: tuple[tuple[str, str], ...] = (
         (r"update_?weight|sync_?weight|weight_?sync|reshard|broadcast|load_?weight|wake_?up",
          "reshard"),
         (r"rollout|generat|(^|[_/])gen($|[_/])|sampling", "rollout"),
@@ -105,16 +104,23 @@ _SPECIFIC: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"data_?load|dataloader|load_?data", "dataload"),
         (r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|nccl|(^|_)comm($|_|unication)",
          "collective"),
-    )
-)  # fmt: skip
-_GENERIC: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern), phase)
-    for pattern, phase in (
-        (r"train|update|optim|(^|_)(fwd|bwd|forward|backward)($|_)", "update_actor"),
-        (r"log_?prob|logp", "old_logprob"),
-    )
+    )  # fmt: skip
+_GENERIC_WORDS: tuple[tuple[str, str], ...] = (
+    (r"train|update|optim|(^|_)(fwd|bwd|forward|backward)($|_)", "update_actor"),
+    (r"log_?prob|logp", "old_logprob"),
 )
-_NO_GUESS = re.compile(r"^(misc|other|rest|total|overhead)\b")
+_NO_GUESS_WORDS = r"^(misc|other|rest|total|overhead)\b"
+
+
+@functools.cache
+def _patterns() -> tuple[re.Pattern[str], tuple[tuple[tuple[re.Pattern[str], str], ...], ...]]:
+    """The name patterns, compiled at first use: the hooks import this module in every
+    training process, where only `canonical_phase` is used."""
+    tables = tuple(
+        tuple((re.compile(pattern), phase) for pattern, phase in words)
+        for words in (_SPECIFIC_WORDS, _GENERIC_WORDS)
+    )
+    return re.compile(_NO_GUESS_WORDS), tables
 
 
 def phase_from_name(name: str) -> str | None:
@@ -131,9 +137,10 @@ def phase_from_name(name: str) -> str | None:
     if known != name or name in CANONICAL_PHASES:
         return known
     lowered = name.lower().strip()
-    if _NO_GUESS.match(lowered):
+    no_guess, tables = _patterns()
+    if no_guess.match(lowered):
         return None
-    for table in (_SPECIFIC, _GENERIC):
+    for table in tables:
         found = {phase for pattern, phase in table if pattern.search(lowered)}
         if len(found) == 1:
             return found.pop()

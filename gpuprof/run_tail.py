@@ -222,6 +222,8 @@ class _Recorded:
     node: str
     gpus: list[dict[str, Any]]
     offset_ns: int = 0
+    address: str = ""
+    """The node's IP in Ray's node table, as the driver recorded it."""
 
 
 class RunTail:
@@ -279,6 +281,10 @@ class RunTail:
         """Each other node's clock offset (ns to add to its times) as its file states it."""
         return {rec.node: rec.offset_ns for rec in self.recorded.values()}
 
+    def addresses(self) -> dict[str, str]:
+        """Each other node's IP address in Ray's node table, where its file states it."""
+        return {rec.node: rec.address for rec in self.recorded.values() if rec.address}
+
     def _scan(self) -> None:
         for path in sorted(self.run_dir.glob("*.sqlite")):
             if path in self.own or path in self._ignored:
@@ -315,6 +321,11 @@ class RunTail:
         if isinstance(run, dict):
             gpus = [dict(g, host=rec.node) for g in run.get("gpus") or [] if isinstance(g, dict)]
             rec.gpus = gpus or rec.gpus
+            nodes = run.get("nodes")
+            status = nodes.get(rec.node) if isinstance(nodes, dict) else None
+            address = status.get("address") if isinstance(status, dict) else None
+            if isinstance(address, str) and address:
+                rec.address = address
         offset = clock.get("offset_ns") if isinstance(clock, dict) else None
         if isinstance(offset, int) and not isinstance(offset, bool):
             rec.offset_ns = offset

@@ -31,7 +31,7 @@ def _load(run_dir):
 
 def test_outside_a_run_hooks_do_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    hooks._recorder, hooks._checked = None, False
+    hooks._set_recorder(None, checked=False)
 
     @gpuprof.phase("reward")
     def score(x):
@@ -110,6 +110,65 @@ def test_threads_record_independently(run_dir):
     assert spans.groupby("tid").size().tolist() == [2000] * 4
     assert set(spans.loc[spans["name"] == "inner", "depth"]) == {1}
     assert set(spans.loc[spans["name"] == "outer", "depth"]) == {0}
+
+
+def test_spans_carry_the_kernel_thread_id(run_dir):
+    # the hot path reads the cheap `threading.get_ident`; the writer stores the kernel's id
+    # (what /proc/<pid>/task lists) for every thread alive when it writes
+    done, release = threading.Barrier(3), threading.Event()
+
+    def work():
+        with gpuprof.phase("rollout"):
+            pass
+        gpuprof.step()
+        done.wait()
+        release.wait(30)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    done.wait()
+    gpuprof.flush()  # both threads alive: written under their kernel ids
+    release.set()
+    for t in threads:
+        t.join()
+    spans = _load(run_dir).spans
+    native = {t.native_id for t in threads}
+    assert set(spans.loc[spans["name"] == "rollout", "tid"]) == native
+    assert set(spans.loc[spans["name"] == "step", "tid"]) == native
+
+
+IMPORT_COST = """
+import sys, time
+t0 = time.perf_counter()
+import gpuprof
+with gpuprof.phase("rollout"):
+    pass
+gpuprof.step(tokens=3)
+gpuprof.mark("m")
+print(sorted({m.split(".")[0] for m in sys.modules} & {"pandas", "pyarrow", "numpy", "sqlite3"}))
+print(gpuprof.enabled())
+"""
+
+
+def test_a_process_outside_a_run_loads_no_data_libraries():
+    # every training script with hooks imports gpuprof, in every Ray worker and data-loader
+    # process, watched or not: outside a run it must not pull in pandas, Arrow or SQLite
+    out = subprocess.run([sys.executable, "-c", IMPORT_COST], env=clean_env(), capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", "False"], out.stdout
+
+
+def test_a_recording_process_loads_the_store_on_its_first_hook(tmp_path):
+    env = clean_env(GPUPROF_RUN_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", IMPORT_COST], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[1] == "True"
+    assert "pyarrow" in out.stdout and "sqlite3" in out.stdout
+    spans = store.load_run(tmp_path).spans
+    assert spans["name"].tolist().count("rollout") == 1
 
 
 def test_ranks_come_from_launcher_variables(tmp_path):

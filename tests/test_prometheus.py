@@ -81,7 +81,7 @@ def test_collector_serves_known_readings_phases_steps_and_idle_time():
     state = LiveState(idle_util_pct=10)
     inventory = [{"host": "n1", "index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3"}
                  for i in range(2)]  # fmt: skip
-    collector = GpuprofCollector(state, "n1", gpus=inventory)
+    collector = GpuprofCollector(state, "n1", gpus=inventory, node_ip="10.0.0.1")
     for k in range(41):  # 10 s at 4 Hz; GPU 0 idle from 2 s to 6 s
         t = k * S // 4
         gpus = [_gpu(0, t, 0 if 2 * S <= t < 6 * S else 90, sm_active_pct=55.0),
@@ -93,7 +93,9 @@ def test_collector_serves_known_readings_phases_steps_and_idle_time():
 
     got = samples(_exposition(collector))
     assert all(name.startswith("gpuprof_") for name in got)
-    gpu_labels = {"node": "n1", "gpu": "0", "uuid": "GPU-0"}
+    # gpuprof's labels, and the same GPU under dcgm-exporter's and Ray's label names
+    gpu_labels = {"node": "n1", "gpu": "0", "uuid": "GPU-0", "UUID": "GPU-0", "Hostname": "n1",
+                  "ip": "10.0.0.1", "GpuIndex": "0"}  # fmt: skip
     assert (gpu_labels, 0.9) in got["gpuprof_gpu_utilization_ratio"]
     assert by(got["gpuprof_gpu_utilization_ratio"], "gpu") == {"0": 0.9, "1": 0.9}
     assert by(got["gpuprof_gpu_memory_used_bytes"], "gpu") == {"0": GIB, "1": 2 * GIB}
@@ -105,12 +107,14 @@ def test_collector_serves_known_readings_phases_steps_and_idle_time():
     assert by(got["gpuprof_gpu_nvlink_tx_bytes_per_second"], "gpu") == {"1": 2e9}
     assert "gpuprof_gpu_temperature_celsius" not in got
     assert "gpuprof_gpu_pcie_tx_bytes_per_second" not in got
+    model = "NVIDIA H100 80GB HBM3"
     assert got["gpuprof_gpu_info"] == [
-        ({"node": "n1", "gpu": str(i), "uuid": f"GPU-{i}", "model_name": "NVIDIA H100 80GB HBM3"},
-         1.0) for i in range(2)
+        ({**gpu_labels, "gpu": str(i), "GpuIndex": str(i), "uuid": f"GPU-{i}", "UUID": f"GPU-{i}",
+          "model_name": model, "modelName": model}, 1.0) for i in range(2)
     ]  # fmt: skip
-    assert got["gpuprof_host_cpu_utilization_ratio"] == [({"node": "n1"}, 0.25)]
-    assert got["gpuprof_host_memory_used_bytes"] == [({"node": "n1"}, 8 * GIB)]
+    host = {"node": "n1", "Hostname": "n1", "ip": "10.0.0.1"}
+    assert got["gpuprof_host_cpu_utilization_ratio"] == [(host, 0.25)]
+    assert got["gpuprof_host_memory_used_bytes"] == [(host, 8 * GIB)]
     # per process: the last phase it finished, when, its steps and step time
     assert sorted(got["gpuprof_rank_phase_info"], key=lambda s: s[0]["pid"]) == [
         ({"node": "n1", "rank": "0", "pid": "7", "phase": "update_actor"}, 1.0),

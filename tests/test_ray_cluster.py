@@ -505,10 +505,13 @@ def test_local_ray_init_stays_on_the_watchers_node(tmp_path):
     run_dir = tmp_path / "run"
     # RAY_ADDRESS=local: a Ray of its own even while another cluster on this machine (another
     # test run's) has left its address in /tmp/ray/ray_current_cluster, which ray.init() joins
+    # RAY_raylet_start_wait_time_s: Ray's own bound on its raylet registering, which a loaded
+    # 2-core machine (this module's cluster beside it) can exceed at the default
     env = clean_env(GPUPROF_HOST="solo", GPUPROF_SPOOL_DIR=str(tmp_path / "spool"),
-                    RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="local")  # fmt: skip
+                    RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="local",
+                    RAY_raylet_start_wait_time_s="180")  # fmt: skip
     cmd = gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", sys.executable, str(script))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "actor on solo" in proc.stdout
     assert "gpuprof: " not in proc.stderr, proc.stderr
@@ -810,14 +813,18 @@ def test_the_metrics_endpoint_serves_every_node_of_the_cluster(cluster, simnvml_
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     stop = tmp_path / "stop"
-    proc, _ = _watch(cluster, simnvml_lib, tmp_path, "--metrics-port", str(port),
-                     JOB_STOP_FILE=str(stop))  # fmt: skip
+    proc, run_dir = _watch(cluster, simnvml_lib, tmp_path, "--metrics-port", str(port),
+                           JOB_STOP_FILE=str(stop))  # fmt: skip
     nodes = set(NODES)
 
     def ready(got: dict) -> bool:
         stepped = {s["node"] for s, v in got.get("gpuprof_steps_total", []) if v >= 5}
         sampled = {s["node"] for s, _ in got.get("gpuprof_gpu_utilization_ratio", [])}
-        return stepped >= nodes and sampled >= nodes and "gpuprof_idle_gpu_seconds" in got
+        # a node's host CPU figure comes with its second host reading (CPU use is a difference
+        # of two), which a loaded machine may ship a pull after its first GPU readings
+        hosted = {s["node"] for s, _ in got.get("gpuprof_host_cpu_utilization_ratio", [])}
+        return (stepped >= nodes and sampled >= nodes and hosted >= nodes
+                and "gpuprof_idle_gpu_seconds" in got)  # fmt: skip
 
     got: dict = {}
     try:
@@ -839,10 +846,15 @@ def test_the_metrics_endpoint_serves_every_node_of_the_cluster(cluster, simnvml_
         assert models == [gpu] * count
     phases = {(s["node"], s["phase"]) for s, _ in got["gpuprof_rank_phase_info"]}
     assert {(name, "rollout") for name in NODES} <= phases
-    # phase ends put on the watcher's clock: the skewed nodes' actors end "now" there too
-    now = time.time()
+    # phase ends put on the watcher's clock: each served end is the end of one of that
+    # process's spans as the finished run aligns them (the nodes' clocks are 250 and 400 ms
+    # off the watcher's; the live offset and the stored one agree to well under 50 ms)
+    run = store.load_run(run_dir)
+    ends = run.spans.assign(end_s=run.spans["end_ns"] / 1e9)
     for labels, t in got["gpuprof_rank_phase_end_timestamp_seconds"]:
-        assert abs(t - now) < 10, (labels, t, now)
+        mine = ends[(ends["host"] == labels["node"]) & (ends["pid"] == int(labels["pid"]))]
+        assert len(mine), labels
+        assert (mine["end_s"] - t).abs().min() < 0.05, (labels, t)
     sampled = {s["node"] for s, v in got["gpuprof_sampled_gpu_seconds_total"] if v > 0}
     assert sampled == nodes
     hosts = {s["node"] for s, _ in got["gpuprof_host_cpu_utilization_ratio"]}

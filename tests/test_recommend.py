@@ -629,3 +629,23 @@ def test_expert_parallelism_only_for_a_mixture_of_experts_under_megatron(
     else:
         assert recs[_EP].suggested == suggested
         assert "experts" in recs[_EP].rationale
+
+
+@pytest.mark.parametrize("command", [["python", "train.py"], TRL_CMD])
+def test_logging_advice_needs_idle_time_inside_steps(command):
+    # "log less often" explains idle time between the phases of a step; a run with no phase
+    # spans at all (a 0.2 s snapshot, a script without hooks) or idle only before the first
+    # step gives no basis for it (seen on a real H100: 2 readings got "log_every → 10")
+    from gpuprof.analyzers.evidence import IdleUnattributedEvidence
+
+    def advice(**evidence):
+        finding = Finding(kind="idle_unattributed", gpu_seconds_lost=100.0, share=0.4,
+                          confidence=0.7, summary="idle",
+                          evidence=IdleUnattributedEvidence(**evidence))  # fmt: skip
+        return [r.knob for r in recommend([finding], RunMeta(run_id="r", command=command))]
+
+    assert advice(spans_recorded=False, idle_in_step_gpu_s=0.0) == []
+    assert advice(spans_recorded=True, idle_in_step_gpu_s=0.0) == []
+    knobs = advice(spans_recorded=True, idle_in_step_gpu_s=60.0)
+    assert knobs and all("log" in k for k in knobs), knobs
+    assert advice() == knobs  # evidence that does not say: the advice as before

@@ -6,6 +6,8 @@ with that node, its clock offset applied, its gauges dropped once it is lost or 
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 import sqlite3
 from pathlib import Path
 
@@ -86,6 +88,9 @@ def run_dir(tmp_path) -> Path:
     meta = RunMeta(run_id="run", hosts=["n1.rack.2"], reference_node="n0",
                    gpus=[{"index": i, "uuid": f"GPU-n1-{i}", "name": "NVIDIA H200"}
                          for i in range(2)])  # fmt: skip
+    meta.nodes["n1.rack.2"] = {"state": "recorded", "asked_ns": 1, "from_ns": 2,
+                               "notice": "node n1.rack.2 recorded",
+                               "address": "10.0.0.12"}  # fmt: skip
     _document(n1, "run", meta.to_dict())
     _document(n1, "clock", {"node": "n1.rack.2", "offset_ns": -250_000_000, "error_ns": 10,
                             "method": "ray-rtt", "reference": "n0"})  # fmt: skip
@@ -120,6 +125,7 @@ def test_the_nodes_files_and_the_drivers_files_are_read_once(run_dir):
     assert [(g["host"], g["index"], g["name"]) for g in tail.inventory()] == [
         ("n1.rack.2", 0, "NVIDIA H200"), ("n1.rack.2", 1, "NVIDIA H200")]  # fmt: skip
     assert tail.offsets() == {"n1.rack.2": -250_000_000}
+    assert tail.addresses() == {"n1.rack.2": "10.0.0.12"}  # its IP in Ray's node table
 
     # nothing new: nothing returned; then only what was added
     assert not any(tail.poll().values())
@@ -215,15 +221,22 @@ def _n1_rows(run_dir: Path) -> NodeRows:
 
 
 def test_another_nodes_rows_are_served_with_its_node_and_the_watchers_clock(run_dir):
-    collector = GpuprofCollector(LiveState(idle_util_pct=10), "n0")
+    collector = GpuprofCollector(LiveState(idle_util_pct=10), "n0", node_ip="10.0.0.10")
     collector.take((S, _gpus("n0", 1.0, [30]), HostSample("n0", S, cpu_pct=10.0)))
     collector.take_rows("n1.rack.2", _n1_rows(run_dir))
     collector.set_others([{"host": "n1.rack.2", "index": 0, "uuid": "GPU-n1-0",
-                           "name": "NVIDIA H200"}], {"n1.rack.2": -250_000_000})  # fmt: skip
+                           "name": "NVIDIA H200"}], {"n1.rack.2": -250_000_000},
+                         {"n1.rack.2": "10.0.0.12"})  # fmt: skip
     got = _exposition(collector)
     util = {(s["node"], s["gpu"], s["uuid"]): v for s, v in got["gpuprof_gpu_utilization_ratio"]}
     assert util == {("n0", "0", "GPU-n0-0"): 0.3, ("n1.rack.2", "0", "GPU-n1.rack.2-0"): 0.9,
                     ("n1.rack.2", "1", "GPU-n1.rack.2-1"): 0.05}  # fmt: skip
+    # each node's GPUs under Ray's names: the node's IP, the GPU's index
+    ray = {(s["ip"], s["GpuIndex"], s["Hostname"]) for s, _ in got["gpuprof_gpu_power_watts"]}
+    assert ray == {("10.0.0.10", "0", "n0"), ("10.0.0.12", "0", "n1.rack.2"),
+                   ("10.0.0.12", "1", "n1.rack.2")}  # fmt: skip
+    hosts = {s["node"]: s["ip"] for s, _ in got["gpuprof_host_cpu_utilization_ratio"]}
+    assert hosts == {"n0": "10.0.0.10", "n1.rack.2": "10.0.0.12"}
     power = {(s["node"], s["gpu"]): v for s, v in got["gpuprof_gpu_power_watts"]}
     assert power[("n1.rack.2", "1")] == 101.0
     info = [(s["node"], s["gpu"], s["model_name"]) for s, _ in got["gpuprof_gpu_info"]]
@@ -278,3 +291,18 @@ def test_follower_reads_a_file_a_writer_holds_open(tmp_path):
         tail.close()
         writer.close()
     assert sqlite3.connect(path).execute("SELECT count(*) FROM chunks").fetchone() == (2,)
+
+
+def test_the_driver_records_each_nodes_address_in_rays_node_table(tmp_path):
+    from gpuprof.integrations.ray_cluster import recorder
+
+    rec = recorder.ClusterRecorder(object(), tmp_path, "run", "s", "n0", "m0",
+                                   stream=io.StringIO())  # fmt: skip
+    node = recorder._Node("c" * 56, "10.0.0.12")
+    rec._never(node, "its sampler was not placed within 60 s")
+    (path,) = tmp_path.glob("*.sqlite")
+    conn = sqlite3.connect(path)
+    (doc,) = conn.execute("SELECT value FROM meta WHERE key = 'run'").fetchone()
+    conn.close()
+    status = json.loads(doc)["nodes"]["10.0.0.12 (cccccccc)"]
+    assert status["address"] == "10.0.0.12" and status["state"] == "never_recorded"

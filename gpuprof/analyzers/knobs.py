@@ -164,6 +164,18 @@ def _rule_set_when_sampled(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[st
     return arg if samples is not None and samples > 1 else NOT_THE_CAUSE
 
 
+def _rule_multiply_in_step(base: Any, arg: Any, ev: dict[str, Any], ctx: dict[str, Any]) -> Any:
+    # per-step work (logging that syncs the GPU) explains idle time inside steps only: not a
+    # run with no phase spans at all, nor idle time wholly before the first or after the last
+    # step; evidence that does not say (older runs, other kinds) leaves the advice as it was
+    if ev and evidence_value(ev, "spans_recorded") is False:
+        return NOT_THE_CAUSE
+    in_step = _num(evidence_value(ev, "idle_in_step_gpu_s")) if ev else None
+    if in_step is not None and in_step <= 0:
+        return NOT_THE_CAUSE
+    return _rule_multiply(base, arg, ev, ctx)
+
+
 MOE_TOTAL_OVER_ACTIVE = 1.5
 """A model whose total parameters are at least this many times its active ones is a mixture
 of experts (Mixtral 8x7B: 3.6×, Qwen3-30B-A3B: 10×; a dense model: 1×)."""
@@ -195,6 +207,7 @@ SUGGEST_RULES: dict[str, SuggestFn] = {
     "gpus_per_host": _rule_gpus_per_host,
     "set_when_sampled": _rule_set_when_sampled,
     "expert_parallel": _rule_expert_parallel,
+    "multiply_in_step": _rule_multiply_in_step,
 }
 """Rule name -> function computing the suggested value (see the module docstring)."""
 

@@ -127,12 +127,12 @@ KNOBS: tuple[KnobEntry, ...] = (
        _EVAL),
     _K("openrlhf", "periodic_stall", "eval", "eval.steps", ">=0.10.2", "less_often", 4, -1, 0.3,
        _EVAL),
-    _K("openrlhf", "idle_unattributed", "logging", "logging_steps", "<0.10.2", "multiply", 10, 1,
-       0.3,
+    _K("openrlhf", "idle_unattributed", "logging", "logging_steps", "<0.10.2",
+       "multiply_in_step", 10, 1, 0.3,
        "{knob}={current}: logging gathers metrics across ranks and syncs the GPU; every "
        "{suggested} steps does it less often."),
     _K("openrlhf", "idle_unattributed", "logging", "logger.logging_steps", ">=0.10.2",
-       "multiply", 10, 1, 0.3,
+       "multiply_in_step", 10, 1, 0.3,
        "{knob}={current}: logging gathers metrics across ranks and syncs the GPU; every "
        "{suggested} steps does it less often."),
     _K("openrlhf", "rollout_bound", "gmu", "vllm_gpu_memory_utilization", ">=0.6,<0.10.2",

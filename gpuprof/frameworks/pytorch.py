@@ -101,7 +101,7 @@ KNOBS: tuple[KnobEntry, ...] = (
        _SAVE),
     _K("pytorch", "periodic_stall", "eval", "eval_every", "", "less_often", 4, None, 0.3,
        _EVAL),
-    _K("pytorch", "idle_unattributed", "logging", "log_every", "", "multiply", 10, 1, 0.3,
+    _K("pytorch", "idle_unattributed", "logging", "log_every", "", "multiply_in_step", 10, 1, 0.3,
        "{knob}={current}: per-step logging calls .item() and syncs the GPU; every {suggested} "
        "steps does it less often (wrap unexplained code in a gpuprof phase to find the rest)."),
 )  # fmt: skip

@@ -72,7 +72,7 @@ KNOBS: tuple[KnobEntry, ...] = (
        "{suggested} amortises the launch overhead."),
     _K("swift", "periodic_stall", "save", "save_steps", "", "less_often", 4, 500, 0.5, _SAVE),
     _K("swift", "periodic_stall", "eval", "eval_steps", "", "less_often", 4, 500, 0.3, _EVAL),
-    _K("swift", "idle_unattributed", "logging", "logging_steps", "", "multiply", 10, 5, 0.3,
+    _K("swift", "idle_unattributed", "logging", "logging_steps", "", "multiply_in_step", 10, 5, 0.3,
        "{knob}={current}: logging gathers metrics across ranks and syncs the GPU; every "
        "{suggested} steps does it less often."),
     _K("swift", "unused_gpu", "gpus", "NPROC_PER_NODE", "", "gpus_per_host", 1, 1, 0.9,

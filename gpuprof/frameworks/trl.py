@@ -75,7 +75,7 @@ KNOBS: tuple[KnobEntry, ...] = (
        "and fuses kernels."),
     _K("trl", "periodic_stall", "save", "save_steps", "", "less_often", 4, 500, 0.5, _SAVE),
     _K("trl", "periodic_stall", "eval", "eval_steps", "", "less_often", 4, 500, 0.3, _EVAL),
-    _K("trl", "idle_unattributed", "logging", "logging_steps", "", "multiply", 10, 10, 0.3,
+    _K("trl", "idle_unattributed", "logging", "logging_steps", "", "multiply_in_step", 10, 10, 0.3,
        "{knob}={current}: logging gathers metrics across ranks and syncs the GPU; every "
        "{suggested} steps does it less often (if the idle time is not logging, wrap the code "
        "in a gpuprof phase to find out what it is)."),

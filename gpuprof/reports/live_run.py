@@ -89,6 +89,8 @@ class LiveRun:
         """node → when (monotonic s) its file last gave samples."""
         self._lost: set[str] = set()
         self._offsets: dict[str, int] = {}
+        self._ips: dict[str, str] = {}
+        """Another node → its IP address in Ray's node table."""
 
     # ----- inputs (any thread)
     def take(self, readings: Readings | None) -> None:
@@ -169,13 +171,21 @@ class LiveRun:
                 self._held.setdefault((node, int(gpu[i])), {})[attr] = (int(t[i]), float(values[i]))
         state.add_gpu_samples(t, gpu, _floats(table.column("util_gpu_pct")))
 
-    def set_others(self, inventory: Sequence[dict[str, Any]], offsets: dict[str, int]) -> None:
-        """The other nodes' GPU inventories and clock offsets, as their files state them."""
+    def set_others(
+        self,
+        inventory: Sequence[dict[str, Any]],
+        offsets: dict[str, int],
+        addresses: dict[str, str] | None = None,
+    ) -> None:
+        """The other nodes' GPU inventories, clock offsets and IP addresses, as their files
+        state them."""
         with self.lock:
             known = {(str(g.get("host")), g.get("index")) for g in self.gpus}
             self.gpus.extend(g for g in inventory
                              if (str(g.get("host")), g.get("index")) not in known)  # fmt: skip
             self._offsets = dict(offsets)
+            if addresses is not None:
+                self._ips = dict(addresses)
 
     def error(self, message: str) -> None:
         if len(self.errors) < MAX_ERRORS and message not in self.errors:
@@ -206,7 +216,8 @@ def _floats(column: pa.ChunkedArray) -> np.ndarray:
 class RunFollower:
     """The thread that feeds a `LiveRun`: the sampler's newest readings every ``period_s``,
     what the run files gained (`RunTail`) at most every `STORE_POLL_S`, and ``on_tick()``
-    after each round; once more, files included, when it is stopped. ``what`` names the user
+    after each round; once more, files included, when it is stopped. ``on_start()`` runs
+    first, in the thread. ``what`` names the user
     of the figures in its notices ("metrics endpoint"). Failures become notices in
     ``live.errors``; nothing raises."""
 
@@ -222,11 +233,13 @@ class RunFollower:
         name: str,
         period_s: float = READINGS_POLL_S,
         on_tick: Callable[[], None] | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         self.live = live
         self.what = what
         self.period_s = period_s
         self.on_tick = on_tick
+        self.on_start = on_start
         self.tail = RunTail(Path(db_path), live.node, run_dir=run_dir, run_id=run_id,
                             other_nodes=other_nodes)  # fmt: skip
         self._next_poll = 0.0
@@ -253,7 +266,8 @@ class RunFollower:
                 batches = self.tail.poll()  # outside the lock: file I/O
                 for node, rows in batches.items():
                     live.take_rows(node, rows)
-                live.set_others(self.tail.inventory(), self.tail.offsets())
+                live.set_others(self.tail.inventory(), self.tail.offsets(),
+                                self.tail.addresses())  # fmt: skip
                 self._next_poll = started + STORE_POLL_S
             if self.on_tick is not None and not force:
                 self.on_tick()
@@ -261,6 +275,11 @@ class RunFollower:
             live.error(f"{self.what}: {exc!r}")
 
     def _run(self) -> None:
+        if self.on_start is not None:  # in this thread: it may wait (name resolution)
+            try:
+                self.on_start()
+            except Exception as exc:
+                self.live.error(f"{self.what}: {exc!r}")
         try:
             while not self._stop.is_set():
                 started = time.monotonic()

@@ -20,10 +20,18 @@ directory is shared by the nodes' watchers and each serves its own node. Nothing
 raise into the watcher: a failure becomes one of at most `MAX_ERRORS` notices.
 
 Metrics (all prefixed ``gpuprof_``; labels ``node`` everywhere, ``gpu`` and ``uuid`` per GPU,
-``rank`` and ``pid`` per process, standing for dcgm-exporter's ``Hostname``, ``gpu``, ``UUID``;
-units in names, base units, ratios 0–1):
+``rank`` and ``pid`` per process; units in names, base units, ratios 0–1). Every per-GPU series
+also carries the labels other exporters name the same GPU by, so that a join needs no
+``label_replace`` (docs/DASHBOARDS.md): dcgm-exporter's ``UUID`` (NVML's UUID, as ``uuid``) and
+``Hostname`` (the node's name, as ``node``; dcgm-exporter's ``gpu`` is the NVML index, as
+gpuprof's), and Ray's ``ip`` and ``GpuIndex`` (the index again). ``ip`` is the address Ray's
+node table gives a node the Ray driver records, and for the watcher's own node
+``GPUPROF_NODE_IP`` or else the machine's primary address, found as Ray finds a node's
+(`gpuprof.nodes.node_ip`). The host series carry ``Hostname`` and ``ip`` too. These labels
+are constant per GPU and node: they add no series.
 
-- ``gpu_info{model_name}`` (1 per GPU; dcgm-exporter's ``modelName``);
+- ``gpu_info{model_name, modelName}`` (1 per GPU: its model name, under gpuprof's and
+  dcgm-exporter's label names);
 - per GPU: ``gpu_utilization_ratio`` (NVML ``utilization.gpu``: a kernel was running, not how
   busy the SMs were), ``gpu_memory_utilization_ratio``, ``gpu_sm_active_ratio``,
   ``gpu_sm_occupancy_ratio``, ``gpu_tensor_active_ratio``, ``gpu_dram_active_ratio`` (GPM,
@@ -72,6 +80,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpuprof.analyzers.spans import NO_PHASE
+from gpuprof.nodes import node_ip as primary_ip
 from gpuprof.reports.live import LiveState, Readings
 from gpuprof.reports.live_run import (  # noqa: F401  (READINGS_POLL_S, stall_kind: this API)
     MAX_ERRORS,
@@ -89,6 +98,12 @@ HOLD_S = 5.0
 PCIe throughput is read for one GPU per tick, so each GPU's last value stands in between."""
 
 PREFIX = "gpuprof_"
+GPU_LABELS = ("node", "gpu", "uuid", "UUID", "Hostname", "ip", "GpuIndex")
+"""The labels of every per-GPU series: gpuprof's own (``node``, ``gpu``, ``uuid``), the same
+values under dcgm-exporter's names (``UUID``, ``Hostname``; its ``gpu`` is the index too) and
+under Ray's (``ip``, ``GpuIndex``), so that joins need no ``label_replace``."""
+HOST_LABELS = ("node", "Hostname", "ip")
+"""The labels of the host series (``ip`` joins Ray's node metrics)."""
 
 _GPU_GAUGES: tuple[tuple[str, str, float, str, str], ...] = (
     ("gpu_utilization_ratio", "util_gpu_pct", 100.0, "ratio",
@@ -143,12 +158,45 @@ def _base(value: float, factor: float, unit: str) -> float:
 
 class GpuprofCollector(LiveRun, Collector):
     """Turns the `LiveRun` (`LiveState` s and the held GPU and host readings) into metric
-    families at each scrape: ``readings`` is also called at every scrape for the freshest GPU
-    values. Thread-safe: the exporter's thread and the HTTP server's threads share ``lock``.
+    families at each scrape.
+
+    ``state`` and ``node`` are the watcher's node, ``node_ip`` its IP address (`node_ip`
+    labels): ``readings`` is called at every scrape for its freshest GPU values
+    (``Sampler.latest``); ``gpus`` is the run's GPU inventory (``RunMeta.gpus``: host, index,
+    uuid, name). The cluster's other nodes, whose rows a Ray driver records on this machine,
+    come through `take_rows`, each with a state of its own, and their addresses through
+    `set_others`. Thread-safe: the exporter's thread and the HTTP server's threads share
+    ``lock``.
     """
 
     gpu_attrs = GPU_ATTRS
     host_attrs = tuple(spec[0] for spec in _HOST_GAUGES)
+
+    def __init__(
+        self,
+        state: LiveState,
+        node: str,
+        *,
+        readings: Callable[[], Readings | None] | None = None,
+        gpus: Sequence[dict[str, Any]] = (),
+        lock: threading.Lock | None = None,
+        node_ip: str = "",
+    ) -> None:
+        super().__init__(state, node, readings=readings, gpus=gpus, lock=lock)
+        self.node_ip = node_ip
+
+    def set_node_ip(self, address: str) -> None:
+        """The watcher's node's IP address, once found (`gpuprof.nodes.node_ip`)."""
+        with self.lock:
+            self.node_ip = address
+
+    def _ip(self, node: str) -> str:
+        return self.node_ip if node == self.node else self._ips.get(node, "")
+
+    def _gpu_labels(self, key: tuple[str, int], uuid: str) -> list[str]:
+        """The values of `GPU_LABELS` for a GPU."""
+        node, index = key[0], str(key[1])
+        return [node, index, uuid, uuid, node, self._ip(node), index]
 
     def _serving(self, node: str) -> bool:
         """Whether a node's readings are served: the watcher's always; another node's while
@@ -181,7 +229,7 @@ class GpuprofCollector(LiveRun, Collector):
         yield from families
 
     def _gpu_families(self) -> list[Metric]:
-        labels = ["node", "gpu", "uuid"]
+        labels = list(GPU_LABELS)
         info = InfoMetricFamily(PREFIX + "gpu", "The GPUs of the node, one per GPU.", labels=labels)
         listed = set()
         for g in sorted(self.gpus, key=lambda g: (self.order(str(g.get("host") or self.node)),
@@ -189,10 +237,12 @@ class GpuprofCollector(LiveRun, Collector):
             key = (str(g.get("host") or self.node), int(g.get("index", 0)))
             listed.add(key)
             uuid = g.get("uuid") or self._uuid.get(key, "")
-            values = [key[0], str(key[1]), str(uuid)]
-            info.add_metric(values, {"model_name": str(g.get("name") or "")})
+            model = str(g.get("name") or "")
+            info.add_metric(self._gpu_labels(key, str(uuid)),
+                            {"model_name": model, "modelName": model})  # fmt: skip
         for key in sorted(self._held.keys() - listed, key=self.gpu_order):
-            info.add_metric([key[0], str(key[1]), self._uuid.get(key, "")], {"model_name": ""})
+            info.add_metric(self._gpu_labels(key, self._uuid.get(key, "")),
+                            {"model_name": "", "modelName": ""})  # fmt: skip
         out: list[Metric] = [info] if info.samples else []
         # each node's values against its own newest reading: nodes' clocks differ
         newest: dict[str, int] = {}
@@ -205,7 +255,7 @@ class GpuprofCollector(LiveRun, Collector):
                 t_ns, value = self._held[key].get(attr, (0, 0.0))
                 if t_ns and t_ns >= newest[key[0]] - int(HOLD_S * 1e9):
                     family.add_metric(
-                        [key[0], str(key[1]), self._uuid.get(key, "")], _base(value, factor, unit)
+                        self._gpu_labels(key, self._uuid.get(key, "")), _base(value, factor, unit)
                     )
             if family.samples:
                 out.append(family)
@@ -215,11 +265,11 @@ class GpuprofCollector(LiveRun, Collector):
         served = [n for n in sorted(self._host, key=self.order) if self._serving(n)]
         out: list[Metric] = []
         for attr, name, factor, unit, doc in _HOST_GAUGES:
-            family = GaugeMetricFamily(PREFIX + name, doc, labels=["node"], unit=unit)
+            family = GaugeMetricFamily(PREFIX + name, doc, labels=list(HOST_LABELS), unit=unit)
             for node in served:
                 value = self._host[node][1].get(attr)
                 if value is not None:
-                    family.add_metric([node], _base(value, factor, unit))
+                    family.add_metric([node, node, self._ip(node)], _base(value, factor, unit))
             if family.samples:
                 out.append(family)
         return out
@@ -312,7 +362,9 @@ class MetricsExporter:
     """Serves ``/metrics`` on ``address`` (host, port) until `stop`.
 
     ``readings`` is ``Sampler.latest``; ``db_path`` the run file the hooks write spans and steps
-    to; ``node`` the node's name; ``gpus`` the run's GPU inventory. With ``run_dir`` it also
+    to; ``node`` the node's name; ``gpus`` the run's GPU inventory; ``node_ip`` the node's IP
+    address for the ``ip`` label (None: found by `gpuprof.nodes.node_ip` in the exporter's
+    thread). With ``run_dir`` it also
     follows the node's other files there and, with ``run_id`` and ``other_nodes``, the files a
     Ray driver records for the cluster's other nodes (`gpuprof.run_tail`). `start`
     raises `OSError` when the address cannot be bound (`bind_failure` words it); nothing else
@@ -330,16 +382,20 @@ class MetricsExporter:
         run_dir: Path | None = None,
         run_id: str | None = None,
         other_nodes: bool = True,
+        node_ip: str | None = None,
     ) -> None:
         self.readings = readings
         self.address = (address[0] or DEFAULT_ADDRESS, int(address[1]))
         self.state = LiveState()
-        self.collector = GpuprofCollector(self.state, node, readings=readings, gpus=gpus)
+        self.collector = GpuprofCollector(self.state, node, readings=readings, gpus=gpus,
+                                          node_ip=node_ip or "")  # fmt: skip
+        self._find_ip = node_ip is None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         self.follower = RunFollower(self.collector, db_path, run_dir=run_dir, run_id=run_id,
                                     other_nodes=other_nodes, what="metrics endpoint",
-                                    name="gpuprof-metrics")  # fmt: skip
+                                    name="gpuprof-metrics",
+                                    on_start=self._find_node_ip)  # fmt: skip
         self.tail = self.follower.tail
         self.bound: tuple[str, int] | None = None
         """The address actually listened on (the port chosen by the system for port 0)."""
@@ -387,3 +443,12 @@ class MetricsExporter:
             if self._server_thread is not None:
                 self._server_thread.join(timeout=5.0)
             self._server = None
+
+    def _find_node_ip(self) -> None:
+        """The node's IP address for the ``ip`` label, in the follower's thread, not the
+        watcher's: it may wait on name resolution."""
+        if self._find_ip:
+            try:
+                self.collector.set_node_ip(primary_ip())
+            except Exception as exc:
+                self.collector.error(f"metrics endpoint: finding the node's IP failed: {exc!r}")

@@ -451,7 +451,8 @@ class ClusterRecorder:
 
     def _account(self, node: _Node, state: str, notice: str, why: str | None = None) -> None:
         """Say in the node's file how it was recorded (``RunMeta.nodes``, on the run's
-        clock) and put ``notice``, the line saying it, in the run's notices. A node with no
+        clock, with its address in Ray's node table, which Ray's metrics name ``ip``) and put
+        ``notice``, the line saying it, in the run's notices. A node with no
         file yet (never recorded) gets one holding just that, so the run says so too."""
         if node.writer is None:
             name = node.name or f"ray-{node.address}-{node.ray_id[:8]}"
@@ -467,7 +468,7 @@ class ClusterRecorder:
                 self._say(f"could not write how node {node.label} was recorded ({_short(exc)})")
                 return
         status = {"state": state, "asked_ns": node.asked_ns or None, "from_ns": node.from_ns,
-                  "notice": notice}  # fmt: skip
+                  "notice": notice, "address": node.address}  # fmt: skip
         if state == "lost":
             status["lost_ns"] = now_ns()
         if why:
