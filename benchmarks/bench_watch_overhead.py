@@ -1,6 +1,7 @@
 """Step-time overhead of `gpuprof watch` on the CPU GRPO example.
 
     python benchmarks/bench_watch_overhead.py [--pairs 20] [--steps 30] [--no-simnvml]
+    python benchmarks/bench_watch_overhead.py --log-to wandb,tensorboard,mlflow [--pairs 10]
 
 Runs ``examples/grpo_tiny.py`` alternately bare and under ``gpuprof watch`` (hooks recording,
 GPU sampling at 10 Hz on 8 simulated GPUs through the real NVML bindings, host sampling), in
@@ -9,16 +10,24 @@ one session so machine noise hits both alike. The example prints each step's wal
 ratio of those medians, and the median over pairs of the per-pair ratio. The example's phase
 hooks run in both variants (outside a run they are no-ops), so the ratio is the cost of
 recording plus sampling.
+
+With ``--log-to``, each round runs a third variant, ``watch --log-to … --log-interval 1``
+(W&B offline, MLflow and TensorBoard in local directories), and the ratio of interest is
+``logged/watched``: what the trackers' child processes and the watcher's figures thread cost
+the training step; also the wall time each watch took from start to exit (the end-of-run upload
+included).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,19 +44,36 @@ def simnvml_env(tmp: Path) -> dict[str, str]:
     return simnvml_env(lib, write_scenario(tmp / "scenario.txt", {"gpus": gpus}))
 
 
-def run_once(watched: bool, steps: int, env: dict[str, str] | None) -> list[float]:
+def tracker_env(env: dict[str, str] | None, tmp: Path) -> dict[str, str]:
+    """``env`` with W&B offline and MLflow's file store under ``tmp``."""
+    out = dict(env or os.environ)
+    out.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(tmp),
+               WANDB_CONFIG_DIR=str(tmp / "wandb-config"), WANDB_CACHE_DIR=str(tmp / "cache"),
+               WANDB_DATA_DIR=str(tmp / "data"), MLFLOW_TRACKING_URI=(tmp / "mlruns").as_uri(),
+               MLFLOW_ALLOW_FILE_STORE="true", TENSORBOARD_DIR=str(tmp / "tb"))  # fmt: skip
+    return out
+
+
+def run_once(watched: bool, steps: int, env: dict[str, str] | None, log_to: str | None = None
+             ) -> tuple[list[float], float]:  # fmt: skip
+    """The step times (ms) of one run, and its wall time (s)."""
     cmd = [sys.executable, str(EXAMPLE), "--steps", str(steps)]
     if watched:
         run_dir = tempfile.mkdtemp(prefix="gpuprof-overhead-")
         flags = ["--quiet", "-o", run_dir] + ([] if env else ["--no-nvml"])
+        if log_to:
+            flags += ["--log-to", log_to, "--log-interval", "1"]
+            env = tracker_env(env, Path(run_dir) / "trackers")
         cmd = [sys.executable, "-m", "gpuprof", "watch", *flags, "--", *cmd]
+    started = time.monotonic()
     out = subprocess.run(
         cmd, capture_output=True, text=True, check=True, cwd=ROOT, env=env if watched else None
     ).stdout
+    took = time.monotonic() - started
     times = [float(ms) for step, ms in _STEP.findall(out) if int(step) > 0]
     if len(times) != steps - 1:
         raise SystemExit(f"expected {steps - 1} step times from {cmd}, got {len(times)}")
-    return times
+    return times, took
 
 
 def main() -> None:
@@ -55,17 +81,27 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--no-simnvml", action="store_true", help="watch without NVML sampling")
+    parser.add_argument("--log-to", help="also run watch --log-to these trackers")
     args = parser.parse_args()
     env = None if args.no_simnvml else simnvml_env(Path(tempfile.mkdtemp(prefix="simnvml-")))
     bare: list[float] = []
     watched: list[float] = []
+    logged: list[float] = []
     pair_ratios: list[float] = []
+    log_ratios: list[float] = []
+    walls: dict[str, list[float]] = {"watched": [], "logged": []}
     for _ in range(args.pairs):
-        b = run_once(False, args.steps, None)
-        w = run_once(True, args.steps, env)
+        b, _ = run_once(False, args.steps, None)
+        w, took = run_once(True, args.steps, env)
+        walls["watched"].append(took)
         bare += b
         watched += w
         pair_ratios.append(statistics.median(w) / statistics.median(b))
+        if args.log_to:
+            g, took = run_once(True, args.steps, env, args.log_to)
+            walls["logged"].append(took)
+            logged += g
+            log_ratios.append(statistics.median(g) / statistics.median(w))
     b_med, w_med = statistics.median(bare), statistics.median(watched)
     print(f"{args.pairs} pairs x {args.steps - 1} steps; GPU sampling: "
           f"{'none' if env is None else '8 simulated GPUs at 10 Hz'}")  # fmt: skip
@@ -75,6 +111,14 @@ def main() -> None:
     print(f"ratio of medians watched/bare: {w_med / b_med:.4f}")
     print(f"median of per-pair ratios:     {statistics.median(pair_ratios):.4f}")
     print("per-pair ratios: " + " ".join(f"{r:.3f}" for r in pair_ratios))
+    if args.log_to:
+        g_med = statistics.median(logged)
+        print(f"{'logged':10s} {g_med:15.2f}   (watch --log-to {args.log_to})")
+        print(f"ratio of medians logged/watched: {g_med / w_med:.4f}")
+        print(f"median of per-round ratios:      {statistics.median(log_ratios):.4f}")
+        print("per-round ratios: " + " ".join(f"{r:.3f}" for r in log_ratios))
+        print(f"median wall time of a watch: {statistics.median(walls['watched']):.2f} s, "
+              f"with --log-to {statistics.median(walls['logged']):.2f} s")  # fmt: skip
 
 
 if __name__ == "__main__":

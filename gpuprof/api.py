@@ -29,6 +29,7 @@ __all__ = [
     "demo",
     "efficiency",
     "efficiency_options",
+    "finish_log_to",
     "import_files",
     "load_for_analysis",
     "load_run",
@@ -66,6 +67,13 @@ class WatchOptions:
     ms-swift, verl, OpenRLHF and torch.distributed are instrumented as they are imported."""
     metrics_address: tuple[str, int] | None = None
     """Serve Prometheus metrics on this (host, port) while the command runs; None: don't."""
+    log_to: tuple[str, ...] = ()
+    """Experiment trackers (``wandb``, ``tensorboard``, ``mlflow``) to log gpuprof's figures to
+    while the command runs (`gpuprof.reports.trackers`); `finish_log_to` adds the diagnosis."""
+    log_interval_s: float = 10.0
+    """Seconds between two points of the figures logged to ``log_to``."""
+    log_timeout_s: float = 10.0
+    """Longest wait, after the run, for the trackers' last upload."""
 
 
 @dataclass
@@ -79,6 +87,20 @@ class WatchResult:
     """False when recording stopped before the command ended (disk full, directory removed)."""
     summarize: bool = True
     """False for a node of a multi-node launch other than node rank 0 (which summarizes)."""
+    log_to: LogTo | None = None
+    """The trackers of ``--log-to``, still open for the diagnosis and the report
+    (`finish_log_to`); None without them."""
+
+
+@dataclass
+class LogTo:
+    """What `finish_log_to` needs: the trackers' logger, the run file whose notices it adds
+    to, the run's metadata, and whether to print."""
+
+    logger: object
+    run_file: Path
+    meta: RunMeta
+    quiet: bool = False
 
 
 def default_run_dir(argv: list[str], now: float | None = None) -> Path:
@@ -216,7 +238,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [bootstrap_dir(), env.get("PYTHONPATH")]))
     sink = _LogSink(writer, host)
     child = ChildProcess(argv, env=env, on_line=sink, kill_after_s=options.kill_after_s)
-    sampler = live = metrics = None
+    sampler = live = metrics = trackers = None
     try:
         pid = child.start()
     except CommandNotFound as exc:
@@ -236,8 +258,12 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         metrics = _start_metrics(options, sampler, db_path, host, meta.gpus, notices,
                                  run_dir=run_dir, run_id=meta.run_id,
                                  other_nodes=not place.multi_node)  # fmt: skip
+        trackers = _start_log_to(options, sampler, db_path, host, meta, notices, argv=argv,
+                                 env=env, run_dir=run_dir, place=place)  # fmt: skip
         exit_code = child.wait()
     finally:
+        if trackers is not None:
+            trackers.stop_live()
         if metrics is not None:
             metrics.stop()
             notices.extend(metrics.errors)
@@ -271,6 +297,10 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
     lost = _losses(status_dir)
     if lost.hooks_only and not writer.failed:
         notices.append(lost.line(None, meta.end_ns))
+    log_to = None
+    if trackers is not None:
+        notices.extend(n for n in trackers.notices + trackers.live.errors if n not in notices)
+        log_to = LogTo(trackers, final_path, meta, options.quiet)
     meta.notices = notices
     _merge_recorded_knobs(meta, run_dir, db_path)
     attrs = {"exit_code": exit_code, "signal": meta.exit_signal}
@@ -299,7 +329,8 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         else:
             where = f"{run_dir} holds only what was written before"
         _notify(f"{line}: {where} (the command exited {exit_code})", options.quiet)
-        return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices, complete=False)
+        return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices, complete=False,
+                           log_to=log_to)  # fmt: skip
     store.finalize_file(db_path, final_path)
     try:  # Parquet tables load 7-9x faster; the SQLite rows stay readable if this fails
         store.compact_run(final_path)
@@ -313,10 +344,11 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
             "node rank 0 prints the run's summary",
             options.quiet,
         )
-        return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices, summarize=False)
+        return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices, summarize=False,
+                           log_to=log_to)  # fmt: skip
     if place.multi_node:
         _wait_for_nodes(run_dir, place, options)
-    return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices)
+    return WatchResult(exit_code=exit_code, run_dir=run_dir, notices=notices, log_to=log_to)
 
 
 COMPACT_WORKERS = 8
@@ -518,6 +550,79 @@ def _start_metrics(options: WatchOptions, sampler, db_path: Path, node, gpus, no
         return None
     _notify(f"Prometheus metrics at {exporter.url}", options.quiet)
     return exporter
+
+
+def _start_log_to(options: WatchOptions, sampler, db_path: Path, node: str, meta: RunMeta,
+                  notices: list[str], *, argv: list[str], env: dict[str, str], run_dir: Path,
+                  place: launch.Launch):  # fmt: skip
+    """The trackers' logger when ``--log-to`` asks for one. In a multi-node launch only node
+    rank 0's watcher logs (the trackers' runs are the training's, one per job)."""
+    if not options.log_to:
+        return None
+    if place.multi_node and (place.node_rank != 0 or not place.samples):
+        notices.append(f"--log-to: node rank {place.node_rank} leaves the trackers to node rank 0")
+        return None
+    from gpuprof.reports.trackers import TrackerLogger
+
+    logger = TrackerLogger(options.log_to, sampler.latest, db_path, node=node, argv=argv,
+                           run_dir=run_dir, run_id=meta.run_id, env=env, gpus=meta.gpus,
+                           other_nodes=not place.multi_node, interval_s=options.log_interval_s,
+                           timeout_s=options.log_timeout_s,
+                           on_notice=lambda line: _notify(line, options.quiet))  # fmt: skip
+    logger.start()
+    return logger
+
+
+def finish_log_to(
+    result: WatchResult,
+    report_path: Path | None = None,
+    *,
+    diagnosis=None,
+    gpu_hour_price: float | None = None,
+    model_params: str | float | None = None,
+    gpu: str | None = None,
+) -> list[str]:
+    """After `watch` (and its summary and report): hand the trackers of ``--log-to`` the
+    diagnosis's figures and attach ``report_path`` and the diagnosis JSON (written to
+    ``RUN_DIR/diagnosis.json``), waiting at most ``log_timeout_s`` for them. ``diagnosis``:
+    the run's, when the caller has it (else it is made here, with ``gpu_hour_price``,
+    ``model_params`` and ``gpu`` as for `analyze`). A run cut short or not summarized here
+    sends the last live figures alone. Prints one line per tracker saying where its figures
+    went, stores notices that came up meanwhile in the run, and returns those lines. Never
+    raises: the command's exit code is what matters."""
+    handle = result.log_to
+    if handle is None:
+        return []
+    logger = handle.logger
+    document, files = None, []
+    if result.complete and result.summarize:
+        try:
+            if diagnosis is None:
+                run = load_for_analysis(result.run_dir)
+                diagnosis = analyze(run, gpu_hour_price=gpu_hour_price,
+                                    model_params=model_params, gpu=gpu)  # fmt: skip
+            from gpuprof.reports.terminal import render_json
+
+            document = diagnosis.to_dict()
+            path = Path(result.run_dir) / "diagnosis.json"
+            path.write_text(render_json(document) + "\n", encoding="utf-8")
+            files = [p for p in (report_path, path) if p is not None]
+        except Exception as exc:  # the live figures are logged already
+            line = f"--log-to: the diagnosis is not logged ({type(exc).__name__}: {exc})"
+            logger.notices.append(line)
+            _notify(line, handle.quiet)
+    try:
+        lines = logger.finish(document, files)
+    except Exception as exc:
+        lines = []
+        logger.notices.append(f"--log-to: {type(exc).__name__}: {exc}")
+    for line in lines:
+        _notify(line, handle.quiet)
+    late = [n for n in logger.notices if n not in handle.meta.notices]
+    if late:
+        handle.meta.notices = [*handle.meta.notices, *late]
+        store.write_meta_now(handle.run_file, "run", handle.meta.to_dict())
+    return lines
 
 
 def _open_nvml(host: str, options: WatchOptions, meta: RunMeta, notices: list[str]):

@@ -158,6 +158,39 @@ def watch(
             "0.0.0.0: every interface).",
         ),
     ] = None,
+    log_to: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--log-to",
+            envvar="GPUPROF_LOG_TO",
+            help="Log GPU utilization (mean and per GPU), idle GPU-seconds by phase, step time "
+            "and the top finding so far to an experiment tracker while the command runs, and "
+            "the diagnosis, report.html and diagnosis.json at the end: wandb, tensorboard or "
+            "mlflow (repeat it or give a comma list). Into the training's run where the "
+            "environment names it (WANDB_RUN_ID online, MLFLOW_RUN_ID), else a run grouped "
+            "with it; TensorBoard: a gpuprof directory in the training's log dir. A tracker "
+            "that fails is one line; the command is never held up.",
+        ),
+    ] = None,
+    log_interval: Annotated[
+        float,
+        typer.Option(
+            "--log-interval",
+            envvar="GPUPROF_LOG_INTERVAL",
+            help="Seconds between two points logged by --log-to.",
+            min=0.5,
+        ),
+    ] = 10.0,
+    log_timeout: Annotated[
+        float,
+        typer.Option(
+            "--log-timeout",
+            envvar="GPUPROF_LOG_TIMEOUT",
+            help="Seconds --log-to waits, after the command, for the trackers' last upload "
+            "before going on without it.",
+            min=0,
+        ),
+    ] = 10.0,
     wait_nodes: Annotated[
         float,
         typer.Option(
@@ -178,6 +211,15 @@ def watch(
         _err("--metrics-address needs --metrics-port")
         raise typer.Exit(EXIT_BAD_INPUT)
     metrics_address = metrics_address or "127.0.0.1"
+    trackers: list[str] = []
+    if log_to:
+        from gpuprof.reports.trackers import parse_log_to
+
+        try:
+            trackers = parse_log_to(log_to)
+        except ValueError as exc:
+            _err(f"--log-to: {exc}")
+            raise typer.Exit(EXIT_BAD_INPUT) from None
     options = api.WatchOptions(
         output=output,
         interval_s=interval,
@@ -189,6 +231,9 @@ def watch(
         kill_after_s=kill_after or None,
         wait_nodes_s=wait_nodes,
         metrics_address=None if metrics_port is None else (metrics_address, metrics_port),
+        log_to=tuple(trackers),
+        log_interval_s=log_interval,
+        log_timeout_s=log_timeout,
     )
     try:
         result = api.watch(command, options)
@@ -197,38 +242,42 @@ def watch(
         raise typer.Exit(EXIT_BAD_INPUT) from None
     figures = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
     if not result.complete or not result.summarize:  # a cut run, or not node rank 0
+        api.finish_log_to(result)
         raise typer.Exit(result.exit_code)
-    if not quiet:
-        _print_summary(result.run_dir, figures)
-    _write_report(result.run_dir, quiet, figures)
+    diagnosis = _print_summary(result.run_dir, figures) if not quiet else None
+    report_path = _write_report(result.run_dir, quiet, figures)
+    api.finish_log_to(result, report_path, diagnosis=diagnosis, **figures)
     raise typer.Exit(result.exit_code)
 
 
-def _write_report(run_dir: Path, quiet: bool, figures: dict | None = None) -> None:
-    """Write RUN_DIR/report.html at the end of watch; a failure prints one line and never
-    changes the exit code (the run itself is saved)."""
+def _write_report(run_dir: Path, quiet: bool, figures: dict | None = None) -> Path | None:
+    """Write RUN_DIR/report.html at the end of watch and return its path; a failure prints
+    one line, returns None and never changes the exit code (the run itself is saved)."""
     try:
         path = api.report(run_dir, **(figures or {}))
     except Exception as exc:
         if not quiet:
             _err(f"report not written ({type(exc).__name__}: {exc}); try: gpuprof report {run_dir}")
-        return
+        return None
     if not quiet:
         Console(stderr=True).print(f"report: {path}", soft_wrap=True)
+    return path
 
 
-def _print_summary(run_dir: Path, figures: dict | None = None) -> None:
+def _print_summary(run_dir: Path, figures: dict | None = None):
+    """Print the run's summary and its diagnosis's headline; return the diagnosis (None when
+    there is none)."""
     from gpuprof.reports.summary import summary_renderable
 
     try:
         run = api.load_for_analysis(run_dir)
     except api.RunError as exc:
         _err(str(exc))
-        return
+        return None
     console = Console(stderr=True)
     console.print(summary_renderable(run, str(run_dir)))
     if run.spans.empty:
-        return  # nothing to diagnose yet: the summary's notes say what is missing
+        return None  # nothing to diagnose yet: the summary's notes say what is missing
     from rich.console import Group
 
     from gpuprof.reports.terminal import (
@@ -242,15 +291,16 @@ def _print_summary(run_dir: Path, figures: dict | None = None) -> None:
         diagnosis = api.analyze(run, **(figures or {}))
     except Exception as exc:  # the run is saved; a diagnosis bug must not cost the exit code
         _err(f"diagnosis failed ({type(exc).__name__}: {exc}); try: gpuprof analyze {run_dir}")
-        return
+        return None
     summary = diagnosis.summary
     console.print(Group(*basis_parts(summary), *bound_parts(summary.get("bound"))))
     if run.gpu.empty:
-        return  # findings need GPU samples; the step's bound needs only its phases
+        return diagnosis  # findings need GPU samples; the step's bound needs only its phases
     console.print(efficiency_renderable(diagnosis.summary.get("efficiency")))
     console.print(findings_renderable(diagnosis, top=3))
     # soft_wrap: a path must stay on one line to be copied
     console.print(f"full diagnosis: gpuprof analyze {run_dir}", soft_wrap=True)
+    return diagnosis
 
 
 @app.command(help="Print the summary of a recorded run.")

@@ -26,6 +26,19 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def wandb_offline(tmp: Path) -> dict[str, str]:
+    """Environment variables that keep W&B offline, quiet and inside ``tmp`` (its runs in
+    ``tmp/wandb``)."""
+    return {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": str(tmp),
+        "WANDB_CONFIG_DIR": str(tmp / "wandb-config"),
+        "WANDB_CACHE_DIR": str(tmp / "wandb-cache"),
+        "WANDB_DATA_DIR": str(tmp / "wandb-data"),
+    }
+
+
 def run_gpuprof(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     env = kwargs.pop("env", None) or clean_env()
     kwargs.setdefault("text", True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import clean_env, run_gpuprof
+from conftest import clean_env, run_gpuprof, wandb_offline
 from simnvml import simnvml_env, write_scenario
 
 from gpuprof.collectors.importers import (
@@ -71,14 +71,7 @@ def write_wandb_run(
     """A real offline W&B run written by wandb in a child process; returns its ``wandb/``."""
     pytest.importorskip("wandb")
     base = env or clean_env()
-    base.update(
-        WANDB_MODE="offline",
-        WANDB_SILENT="true",
-        WANDB_DIR=str(tmp),
-        WANDB_CONFIG_DIR=str(tmp / "wandb-config"),
-        WANDB_CACHE_DIR=str(tmp / "wandb-cache"),
-        WANDB_DATA_DIR=str(tmp / "wandb-data"),
-    )
+    base.update(wandb_offline(tmp))
     spec = {"config": config or {}, "rows": rows, "sleep_s": sleep_s, "stats_s": stats_s}
     subprocess.run(
         [sys.executable, "-c", WANDB_WRITER, json.dumps(spec)],

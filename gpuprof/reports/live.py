@@ -111,6 +111,11 @@ class LiveState:
         self.gpu_s = 0.0
         self._last_t: int | None = None
         self._gpu_last_t: dict[int, int] = {}
+        self.read_gpu_s: dict[int, float] = {}
+        """Per GPU index: the seconds its utilization readings have covered so far."""
+        self.busy_gpu_s: dict[int, float] = {}
+        """Per GPU index: those seconds weighted by NVML utilization (0–1): over
+        `read_gpu_s`, its mean utilization (differences between two moments: over that time)."""
 
     # ----- inputs
     def add_readings(self, readings: Readings | None) -> None:
@@ -127,6 +132,12 @@ class LiveState:
         utils = [g.util_gpu_pct for g in gpus if g.util_gpu_pct is not None]
         idle = sum(1 for u in utils if u < self.idle_util_pct)
         self.gpu_s += dt * len(utils)
+        if dt > 0:
+            for g in gpus:
+                if g.util_gpu_pct is not None:
+                    self.read_gpu_s[g.gpu] = self.read_gpu_s.get(g.gpu, 0.0) + dt
+                    busy = dt * g.util_gpu_pct / 100.0
+                    self.busy_gpu_s[g.gpu] = self.busy_gpu_s.get(g.gpu, 0.0) + busy
         self._append(t_ns, dt * idle)
 
     def add_gpu_samples(self, t_ns: np.ndarray, gpu: np.ndarray, util_pct: np.ndarray) -> None:
@@ -154,6 +165,13 @@ class LiveState:
         idle = valid & (util < self.idle_util_pct)
         bins, where = np.unique(t // BIN_NS, return_inverse=True)
         self.gpu_s += float((dt * valid).sum())
+        ids, which = np.unique(g, return_inverse=True)
+        read = np.bincount(which, weights=np.where(valid, dt, 0.0), minlength=len(ids))
+        busy = np.bincount(which, weights=np.where(valid, dt * util / 100.0, 0.0),
+                           minlength=len(ids))  # fmt: skip
+        for key, r, b in zip(ids.tolist(), read.tolist(), busy.tolist()):
+            self.read_gpu_s[key] = self.read_gpu_s.get(key, 0.0) + r
+            self.busy_gpu_s[key] = self.busy_gpu_s.get(key, 0.0) + b
         idle_s = np.bincount(where, weights=dt * idle, minlength=len(bins))
         for b, seconds in zip(bins.tolist(), idle_s.tolist()):
             self._append(b * BIN_NS, seconds)

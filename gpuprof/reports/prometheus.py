@@ -70,8 +70,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 from prometheus_client import start_http_server
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -82,21 +80,22 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpuprof.analyzers.spans import NO_PHASE
-from gpuprof.nodes import natural_key
 from gpuprof.nodes import node_ip as primary_ip
-from gpuprof.reports.live import STORE_POLL_S, LiveState, Readings
-from gpuprof.run_tail import NodeRows, RunTail
+from gpuprof.reports.live import LiveState, Readings
+from gpuprof.reports.live_run import (  # noqa: F401  (READINGS_POLL_S, stall_kind: this API)
+    MAX_ERRORS,
+    READINGS_POLL_S,
+    STALL_KIND_OF_PHASE,
+    LiveRun,
+    RunFollower,
+    stall_kind,
+)
 
 DEFAULT_ADDRESS = "127.0.0.1"
 """Where the endpoint listens unless ``--metrics-address`` says otherwise."""
-READINGS_POLL_S = 0.25
-"""How often the exporter's thread takes the sampler's newest readings (and at every scrape);
-each reading's idle GPUs are charged to the phase it falls in, as in the live view."""
 HOLD_S = 5.0
 """A GPU value is served up to this long after it was read: without NVML's PCIe byte counters,
 PCIe throughput is read for one GPU per tick, so each GPU's last value stands in between."""
-MAX_ERRORS = 3
-"""Notices kept about failures of the exporter (the watch goes on without them)."""
 
 PREFIX = "gpuprof_"
 GPU_LABELS = ("node", "gpu", "uuid", "UUID", "Hostname", "ip", "GpuIndex")
@@ -157,24 +156,9 @@ def _base(value: float, factor: float, unit: str) -> float:
     return value / factor if unit == "ratio" else value * factor
 
 
-STALL_KIND_OF_PHASE = {
-    "reshard": "reshard_idle",
-    "reward": "reward_bound",
-    "dataload": "dataloader_starvation",
-    "checkpoint": "periodic_stall",
-    "eval": "periodic_stall",
-    "rollout": "generation_tail",
-}
-"""The stall kind the analyzer charges idle time inside a phase to; others: ``phase_idle``."""
-
-
-def stall_kind(phase: str) -> str:
-    """The stall kind named in ``top_finding_*`` for idle time in ``phase``."""
-    return STALL_KIND_OF_PHASE.get(phase, "phase_idle")
-
-
-class GpuprofCollector(Collector):
-    """Turns `LiveState` s and the held GPU readings into metric families at each scrape.
+class GpuprofCollector(LiveRun, Collector):
+    """Turns the `LiveRun` (`LiveState` s and the held GPU and host readings) into metric
+    families at each scrape.
 
     ``state`` and ``node`` are the watcher's node, ``node_ip`` its IP address (`node_ip`
     labels): ``readings`` is called at every scrape for its freshest GPU values
@@ -184,6 +168,9 @@ class GpuprofCollector(Collector):
     `set_others`. Thread-safe: the exporter's thread and the HTTP server's threads share
     ``lock``.
     """
+
+    gpu_attrs = GPU_ATTRS
+    host_attrs = tuple(spec[0] for spec in _HOST_GAUGES)
 
     def __init__(
         self,
@@ -195,121 +182,8 @@ class GpuprofCollector(Collector):
         lock: threading.Lock | None = None,
         node_ip: str = "",
     ) -> None:
-        self.state = state
-        self.node = node
+        super().__init__(state, node, readings=readings, gpus=gpus, lock=lock)
         self.node_ip = node_ip
-        self.readings = readings
-        self.gpus = list(gpus)
-        self.lock = lock or threading.Lock()
-        self.errors: list[str] = []
-        self.others: dict[str, LiveState] = {}
-        """The other nodes' states, from the rows their files gained."""
-        self._held: dict[tuple[str, int], dict[str, tuple[int, float]]] = {}
-        """(host, GPU) → attribute → (t_ns, value) of its last reading."""
-        self._uuid: dict[tuple[str, int], str] = {}
-        self._host: dict[str, tuple[int, dict[str, float]]] = {}
-        """node → (t_ns, host attribute → value) of its last host sample."""
-        self._arrived: dict[str, float] = {}
-        """node → when (monotonic s) its file last gave samples."""
-        self._lost: set[str] = set()
-        self._offsets: dict[str, int] = {}
-        self._ips: dict[str, str] = {}
-        """Another node → its IP address in Ray's node table."""
-
-    # ----- inputs (any thread)
-    def take(self, readings: Readings | None) -> None:
-        """Take the sampler's newest readings into the state and the held values."""
-        if readings is None:
-            return
-        with self.lock:
-            self.state.add_readings(readings)
-            t_ns, gpus, host = readings
-            for g in gpus:
-                key = (g.host, g.gpu)
-                if g.uuid:
-                    self._uuid[key] = g.uuid
-                held = self._held.setdefault(key, {})
-                for attr in GPU_ATTRS:
-                    value = getattr(g, attr, None)
-                    if value is not None:
-                        held[attr] = (g.t_ns or t_ns, float(value))
-            if host is not None:
-                values = {a: getattr(host, a, None) for a, *_ in _HOST_GAUGES}
-                self._host[self.node] = (t_ns, {a: float(v) for a, v in values.items()
-                                                if v is not None})  # fmt: skip
-
-    def take_rows(self, node: str, rows: NodeRows) -> None:
-        """What a node's files gained (`gpuprof.run_tail`): spans and steps of the
-        watcher's node, or everything a Ray driver recorded for another node."""
-        with self.lock:
-            if node == self.node:
-                self.state.add_rows(rows)
-                return
-            state = self.others.get(node)
-            if state is None:
-                state = self.others[node] = LiveState(self.state.idle_util_pct)
-            if rows.gpu is not None and rows.gpu.num_rows:
-                self._take_gpu_table(node, rows.gpu, state)
-                self._arrived[node] = time.monotonic()
-            if rows.host is not None and rows.host.num_rows:
-                last = rows.host.slice(rows.host.num_rows - 1).to_pylist()[0]
-                values = {a: last.get(a) for a, *_ in _HOST_GAUGES}
-                self._host[node] = (int(last["t_ns"]), {a: float(v) for a, v in values.items()
-                                                        if v is not None})  # fmt: skip
-                self._arrived[node] = time.monotonic()
-            state.add_rows(rows)
-            if rows.lost_ns is not None:
-                self._lost.add(node)
-
-    def _take_gpu_table(self, node: str, table: pa.Table, state: LiveState) -> None:
-        """A node's GPU samples: the last value of each attribute per GPU is held, and the
-        utilisation goes into the node's idle accounting."""
-        t = _ints(table.column("t_ns"))
-        gpu = _ints(table.column("gpu"))
-        # rows come in the order they were sampled: each GPU's last row holds its newest values,
-        # and the last tick's rows are usually all of them
-        count = len(np.unique(gpu))
-        tick = table.slice(table.num_rows - count)
-        if len(set(tick.column("gpu").to_pylist())) < count:
-            _, from_end = np.unique(gpu[::-1], return_index=True)
-            tick = table.take(len(gpu) - 1 - from_end)
-        last = tick.to_pylist()
-        gaps = set()
-        for row in last:
-            key = (node, int(row["gpu"]))
-            if row["uuid"]:
-                self._uuid[key] = row["uuid"]
-            held = self._held.setdefault(key, {})
-            for attr in GPU_ATTRS:
-                value = row[attr]
-                if value is not None:
-                    held[attr] = (int(row["t_ns"]), float(value))
-                elif table.column(attr).null_count < table.num_rows:
-                    gaps.add(attr)
-        for attr in gaps:  # read for some GPUs in some rows (PCIe without NVML's counters)
-            values = _floats(table.column(attr))
-            valid = np.flatnonzero(~np.isnan(values))
-            order = valid[np.argsort(gpu[valid], kind="stable")]
-            g = gpu[order]
-            for i in order[np.r_[g[1:] != g[:-1], True]].tolist():
-                self._held.setdefault((node, int(gpu[i])), {})[attr] = (int(t[i]), float(values[i]))
-        state.add_gpu_samples(t, gpu, _floats(table.column("util_gpu_pct")))
-
-    def set_others(
-        self,
-        inventory: Sequence[dict[str, Any]],
-        offsets: dict[str, int],
-        addresses: dict[str, str] | None = None,
-    ) -> None:
-        """The other nodes' GPU inventories, clock offsets and IP addresses, as their files
-        state them."""
-        with self.lock:
-            known = {(str(g.get("host")), g.get("index")) for g in self.gpus}
-            self.gpus.extend(g for g in inventory
-                             if (str(g.get("host")), g.get("index")) not in known)  # fmt: skip
-            self._offsets = dict(offsets)
-            if addresses is not None:
-                self._ips = dict(addresses)
 
     def set_node_ip(self, address: str) -> None:
         """The watcher's node's IP address, once found (`gpuprof.nodes.node_ip`)."""
@@ -332,10 +206,6 @@ class GpuprofCollector(Collector):
         arrived = self._arrived.get(node)
         fresh = arrived is not None and time.monotonic() - arrived <= NODE_STALE_S
         return fresh and node not in self._lost
-
-    def error(self, message: str) -> None:
-        if len(self.errors) < MAX_ERRORS and message not in self.errors:
-            self.errors.append(message)
 
     # ----- output (the HTTP server's threads)
     def collect(self) -> Iterator[Metric]:
@@ -362,7 +232,7 @@ class GpuprofCollector(Collector):
         labels = list(GPU_LABELS)
         info = InfoMetricFamily(PREFIX + "gpu", "The GPUs of the node, one per GPU.", labels=labels)
         listed = set()
-        for g in sorted(self.gpus, key=lambda g: (self._order(str(g.get("host") or self.node)),
+        for g in sorted(self.gpus, key=lambda g: (self.order(str(g.get("host") or self.node)),
                                                   int(g.get("index", 0)))):  # fmt: skip
             key = (str(g.get("host") or self.node), int(g.get("index", 0)))
             listed.add(key)
@@ -370,7 +240,7 @@ class GpuprofCollector(Collector):
             model = str(g.get("name") or "")
             info.add_metric(self._gpu_labels(key, str(uuid)),
                             {"model_name": model, "modelName": model})  # fmt: skip
-        for key in sorted(self._held.keys() - listed, key=self._gpu_order):
+        for key in sorted(self._held.keys() - listed, key=self.gpu_order):
             info.add_metric(self._gpu_labels(key, self._uuid.get(key, "")),
                             {"model_name": "", "modelName": ""})  # fmt: skip
         out: list[Metric] = [info] if info.samples else []
@@ -378,7 +248,7 @@ class GpuprofCollector(Collector):
         newest: dict[str, int] = {}
         for (host, _), held in self._held.items():
             newest[host] = max([newest.get(host, 0), *(t for t, _ in held.values())])
-        served = sorted((k for k in self._held if self._serving(k[0])), key=self._gpu_order)
+        served = sorted((k for k in self._held if self._serving(k[0])), key=self.gpu_order)
         for name, attr, factor, unit, doc in _GPU_GAUGES:
             family = GaugeMetricFamily(PREFIX + name, doc, labels=labels, unit=unit)
             for key in served:
@@ -392,7 +262,7 @@ class GpuprofCollector(Collector):
         return out
 
     def _host_families(self) -> list[Metric]:
-        served = [n for n in sorted(self._host, key=self._order) if self._serving(n)]
+        served = [n for n in sorted(self._host, key=self.order) if self._serving(n)]
         out: list[Metric] = []
         for attr, name, factor, unit, doc in _HOST_GAUGES:
             family = GaugeMetricFamily(PREFIX + name, doc, labels=list(HOST_LABELS), unit=unit)
@@ -403,17 +273,6 @@ class GpuprofCollector(Collector):
             if family.samples:
                 out.append(family)
         return out
-
-    def _states(self) -> list[tuple[str, LiveState]]:
-        """Every node's state, the watcher's first, then the others in natural order."""
-        others = sorted(self.others.items(), key=lambda kv: natural_key(kv[0]))
-        return [(self.node, self.state), *others]
-
-    def _order(self, node: str) -> tuple:
-        return (node != self.node, natural_key(node))
-
-    def _gpu_order(self, key: tuple[str, int]) -> tuple:
-        return (*self._order(key[0]), key[1])
 
     def _rank_families(self) -> list[Metric]:
         labels = ["node", "rank", "pid"]
@@ -440,7 +299,7 @@ class GpuprofCollector(Collector):
             labels=labels,
             unit="seconds",
         )
-        for node, state in self._states():
+        for node, state in self.states():
             offset_ns = self._offsets.get(node, 0)
             ranks = sorted(state.ranks.values(), key=lambda r: (r.rank is None, r.rank or 0, r.pid))
             for r in ranks:
@@ -483,7 +342,7 @@ class GpuprofCollector(Collector):
             labels=labels,
             unit="ratio",
         )
-        for node, state in self._states():
+        for node, state in self.states():
             if state.gpu_s <= 0:
                 continue
             sampled.add_metric([node], state.gpu_s)
@@ -497,15 +356,6 @@ class GpuprofCollector(Collector):
                 lost_family.add_metric(values, lost)
                 share_family.add_metric(values, share)
         return [f for f in (sampled, idle, lost_family, share_family) if f.samples]
-
-
-def _ints(column: pa.ChunkedArray) -> np.ndarray:
-    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def _floats(column: pa.ChunkedArray) -> np.ndarray:
-    """A numeric column as float64, NaN where it is null."""
-    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 class MetricsExporter:
@@ -542,14 +392,16 @@ class MetricsExporter:
         self._find_ip = node_ip is None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
-        self.tail = RunTail(Path(db_path), node, run_dir=run_dir, run_id=run_id,
-                            other_nodes=other_nodes)  # fmt: skip
+        self.follower = RunFollower(self.collector, db_path, run_dir=run_dir, run_id=run_id,
+                                    other_nodes=other_nodes, what="metrics endpoint",
+                                    name="gpuprof-metrics",
+                                    on_start=self._find_node_ip)  # fmt: skip
+        self.tail = self.follower.tail
         self.bound: tuple[str, int] | None = None
         """The address actually listened on (the port chosen by the system for port 0)."""
         self._server: Any = None
         self._server_thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpuprof-metrics", daemon=True)
+        self._thread = self.follower.thread
 
     @property
     def errors(self) -> list[str]:
@@ -566,7 +418,7 @@ class MetricsExporter:
         host, port = self.address
         self._server, self._server_thread = start_http_server(port, host, registry=self.registry)
         self.bound = tuple(self._server.server_address[:2])
-        self._thread.start()
+        self.follower.start()
 
     def bind_failure(self, exc: OSError, option: str = "--metrics-port") -> str:
         """One line for a failed `start`: what was asked, why it failed, and that the watch
@@ -582,9 +434,7 @@ class MetricsExporter:
 
     def stop(self) -> None:
         """Stop polling, close the listening socket and wait for the server's thread."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5.0)
+        self.follower.stop()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 self._server.shutdown()
@@ -594,27 +444,11 @@ class MetricsExporter:
                 self._server_thread.join(timeout=5.0)
             self._server = None
 
-    def _run(self) -> None:
-        next_poll = 0.0
-        if self._find_ip:  # here, not in the watcher's thread: it may wait on name resolution
+    def _find_node_ip(self) -> None:
+        """The node's IP address for the ``ip`` label, in the follower's thread, not the
+        watcher's: it may wait on name resolution."""
+        if self._find_ip:
             try:
                 self.collector.set_node_ip(primary_ip())
             except Exception as exc:
                 self.collector.error(f"metrics endpoint: finding the node's IP failed: {exc!r}")
-        try:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                try:
-                    self.collector.take(self.readings())
-                    if started >= next_poll:
-                        batches = self.tail.poll()  # outside the lock: file I/O
-                        for node, rows in batches.items():
-                            self.collector.take_rows(node, rows)
-                        self.collector.set_others(self.tail.inventory(), self.tail.offsets(),
-                                                  self.tail.addresses())  # fmt: skip
-                        next_poll = started + STORE_POLL_S
-                except Exception as exc:  # never let the endpoint disturb the watch
-                    self.collector.error(f"metrics endpoint: {exc!r}")
-                self._stop.wait(max(0.0, READINGS_POLL_S - (time.monotonic() - started)))
-        finally:
-            self.tail.close()  # in the thread that opened it
