@@ -167,6 +167,32 @@ def watch(
             min=0,
         ),
     ] = 120.0,
+    no_stacks: Annotated[
+        bool,
+        typer.Option(
+            "--no-stacks",
+            help="Don't sample the Python stacks of the command's processes (py-spy) nor the "
+            "CPU of their threads.",
+        ),
+    ] = False,
+    stacks_rate: Annotated[
+        int | None,
+        typer.Option(
+            "--stacks-rate",
+            help="Python stack samples per second per process while the GPUs work (default: 2).",
+            min=1,
+            max=1000,
+        ),
+    ] = None,
+    stacks_idle_rate: Annotated[
+        int | None,
+        typer.Option(
+            "--stacks-idle-rate",
+            help="...and while most GPUs idle (default: 20).",
+            min=1,
+            max=1000,
+        ),
+    ] = None,
     gpu_hour_price: GpuHourPrice = None,
     model_params: ModelParams = None,
     gpu: GpuName = None,
@@ -189,6 +215,9 @@ def watch(
         kill_after_s=kill_after or None,
         wait_nodes_s=wait_nodes,
         metrics_address=None if metrics_port is None else (metrics_address, metrics_port),
+        stacks=not no_stacks,
+        stack_rate_hz=stacks_rate,
+        stack_idle_rate_hz=stacks_idle_rate,
     )
     try:
         result = api.watch(command, options)
