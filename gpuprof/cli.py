@@ -489,17 +489,32 @@ def import_(
     print(run_dir)
 
 
-@app.command(help="Export a run: a Perfetto/Chrome trace (JSON) or Parquet files.")
+@app.command(
+    help="Export a run: a Perfetto/Chrome trace (JSON), Parquet files, or its Python stacks "
+    "(speedscope, or folded stacks for flamegraph.pl)."
+)
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="perfetto or parquet.")] = "perfetto",
+    fmt: Annotated[
+        str,
+        typer.Option("--format", "-f", help="perfetto, parquet, speedscope or collapsed."),
+    ] = "perfetto",
     output: Annotated[
         Path | None,
         typer.Option(
             "-o",
             "--output",
-            help="Trace file (gzip if it ends in .gz) or Parquet directory "
-            "(default: RUN_DIR/trace.json.gz or RUN_DIR/parquet).",
+            help="Trace file (gzip if it ends in .gz), Parquet directory, or stacks file "
+            "(default: RUN_DIR/trace.json.gz, RUN_DIR/parquet, RUN_DIR/stacks.speedscope.json "
+            "or RUN_DIR/stacks.folded).",
+        ),
+    ] = None,
+    finding: Annotated[
+        str | None,
+        typer.Option(
+            "--finding",
+            help="speedscope/collapsed: only the stacks inside this finding's intervals (its "
+            "kind, e.g. reward_bound).",
         ),
     ] = None,
     max_counter_events: Annotated[
@@ -515,13 +530,17 @@ def export(
         bool, typer.Option(help="perfetto: add the diagnosis's findings as a track.")
     ] = True,
 ) -> None:
-    from gpuprof.reports.export import FORMATS, ExportError, default_path
+    from gpuprof.reports.export import FORMATS, STACK_FORMATS, ExportError, default_path
     from gpuprof.reports.export import export as export_run
 
     if fmt not in FORMATS:
         _err(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
         raise typer.Exit(EXIT_BAD_INPUT)
+    if finding is not None and fmt not in STACK_FORMATS:
+        _err("--finding goes with --format speedscope or collapsed")
+        raise typer.Exit(EXIT_BAD_INPUT)
     run = _load_or_exit(run_dir)
+    intervals = _finding_intervals(run, finding) if finding is not None else None
     diagnosis = None
     if fmt == "perfetto" and findings and not run.gpu.empty:
         try:
@@ -531,7 +550,12 @@ def export(
     path = output or default_path(run_dir, fmt)
     try:
         result = export_run(
-            run, fmt, path, diagnosis=diagnosis, max_counter_events=max_counter_events
+            run,
+            fmt,
+            path,
+            diagnosis=diagnosis,
+            max_counter_events=max_counter_events,
+            intervals=intervals,
         )
     except ExportError as exc:
         _err(str(exc))
@@ -540,6 +564,22 @@ def export(
     for note in result.notes:
         print(f"gpuprof: {note}", file=sys.stderr)
     print(f"gpuprof: wrote {result.path} ({counts})", file=sys.stderr)
+
+
+def _finding_intervals(run, kind: str) -> list[list[int]]:
+    """The evidence intervals of the run's finding of ``kind``; exit 2 when it has none."""
+    from gpuprof.analyzers.findings import STALL_KINDS
+
+    if kind not in STALL_KINDS:
+        _err(f"unknown finding kind {kind!r}; choose from {', '.join(STALL_KINDS)}")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    diagnosis = api.analyze(run)
+    for f in diagnosis.findings:
+        if f.kind == kind and f.evidence.get("intervals"):
+            return [list(map(int, pair)) for pair in f.evidence["intervals"]]
+    found = ", ".join(f.kind for f in diagnosis.findings) or "none"
+    _err(f"the run has no {kind} finding with intervals (its findings: {found})")
+    raise typer.Exit(EXIT_BAD_INPUT)
 
 
 def _load_or_exit(run_dir: Path):

@@ -49,6 +49,9 @@ MIN_SECONDS = 0.05
 """Less sampled thread-time than this inside the intervals is no evidence: no stacks."""
 OWN_THREAD_PREFIX = "gpuprof-"
 """Threads gpuprof starts in the training process (the hooks' writer): not the user's."""
+MAIN_BLOCKED_MIN_SHARE = 0.25
+"""The main threads' blocked stacks are listed when they were blocked at least this share of
+their sampled time in the intervals (less is the noise of a busy thread's pauses)."""
 WAITING_THREADS = frozenset({"MainThread"})
 WAITING_ROLES = frozenset({"main", "trainer"})
 """Whose blocked stacks are listed: the main thread of the driver and the trainers."""
@@ -151,8 +154,13 @@ class StackSummary:
     rate_hz: float | None
     processes: int
     threads: int
+    main_blocked_share: float | None = None
+    """Share (0–1) of the main threads' sampled time (the driver's and the trainers') they
+    were blocked; None when no main thread was sampled."""
     top: list[StackGroup] = field(default_factory=list)
     blocked: list[StackGroup] = field(default_factory=list)
+    """The main threads' blocked stacks, when they were blocked at least
+    `MAIN_BLOCKED_MIN_SHARE` of their time."""
 
     def headline(self) -> str:
         """One line: the top group and its share, else what the main threads were blocked
@@ -175,6 +183,9 @@ class StackSummary:
             "rate_hz": self.rate_hz,
             "processes": self.processes,
             "threads": self.threads,
+            "main_blocked_share": None
+            if self.main_blocked_share is None
+            else round(self.main_blocked_share, 4),
             "top": [g.to_dict() for g in self.top],
             "blocked": [g.to_dict() for g in self.blocked],
         }
@@ -290,6 +301,10 @@ class StackIndex:
         seen = (busy + blocked) > 0
         rates = self.rate[seen & np.isfinite(self.rate)]
         threads = set(zip(self.pid[seen].tolist(), self.thread[seen].tolist()))
+        main_total = float((busy + blocked)[self.main].sum())
+        main_blocked = float(blocked[self.main].sum())
+        share = main_blocked / main_total if main_total >= MIN_SECONDS else None
+        listed = share is not None and share >= MAIN_BLOCKED_MIN_SHARE
         return StackSummary(
             busy_s=float(busy.sum()),
             blocked_s=float(blocked.sum()),
@@ -297,8 +312,9 @@ class StackIndex:
             rate_hz=float(np.median(rates)) if len(rates) else None,
             processes=len({p for p, _ in threads}),
             threads=len(threads),
+            main_blocked_share=share,
             top=self._top(busy, TOP),
-            blocked=self._top(np.where(self.main, blocked, 0.0), TOP_WAITING),
+            blocked=self._top(np.where(self.main, blocked, 0.0), TOP_WAITING) if listed else [],
         )
 
     def _top(self, weight: np.ndarray, n: int) -> list[StackGroup]:
