@@ -517,6 +517,14 @@ def export(
             "kind, e.g. reward_bound).",
         ),
     ] = None,
+    idle: Annotated[
+        bool,
+        typer.Option(
+            "--idle",
+            help="speedscope/collapsed: the time Python threads were blocked too, not only "
+            "the time they were busy.",
+        ),
+    ] = False,
     max_counter_events: Annotated[
         int | None,
         typer.Option(
@@ -536,8 +544,8 @@ def export(
     if fmt not in FORMATS:
         _err(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
         raise typer.Exit(EXIT_BAD_INPUT)
-    if finding is not None and fmt not in STACK_FORMATS:
-        _err("--finding goes with --format speedscope or collapsed")
+    if (finding is not None or idle) and fmt not in STACK_FORMATS:
+        _err("--finding and --idle go with --format speedscope or collapsed")
         raise typer.Exit(EXIT_BAD_INPUT)
     run = _load_or_exit(run_dir)
     intervals = _finding_intervals(run, finding) if finding is not None else None
@@ -556,6 +564,7 @@ def export(
             diagnosis=diagnosis,
             max_counter_events=max_counter_events,
             intervals=intervals,
+            idle=idle,
         )
     except ExportError as exc:
         _err(str(exc))

@@ -52,13 +52,15 @@ def export(
     diagnosis: Any | None = None,
     max_counter_events: int | None = None,
     intervals: list[list[int]] | None = None,
+    idle: bool = False,
 ) -> ExportResult:
     """Export ``run`` as ``fmt`` (`FORMATS`) to ``path``.
 
     For ``perfetto``, ``diagnosis`` adds the findings track and ``max_counter_events`` caps
     the counters (None: the default cap, 0: no cap). For ``speedscope`` and ``collapsed``,
     ``intervals`` (``[[start_ns, end_ns], …]``, a finding's) keeps only the stacks inside
-    them. Raises `ExportError`.
+    them, and ``idle`` adds the time threads were blocked to the time they were busy.
+    Raises `ExportError`.
     """
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
@@ -68,12 +70,12 @@ def export(
     if fmt == "perfetto":
         return _export_perfetto(run, path, diagnosis, max_counter_events)
     if fmt in STACK_FORMATS:
-        return _export_stacks(run, fmt, path, intervals)
+        return _export_stacks(run, fmt, path, intervals, idle)
     return _export_parquet(run, path)
 
 
-def _export_stacks(run: Run, fmt: str, path: Path, intervals: list[list[int]] | None
-                   ) -> ExportResult:  # fmt: skip
+def _export_stacks(run: Run, fmt: str, path: Path, intervals: list[list[int]] | None,
+                   idle: bool) -> ExportResult:  # fmt: skip
     from gpuprof.reports.stacks import collapsed, speedscope, write_speedscope
 
     if path.is_dir():
@@ -87,12 +89,12 @@ def _export_stacks(run: Run, fmt: str, path: Path, intervals: list[list[int]] | 
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
             if fmt == "speedscope":
-                document = speedscope(run, intervals)
+                document = speedscope(run, intervals, idle=idle)
                 write_speedscope(document, handle)
                 counts = {"profiles": len(document["profiles"]),
                           "frames": len(document["shared"]["frames"])}  # fmt: skip
             else:
-                text = collapsed(run, intervals)
+                text = collapsed(run, intervals, idle=idle)
                 handle.write(text)
                 counts = {"stacks": text.count("\n")}
         os.replace(tmp, path)

@@ -8,8 +8,10 @@
   ``process;thread;outermost;…;innermost COUNT`` with COUNT the py-spy samples (seconds ×
   rate), as ``flamegraph.pl``, inferno and speedscope read it.
 
-Both take every sampled thread-second (busy and blocked), or only those inside given
-intervals (a finding's). gpuprof's own threads are left out, as in the analysis.
+Both take the time Python threads were busy (running or ready to run, as in the analysis and
+the report's flame graphs; py-spy's own default leaves idle threads out likewise), or with
+``idle`` every sampled thread-second, blocked ones too; all of it or only what lies inside
+given intervals (a finding's). gpuprof's own threads are left out, as in the analysis.
 """
 
 from __future__ import annotations
@@ -34,16 +36,19 @@ def _frame_text(index: StackIndex, f: int) -> str:
     return text.replace(";", ":").replace("\n", " ")
 
 
-def _rows(index: StackIndex, intervals: Sequence[Sequence[int]] | None) -> np.ndarray:
-    """Per sample row, its sampled seconds inside ``intervals`` (all of them: None)."""
-    return index.seconds * index.overlap(intervals)
+def _rows(index: StackIndex, intervals: Sequence[Sequence[int]] | None,
+          idle: bool) -> np.ndarray:  # fmt: skip
+    """Per sample row, its busy (with ``idle``: sampled) seconds inside ``intervals`` (all
+    of them: None)."""
+    busy, blocked = index.weights(intervals)
+    return busy + blocked if idle else busy
 
 
 def speedscope(run: Run, intervals: Sequence[Sequence[int]] | None = None,
-               name: str | None = None) -> dict[str, Any]:  # fmt: skip
+               name: str | None = None, idle: bool = False) -> dict[str, Any]:  # fmt: skip
     """The speedscope document of ``run``'s stacks (inside ``intervals`` when given)."""
     index = StackIndex(run)
-    weight = _rows(index, intervals)
+    weight = _rows(index, intervals, idle)
     frames: list[dict[str, Any]] = []
     frame_at: dict[int, int] = {}
     profiles = []
@@ -89,11 +94,12 @@ def speedscope(run: Run, intervals: Sequence[Sequence[int]] | None = None,
     }
 
 
-def collapsed(run: Run, intervals: Sequence[Sequence[int]] | None = None) -> str:
+def collapsed(run: Run, intervals: Sequence[Sequence[int]] | None = None,
+              idle: bool = False) -> str:  # fmt: skip
     """The folded stacks of ``run`` (inside ``intervals`` when given), one line per distinct
     (process, thread, stack), heaviest first."""
     index = StackIndex(run)
-    weight = _rows(index, intervals)
+    weight = _rows(index, intervals, idle)
     counts: dict[tuple[str, str, int], float] = {}
     rate = np.where(np.isfinite(index.rate) & (index.rate > 0), index.rate, 1.0)
     for row in np.flatnonzero(weight > 0):
