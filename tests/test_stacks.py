@@ -454,3 +454,13 @@ def test_host_bound_is_judged_on_the_busiest_python_thread():
     assert spin["thread"] == "cuda-EvtHandlr" and spin["kind"] == "CUDA driver"
     assert "busiest Python thread" in found.summary
     assert np.isclose(found.gpu_seconds_lost, base.gpu_seconds_lost, rtol=0.2)
+
+
+def test_the_idle_rate_goes_to_the_processes_that_matter_within_a_budget():
+    sampler = collector.StackSampler(_Writer(), "h", list, pyspy="py-spy", rate_hz=2,
+                                     idle_rate_hz=20, idle_budget_hz=50)  # fmt: skip
+    assert [sampler.idle_rate_for(n) for n in (1, 2, 3, 5, 30)] == [20, 20, 16, 10, 2]
+    assert collector.Target(1, "main", "python").wants_idle_rate
+    assert collector.Target(2, "dataloader", "python", cpu_pct=80.0).wants_idle_rate
+    assert not collector.Target(3, "dataloader", "python", cpu_pct=0.5).wants_idle_rate
+    sampler.stop()

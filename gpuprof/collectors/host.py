@@ -313,6 +313,8 @@ class _Tracked:
     """False once ``/proc/<pid>/io`` was denied or missing; not tried again."""
     start_s: float = 0.0
     """When the process started (seconds since the epoch)."""
+    cpu_pct: float | None = None
+    """Its CPU at the last sample, percent of one core."""
     threads: dict[int, ThreadTimes] | None = None
     """Thread id → its times at the last reading of the process's threads."""
     thread_names: dict[int, str] | None = None
@@ -409,10 +411,12 @@ class HostCollector:
 
     def stack_targets(self) -> list[Any]:
         """The watched processes as `gpuprof.collectors.stacks.Target` (pid, role, name, start
-        time), for the stack sampler; safe to call from another thread."""
+        time, CPU at the last sample), for the stack sampler; safe to call from another
+        thread."""
         from gpuprof.collectors.stacks import Target
 
-        return [Target(pid, t.role, t.name, t.start_s) for pid, t in list(self._tracked.items())]
+        return [Target(pid, t.role, t.name, t.start_s, t.cpu_pct)
+                for pid, t in list(self._tracked.items())]  # fmt: skip
 
     def take_threads(self) -> list[ThreadSample]:
         """The busy threads read since the previous call (see `ThreadSample`)."""
@@ -499,6 +503,7 @@ class HostCollector:
                 write_s = max(0.0, (io[1] - tracked.last_io[1]) / dt_s)
             if self.threads and cpu_pct is not None:
                 self._sample_threads(tracked, t_ns, dt_s, cpu_pct)
+        tracked.cpu_pct = cpu_pct
         tracked.last_t_s = now_s
         tracked.last_cpu_s = cpu_s
         tracked.last_io = io

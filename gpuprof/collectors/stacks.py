@@ -24,8 +24,10 @@ A round ends at its duration, when the process exits, or when the watcher interr
 thread, stack) (`StackSample`, windows of `WINDOW_S`), with interned frames and stacks. The
 rate is `RATE_HZ` per process while the GPUs work and `IDLE_RATE_HZ` while they idle (the
 sampler's latest GPU readings say which): a round at the low rate is cut short when the
-GPUs go idle. At most `MAX_PROCESSES` processes are sampled at once, ranked by role (the main
-process, trainers, data-loader workers, inference engines, others).
+GPUs go idle. Only the main and trainer processes and those using CPU get the idle rate, and
+all of them together at most `IDLE_BUDGET_HZ` samples a second. At most `MAX_PROCESSES`
+processes are sampled at once, ranked by role (the main process, trainers, data-loader
+workers, inference engines, others).
 
 Where py-spy is missing, may not attach (no ptrace permission: a container without
 ``SYS_PTRACE``, ``kernel.yama.ptrace_scope``), or does not support the Python, one notice says
@@ -63,7 +65,15 @@ RATE_HZ = 2
 """Samples per second per process while the GPUs work (what the ≤ 1%-of-a-core budget of the
 watcher is measured at, docs/PERFORMANCE.md)."""
 IDLE_RATE_HZ = 20
-"""Samples per second per process while most GPUs idle: the time stacks explain."""
+"""Samples per second per process while most GPUs idle (the time stacks explain), for the
+main and trainer processes and those using CPU (`BUSY_PROCESS_CPU_PCT`), within
+`IDLE_BUDGET_HZ`."""
+IDLE_BUDGET_HZ = 50
+"""Samples per second over all processes at the idle rate: the idle rate is shared out when
+more processes want it (at 20 Hz, 2.5 of them)."""
+BUSY_PROCESS_CPU_PCT = 5.0
+"""A process using at least this percent of a core is sampled at the idle rate while the
+GPUs idle (an idle loader worker stays at the low rate)."""
 WINDOW_S = 1.0
 """Stack samples are summed per window of this many seconds (aligned on the epoch)."""
 ROUND_S = 30
@@ -136,6 +146,13 @@ class Target:
     name: str
     start_s: float = 0.0
     """When it started (seconds since the epoch): among equal roles, older processes first."""
+    cpu_pct: float | None = None
+    """Its CPU at the host collector's last sample, percent of one core."""
+
+    @property
+    def wants_idle_rate(self) -> bool:
+        """Worth the idle rate while the GPUs idle: the driver, a trainer, or busy."""
+        return self.role in ("main", "trainer") or (self.cpu_pct or 0.0) >= BUSY_PROCESS_CPU_PCT
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,6 +271,7 @@ class StackSampler:
         pyspy: str,
         rate_hz: int = RATE_HZ,
         idle_rate_hz: int = IDLE_RATE_HZ,
+        idle_budget_hz: int = IDLE_BUDGET_HZ,
         window_s: float = WINDOW_S,
         round_s: int = ROUND_S,
         idle_round_s: int = IDLE_ROUND_S,
@@ -267,6 +285,7 @@ class StackSampler:
         self.pyspy = pyspy
         self.rate_hz = max(1, int(rate_hz))
         self.idle_rate_hz = max(self.rate_hz, int(idle_rate_hz))
+        self.idle_budget_hz = max(self.idle_rate_hz, int(idle_budget_hz))
         self.window_ns = max(1, int(window_s * 1e9))
         self.window_s = window_s
         self.round_s = max(1, int(round_s))
@@ -334,16 +353,25 @@ class StackSampler:
                 self._done(pid)
         idle = bool(self.gpu_idle())
         wanted = self._choose()
+        boosted = [t for t in wanted if idle and t.wants_idle_rate]
+        idle_rate = self.idle_rate_for(len(boosted))
         now_s = time.monotonic()
         for target in wanted:
+            boost = idle and target.wants_idle_rate and idle_rate > self.rate_hz
             rnd = self._running.get(target.pid)
             if rnd is None:
-                self._begin(target, idle)
-            elif idle and not rnd.idle and not rnd.interrupted and (
+                self._begin(target, boost, idle_rate)
+            elif boost and not rnd.idle and not rnd.interrupted and (
                     now_s - rnd.started_s >= MIN_ROUND_S):  # fmt: skip
                 rnd.interrupted = True  # the GPUs went idle: restart at the idle rate
                 with contextlib.suppress(OSError):
                     rnd.proc.send_signal(signal.SIGINT)
+
+    def idle_rate_for(self, processes: int) -> int:
+        """The idle rate of each of ``processes`` processes wanting it: `idle_rate_hz`,
+        shared out within ``idle_budget_hz``, never below the low rate."""
+        share = self.idle_budget_hz // max(1, processes)
+        return max(self.rate_hz, min(self.idle_rate_hz, share))
 
     def _choose(self) -> list[Target]:
         """The processes to sample now: by role, then oldest first, at most
@@ -355,8 +383,8 @@ class StackSampler:
                                     t.start_s, t.pid))  # fmt: skip
         return offered[: self.max_processes]
 
-    def _begin(self, target: Target, idle: bool) -> None:
-        rate = self.idle_rate_hz if idle else self.rate_hz
+    def _begin(self, target: Target, idle: bool, idle_rate: int) -> None:
+        rate = idle_rate if idle else self.rate_hz
         duration = self.idle_round_s if idle else self.round_s
         stem = os.path.join(self._tmp, f"{target.pid}-{self.rounds}")
         out_path, log_path = stem + ".json", stem + ".log"

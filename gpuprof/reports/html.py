@@ -481,7 +481,7 @@ def _stacks_section(diagnosis: Diagnosis, flames: dict[str, dict[str, Any]]) -> 
             for g in stacks.top
         )
         table = (
-            "<table class=stacks><tr><th>busy</th><th>time</th><th>user code</th><th>chain</th>"
+            "<table class=stacks><tr><th>share</th><th>time</th><th>user code</th><th>chain</th>"
             f"<th>processes · threads</th></tr>{rows}</table>" if rows else ""
         )  # fmt: skip
         what = "busy (running or ready to run)" if stacks.activity == "thread_cpu" else "sampled"

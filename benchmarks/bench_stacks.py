@@ -1,0 +1,179 @@
+"""What sampling Python stacks costs: the watcher's CPU and the training's step time, with
+and without stacks.
+
+    python benchmarks/bench_stacks.py cpu   [--repeats 3] [--seconds 30] [--gpus busy|idle]
+    python benchmarks/bench_stacks.py steps [--pairs 10] [--steps 40] [--gpus busy|idle]
+
+``cpu``: `gpuprof watch` over an idle command with 4 worker processes (5 Python processes
+for py-spy to sample, as ``bench_sampler.py``), 8 simulated GPUs at 10 Hz reading busy (the
+default stack rate) or idle (the idle rate), alternately with ``--no-stacks`` and with
+stacks. Over a window after start-up it reads the watcher process's CPU (user + system, all
+its threads) and that of every py-spy process it runs (polled every 0.2 s; a py-spy that
+ends between two polls loses at most its last 0.2 s), as % of one core; and the total py-spy
+CPU the watcher itself accounts (``wait4`` of each round, the run's ``collector`` event)
+over the run's length.
+
+``steps``: ``examples/grpo_tiny.py --num-workers 1`` (a trainer and a loader worker) under
+`gpuprof watch`, alternately ``--no-stacks`` and with stacks, on the same simulated GPUs;
+step 0 is dropped. Reported: the median step time of each variant over all its steps, the
+ratio of the medians and the median of the per-pair ratios. The training is never paused
+(``py-spy --nonblocking``): what remains is py-spy reading its memory from another core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from simnvml import build_library, simnvml_env, write_scenario  # noqa: E402
+
+CHILD = """
+import multiprocessing as mp, time
+def idle():
+    time.sleep(3600)
+if __name__ == "__main__":
+    ps = [mp.get_context("fork").Process(target=idle) for _ in range(4)]
+    [p.start() for p in ps]
+    time.sleep(3600)
+"""
+EXAMPLE = ROOT / "examples" / "grpo_tiny.py"
+_STEP = re.compile(r"^step\s+(\d+)\s.*\btime\s+([0-9.]+) ms", re.MULTILINE)
+
+
+def environment(tmp: Path, gpus: str) -> dict[str, str]:
+    util = 90 if gpus == "busy" else 0
+    scenario = {"gpus": [{"gpm": True, "series": {"util_gpu_pct": util}} for _ in range(8)]}
+    env = simnvml_env(build_library(tmp), write_scenario(tmp / "scenario.txt", scenario))
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def _cpu(proc: psutil.Process) -> float | None:
+    try:
+        times = proc.cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
+
+
+def cpu_run(env: dict[str, str], stacks: bool, seconds: float) -> dict[str, float]:
+    """Watcher and py-spy CPU (% of one core) over ``seconds`` after a 5 s start-up."""
+    from gpuprof import store
+
+    run_dir = Path(tempfile.mkdtemp(prefix="gpuprof-stacks-bench-"))
+    flags = [] if stacks else ["--no-stacks"]
+    cmd = [sys.executable, "-m", "gpuprof", "watch", "--quiet", "-o", str(run_dir), *flags,
+           "--", sys.executable, "-c", CHILD]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    watcher = psutil.Process(proc.pid)
+    time.sleep(5.0)  # imports, NVML init, the tree walked, py-spy attached
+    spies: dict[int, list[float]] = {}  # pid -> [cpu when first seen in the window, last]
+    c0, t0 = _cpu(watcher), time.monotonic()
+    first = True
+    while time.monotonic() - t0 < seconds:
+        for child in watcher.children():
+            try:
+                if child.name() != "py-spy":
+                    continue
+            except psutil.Error:
+                continue
+            used = _cpu(child)
+            if used is None:
+                continue
+            if child.pid not in spies:
+                spies[child.pid] = [used if first else 0.0, used]
+            spies[child.pid][1] = used
+        first = False
+        time.sleep(0.2)
+    c1, t1 = _cpu(watcher), time.monotonic()
+    for child in watcher.children(recursive=True):
+        if child.name() != "py-spy":
+            child.kill()
+    proc.wait(timeout=120)
+    run = store.load_run(run_dir)
+    event = run.events[run.events["kind"] == "collector"]
+    accounted = float(event["attrs"].iloc[0]["pyspy_cpu_s"]) if len(event) else 0.0
+    length = (run.meta.end_ns - run.meta.start_ns) / 1e9
+    return {
+        "watcher": 100.0 * (c1 - c0) / (t1 - t0),
+        "pyspy": 100.0 * sum(last - base for base, last in spies.values()) / (t1 - t0),
+        "pyspy_run": 100.0 * accounted / length,
+        "rows": float(len(run.stack_samples)),
+    }
+
+
+def step_run(env: dict[str, str], stacks: bool, steps: int) -> list[float]:
+    run_dir = tempfile.mkdtemp(prefix="gpuprof-stacks-steps-")
+    flags = [] if stacks else ["--no-stacks"]
+    cmd = [sys.executable, "-m", "gpuprof", "watch", "--quiet", "-o", run_dir, *flags, "--",
+           sys.executable, str(EXAMPLE), "--steps", str(steps), "--num-workers", "1"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT,
+                         env=env).stdout  # fmt: skip
+    times = [float(ms) for step, ms in _STEP.findall(out) if int(step) > 0]
+    if len(times) != steps - 1:
+        raise SystemExit(f"expected {steps - 1} step times, got {len(times)}")
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["cpu", "steps"])
+    parser.add_argument("--repeats", type=int, default=3, help="cpu: runs per variant")
+    parser.add_argument("--seconds", type=float, default=30.0, help="cpu: measured window")
+    parser.add_argument("--pairs", type=int, default=10, help="steps: interleaved pairs")
+    parser.add_argument("--steps", type=int, default=40, help="steps: steps per run")
+    parser.add_argument("--gpus", choices=["busy", "idle"], default="busy")
+    args = parser.parse_args()
+    env = environment(Path(tempfile.mkdtemp(prefix="gpuprof-simnvml-")), args.gpus)
+    print(f"{psutil.cpu_count()} CPUs; 8 simulated GPUs reading {args.gpus}; load average "
+          f"{psutil.getloadavg()[0]:.1f} at start")  # fmt: skip
+    if args.what == "cpu":
+        runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+        for _ in range(args.repeats):
+            for stacks in (False, True):
+                runs[stacks].append(cpu_run(env, stacks, args.seconds))
+        print(f"5 Python processes, {args.seconds:g} s window, {args.repeats} runs per variant")
+        print(f"{'variant':12s} {'watcher %':>10s} {'py-spy %':>9s} {'total %':>8s} "
+              f"{'py-spy/run %':>13s} {'stack rows':>11s}")  # fmt: skip
+        for stacks, name in ((False, "--no-stacks"), (True, "stacks")):
+            r = runs[stacks]
+            med = {k: statistics.median(x[k] for x in r) for k in r[0]}
+            total = statistics.median(x["watcher"] + x["pyspy"] for x in r)
+            print(f"{name:12s} {med['watcher']:10.2f} {med['pyspy']:9.2f} {total:8.2f} "
+                  f"{med['pyspy_run']:13.2f} {med['rows']:11.0f}")  # fmt: skip
+            print("   runs (watcher + py-spy): "
+                  + " ".join(f"{x['watcher']:.2f}+{x['pyspy']:.2f}" for x in r))  # fmt: skip
+        return
+    off: list[float] = []
+    on: list[float] = []
+    ratios: list[float] = []
+    for i in range(args.pairs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        got = {stacks: step_run(env, stacks, args.steps) for stacks in order}
+        off += got[False]
+        on += got[True]
+        ratios.append(statistics.median(got[True]) / statistics.median(got[False]))
+    m_off, m_on = statistics.median(off), statistics.median(on)
+    print(f"{args.pairs} pairs x {args.steps - 1} steps of grpo_tiny.py --num-workers 1")
+    print(f"{'variant':12s} {'median step ms':>15s}")
+    print(f"{'--no-stacks':12s} {m_off:15.2f}")
+    print(f"{'stacks':12s} {m_on:15.2f}")
+    print(f"ratio of medians stacks/--no-stacks: {m_on / m_off:.4f}")
+    print(f"median of per-pair ratios:           {statistics.median(ratios):.4f}")
+    print("per-pair ratios: " + " ".join(f"{r:.3f}" for r in ratios))
+
+
+if __name__ == "__main__":
+    main()
