@@ -3,6 +3,8 @@ and without stacks.
 
     python benchmarks/bench_stacks.py cpu   [--repeats 3] [--seconds 30] [--gpus busy|idle]
     python benchmarks/bench_stacks.py steps [--pairs 10] [--steps 40] [--gpus busy|idle]
+    python benchmarks/bench_stacks.py threads [--threads 40] [--repeats 200]
+    python benchmarks/bench_stacks.py analyze [--hours 1] [--threads 12]
 
 ``cpu``: `gpuprof watch` over an idle command with 4 worker processes (5 Python processes
 for py-spy to sample, as ``bench_sampler.py``), 8 simulated GPUs at 10 Hz reading busy (the
@@ -18,6 +20,16 @@ over the run's length.
 step 0 is dropped. Reported: the median step time of each variant over all its steps, the
 ratio of the medians and the median of the per-pair ratios. The training is never paused
 (``py-spy --nonblocking``): what remains is py-spy reading its memory from another core.
+
+``threads``: what reading one busy process's threads costs the watcher's host collector
+(`gpuprof.collectors.host.read_threads`, ``/proc/<pid>/task/*/schedstat`` and, for threads
+not seen before, ``stat``), for a process of ``--threads`` threads plus its spinning main
+thread: µs per reading, and % of one core at the host sampler's 2 readings a second.
+
+``analyze``: the analysis side on a synthetic run of ``--hours`` with ``--threads`` Python
+threads sampled (one row per thread per 1 s window, a busy main thread changing among 300
+stacks, plus its thread readings at 2 Hz): seconds to index the stacks and to give 20
+findings their top stacks and flame graphs.
 """
 
 from __future__ import annotations
@@ -127,15 +139,114 @@ def step_run(env: dict[str, str], stacks: bool, steps: int) -> list[float]:
     return times
 
 
+THREADED = """
+import threading, time
+for _ in range({n}):
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+print("ready", flush=True)
+while True:
+    sum(i * i for i in range(1000))
+"""
+
+
+def threads_cost(n: int, repeats: int) -> tuple[float, int]:
+    """µs per `read_threads` of a process with ``n`` + 1 threads (names cached after the
+    first), and the threads read."""
+    from gpuprof.collectors.host import read_threads
+
+    proc = subprocess.Popen([sys.executable, "-c", THREADED.format(n=n)], stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        proc.stdout.readline()
+        names: dict[int, str] = {}
+        found = read_threads(proc.pid, names)
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            read_threads(proc.pid, names)
+            times.append(time.perf_counter() - t)
+        return 1e6 * statistics.median(times), len(found)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def analyze_cost(hours: float, threads: int) -> dict[str, float]:
+    import numpy as np
+    import pandas as pd
+
+    from gpuprof.analyzers.stacks import StackIndex
+    from gpuprof.collectors.stacks import frame_id, stack_id
+    from gpuprof.model import Run, RunMeta, StackSample, ThreadSample
+
+    rng = np.random.default_rng(0)
+    t0, windows = 1_800_000_000 * 10**9, int(hours * 3600)
+    frames = [(f"f{i}", f"/home/u/m{i % 7}.py", i) for i in range(60)]
+    fids = [frame_id(*f) for f in frames]
+    paths = [[fids[j] for j in rng.choice(60, size=rng.integers(3, 25), replace=False)]
+             for _ in range(300)]  # fmt: skip
+    sids = [stack_id(p) for p in paths]
+    w = np.repeat(np.arange(windows), threads)
+    thread = np.tile(np.arange(threads), windows)
+    stack = np.where(thread == 0, rng.integers(0, 300, len(w)), thread % 300)
+    samples = pd.DataFrame({
+        "host": "h", "t_ns": t0 + w * 10**9, "span_s": 1.0, "window_s": 1.0, "pid": 10,
+        "tid": 10 + thread, "thread": np.where(thread == 0, "MainThread", "worker"),
+        "role": "main", "stack_id": np.array(sids)[stack], "seconds": 1.0, "rate_hz": 20.0,
+    })[list(StackSample.__slots__)]  # fmt: skip
+    ticks = np.arange(2 * windows)
+    readings = pd.DataFrame({"host": "h", "t_ns": t0 + (ticks + 1) * 5 * 10**8, "pid": 10,
+                             "tid": 10, "name": "python", "cpu_pct": 80.0, "runq_pct": 5.0,
+                             "interval_s": 0.5})[list(ThreadSample.__slots__)]  # fmt: skip
+    run = Run(RunMeta(run_id="bench"),
+              stack_frames=pd.DataFrame([(i, *f) for i, f in zip(fids, frames)],
+                                        columns=["frame_id", "name", "file", "line"]),
+              stacks=pd.DataFrame([(i, " ".join(map(str, p))) for i, p in zip(sids, paths)],
+                                  columns=["stack_id", "frames"]),
+              stack_samples=samples, threads=readings)  # fmt: skip
+    t = time.perf_counter()
+    index = StackIndex(run)
+    built = time.perf_counter() - t
+    starts = np.sort(rng.integers(0, windows - 60, 20))
+    intervals = [[[int(t0 + a * 10**9), int(t0 + (a + 60) * 10**9)]] for a in starts]
+    t = time.perf_counter()
+    for iv in intervals:
+        index.summary(iv)
+    summaries = time.perf_counter() - t
+    t = time.perf_counter()
+    for iv in intervals:
+        index.tree(iv)
+    trees = time.perf_counter() - t
+    return {"rows": len(samples), "readings": len(readings), "index_s": built,
+            "summaries_s": summaries, "trees_s": trees}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["cpu", "steps"])
-    parser.add_argument("--repeats", type=int, default=3, help="cpu: runs per variant")
+    parser.add_argument("what", choices=["cpu", "steps", "threads", "analyze"])
+    parser.add_argument("--hours", type=float, default=1.0, help="analyze: run length")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads: extra threads (40); analyze: Python threads")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="cpu: runs per variant; threads: readings")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=30.0, help="cpu: measured window")
     parser.add_argument("--pairs", type=int, default=10, help="steps: interleaved pairs")
     parser.add_argument("--steps", type=int, default=40, help="steps: steps per run")
     parser.add_argument("--gpus", choices=["busy", "idle"], default="busy")
     args = parser.parse_args()
+    if args.what == "analyze":
+        got = analyze_cost(args.hours, args.threads or 12)
+        print(f"{got['rows']:,} stack rows, {got['readings']:,} thread readings "
+              f"({args.hours:g} h, {args.threads or 12} threads): index {got['index_s']:.2f} s, "
+              f"20 findings' top stacks {got['summaries_s']:.2f} s, their flame graphs "
+              f"{got['trees_s']:.2f} s")  # fmt: skip
+        return
+    if args.what == "threads":
+        us, found = threads_cost(args.threads or 40, max(args.repeats, 20))
+        print(f"read_threads of a process with {found} threads: median {us:.0f} µs per reading "
+              f"({us / found:.1f} µs per thread); at 2 readings a second "
+              f"{100 * 2 * us / 1e6:.3f}% of one core")  # fmt: skip
+        return
     env = environment(Path(tempfile.mkdtemp(prefix="gpuprof-simnvml-")), args.gpus)
     print(f"{psutil.cpu_count()} CPUs; 8 simulated GPUs reading {args.gpus}; load average "
           f"{psutil.getloadavg()[0]:.1f} at start")  # fmt: skip

@@ -164,9 +164,10 @@ class ThreadSample:
     run but waited for a CPU (the kernel's run queue; None where the kernel does not keep
     scheduler statistics). ``name`` is the thread's ``comm`` (15 characters:
     ``cuda-EvtHandlr``, ``pt_autograd_0``, a Python thread's name on Python 3.14+, else the
-    process's). Only threads that used CPU are recorded, and only of processes using at least
-    a few percent of a core (`gpuprof.collectors.host.THREAD_MIN_PROCESS_CPU_PCT`): a thread
-    of a recorded process with no row in an interval was idle.
+    process's). Only threads that used at least 1% of a core are recorded, and only of
+    processes using at least a few percent of one
+    (`gpuprof.collectors.host.THREAD_MIN_PROCESS_CPU_PCT`): a thread of a recorded process
+    with no row in an interval was idle.
     """
 
     host: str

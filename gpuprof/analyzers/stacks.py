@@ -215,9 +215,14 @@ class StackIndex:
             ids = [frame_at.get(int(x), -1) for x in text.split()]
             stack_at[int(sid)] = len(self.paths)
             self.paths.append(tuple(i for i in ids if i >= 0))
-        codes = np.array([stack_at.get(int(x), -1) for x in samples["stack_id"]], dtype=np.int64)
-        samples = samples[codes >= 0]
-        self.stack = codes[codes >= 0]
+        known = pd.Index(np.array(list(stack_at), dtype=np.int64))
+        at = np.array(list(stack_at.values()), dtype=np.int64)
+        pos = known.get_indexer(samples["stack_id"].to_numpy(np.int64))
+        samples = samples[pos >= 0]
+        if not samples["t_ns"].is_monotonic_increasing:  # loaded runs are; built ones may not be
+            samples = samples.sort_values("t_ns", kind="stable")
+            pos = known.get_indexer(samples["stack_id"].to_numpy(np.int64))
+        self.stack = at[pos[pos >= 0]]
         self.t0 = samples["t_ns"].to_numpy(np.int64)
         self.seconds = _floats(samples["seconds"], 0.0)
         span = _floats(samples["span_s"], np.nan)
@@ -229,6 +234,13 @@ class StackIndex:
         self.pid = _floats(samples["pid"], np.nan)
         self.role = samples["role"].astype(str).to_numpy(object)
         self.thread = samples["thread"].astype(str).to_numpy(object)
+        role_code, roles = pd.factorize(self.role)
+        pid = np.where(np.isfinite(self.pid), self.pid, -1).astype(np.int64)
+        self.proc_code, keys = pd.factorize((role_code.astype(np.int64) << 32) | (pid & 0xFFFFFFFF))
+        self.proc_names = [f"{roles[k >> 32]} {k & 0xFFFFFFFF}" if k & 0xFFFFFFFF != 0xFFFFFFFF
+                           else str(roles[k >> 32]) for k in keys]  # fmt: skip
+        self.thread_code, self.thread_names = pd.factorize(self.thread)
+        self.max_span_ns = int(self.span_ns.max()) if len(self.span_ns) else 0
         self.rate = _floats(samples["rate_hz"], np.nan)
         self.busy, self.activity = busy_fraction(samples, run.threads, self.window_ns)
         self.main = np.isin(self.thread, list(WAITING_THREADS)) & np.isin(
@@ -272,10 +284,16 @@ class StackIndex:
         if intervals is None:
             return np.ones(len(self.t0))
         pairs = [(int(a), int(b)) for a, b in intervals if b > a]
+        out = np.zeros(len(self.t0))
         if not pairs or not len(self.t0):
-            return np.zeros(len(self.t0))
+            return out
         s, e = union(np.array([p[0] for p in pairs], np.int64),
                      np.array([p[1] for p in pairs], np.int64))  # fmt: skip
+        # rows are in time order: only those starting from a span before the first interval
+        # up to the end of the last can overlap
+        lo = int(np.searchsorted(self.t0, s[0] - self.max_span_ns, side="left"))
+        hi = int(np.searchsorted(self.t0, e[-1], side="left"))
+        t0, span = self.t0[lo:hi], self.span_ns[lo:hi]
         lengths = (e - s).astype(np.float64)
         before = np.concatenate([[0.0], np.cumsum(lengths)])
 
@@ -285,7 +303,8 @@ class StackIndex:
             inside = np.clip((x - s[at]).astype(np.float64), 0, lengths[at])
             return np.where(k >= 0, before[at] + inside, 0.0)
 
-        return (covered(self.t0 + self.span_ns) - covered(self.t0)) / self.span_ns
+        out[lo:hi] = (covered(t0 + span) - covered(t0)) / span
+        return out
 
     def weights(self, intervals: Sequence[Sequence[int]] | None) -> tuple[np.ndarray, np.ndarray]:
         """Per sample row, its busy and blocked thread-seconds inside ``intervals``."""
@@ -336,6 +355,7 @@ class StackIndex:
                total: float) -> StackGroup:  # fmt: skip
         # named after the group's commonest stack: its user frame's line, its chain
         per_stack = np.bincount(self.stack[rows], weights=weight[rows])
+
         path = self.paths[int(np.argmax(per_stack))]
         if self.group_user[g]:
             j = max(i for i, f in enumerate(path) if self.user[f])
@@ -347,11 +367,11 @@ class StackIndex:
         calls = self._label(path[j + 1]) if self.group_user[g] and j + 1 < len(path) else None
         if calls:
             chain.append(calls)
-        w = pd.Series(weight[rows])
-        who = [f"{r} {int(p)}" if np.isfinite(p) else r
-               for r, p in zip(self.role[rows], self.pid[rows])]  # fmt: skip
-        procs = w.groupby(who).sum().sort_values(ascending=False)
-        threads = w.groupby(list(self.thread[rows])).sum().sort_values(ascending=False)
+        procs = np.bincount(self.proc_code[rows], weights=weight[rows])
+        threads = np.bincount(self.thread_code[rows], weights=weight[rows])
+        procs = [self.proc_names[k] for k in np.argsort(-procs, kind="stable")[:3] if procs[k] > 0]
+        threads = [str(self.thread_names[k]) for k in np.argsort(-threads, kind="stable")[:3]
+                   if threads[k] > 0]  # fmt: skip
         return StackGroup(
             share=seconds / total,
             seconds=seconds,
@@ -361,8 +381,8 @@ class StackIndex:
             user_code=bool(self.group_user[g]),
             calls=calls,
             chain=chain,
-            processes=[str(x) for x in procs.index[:3]],
-            threads=[str(x) for x in threads.index[:3]],
+            processes=procs,
+            threads=threads,
             short_file=short_file(str(self.files[key]), self.cwd),
         )
 
@@ -425,8 +445,12 @@ def busy_fraction(samples: pd.DataFrame, threads: pd.DataFrame,
     ok = np.isfinite(t) & np.isfinite(iv) & (iv > 0) & np.isfinite(pct)
     t, iv_ns = t[ok].astype(np.int64), (iv[ok] * 1e9).astype(np.int64)
     busy_s = np.minimum(pct[ok], 100.0) / 100.0 * iv[ok]
-    host = threads["host"].astype(str).to_numpy(object)[ok]
-    pid, tid = _floats(threads["pid"], np.nan)[ok], _floats(threads["tid"], np.nan)[ok]
+    reading_hosts = threads["host"].astype(str).to_numpy(object)[ok]
+    sample_hosts = samples["host"].astype(str).to_numpy(object)
+    codes, _ = pd.factorize(np.concatenate([reading_hosts, sample_hosts]))
+    host, sample_host = codes[: len(reading_hosts)], codes[len(reading_hosts) :]
+    pid = _ints(threads["pid"])[ok]
+    tid = _ints(threads["tid"])[ok]
     # spread each reading's busy seconds over the windows its interval covers
     start = t - iv_ns
     w0, w1 = start // window_ns, (t - 1) // window_ns
@@ -436,22 +460,24 @@ def busy_fraction(samples: pd.DataFrame, threads: pd.DataFrame,
     lo = np.maximum(start[row], w * window_ns)
     hi = np.minimum(t[row], (w + 1) * window_ns)
     piece = busy_s[row] * np.clip(hi - lo, 0, None) / iv_ns[row]
+    keys = ["host", "pid", "tid", "w"]
     cpu = pd.DataFrame({"host": host[row], "pid": pid[row], "tid": tid[row], "w": w,
                         "busy": piece})  # fmt: skip
-    cpu = cpu.groupby(["host", "pid", "tid", "w"], sort=False)["busy"].sum()
-    rows = pd.DataFrame({
-        "host": samples["host"].astype(str).to_numpy(object),
-        "pid": _floats(samples["pid"], np.nan),
-        "tid": _floats(samples["tid"], np.nan),
-        "w": samples["t_ns"].to_numpy(np.int64) // window_ns,
-        "seconds": _floats(samples["seconds"], 0.0),
-    })  # fmt: skip
-    seen = rows.groupby(["host", "pid", "tid", "w"], sort=False)["seconds"].transform("sum")
-    got = cpu.reindex(pd.MultiIndex.from_frame(rows[["host", "pid", "tid", "w"]]))
-    frac = np.nan_to_num(got.to_numpy(np.float64), nan=0.0) / np.maximum(seen.to_numpy(), 1e-9)
-    unknown = ~np.isin(rows["host"].to_numpy(object), list(set(host.tolist())))
-    unknown |= np.isnan(rows["tid"].to_numpy())
+    cpu = cpu.groupby(keys, sort=False, as_index=False)["busy"].sum()
+    rows = pd.DataFrame({"host": sample_host, "pid": _ints(samples["pid"]),
+                         "tid": _ints(samples["tid"]),
+                         "w": samples["t_ns"].to_numpy(np.int64) // window_ns,
+                         "seconds": _floats(samples["seconds"], 0.0)})  # fmt: skip
+    seen = rows.groupby(keys, sort=False)["seconds"].transform("sum").to_numpy()
+    got = rows[keys].merge(cpu, how="left", on=keys)["busy"].to_numpy(np.float64)
+    frac = np.nan_to_num(got, nan=0.0) / np.maximum(seen, 1e-9)
+    unknown = ~np.isin(sample_host, np.unique(host)) | (rows["tid"].to_numpy() < 0)
     return np.where(unknown, 1.0, np.clip(frac, 0.0, 1.0)), "thread_cpu"
+
+
+def _ints(column: pd.Series) -> np.ndarray:
+    """Integer ids, -1 for missing."""
+    return pd.to_numeric(column, errors="coerce").fillna(-1).to_numpy(np.int64)
 
 
 def stack_index(ctx: Any) -> StackIndex | None:

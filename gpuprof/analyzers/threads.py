@@ -71,10 +71,11 @@ def thread_table(run: Run) -> pd.DataFrame | None:
     host = threads["host"].astype(str).to_numpy(object)
     pid = threads["pid"].to_numpy().astype(np.int64)
     tid = threads["tid"].to_numpy().astype(np.int64)
-    is_py = np.fromiter(((t in py.get((h, p), ())) for h, p, t in zip(host, pid, tid)),
-                        dtype=bool, count=len(threads))  # fmt: skip
+    known = pd.MultiIndex.from_tuples([(h, p, t) for (h, p), ts in py.items() for t in ts],
+                                      names=["host", "pid", "tid"])  # fmt: skip
+    is_py = pd.MultiIndex.from_arrays([host, pid, tid]).isin(known)
     names = threads["name"].astype(str).to_numpy(object)
-    kinds = {n: thread_kind(n) for n in set(names.tolist())}
+    kinds = {n: thread_kind(n) for n in pd.unique(names)}
     return pd.DataFrame({
         "host": host, "pid": pid, "tid": tid, "t_ns": threads["t_ns"].to_numpy(np.int64),
         "name": names,

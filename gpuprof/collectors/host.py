@@ -76,6 +76,8 @@ NAME_MAX_CHARS = 64
 THREAD_MIN_PROCESS_CPU_PCT = 5.0
 """Threads are read only of processes that used at least this percent of a core since their
 previous sample: an idler process's threads were all idle, and a busy trainer has dozens."""
+THREAD_MIN_CPU_PCT = 1.0
+"""A thread below this percent of a core over an interval is not recorded (it was idle)."""
 THREAD_NAMES_S = 10.0
 """Thread names are read again this often (a thread may rename itself after it starts)."""
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -510,8 +512,9 @@ class HostCollector:
         return self._record(tracked, t_ns, cpu_pct, rss, read_s, write_s, threads)
 
     def _sample_threads(self, tracked: _Tracked, t_ns: int, dt_s: float, cpu_pct: float) -> None:
-        """Rows for the threads that used CPU over the last ``dt_s`` seconds, of a process
-        busy enough to read (`THREAD_MIN_PROCESS_CPU_PCT`). A thread's CPU since its previous
+        """Rows for the threads that used CPU over the last ``dt_s`` seconds (at least
+        `THREAD_MIN_CPU_PCT`), of a process busy enough to read
+        (`THREAD_MIN_PROCESS_CPU_PCT`). A thread's CPU since its previous
         reading is put in this interval: when the process was skipped since, it was nearly
         idle then, so little of it belongs earlier."""
         if cpu_pct < THREAD_MIN_PROCESS_CPU_PCT:
@@ -529,6 +532,8 @@ class HostCollector:
             if last is None or times.cpu_s <= last.cpu_s:
                 continue
             pct = min(100.0, 100.0 * (times.cpu_s - last.cpu_s) / dt_s)
+            if pct < THREAD_MIN_CPU_PCT:
+                continue
             runq = None
             if times.runq_s is not None and last.runq_s is not None:
                 waited = 100.0 * max(0.0, times.runq_s - last.runq_s) / dt_s
