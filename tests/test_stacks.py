@@ -463,4 +463,18 @@ def test_the_idle_rate_goes_to_the_processes_that_matter_within_a_budget():
     assert collector.Target(1, "main", "python").wants_idle_rate
     assert collector.Target(2, "dataloader", "python", cpu_pct=80.0).wants_idle_rate
     assert not collector.Target(3, "dataloader", "python", cpu_pct=0.5).wants_idle_rate
+    assert not collector.Target(4, "main", "torchrun", launcher=True).wants_idle_rate
+    sampler.stop()
+
+
+def test_processes_are_chosen_by_role_launchers_last():
+    offered = [collector.Target(1, "main", "torchrun", launcher=True),
+               *(collector.Target(10 + k, "trainer", "python", start_s=k) for k in range(8)),
+               collector.Target(30, "dataloader", "python"),
+               collector.Target(31, "other", "bash")]  # fmt: skip
+    sampler = collector.StackSampler(_Writer(), "h", lambda: offered, pyspy="py-spy")
+    chosen = [t.pid for t in sampler._choose()]
+    assert chosen == [10, 11, 12, 13, 14, 15, 16, 17]
+    sampler.max_processes = 20
+    assert [t.pid for t in sampler._choose()][-2:] == [30, 1]  # no shell: not Python
     sampler.stop()

@@ -417,7 +417,9 @@ class HostCollector:
         thread."""
         from gpuprof.collectors.stacks import Target
 
-        return [Target(pid, t.role, t.name, t.start_s, t.cpu_pct)
+        launcher = self._root_is_launcher
+        return [Target(pid, t.role, t.name, t.start_s, t.cpu_pct,
+                       launcher=launcher and pid == self.root_pid)
                 for pid, t in list(self._tracked.items())]  # fmt: skip
 
     def take_threads(self) -> list[ThreadSample]:

@@ -24,10 +24,12 @@ A round ends at its duration, when the process exits, or when the watcher interr
 thread, stack) (`StackSample`, windows of `WINDOW_S`), with interned frames and stacks. The
 rate is `RATE_HZ` per process while the GPUs work and `IDLE_RATE_HZ` while they idle (the
 sampler's latest GPU readings say which): a round at the low rate is cut short when the
-GPUs go idle. Only the main and trainer processes and those using CPU get the idle rate, and
+GPUs go idle. Only the main (unless a launcher) and trainer processes and those using CPU get
+the idle rate, and
 all of them together at most `IDLE_BUDGET_HZ` samples a second. At most `MAX_PROCESSES`
 processes are sampled at once, ranked by role (the main process, trainers, data-loader
-workers, inference engines, others).
+workers, inference engines, others; a launcher such as torchrun, whose ranks do the work,
+last).
 
 Where py-spy is missing, may not attach (no ptrace permission: a container without
 ``SYS_PTRACE``, ``kernel.yama.ptrace_scope``), or does not support the Python, one notice says
@@ -148,11 +150,15 @@ class Target:
     """When it started (seconds since the epoch): among equal roles, older processes first."""
     cpu_pct: float | None = None
     """Its CPU at the host collector's last sample, percent of one core."""
+    launcher: bool = False
+    """A launcher (torchrun, deepspeed, accelerate…) whose ranks do the work: sampled last."""
 
     @property
     def wants_idle_rate(self) -> bool:
-        """Worth the idle rate while the GPUs idle: the driver, a trainer, or busy."""
-        return self.role in ("main", "trainer") or (self.cpu_pct or 0.0) >= BUSY_PROCESS_CPU_PCT
+        """Worth the idle rate while the GPUs idle: the driver (not a launcher), a trainer,
+        or busy."""
+        driver = self.role == "trainer" or (self.role == "main" and not self.launcher)
+        return driver or (self.cpu_pct or 0.0) >= BUSY_PROCESS_CPU_PCT
 
 
 # --------------------------------------------------------------------------------------------
@@ -379,8 +385,8 @@ class StackSampler:
         offered = [t for t in self.targets() if t.pid not in self._excluded]
         offered = [t for t in offered if t.name not in NON_PYTHON_NAMES]
         rank = {role: i for i, role in enumerate(ROLE_ORDER)}
-        offered.sort(key=lambda t: (t.pid not in self._running, rank.get(t.role, len(rank)),
-                                    t.start_s, t.pid))  # fmt: skip
+        offered.sort(key=lambda t: (t.pid not in self._running, t.launcher,
+                                    rank.get(t.role, len(rank)), t.start_s, t.pid))  # fmt: skip
         return offered[: self.max_processes]
 
     def _begin(self, target: Target, idle: bool, idle_rate: int) -> None:
