@@ -48,18 +48,11 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_sampler import CHILD  # noqa: E402  (the same idle tree: 1 + 4 processes)
 from simnvml import build_library, simnvml_env, write_scenario  # noqa: E402
 
-CHILD = """
-import multiprocessing as mp, time
-def idle():
-    time.sleep(3600)
-if __name__ == "__main__":
-    ps = [mp.get_context("fork").Process(target=idle) for _ in range(4)]
-    [p.start() for p in ps]
-    time.sleep(3600)
-"""
 EXAMPLE = ROOT / "examples" / "grpo_tiny.py"
 _STEP = re.compile(r"^step\s+(\d+)\s.*\btime\s+([0-9.]+) ms", re.MULTILINE)
 
@@ -217,8 +210,13 @@ def analyze_cost(hours: float, threads: int) -> dict[str, float]:
     for iv in intervals:
         index.tree(iv)
     trees = time.perf_counter() - t
-    return {"rows": len(samples), "readings": len(readings), "index_s": built,
-            "summaries_s": summaries, "trees_s": trees}
+    return {
+        "rows": len(samples),
+        "readings": len(readings),
+        "index_s": built,
+        "summaries_s": summaries,
+        "trees_s": trees,
+    }
 
 
 def main() -> None:

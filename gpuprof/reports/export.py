@@ -85,25 +85,36 @@ def _export_stacks(run: Run, fmt: str, path: Path, intervals: list[list[int]] | 
             "the run has no Python stacks (py-spy was not installed or not allowed while it "
             "was watched, or it was recorded with --no-stacks)"
         )
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
+    counts: dict[str, int] = {}
+
+    def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
             if fmt == "speedscope":
                 document = speedscope(run, intervals, idle=idle)
                 write_speedscope(document, handle)
-                counts = {"profiles": len(document["profiles"]),
-                          "frames": len(document["shared"]["frames"])}  # fmt: skip
+                counts.update(profiles=len(document["profiles"]),
+                              frames=len(document["shared"]["frames"]))  # fmt: skip
             else:
                 text = collapsed(run, intervals, idle=idle)
                 handle.write(text)
-                counts = {"stacks": text.count("\n")}
+                counts.update(stacks=text.count("\n"))
+
+    _atomic(path, write)
+    return ExportResult(path, fmt, counts, [])
+
+
+def _atomic(path: Path, write: Any, suffix: str = "") -> None:
+    """``write(tmp)`` a temporary file beside ``path`` (ending in ``suffix``), then rename it
+    into place; `ExportError` when it can't be written, and no temporary file left."""
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}{suffix}")
+    try:
+        write(tmp)
         os.replace(tmp, path)
     except OSError as exc:
         raise ExportError(f"{path}: cannot write ({exc.strerror or exc})") from None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
-    return ExportResult(path, fmt, counts, [])
 
 
 def _export_perfetto(
@@ -116,15 +127,7 @@ def _export_perfetto(
     cap = MAX_COUNTER_EVENTS if max_counter_events is None else max_counter_events
     trace = build_trace(run, diagnosis, max_counter_events=cap)
     # the temporary name keeps the suffix, so write_trace compresses exactly as the target asks
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}{''.join(path.suffixes[-1:])}")
-    try:
-        write_trace(trace, tmp)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ExportError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    _atomic(path, lambda tmp: write_trace(trace, tmp), "".join(path.suffixes[-1:]))
     return ExportResult(path, "perfetto", trace.counts, list(trace.info["notes"]))
 
 
