@@ -5,6 +5,7 @@ and without stacks.
     python benchmarks/bench_stacks.py steps [--pairs 10] [--steps 40] [--gpus busy|idle]
     python benchmarks/bench_stacks.py threads [--threads 40] [--repeats 200]
     python benchmarks/bench_stacks.py analyze [--hours 1] [--threads 12]
+    python benchmarks/bench_stacks.py modes [--seconds 10]
 
 ``cpu``: `gpuprof watch` over an idle command with 4 worker processes (5 Python processes
 for py-spy to sample, as ``bench_sampler.py``), 8 simulated GPUs at 10 Hz reading busy (the
@@ -30,11 +31,17 @@ thread: µs per reading, and % of one core at the host sampler's 2 readings a se
 threads sampled (one row per thread per 1 s window, a busy main thread changing among 300
 stacks, plus its thread readings at 2 Hz): seconds to index the stacks and to give 20
 findings their top stacks and flame graphs.
+
+``modes``: why the collector runs ``py-spy record`` in rounds rather than ``py-spy dump``
+each time it wants a sample: the CPU of one ``dump --json --nonblocking`` (which attaches to
+the process every time) against that of a ``record --format chrometrace --idle --threads
+--nonblocking`` round of ``--seconds`` at 2 and 20 Hz, on a busy Python process of 2 threads.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -219,9 +226,46 @@ def analyze_cost(hours: float, threads: int) -> dict[str, float]:
     }
 
 
+def _children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def modes_cost(seconds: float) -> dict[str, float]:
+    from gpuprof.collectors.stacks import find_pyspy
+
+    pyspy, why = find_pyspy()
+    if pyspy is None:
+        raise SystemExit(why)
+    busy = THREADED.format(n=1)
+    proc = subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE, text=True)
+    out: dict[str, float] = {}
+    try:
+        proc.stdout.readline()
+        pid, dumps = str(proc.pid), 20
+        before = _children_cpu()
+        for _ in range(dumps):
+            subprocess.run([pyspy, "dump", "--pid", pid, "--json", "--nonblocking"],
+                           capture_output=True, check=True)  # fmt: skip
+        out["dump_ms"] = 1e3 * (_children_cpu() - before) / dumps
+        for rate in (2, 20):
+            before = _children_cpu()
+            subprocess.run([pyspy, "record", "--pid", pid, "--rate", str(rate), "--duration",
+                            str(int(seconds)), "--format", "chrometrace", "--output",
+                            os.devnull, "--nonblocking", "--idle", "--threads"],
+                           capture_output=True, check=True)  # fmt: skip
+            out[f"record_{rate}_pct"] = 100 * (_children_cpu() - before) / int(seconds)
+    finally:
+        proc.kill()
+        proc.wait()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["cpu", "steps", "threads", "analyze"])
+    parser.add_argument("what", choices=["cpu", "steps", "threads", "analyze", "modes"])
     parser.add_argument("--hours", type=float, default=1.0, help="analyze: run length")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads: extra threads (40); analyze: Python threads")  # fmt: skip
@@ -232,6 +276,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="steps: steps per run")
     parser.add_argument("--gpus", choices=["busy", "idle"], default="busy")
     args = parser.parse_args()
+    if args.what == "modes":
+        got = modes_cost(args.seconds if args.seconds != 30.0 else 10.0)
+        print(f"py-spy dump: {got['dump_ms']:.1f} ms of CPU per sample (at 1 a second: "
+              f"{got['dump_ms'] / 10:.2f}% of one core per process)")  # fmt: skip
+        for rate in (2, 20):
+            print(f"py-spy record at {rate:2d} Hz, one round: {got[f'record_{rate}_pct']:.2f}% "
+                  "of one core per process")  # fmt: skip
+        return
     if args.what == "analyze":
         got = analyze_cost(args.hours, args.threads or 12)
         print(f"{got['rows']:,} stack rows, {got['readings']:,} thread readings "

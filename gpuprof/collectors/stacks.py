@@ -90,7 +90,8 @@ MAX_PROCESSES = 8
 ROLE_ORDER = ("main", "trainer", "dataloader", "inference", "other")
 IDLE_UTIL_PCT = 10.0
 """A GPU reading below this utilisation is idle (`Thresholds.idle_util_pct`)."""
-POLL_S = 0.25
+POLL_S = 0.5
+"""How often the sampler looks at its rounds, the processes and the GPUs' state."""
 STOP_WAIT_S = 5.0
 """How long `StackSampler.stop` waits for each py-spy to write its round after SIGINT."""
 NON_PYTHON_NAMES = frozenset({
