@@ -74,6 +74,13 @@ class WatchOptions:
     """Seconds between two points of the figures logged to ``log_to``."""
     log_timeout_s: float = 10.0
     """Longest wait, after the run, for the trackers' last upload."""
+    stacks: bool = True
+    """Sample the Python stacks of the watched processes with py-spy, when it is installed
+    (`gpuprof.collectors.stacks`), and the CPU of their busy threads."""
+    stack_rate_hz: int | None = None
+    """Stack samples per second per process while the GPUs work (None: `stacks.RATE_HZ`)."""
+    stack_idle_rate_hz: int | None = None
+    """...and while most GPUs idle (None: `stacks.IDLE_RATE_HZ`)."""
 
 
 @dataclass
@@ -238,7 +245,7 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [bootstrap_dir(), env.get("PYTHONPATH")]))
     sink = _LogSink(writer, host)
     child = ChildProcess(argv, env=env, on_line=sink, kill_after_s=options.kill_after_s)
-    sampler = live = metrics = trackers = None
+    sampler = live = metrics = trackers = stacks = None
     try:
         pid = child.start()
     except CommandNotFound as exc:
@@ -246,14 +253,16 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         _notify(str(exc), False)
         exit_code = 127
     else:
+        host_collector = HostCollector(host, pid, threads=options.stacks)
         sampler = Sampler(
             writer,
-            HostCollector(host, pid),
+            host_collector,
             nvml,
             interval_s=options.interval_s,
             host_interval_s=options.host_interval_s,
         )
         sampler.start()
+        stacks = _start_stacks(options, writer, host, host_collector, sampler, notices)
         live = _start_live(options, sampler, db_path, host, run_dir)
         metrics = _start_metrics(options, sampler, db_path, host, meta.gpus, notices,
                                  run_dir=run_dir, run_id=meta.run_id,
@@ -272,6 +281,9 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         if sampler is not None:
             sampler.stop()
             notices.extend(sampler.errors)
+        if stacks is not None:
+            stacks.stop()
+            writer.add_records("events", [stacks.cost_event()])
         if nvml is not None:
             notices.extend(n for n in nvml.notices if n not in notices)
             with contextlib.suppress(Exception):
@@ -623,6 +635,44 @@ def finish_log_to(
         handle.meta.notices = [*handle.meta.notices, *late]
         store.write_meta_now(handle.run_file, "run", handle.meta.to_dict())
     return lines
+
+
+def _start_stacks(options: WatchOptions, writer, host: str, host_collector, sampler,
+                  notices: list[str]):  # fmt: skip
+    """The Python stack sampler, when asked for and py-spy is there; else one notice line
+    (printed and kept in the run's notices) and None: the watch goes on without stacks."""
+    if not options.stacks:
+        notices.append("Python stacks turned off (--no-stacks)")
+        return None
+    from gpuprof.collectors import stacks as stack_collector
+
+    pyspy, why = stack_collector.find_pyspy()
+    if pyspy is None:
+        message = f"Python stacks: {why}: the run goes on without stacks"
+        notices.append(message)
+        _notify(message, options.quiet)
+        return None
+
+    def gpu_idle() -> bool | None:
+        latest = sampler.latest()
+        return stack_collector.gpus_idle(latest[1]) if latest else None
+
+    def said(line: str) -> None:
+        notices.append(line)
+        _notify(line, options.quiet)
+
+    sampler_ = stack_collector.StackSampler(
+        writer,
+        host,
+        host_collector.stack_targets,
+        gpu_idle,
+        pyspy=pyspy,
+        rate_hz=options.stack_rate_hz or stack_collector.RATE_HZ,
+        idle_rate_hz=options.stack_idle_rate_hz or stack_collector.IDLE_RATE_HZ,
+        notify=said,
+    )
+    sampler_.start()
+    return sampler_
 
 
 def _open_nvml(host: str, options: WatchOptions, meta: RunMeta, notices: list[str]):

@@ -200,6 +200,32 @@ def watch(
             min=0,
         ),
     ] = 120.0,
+    no_stacks: Annotated[
+        bool,
+        typer.Option(
+            "--no-stacks",
+            help="Don't sample the Python stacks of the command's processes (py-spy) nor the "
+            "CPU of their threads.",
+        ),
+    ] = False,
+    stacks_rate: Annotated[
+        int | None,
+        typer.Option(
+            "--stacks-rate",
+            help="Python stack samples per second per process while the GPUs work (default: 2).",
+            min=1,
+            max=1000,
+        ),
+    ] = None,
+    stacks_idle_rate: Annotated[
+        int | None,
+        typer.Option(
+            "--stacks-idle-rate",
+            help="...and while most GPUs idle (default: 20).",
+            min=1,
+            max=1000,
+        ),
+    ] = None,
     gpu_hour_price: GpuHourPrice = None,
     model_params: ModelParams = None,
     gpu: GpuName = None,
@@ -234,6 +260,9 @@ def watch(
         log_to=tuple(trackers),
         log_interval_s=log_interval,
         log_timeout_s=log_timeout,
+        stacks=not no_stacks,
+        stack_rate_hz=stacks_rate,
+        stack_idle_rate_hz=stacks_idle_rate,
     )
     try:
         result = api.watch(command, options)
@@ -520,19 +549,42 @@ def import_(
     print(run_dir)
 
 
-@app.command(help="Export a run: a Perfetto/Chrome trace (JSON) or Parquet files.")
+@app.command(
+    help="Export a run: a Perfetto/Chrome trace (JSON), Parquet files, or its Python stacks "
+    "(speedscope, or folded stacks for flamegraph.pl)."
+)
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="perfetto or parquet.")] = "perfetto",
+    fmt: Annotated[
+        str,
+        typer.Option("--format", "-f", help="perfetto, parquet, speedscope or collapsed."),
+    ] = "perfetto",
     output: Annotated[
         Path | None,
         typer.Option(
             "-o",
             "--output",
-            help="Trace file (gzip if it ends in .gz) or Parquet directory "
-            "(default: RUN_DIR/trace.json.gz or RUN_DIR/parquet).",
+            help="Trace file (gzip if it ends in .gz), Parquet directory, or stacks file "
+            "(default: RUN_DIR/trace.json.gz, RUN_DIR/parquet, RUN_DIR/stacks.speedscope.json "
+            "or RUN_DIR/stacks.folded).",
         ),
     ] = None,
+    finding: Annotated[
+        str | None,
+        typer.Option(
+            "--finding",
+            help="speedscope/collapsed: only the stacks inside this finding's intervals (its "
+            "kind, e.g. reward_bound).",
+        ),
+    ] = None,
+    idle: Annotated[
+        bool,
+        typer.Option(
+            "--idle",
+            help="speedscope/collapsed: the time Python threads were blocked too, not only "
+            "the time they were busy.",
+        ),
+    ] = False,
     max_counter_events: Annotated[
         int | None,
         typer.Option(
@@ -546,13 +598,17 @@ def export(
         bool, typer.Option(help="perfetto: add the diagnosis's findings as a track.")
     ] = True,
 ) -> None:
-    from gpuprof.reports.export import FORMATS, ExportError, default_path
+    from gpuprof.reports.export import FORMATS, STACK_FORMATS, ExportError, default_path
     from gpuprof.reports.export import export as export_run
 
     if fmt not in FORMATS:
         _err(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
         raise typer.Exit(EXIT_BAD_INPUT)
+    if (finding is not None or idle) and fmt not in STACK_FORMATS:
+        _err("--finding and --idle go with --format speedscope or collapsed")
+        raise typer.Exit(EXIT_BAD_INPUT)
     run = _load_or_exit(run_dir)
+    intervals = _finding_intervals(run, finding) if finding is not None else None
     diagnosis = None
     if fmt == "perfetto" and findings and not run.gpu.empty:
         try:
@@ -562,7 +618,13 @@ def export(
     path = output or default_path(run_dir, fmt)
     try:
         result = export_run(
-            run, fmt, path, diagnosis=diagnosis, max_counter_events=max_counter_events
+            run,
+            fmt,
+            path,
+            diagnosis=diagnosis,
+            max_counter_events=max_counter_events,
+            intervals=intervals,
+            idle=idle,
         )
     except ExportError as exc:
         _err(str(exc))
@@ -571,6 +633,22 @@ def export(
     for note in result.notes:
         print(f"gpuprof: {note}", file=sys.stderr)
     print(f"gpuprof: wrote {result.path} ({counts})", file=sys.stderr)
+
+
+def _finding_intervals(run, kind: str) -> list[list[int]]:
+    """The evidence intervals of the run's finding of ``kind``; exit 2 when it has none."""
+    from gpuprof.analyzers.findings import STALL_KINDS
+
+    if kind not in STALL_KINDS:
+        _err(f"unknown finding kind {kind!r}; choose from {', '.join(STALL_KINDS)}")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    diagnosis = api.analyze(run)
+    for f in diagnosis.findings:
+        if f.kind == kind and f.evidence.get("intervals"):
+            return [list(map(int, pair)) for pair in f.evidence["intervals"]]
+    found = ", ".join(f.kind for f in diagnosis.findings) or "none"
+    _err(f"the run has no {kind} finding with intervals (its findings: {found})")
+    raise typer.Exit(EXIT_BAD_INPUT)
 
 
 def _load_or_exit(run_dir: Path):

@@ -33,6 +33,8 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "spans": ("start_ns", "end_ns", "gpu_start_ns", "gpu_end_ns"),
     "events": ("t_ns",),
     "logs": ("t_ns",),
+    "threads": ("t_ns",),
+    "stack_samples": ("t_ns",),
 }
 """The wall-clock columns of each table (shifted together when a node's offset is applied)."""
 

@@ -13,6 +13,8 @@ a run ends (and when `save_run` writes a whole run) the tables of each file move
     <run>/node0.procs.parquet       process samples
     <run>/node0.gpu_procs.parquet   per-GPU process samples
     <run>/node0.spans.parquet       spans (attrs as JSON text), likewise events and logs
+    <run>/node0.threads.parquet     per-thread CPU; likewise the Python stacks py-spy sampled
+                                    (stack_frames, stacks, stack_samples)
 
 The SQLite file's ``meta`` table lists the side files under the key ``columnar``; the listing
 and the deletion of the moved rows happen in one transaction, after the Parquet file is in
@@ -38,7 +40,8 @@ import pyarrow as pa
 from gpuprof.errors import RunError
 from gpuprof.model import RECORD_TYPES, column_kinds, columns
 
-TABLES: tuple[str, ...] = ("gpu", "host", "procs", "gpu_procs", "spans", "events", "logs")
+TABLES: tuple[str, ...] = ("gpu", "host", "procs", "gpu_procs", "spans", "events", "logs",
+                           "threads", "stack_frames", "stacks", "stack_samples")  # fmt: skip
 """The tables that get side files: all of them (only ``meta`` stays in SQLite)."""
 SAMPLE_TABLES: tuple[str, ...] = ("gpu", "host", "procs", "gpu_procs")
 """The high-volume sample tables (merged into buckets when a long run is loaded)."""
@@ -51,6 +54,10 @@ SORT_KEYS: dict[str, list[str]] = {
     "spans": ["start_ns"],
     "events": ["t_ns"],
     "logs": ["t_ns"],
+    "threads": ["host", "pid", "tid", "t_ns"],
+    "stack_frames": ["frame_id"],
+    "stacks": ["stack_id"],
+    "stack_samples": ["host", "t_ns"],
 }
 META_KEY = "columnar"
 """Key of the ``meta`` row that lists a file's side files: ``{table: file name}``."""
@@ -350,6 +357,8 @@ def compact(
         done = listed(conn)
         chunked = read_chunks is not None and _has_table(conn, "chunks")
         for table in TABLES:
+            if not _has_table(conn, table):  # a file older than the table (model.STACK_TABLES)
+                continue
             # rows up to this rowid move; rows a still-running process adds meanwhile stay
             last = conn.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0]
             last_chunk = None

@@ -155,6 +155,79 @@ class LogLine:
     line: str
 
 
+@dataclass(slots=True)
+class ThreadSample:
+    """One busy thread of a watched process over the last host interval.
+
+    ``cpu_pct`` is the percent of the ``interval_s`` seconds before ``t_ns`` the thread ran on
+    a CPU (0–100: a thread uses at most one core), ``runq_pct`` the percent it was ready to
+    run but waited for a CPU (the kernel's run queue; None where the kernel does not keep
+    scheduler statistics). ``name`` is the thread's ``comm`` (15 characters:
+    ``cuda-EvtHandlr``, ``pt_autograd_0``, a Python thread's name on Python 3.14+, else the
+    process's). Only threads that used at least 1% of a core are recorded, and only of
+    processes using at least a few percent of one
+    (`gpuprof.collectors.host.THREAD_MIN_PROCESS_CPU_PCT`): a thread of a recorded process
+    with no row in an interval was idle.
+    """
+
+    host: str
+    t_ns: int
+    pid: int
+    tid: int
+    name: str
+    cpu_pct: float | None = None
+    runq_pct: float | None = None
+    interval_s: float | None = None
+
+
+@dataclass(slots=True)
+class StackFrame:
+    """One Python function at one line, interned: ``frame_id`` is a hash of (name, file,
+    line), the same on every host and in every run (`gpuprof.collectors.stacks.frame_id`)."""
+
+    frame_id: int
+    name: str
+    file: str
+    line: int | None = None
+
+
+@dataclass(slots=True)
+class Stack:
+    """A call stack, interned: ``frames`` is its frame ids from the outermost call to the
+    innermost, space-separated; ``stack_id`` a hash of them."""
+
+    stack_id: int
+    frames: str
+
+
+@dataclass(slots=True)
+class StackSample:
+    """Wall seconds one Python thread was seen in one stack within one time window.
+
+    Sampled by py-spy from the watcher (`gpuprof.collectors.stacks`) at ``rate_hz`` samples a
+    second; ``seconds`` × ``rate_hz`` is about the number of samples. Rows are summed per
+    window of ``window_s`` seconds (aligned on the epoch): ``t_ns`` is when the stack was
+    first seen in its window and ``span_s`` how far from there its last stretch in the window
+    ended (``seconds`` ≤ ``span_s``; equal when it was one stretch), so a row places its time
+    more finely than its window. ``tid`` is the OS thread id (None when py-spy could not tell
+    it), ``thread`` the Python thread's name, ``role`` the process's role as the host
+    collector classifies it. Whether the thread was busy (running or ready to run) or blocked
+    comes from its `ThreadSample` rows in that window.
+    """
+
+    host: str
+    t_ns: int
+    span_s: float
+    window_s: float
+    pid: int
+    tid: int | None
+    thread: str
+    role: str
+    stack_id: int
+    seconds: float
+    rate_hz: float
+
+
 RECORD_TYPES: dict[str, type] = {
     "gpu": GpuSample,
     "host": HostSample,
@@ -163,8 +236,21 @@ RECORD_TYPES: dict[str, type] = {
     "spans": Span,
     "events": Event,
     "logs": LogLine,
+    "threads": ThreadSample,
+    "stack_frames": StackFrame,
+    "stacks": Stack,
+    "stack_samples": StackSample,
 }
-"""Table / frame name → record class. The store and `Run` both follow this order."""
+"""Table / frame name → record class. The store and `Run` both follow this order.
+
+The last four (per-thread CPU and Python stacks) came after schema 2's first files: a file
+without their tables reads as having no rows in them (see docs/STORE.md)."""
+
+STACK_TABLES: tuple[str, ...] = ("threads", "stack_frames", "stacks", "stack_samples")
+"""Tables a run file may lack (written before they existed): read as empty."""
+INTERNED_TABLES: dict[str, str] = {"stack_frames": "frame_id", "stacks": "stack_id"}
+"""Tables keyed by a content hash rather than time: rows repeat across files and are kept
+once when a run is loaded."""
 
 
 def columns(record_type: type) -> list[str]:
@@ -316,9 +402,10 @@ class RunMeta:
 class Run:
     """A recorded run: metadata plus one pandas frame per record type.
 
-    Frames: ``gpu``, ``host``, ``procs``, ``gpu_procs``, ``spans``, ``events``, ``logs``;
-    their columns are the fields of the matching record class. Analyzers and renderers see
-    only this.
+    Frames: ``gpu``, ``host``, ``procs``, ``gpu_procs``, ``spans``, ``events``, ``logs``,
+    and the per-thread CPU and Python stacks (``threads``, ``stack_frames``, ``stacks``,
+    ``stack_samples``; empty unless py-spy sampled the run); their columns are the fields of
+    the matching record class. Analyzers and renderers see only this.
     """
 
     meta: RunMeta
@@ -329,6 +416,10 @@ class Run:
     spans: pd.DataFrame = field(default_factory=lambda: empty_frame(Span))
     events: pd.DataFrame = field(default_factory=lambda: empty_frame(Event))
     logs: pd.DataFrame = field(default_factory=lambda: empty_frame(LogLine))
+    threads: pd.DataFrame = field(default_factory=lambda: empty_frame(ThreadSample))
+    stack_frames: pd.DataFrame = field(default_factory=lambda: empty_frame(StackFrame))
+    stacks: pd.DataFrame = field(default_factory=lambda: empty_frame(Stack))
+    stack_samples: pd.DataFrame = field(default_factory=lambda: empty_frame(StackSample))
 
     @property
     def duration_s(self) -> float | None:

@@ -35,8 +35,10 @@ import pyarrow as pa
 from gpuprof import clocks, columnar
 from gpuprof.errors import RunError
 from gpuprof.model import (
+    INTERNED_TABLES,
     RECORD_TYPES,
     SCHEMA_VERSION,
+    STACK_TABLES,
     Run,
     RunMeta,
     column_kinds,
@@ -404,11 +406,13 @@ def _read_file(
             for key, value in conn.execute("SELECT key, value FROM meta").fetchall()
         }
         sides = _side_files(path, conn)
+        present = _table_names(conn)
         frames = {}
         for table in RECORD_TYPES:
             if table in skip:
                 continue
-            frame = read_table(conn, table)
+            # a file written before the table existed has no rows of it
+            frame = read_table(conn, table) if table in present else _empty(table)
             chunked = read_chunks(conn, table)
             if len(chunked):
                 frame = (_typed(table, pd.concat([chunked, frame], ignore_index=True))
@@ -428,6 +432,12 @@ def _read_file(
         raise RunError(f"{path}: damaged data ({exc})") from None
     finally:
         conn.close()
+
+
+def _table_names(conn: sqlite3.Connection) -> set[str]:
+    """The tables an open run file has (files older than a table lack it, see
+    `model.STACK_TABLES`)."""
+    return {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
 def _side_files(path: Path, conn: sqlite3.Connection) -> dict[str, Path]:
@@ -735,6 +745,10 @@ def load_run(
     for table, frame in tables.items():
         if frame.empty:
             continue
+        if table in INTERNED_TABLES:  # the same frame or stack recorded by several files
+            key = INTERNED_TABLES[table]
+            tables[table] = frame.drop_duplicates(key, ignore_index=True)
+            continue
         sort_key = "start_ns" if table == "spans" else "t_ns"
         if frame[sort_key].is_monotonic_increasing:  # a stable sort would keep every row
             frame = frame.reset_index(drop=True)
@@ -823,6 +837,10 @@ def count_rows(run_dir: str | os.PathLike, table: str) -> int:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
             try:
                 _check_header(conn, path, allow_new=False)
+                if table in STACK_TABLES and table not in _table_names(conn):
+                    sides = _side_files(path, conn)
+                    total += columnar.count(sides[table]) if table in sides else 0
+                    continue
                 total += conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
                 if has_chunks(conn):
                     n = conn.execute("SELECT sum(n) FROM chunks WHERE tbl = ?", (table,))
@@ -939,6 +957,8 @@ def save_run(run: Run, run_dir: str | os.PathLike) -> list[Path]:
                 frame = getattr(run, table)
                 if len(frame) and "host" in frame:
                     frame = frame[frame["host"] == host]
+                elif i > 0:  # host-less tables (interned frames, stacks): in the first file
+                    frame = frame.iloc[:0]
                 if table in columnar.TABLES and len(frame):
                     side = columnar.side_file(final, table)
                     columnar.write(side, table, frame)

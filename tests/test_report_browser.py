@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from browser import Browser, chromium_path
 from conftest import ROOT, run_gpuprof
@@ -156,3 +157,71 @@ def test_many_gpus_selector_switches_the_selected_trace(tmp_path, browser):
     assert len(x) == len(deltas) > 10 and all(b > a for a, b in itertools.pairwise(x))
     page.screenshot(ARTIFACTS / "report-32gpus.png")
     assert page.errors == []
+
+
+def _run_with_stacks(function_name: str) -> Run:
+    """A simulated reward-bound run whose reward spans the main process spent in
+    ``function_name`` (user code) → a library call, with a blocked helper stack beside."""
+    from gpuprof.collectors.stacks import frame_id, stack_id
+    from gpuprof.model import StackSample
+
+    run = simulate(SimConfig(gpus=2, steps=3, time_scale=0.3,
+                             pathologies=[Pathology("reward_bound", 0.8)])).run  # fmt: skip
+    sympy = "/venv/lib/python3.11/site-packages/sympy/simplify.py"
+    frames = [("main", "/home/u/train.py", 10), (function_name, "/home/u/reward.py", 87),
+              ("simplify", sympy, 600)]  # fmt: skip
+    fids = [frame_id(*f) for f in frames]
+    sid = stack_id(fids)
+    run.stack_frames = pd.DataFrame([(i, *f) for i, f in zip(fids, frames)],
+                                    columns=["frame_id", "name", "file", "line"])  # fmt: skip
+    run.stacks = pd.DataFrame([(sid, " ".join(map(str, fids)))], columns=["stack_id", "frames"])
+    reward = run.spans[run.spans["phase"] == "reward"]
+    run.stack_samples = pd.DataFrame(
+        [("h0", int(s), (e - s) / 1e9, 1.0, 1, None, "MainThread", "main", sid, (e - s) / 1e9,
+          20.0) for s, e in zip(reward["start_ns"], reward["end_ns"])],
+        columns=list(StackSample.__slots__),
+    )  # fmt: skip
+    return run
+
+
+FLAME = "document.querySelector('.flame[data-which=busy]')"
+
+
+def test_flame_graph_per_finding_draws_offline_and_zooms(tmp_path, browser):
+    hostile = "<img src=x onerror=window.__pwned=3>"
+    run_dir = tmp_path / "run"
+    store.save_run(_run_with_stacks(hostile), run_dir)
+    result = run_gpuprof("report", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    page = open_report(browser, run_dir / "report.html")
+    assert page.errors == [] and page.evaluate("window.__pwned === undefined")
+    assert page.evaluate("document.querySelectorAll('img').length") == 0
+    assert all(u.split(":")[0] in ("file", "data", "about") for u in page.requests)
+    drawn = int(page.evaluate(f"{FLAME}.getAttribute('data-drawn')"))
+    assert drawn == 4  # all → main → the user function → the library call
+    labels = page.evaluate(f"Array.from({FLAME}.querySelectorAll('g')).map(g => g.dataset.name)")
+    assert labels == ["all", "main", hostile, "simplify"]  # the name, as text
+    tips = page.evaluate(f"Array.from({FLAME}.querySelectorAll('title')).map(t => t.textContent)")
+    assert "(reward.py:87)" in tips[2] and "100.0%" in tips[2]
+    # the finding's line and the section's table name it too, as text
+    heading = page.evaluate("document.querySelector('#gp-stacks-section h3').textContent")
+    assert heading.startswith("reward_bound: 100% of the sampled Python time in reward.py:87 ")
+    assert hostile in heading
+    line = page.evaluate("document.querySelector('table.findings .stackline').textContent")
+    assert hostile in line
+    # click a frame: it becomes the root; click the root: back to the whole graph
+    frame = ".flame[data-which=busy] svg > g:nth-of-type({})"
+    page.click(frame.format(3))
+    page.wait_for(f"{FLAME}.getAttribute('data-root') !== 'all'", timeout_s=10)
+    assert page.evaluate(f"{FLAME}.getAttribute('data-drawn')") == "2"
+    page.click(frame.format(1))
+    page.wait_for(f"{FLAME}.getAttribute('data-root') === 'all'", timeout_s=10)
+    page.evaluate("document.getElementById('gp-stacks-section').scrollIntoView()")
+    page.screenshot(ARTIFACTS / "report-flame.png", full_page=False)
+    assert page.errors == []
+
+
+def test_report_without_stacks_has_no_flame_section(demo):
+    _, page = demo
+    assert page.evaluate("document.getElementById('gp-stacks-section')") is None
+    assert page.evaluate("document.querySelectorAll('.flame').length") == 0

@@ -23,6 +23,7 @@ from gpuprof.analyzers.findings import (
     Thresholds,
 )
 from gpuprof.analyzers.nodes import node_summary
+from gpuprof.analyzers.stacks import attach_stacks
 from gpuprof.analyzers.stalls import DETECTORS, STALLS
 from gpuprof.analyzers.stalls._bound import bound_summary
 from gpuprof.analyzers.stalls._startup import claim_startup
@@ -97,6 +98,10 @@ def diagnose(
     findings.sort(key=lambda f: (-f.gpu_seconds_lost, f.kind))
     summary = summarize(ctx, findings, startup=startup)
     findings = few_steps_hedged(findings, summary["data_basis"], th)
+    try:
+        attach_stacks(ctx, findings)
+    except Exception as exc:  # the findings stand without their stacks
+        notes.append(f"stack analysis failed: {type(exc).__name__}: {exc}")
     recommendations = _recommend(findings, run, notes)
     summary["bound"] = bound_summary(ctx, th)
     try:

@@ -186,6 +186,15 @@ class HostBoundEvidence(Evidence):
     sync_ops: int | None = None
     sync_s: float | None = None
     alloc_s: float | None = None
+    cpu_measure: str | None = None
+    """``busiest_python_thread`` (the run recorded per-thread CPU) or ``process`` (summed
+    over the process's threads, which CUDA/NCCL spin-wait inflates)."""
+    python_thread: str | None = None
+    """The busiest Python thread in the intervals: ``name (pid P, thread T)``."""
+    python_thread_cpu_pct: float | None = None
+    spinning_threads: list[dict[str, Any]] | None = None
+    """Other threads of the processes above half a core there: ``thread`` (comm), ``pid``,
+    ``tid``, ``kind`` (CUDA driver, NCCL, OpenMP…, or None), ``cpu_pct``."""
 
 
 @dataclass(kw_only=True)

@@ -77,9 +77,12 @@ class Finding:
     confidence: float
     summary: str
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    stacks: Any = None
+    """For kinds about idle or host time, the Python code that ran in the evidence's
+    intervals (`gpuprof.analyzers.stacks.StackSummary`), when the run sampled stacks."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": self.kind,
             "gpu_seconds_lost": round(float(self.gpu_seconds_lost), 3),
             "share": round(float(self.share), 5),
@@ -89,6 +92,9 @@ class Finding:
             if hasattr(self.evidence, "to_dict")
             else dict(self.evidence),
         }
+        if self.stacks is not None:
+            out["stacks"] = self.stacks.to_dict()
+        return out
 
 
 @dataclass(frozen=True)

@@ -67,12 +67,20 @@ from typing import Any, NamedTuple
 
 import psutil
 
-from gpuprof.model import HostSample, ProcSample
+from gpuprof.model import HostSample, ProcSample, ThreadSample
 
-__all__ = ["HostCollector", "classify_role", "is_launcher"]
+__all__ = ["HostCollector", "classify_role", "is_launcher", "read_threads"]
 
 NAME_MAX_CHARS = 64
 """`ProcSample.name` is the psutil process name cut to this many characters."""
+THREAD_MIN_PROCESS_CPU_PCT = 5.0
+"""Threads are read only of processes that used at least this percent of a core since their
+previous sample: an idler process's threads were all idle, and a busy trainer has dozens."""
+THREAD_MIN_CPU_PCT = 1.0
+"""A thread below this percent of a core over an interval is not recorded (it was idle)."""
+THREAD_NAMES_S = 10.0
+"""Thread names are read again this often (a thread may rename itself after it starts)."""
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 _PYTHON_RE = re.compile(r"^(python|pypy)[0-9.]*[dmw]?$")
 # Interpreter options that consume the next argument; anything else before the script is a flag.
@@ -305,9 +313,68 @@ class _Tracked:
     """Storage read/write bytes at the previous reading."""
     io_readable: bool = True
     """False once ``/proc/<pid>/io`` was denied or missing; not tried again."""
+    start_s: float = 0.0
+    """When the process started (seconds since the epoch)."""
+    cpu_pct: float | None = None
+    """Its CPU at the last sample, percent of one core."""
+    threads: dict[int, ThreadTimes] | None = None
+    """Thread id → its times at the last reading of the process's threads."""
+    thread_names: dict[int, str] | None = None
+    """Thread id → ``comm``, read once per thread (and again every `THREAD_NAMES_S`)."""
+    thread_names_s: float = 0.0
 
 
 _HAS_IO_COUNTERS = hasattr(psutil.Process, "io_counters")
+
+
+class ThreadTimes(NamedTuple):
+    """One thread's name and cumulative seconds on a CPU and waiting for one (None: not
+    kept by this kernel)."""
+
+    name: str
+    cpu_s: float
+    runq_s: float | None
+
+
+def read_threads(pid: int, names: dict[int, str] | None = None) -> dict[int, ThreadTimes]:
+    """Every thread of ``pid``: its ``comm`` and its time on a CPU and waiting for one, from
+    ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds); where the kernel keeps no scheduler
+    statistics, CPU time from ``…/stat`` (10 ms ticks) and no run-queue time. ``names``
+    caches thread names by id: ``stat`` is read only for threads not in it (and updated).
+    Empty where there is no such directory (not Linux, or the process is gone)."""
+    base = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return {}
+    out: dict[int, ThreadTimes] = {}
+    for entry in tids:
+        tid = int(entry)
+        cpu = runq = None
+        try:
+            with open(f"{base}/{entry}/schedstat", "rb", buffering=0) as handle:
+                fields = handle.read(128).split()
+            cpu, runq = int(fields[0]) / 1e9, int(fields[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            pass
+        name = names.get(tid) if names is not None else None
+        if name is None or cpu is None:
+            try:
+                with open(f"{base}/{entry}/stat", "rb", buffering=0) as handle:
+                    data = handle.read(1024)
+            except OSError:  # the thread ended meanwhile
+                continue
+            close = data.rfind(b")")
+            fields = data[close + 2 :].split()
+            if close < 0 or len(fields) < 13:
+                continue
+            name = data[data.find(b"(") + 1 : close].decode("utf-8", "replace")
+            if names is not None:
+                names[tid] = name
+            if cpu is None:
+                cpu = (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        out[tid] = ThreadTimes(name, cpu, runq)
+    return out
 
 
 class HostCollector:
@@ -320,10 +387,15 @@ class HostCollector:
     (re-parented to init or a subreaper) stays watched until it exits.
     """
 
-    def __init__(self, host: str, root_pid: int, *, tree_refresh_s: float = 2.0) -> None:
+    def __init__(
+        self, host: str, root_pid: int, *, tree_refresh_s: float = 2.0, threads: bool = False
+    ) -> None:
         self.host = host
         self.root_pid = root_pid
         self.tree_refresh_s = tree_refresh_s
+        self.threads = threads
+        """Read the threads of busy processes (`take_threads`)."""
+        self._thread_rows: list[ThreadSample] = []
         self._n_cpus = psutil.cpu_count(logical=True)
         self._last_busy_total = _busy_and_total_s(psutil.cpu_times())
         self._tracked: dict[int, _Tracked] = {}
@@ -338,6 +410,22 @@ class HostCollector:
         """Pids of the watched tree (root + descendants) as of the last tree refresh,
         minus those seen exiting since; empty before the first `sample`."""
         return set(self._tracked)
+
+    def stack_targets(self) -> list[Any]:
+        """The watched processes as `gpuprof.collectors.stacks.Target` (pid, role, name, start
+        time, CPU at the last sample), for the stack sampler; safe to call from another
+        thread."""
+        from gpuprof.collectors.stacks import Target
+
+        launcher = self._root_is_launcher
+        return [Target(pid, t.role, t.name, t.start_s, t.cpu_pct,
+                       launcher=launcher and pid == self.root_pid)
+                for pid, t in list(self._tracked.items())]  # fmt: skip
+
+    def take_threads(self) -> list[ThreadSample]:
+        """The busy threads read since the previous call (see `ThreadSample`)."""
+        rows, self._thread_rows = self._thread_rows, []
+        return rows
 
     def sample(self, t_ns: int) -> tuple[HostSample, list[ProcSample]]:
         """Read the host and every watched process now; ``t_ns`` stamps the records.
@@ -417,10 +505,44 @@ class HostCollector:
             if io is not None and tracked.last_io is not None:
                 read_s = max(0.0, (io[0] - tracked.last_io[0]) / dt_s)
                 write_s = max(0.0, (io[1] - tracked.last_io[1]) / dt_s)
+            if self.threads and cpu_pct is not None:
+                self._sample_threads(tracked, t_ns, dt_s, cpu_pct)
+        tracked.cpu_pct = cpu_pct
         tracked.last_t_s = now_s
         tracked.last_cpu_s = cpu_s
         tracked.last_io = io
         return self._record(tracked, t_ns, cpu_pct, rss, read_s, write_s, threads)
+
+    def _sample_threads(self, tracked: _Tracked, t_ns: int, dt_s: float, cpu_pct: float) -> None:
+        """Rows for the threads that used CPU over the last ``dt_s`` seconds (at least
+        `THREAD_MIN_CPU_PCT`), of a process busy enough to read
+        (`THREAD_MIN_PROCESS_CPU_PCT`). A thread's CPU since its previous
+        reading is put in this interval: when the process was skipped since, it was nearly
+        idle then, so little of it belongs earlier."""
+        if cpu_pct < THREAD_MIN_PROCESS_CPU_PCT:
+            return
+        pid = tracked.proc.pid
+        clock = time.monotonic()
+        if tracked.thread_names is None or clock - tracked.thread_names_s > THREAD_NAMES_S:
+            tracked.thread_names, tracked.thread_names_s = {}, clock
+        now = read_threads(pid, tracked.thread_names)
+        before, tracked.threads = tracked.threads, now
+        if before is None:
+            return  # the first reading is the baseline
+        for tid, times in now.items():
+            last = before.get(tid)
+            if last is None or times.cpu_s <= last.cpu_s:
+                continue
+            pct = min(100.0, 100.0 * (times.cpu_s - last.cpu_s) / dt_s)
+            if pct < THREAD_MIN_CPU_PCT:
+                continue
+            runq = None
+            if times.runq_s is not None and last.runq_s is not None:
+                waited = 100.0 * max(0.0, times.runq_s - last.runq_s) / dt_s
+                runq = round(min(100.0 - pct, waited), 2)
+            row = ThreadSample(self.host, t_ns, pid, tid, times.name, round(pct, 2), runq,
+                               round(dt_s, 4))  # fmt: skip
+            self._thread_rows.append(row)
 
     @staticmethod
     def _read_io(tracked: _Tracked) -> tuple[int, int] | None:
@@ -517,7 +639,11 @@ class HostCollector:
             )
             tracked = self._tracked.get(pid)
             if tracked is None:
-                self._tracked[pid] = _Tracked(proc, ppid, name, role)
+                try:
+                    started = proc.create_time()  # cached by psutil: no system call
+                except psutil.Error:
+                    started = 0.0
+                self._tracked[pid] = _Tracked(proc, ppid, name, role, start_s=started)
             else:
                 tracked.ppid, tracked.name, tracked.role = ppid, name, role
         for pid in set(self._tracked) - set(identities):

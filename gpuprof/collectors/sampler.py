@@ -95,6 +95,9 @@ class Sampler:
             host_sample, procs = self.host.sample(t_ns)
             writer.add_records("host", [host_sample])
             writer.add_records("procs", procs)
+            take_threads = getattr(self.host, "take_threads", None)
+            if take_threads is not None:
+                writer.add_records("threads", take_threads())
             if with_processes and self.nvml is not None:
                 pids = self.host.watched_pids()
                 writer.add_records("gpu_procs", self.nvml.sample_processes(t_ns, pids))

@@ -79,6 +79,9 @@ def render_html(
     }
     if figs.nodes is not None:  # absent on one node: a single-node report stays as it was
         data["nodes"] = figs.nodes
+    flames = _flames(run, diagnosis)
+    if flames:  # absent without sampled stacks: such a report stays as it was
+        data["flames"] = flames
     page = (_TEMPLATE_DIR / "report.html").read_text(encoding="utf-8")
     parts = {
         "title": html.escape(f"gpuprof report: {run.meta.run_id}"),
@@ -86,6 +89,7 @@ def render_html(
         "header": _header(run, diagnosis),
         "recommendations": _recommendations(diagnosis),
         "findings": _findings(diagnosis),
+        "stacks": _stacks_section(diagnosis, flames),
         "notes": _notes(diagnosis, figs),
         "selector": _selector_html(figs),
         "sections": _sections(figs),
@@ -409,7 +413,8 @@ def _findings(diagnosis: Diagnosis) -> str:
             f'<tr><td><b class="{"bad" if f.share >= 0.1 else "warn"}">{_e(f.kind)}</b></td>'
             f"<td>{_e(fmt.gpu_seconds(f.gpu_seconds_lost))}</td><td>{100 * f.share:.1f}%</td>"
             f"<td>{f.confidence:.2f}</td><td>{_e(f.summary)}"
-            f"<div class=sub>{_e(where)}{' · ' if where else ''}{_e(detail)}</div></td>"
+            f"<div class=sub>{_e(where)}{' · ' if where else ''}{_e(detail)}</div>"
+            f"{_stack_line(i, f)}</td>"
             f"<td>{_zoom_button(i, diagnosis)}</td></tr>"
         )
     head = (
@@ -417,6 +422,95 @@ def _findings(diagnosis: Diagnosis) -> str:
         "<th>what</th><th></th></tr>"
     )
     return f'<table class="findings">{head}{"".join(rows)}</table>'
+
+
+def _stack_line(index: int, finding: Any) -> str:
+    """Under a finding's summary: its top Python stack, linked to its flame graph."""
+    stacks = getattr(finding, "stacks", None)
+    if stacks is None:
+        return ""
+    return (f'<div class="sub stackline">Python: <a href="#gp-flame-{index}">'
+            f"{_e(stacks.headline())}</a></div>")  # fmt: skip
+
+
+FLAME_MIN_SHARE = 0.005
+"""Frames under this share of a flame graph's time are left out of it (kept in the parent)."""
+FLAME_MAX_NODES = 400
+
+
+def _flames(run: Run, diagnosis: Diagnosis) -> dict[str, dict[str, Any]]:
+    """Per finding with stacks (by its index), its flame graphs: ``busy`` (the time Python
+    threads ran or were ready to) and ``blocked`` (the main threads' blocked time), each
+    filtered to the finding's intervals (`analyzers.stacks.StackIndex.tree`)."""
+    if not any(getattr(f, "stacks", None) is not None for f in diagnosis.findings):
+        return {}
+    from gpuprof.analyzers.stacks import StackIndex
+
+    index = StackIndex(run)
+    out: dict[str, dict[str, Any]] = {}
+    for i, f in enumerate(diagnosis.findings):
+        if getattr(f, "stacks", None) is None:
+            continue
+        intervals = (f.evidence or {}).get("intervals") or []
+        trees = {}
+        for which, blocked in (("busy", False), ("blocked", True)):
+            tree = index.tree(intervals, blocked=blocked, min_share=FLAME_MIN_SHARE,
+                              max_nodes=FLAME_MAX_NODES)  # fmt: skip
+            if tree is not None:
+                trees[which] = tree
+        if trees:
+            out[str(i)] = trees
+    return out
+
+
+def _stacks_section(diagnosis: Diagnosis, flames: dict[str, dict[str, Any]]) -> str:
+    """The section of Python stacks per finding: its top stacks as a table, and flame graphs
+    (icicles: outermost call on top, width = time; click a frame to zoom into it, click the
+    top frame to zoom out) drawn by the page's script from the JSON data."""
+    parts = []
+    for i, f in enumerate(diagnosis.findings):
+        stacks = getattr(f, "stacks", None)
+        if stacks is None:
+            continue
+        rows = "".join(
+            f"<tr><td>{100 * g.share:.0f}%</td><td>{g.seconds:.1f} s</td>"
+            f"<td><code>{_e(g.where())}</code>"
+            f"{f'<div class=sub>in {_e(g.calls)}</div>' if g.calls else ''}</td>"
+            f"<td class=sub>{_e(' → '.join(g.chain))}</td>"
+            f"<td class=sub>{_e(', '.join(g.processes))}<br>{_e(', '.join(g.threads))}</td></tr>"
+            for g in stacks.top
+        )
+        table = (
+            "<table class=stacks><tr><th>share</th><th>time</th><th>user code</th><th>chain</th>"
+            f"<th>processes · threads</th></tr>{rows}</table>" if rows else ""
+        )  # fmt: skip
+        what = "busy (running or ready to run)" if stacks.activity == "thread_cpu" else "sampled"
+        basis = (f"{stacks.threads} Python thread(s) of {stacks.processes} process(es), "
+                 f"{stacks.busy_s:.1f} s {what}, {stacks.blocked_s:.1f} s blocked"
+                 + (f", sampled at {stacks.rate_hz:g} Hz" if stacks.rate_hz else ""))  # fmt: skip
+        trees = flames.get(str(i), {})
+        flame = (f'<div class="flame" data-flame="{i}" data-which="busy"></div>'
+                 if "busy" in trees else "")  # fmt: skip
+        blocked = ""
+        if "blocked" in trees:
+            first = stacks.blocked[0].phrase() if stacks.blocked else ""
+            blocked = (f"<details><summary>where the main thread was blocked"
+                       f"{': ' + _e(first) if first else ''}</summary>"
+                       f'<div class="flame" data-flame="{i}" data-which="blocked"></div>'
+                       "</details>")  # fmt: skip
+        parts.append(
+            f'<div class="stackfinding" id="gp-flame-{i}"><h3>{_e(f.kind)}: '
+            f"{_e(stacks.headline())}</h3><div class=sub>{_e(basis)}</div>{table}{flame}"
+            f"{blocked}</div>"
+        )
+    if not parts:
+        return ""
+    return (
+        '<section id="gp-stacks-section"><h2>Python stacks in the findings\' intervals</h2>'
+        "<p class=sub>Sampled by py-spy from the watcher. Flame graphs: the outermost call on "
+        "top, width is time; user code in orange, libraries in blue; click a frame to zoom "
+        "into it, the top frame to zoom out.</p>" + "".join(parts) + "</section>"
+    )
 
 
 def _notes(diagnosis: Diagnosis, figs: FigureSet) -> str:

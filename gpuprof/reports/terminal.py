@@ -283,6 +283,7 @@ def _findings_parts(diagnosis: Diagnosis, top: int | None) -> list[Any]:
             detail.append(f"  confidence {f.confidence:.2f}")
             parts.append(HeadLine(head, detail))
             parts.append(_indented(Text(f.summary)))
+            parts.extend(stack_parts(getattr(f, "stacks", None)))
     else:
         sentence, good = no_finding_sentence(diagnosis)
         parts.append(Text(sentence, style="green" if good else "yellow"))
@@ -299,6 +300,36 @@ def _findings_parts(diagnosis: Diagnosis, top: int | None) -> list[Any]:
             parts.append(HeadLine(head, change, joiner=": "))
             parts.append(_indented(Text(str(r.rationale))))
     return parts
+
+
+def stack_parts(stacks: Any, top: int = 3) -> list[Any]:
+    """A finding's Python stacks, indented under it: the top groups by busy time (share,
+    user function → the library function it was in, where), and what the main thread was
+    blocked in."""
+    if stacks is None:
+        return []
+    out = []
+    what = "busy" if stacks.activity == "thread_cpu" else "sampled"
+    for k, g in enumerate(stacks.top[:top]):
+        line = Text("Python: " if k == 0 else "        ", style="dim")
+        line.append(f"{100 * g.share:3.0f}% ", style="bold")
+        line.append(g.where(), style="cyan")
+        if g.calls:
+            line.append(f" → {g.calls}")
+        line.append(f"  [{', '.join(g.processes[:2])}]" if g.processes else "", style="dim")
+        if k == 0:
+            line.append(f"  of {stacks.busy_s:.1f} s {what}", style="dim")
+        out.append(_indented(line))
+    if stacks.blocked:
+        g = stacks.blocked[0]
+        line = Text(f"main thread blocked {100 * (stacks.main_blocked_share or 0):.0f}% of "
+                    "the time, ", style="dim")  # fmt: skip
+        line.append(f"{100 * g.share:.0f}% of it in ", style="bold")
+        line.append(g.where(), style="cyan")
+        if g.calls:
+            line.append(f" → {g.calls}")
+        out.append(_indented(line))
+    return out
 
 
 INDENT = 4

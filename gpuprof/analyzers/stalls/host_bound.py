@@ -17,6 +17,8 @@ from gpuprof.analyzers.stalls._resource import (
     _runs,
     _sorted_gpus,
 )
+from gpuprof.analyzers.threads import thread_kind, thread_table
+from gpuprof.intervals import in_union, union
 
 
 def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
@@ -29,9 +31,11 @@ def _launch_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     """Moderate utilisation in compute phases while the rank's (or main) process uses a core.
 
     Process CPU is summed over its threads: a trainer reads 100% or more from CUDA spin-wait
-    and NCCL threads alone, so a process at a core is not proof of a Python-bound loop (that
-    needs the busiest thread's CPU, which the host collector does not record yet); the loss
-    comes from the utilisation shortfall. A compute-phase sample is host-bound when, at that
+    and NCCL threads alone, so a process at a core is not proof of a Python-bound loop. Where
+    the run recorded its threads' CPU (`ThreadSample`), a process's CPU is therefore that of
+    its **busiest Python thread** (`analyzers.threads`: the threads py-spy sampled, else the
+    main thread); elsewhere the process's total stands in. The loss comes from the
+    utilisation shortfall. A compute-phase sample is host-bound when, at that
     instant (nearest earlier process sample, within three process-sampling intervals), the GPU
     owner's process or a ``main`` process (the driver, which dispatches for every GPU) reads at
     least
@@ -57,6 +61,9 @@ def _launch_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if p.empty:
         return None
     p["t_ns"] = p["t_ns"].astype(np.int64)
+    threads = thread_table(ctx.run)
+    if threads is not None:
+        p = _by_python_thread(p, threads)
     t_sorted = np.sort(np.unique(p["t_ns"].to_numpy()))
     step_ns = float(np.median(np.diff(t_sorted))) if len(t_sorted) > 1 else 1e9
     tol = pd.Timedelta(int(max(3 * step_ns, 1e9)), "ns").value
@@ -136,11 +143,6 @@ def _launch_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     intervals = g.groupby(["phase", "step"]).agg(
         start_ns=("start_ns", "min"), end_ns=("end_ns", "max"), w=("lost", "sum")
     )
-    summary = (
-        f"util {mean_util:.0f}% in compute phases while a process runs at "
-        f"{cpu_mean:.0f}% of a core ({pinned_share:.0%} of compute time): "
-        f"~{_fmt_gpu_s(gpu_s)} ({{share}}) lost to launch/Python overhead"
-    )
     evidence = HostBoundEvidence(
         intervals=_intervals(intervals.reset_index(), "w"),
         gpus=_sorted_gpus(g),
@@ -149,10 +151,74 @@ def _launch_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         process_cpu_pct_of_core=round(cpu_mean, 1),
         pinned_share_of_compute=round(pinned_share, 4),
         rank_process_pinned_share=round(own_share, 4),
+        cpu_measure="process",
+    )
+    who = f"a process runs at {cpu_mean:.0f}% of a core"
+    if threads is not None and "by_thread" in p and p["by_thread"].any():
+        _thread_evidence(evidence, threads, evidence.intervals)
+        if evidence.python_thread:
+            evidence.cpu_measure = "busiest_python_thread"
+            who = (f"the busiest Python thread ({evidence.python_thread}) runs at "
+                   f"{evidence.python_thread_cpu_pct:.0f}% of a core")  # fmt: skip
+    summary = (
+        f"util {mean_util:.0f}% in compute phases while {who} ({pinned_share:.0%} of compute "
+        f"time): ~{_fmt_gpu_s(gpu_s)} ({{share}}) lost to launch/Python overhead"
     )
     if np.isfinite(sm).any():
         evidence.sm_active_pct = round(float(np.nanmean(sm)), 1)
     return _finding("host_bound", ctx, th, gpu_s, confidence, summary, evidence)
+
+
+SPINNING_CPU_PCT = 50.0
+"""A thread that is not Python's, above this percent of a core in the pinned intervals, is
+named in the evidence (``spinning_threads``)."""
+
+
+def _by_python_thread(p: pd.DataFrame, threads: pd.DataFrame) -> pd.DataFrame:
+    """Process samples with ``cpu`` replaced, for processes whose threads were recorded, by
+    their busiest Python thread's CPU at the same reading (0 when none was busy: the
+    process's threads are read at its own samples); ``by_thread`` marks those rows."""
+    measured = threads[["host", "pid"]].drop_duplicates()
+    py = threads[threads["python"]]
+    busiest = py.groupby(["host", "pid", "t_ns"], sort=False)["cpu"].max()
+    keys = pd.MultiIndex.from_arrays([p["host"].to_numpy(object), p["pid"].astype(np.int64),
+                                      p["t_ns"].to_numpy(np.int64)])  # fmt: skip
+    own = pd.MultiIndex.from_frame(measured.astype({"pid": np.int64}))
+    mine = pd.MultiIndex.from_arrays([keys.get_level_values(0), keys.get_level_values(1)])
+    by_thread = mine.isin(own)
+    got = busiest.reindex(keys).to_numpy(np.float64)
+    out = p.copy()
+    out["cpu"] = np.where(by_thread, np.nan_to_num(got, nan=0.0), p["cpu"].to_numpy())
+    out["by_thread"] = by_thread
+    return out
+
+
+def _thread_evidence(evidence: HostBoundEvidence, threads: pd.DataFrame,
+                     intervals: list[list[int]]) -> None:  # fmt: skip
+    """The busiest Python thread inside the finding's intervals, and the other threads
+    busy there (CUDA, NCCL, OpenMP… spinning), into ``evidence``."""
+    if not intervals:
+        return
+    s, e = union(np.array([a for a, _ in intervals], np.int64),
+                 np.array([b for _, b in intervals], np.int64))  # fmt: skip
+    inside = threads[in_union(threads["t_ns"].to_numpy(np.int64), s, e)]
+    if inside.empty:
+        return
+    ticks = inside.groupby(["host", "pid"])["t_ns"].nunique()
+    mean = inside.groupby(["host", "pid", "tid", "name", "python"], sort=False)["cpu"].sum()
+    mean = mean / ticks.reindex(mean.index.droplevel([2, 3, 4])).to_numpy()
+    mean = mean.reset_index().sort_values("cpu", ascending=False, kind="stable")
+    py = mean[mean["python"]]
+    if len(py):
+        top = py.iloc[0]
+        evidence.python_thread = f"{top['name']} (pid {int(top['pid'])}, thread {int(top['tid'])})"
+        evidence.python_thread_cpu_pct = round(float(top["cpu"]), 1)
+    spin = mean[~mean["python"] & (mean["cpu"] >= SPINNING_CPU_PCT)].head(8)
+    evidence.spinning_threads = [
+        {"thread": str(r.name), "pid": int(r.pid), "tid": int(r.tid),
+         "kind": thread_kind(str(r.name)), "cpu_pct": round(float(r.cpu), 1)}
+        for r in spin.itertuples(index=False)
+    ]  # fmt: skip
 
 
 RUNTIME_PHASES = ("cuda_alloc", "cuda_sync")

@@ -6,6 +6,7 @@
   "use strict";
   window.__gpuprofScriptStartMs = performance.now(); // plotly.js parsed, nothing drawn yet
   var data = JSON.parse(document.getElementById("gp-data").textContent);
+  drawFlames(data.flames || {});
   var config = { responsive: true, displaylogo: false };
   var nodes = data.nodes, fullHeatmap = data.figures["gp-heatmap"];
   var nodePicker = document.getElementById("gp-node");
@@ -79,6 +80,73 @@
       Plotly.restyle(timeline, { x: [x], y: [s.y[i]], name: "selected: " + s.labels[i] },
                      [s.trace_index]);
     });
+  }
+
+  // Flame graphs (icicles) of the Python stacks in each finding's intervals: one SVG per
+  // <div class="flame" data-flame="i" data-which="busy|blocked">, outermost call on top,
+  // widths proportional to time. Every name goes in as text (textContent), never as markup.
+  function drawFlames(flames) {
+    var boxes = document.querySelectorAll(".flame[data-flame]");
+    Array.prototype.forEach.call(boxes, function (box) {
+      var trees = flames[box.getAttribute("data-flame")] || {};
+      var tree = trees[box.getAttribute("data-which")];
+      if (tree) { drawFlame(box, tree); }
+    });
+  }
+
+  function drawFlame(box, tree) {
+    var NS = "http://www.w3.org/2000/svg", W = 1200, ROW = 17, CHAR = 6.8;
+    var svg = document.createElementNS(NS, "svg");
+    box.appendChild(svg);
+    function depth(node) {
+      return 1 + node.c.reduce(function (m, c) { return Math.max(m, depth(c)); }, 0);
+    }
+    function el(name, attrs) {
+      var e = document.createElementNS(NS, name);
+      Object.keys(attrs).forEach(function (k) { e.setAttribute(k, attrs[k]); });
+      return e;
+    }
+    function color(node) {
+      if (node === tree) { return "#9e9e9e"; }
+      var h = 0;
+      for (var i = 0; i < node.n.length; i++) { h = (h * 31 + node.n.charCodeAt(i)) % 997; }
+      return node.u ? "hsl(" + (20 + h % 25) + ",85%," + (58 + h % 12) + "%)"
+                    : "hsl(" + (200 + h % 30) + ",45%," + (68 + h % 12) + "%)";
+    }
+    function render(root) {
+      while (svg.firstChild) { svg.removeChild(svg.firstChild); }
+      var rows = depth(root);
+      svg.setAttribute("viewBox", "0 0 " + W + " " + rows * ROW);
+      var scale = W / root.v, drawn = 0;
+      (function place(node, x, d) {
+        var w = node.v * scale;
+        if (w < 0.6) { return; }
+        var g = el("g", { "data-name": node.n });
+        var title = document.createElementNS(NS, "title");
+        title.textContent = node.n + (node.f ? " (" + node.f + ")" : "") + " \u2014 " +
+          node.v.toFixed(2) + " s, " + (100 * node.v / tree.v).toFixed(1) + "%";
+        g.appendChild(title);
+        g.appendChild(el("rect", { x: x.toFixed(2), y: d * ROW, width: w.toFixed(2),
+                                   height: ROW - 1, fill: color(node) }));
+        var fits = Math.floor((w - 6) / CHAR);
+        if (fits >= 3) {
+          var label = node === tree && root === tree ? "all (" + node.v.toFixed(1) + " s)"
+                                                       : node.n;
+          if (label.length > fits) { label = label.slice(0, fits - 1) + "\u2026"; }
+          var text = el("text", { x: (x + 3).toFixed(2), y: d * ROW + ROW - 5 });
+          text.textContent = label;
+          g.appendChild(text);
+        }
+        g.addEventListener("click", function () { render(node === root ? tree : node); });
+        svg.appendChild(g);
+        drawn += 1;
+        var cx = x;
+        node.c.forEach(function (c) { place(c, cx, d + 1); cx += c.v * scale; });
+      })(root, 0, 0);
+      box.setAttribute("data-drawn", String(drawn));
+      box.setAttribute("data-root", root.n);
+    }
+    render(tree);
   }
 
   // The heatmap figure narrowed to node k's rows (k: index into nodes.names, or "all").
