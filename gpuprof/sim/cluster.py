@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from gpuprof import columnar
 from gpuprof.model import (
     RECORD_TYPES,
     Event,
@@ -120,7 +122,7 @@ def simulate(config: SimConfig) -> SimResult:
         at_host = []
         for i in gen.host_gpus(h):
             data, util, mem = gen.gpu_data(int(i))
-            gpu_parts.append(data)
+            gpu_parts.append({k: _full(v, gen.m) for k, v in data.items()})
             at_host.append((util, mem))
         parts.append(gen.host_data(h, at_host))
     gpu = _sorted_gpu(_concat_data(gpu_parts), config.gpus, gen.m)
@@ -370,8 +372,9 @@ class _Gen:
 
     # ---------------------------------------------------------------- GPU samples
     def gpu_data(self, i: int) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-        """GPU ``i``'s samples as column arrays, and its utilisation and memory at the host
-        sample times (what NVML's per-process figures show)."""
+        """GPU ``i``'s samples as column arrays (one value where it is the same in every sample:
+        host, index, uuid, total memory; None for a metric the GPU lacks), and its utilisation
+        and memory at the host sample times (what NVML's per-process figures show)."""
         cfg, plan, m = self.cfg, self.plan, self.m
         s = self.series[self.group_of[i]]
         draw = iter(range(self.host_draw))
@@ -439,7 +442,7 @@ class _Gen:
             self._unuse(data)
         if i in plan.phantom:
             self._unuse(data, stuck=True)
-        return {k: _full(v, m) for k, v in data.items()}, *at_host
+        return data, *at_host
 
     def _unuse(self, data: dict[str, Any], stuck: bool = False) -> None:
         """An unused GPU: idle, its rank's process absent, no context (a few MiB used).
@@ -469,11 +472,11 @@ class _Gen:
         samples one GPU at a time, then the host's other tables."""
         at_host: list[tuple[np.ndarray, np.ndarray]] = []
 
-        def gpu_frames() -> Iterator[pd.DataFrame]:
+        def gpu_frames() -> Iterator[pa.Table]:
             for i in self.host_gpus(h):
                 data, util, mem = self.gpu_data(int(i))
                 at_host.append((util, mem))
-                yield typed_frame(GpuSample, data, self.m)
+                yield columnar.from_columns("gpu", data, self.m)
 
         yield "gpu", gpu_frames()
         data = self.host_data(h, at_host)
