@@ -161,9 +161,9 @@ def from_columns(table: str, data: dict[str, object], n: int) -> pa.Table:
         else:
             arr = np.broadcast_to(np.asarray(value), (n,))
             if kind == "int" and arr.dtype.kind in "iub":
-                arrays.append(pa.array(arr.astype(np.int64), type=fld.type))
+                arrays.append(pa.array(arr.astype(np.int64, copy=False), type=fld.type))
                 continue
-            values = arr.astype(np.float64)
+            values = arr.astype(np.float64, copy=False)
             mask = np.isnan(values)
             if kind == "int":
                 values = np.where(mask, 0, values).astype(np.int64)
@@ -272,6 +272,7 @@ def write_groups(path: Path, table: str, frames: Iterable[pd.DataFrame | pa.Tabl
                 if data.num_rows:
                     writer.write_table(data, row_group_size=1 << 30)
                     rows += data.num_rows
+                del frame, data  # before the next frame is made
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):

@@ -936,17 +936,19 @@ def save_run(run: Run, run_dir: str | os.PathLike) -> list[Path]:
 def write_host_file(
     run_dir: str | os.PathLike,
     host: str,
-    tables: Iterable[tuple[str, pd.DataFrame | Iterable[pd.DataFrame]]],
+    tables: Iterable[tuple[str, pd.DataFrame | pa.Table | Iterable[pd.DataFrame | pa.Table]]],
     meta: RunMeta | None = None,
 ) -> list[Path]:
     """Write one host's file of a finished run: ``<host>.sqlite`` with the tables as its
     Parquet side files, and ``meta`` (the run's metadata, which goes in one file of the run).
 
-    ``tables`` yields ``(table, rows)`` with ``rows`` a frame of that table, or, for ``gpu``,
-    frames of one GPU each (its row group; in GPU order): a writer that makes them one at a
-    time never holds more than one GPU's samples. Tables are taken as ``tables`` yields them,
-    so a generator can make the next table after the previous one is written. The file is
-    written under a temporary name and renamed into place; returns the files written.
+    ``tables`` yields ``(table, rows)`` with ``rows`` a frame of that table, an Arrow table
+    of its schema already in the side file's order (`columnar.write_groups`), or, for
+    ``gpu``, such frames or tables of one GPU each (its row group; in GPU order): a writer
+    that makes them one at a time never holds more than one GPU's samples. Tables are taken
+    as ``tables`` yields them, so a generator can make the next table after the previous one
+    is written. The file is written under a temporary name and renamed into place; returns
+    the files written.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -962,6 +964,8 @@ def write_host_file(
         listing: dict[str, str] = {}
         for table, rows in tables:
             side = columnar.side_file(final, table)
+            if isinstance(rows, pa.Table):
+                rows = [rows]
             if isinstance(rows, pd.DataFrame):
                 if table in columnar.TABLES and len(rows):
                     sides.append(side)

@@ -24,7 +24,6 @@ import pyarrow as pa
 
 from gpuprof import columnar
 from gpuprof.model import (
-    RECORD_TYPES,
     Event,
     GpuProcSample,
     GpuSample,
@@ -122,12 +121,14 @@ def simulate(config: SimConfig) -> SimResult:
         at_host = []
         for i in gen.host_gpus(h):
             data, util, mem = gen.gpu_data(int(i))
-            gpu_parts.append({k: _full(v, gen.m) for k, v in data.items()})
+            gpu_parts.append(data)
             at_host.append((util, mem))
-        parts.append(gen.host_data(h, at_host))
+        parts.append(dict(gen.host_columns(h, at_host)))
     gpu = _sorted_gpu(_concat_data(gpu_parts), config.gpus, gen.m)
     del gpu_parts
-    frames = {t: gen.frame(t, _concat_data([p[t] for p in parts])) for t in parts[0]}
+    frames = {
+        t: gen.frame(t, _concat_data([part for p in parts for part in p[t]])) for t in parts[0]
+    }
     run = Run(gen.meta(), gpu=gpu, **frames)
     return SimResult(run=run, truth=gen.truth(), config=config)
 
@@ -173,16 +174,26 @@ def simulate_to(
 
 
 def _concat_data(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Column arrays of several hosts (or GPUs) as one; lists (attrs) joined, scalars kept."""
+    """Column arrays of several parts (hosts, processes, GPUs) as one: arrays and lists
+    (attrs) joined; a value the same for every row of every part kept as one value, a value
+    per part repeated over the part's rows."""
+    sizes = [_rows(p) for p in parts]
     out: dict[str, Any] = {}
     for key, first in parts[0].items():
-        if isinstance(first, np.ndarray):
-            out[key] = np.concatenate([p[key] for p in parts])
-        elif isinstance(first, list):
-            out[key] = [x for p in parts for x in p[key]]
-        else:
+        values = [p[key] for p in parts]
+        if isinstance(first, list):
+            out[key] = [x for v in values for x in v]
+        elif not any(isinstance(v, np.ndarray) for v in values) and all(
+            type(v) is type(first) and v == first for v in values
+        ):
             out[key] = first
+        else:
+            out[key] = np.concatenate([_full(v, k) for v, k in zip(values, sizes)])
     return out
+
+
+def _rows(part: dict[str, Any]) -> int:
+    return next(len(v) for v in part.values() if isinstance(v, np.ndarray | list))
 
 
 def _sorted_gpu(data: dict[str, Any], n: int, m: int) -> pd.DataFrame:
@@ -476,13 +487,14 @@ class _Gen:
             for i in self.host_gpus(h):
                 data, util, mem = self.gpu_data(int(i))
                 at_host.append((util, mem))
-                yield columnar.from_columns("gpu", data, self.m)
+                table = columnar.from_columns("gpu", data, self.m)
+                del data  # the table holds what it needs
+                yield table
+                del table  # one GPU in memory at a time, not two
 
         yield "gpu", gpu_frames()
-        data = self.host_data(h, at_host)
-        for table in RECORD_TYPES:
-            if table in data:
-                yield table, self.frame(table, data.pop(table))
+        for table, data in self.host_columns(h, at_host):
+            yield table, self.host_arrow(table, data)
 
     # ---------------------------------------------------------------- spans and events
     def _span_calls(self, g: Group) -> dict[str, Any]:
@@ -618,11 +630,12 @@ class _Gen:
             procs.append((int(self.pid[g]), role, "python3", group_phase[group]))
         return ph, procs
 
-    def host_data(
+    def host_columns(
         self, h: int, at_host: list[tuple[np.ndarray, np.ndarray]]
-    ) -> dict[str, dict[str, Any]]:
-        """Host ``h``'s host, process, GPU-process, span and event rows as column arrays;
-        ``at_host``: each of its GPUs' utilisation and memory at the host sample times."""
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Host ``h``'s host, process, GPU-process, span and event rows as column arrays,
+        one table at a time (each made when asked for); ``at_host``: each of its GPUs'
+        utilisation and memory at the host sample times."""
         cfg, plan = self.cfg, self.plan
         host, mh, t_ns = self.hosts[h], len(self.th), self.th_ns
         gpus = self.host_gpus(h)
@@ -638,51 +651,82 @@ class _Gen:
 
         ph, procs = self.procs[h]
         cpu = lookup(plan.host_cpu, ph) * (1 + noise * rng.standard_normal(mh))
-        out: dict[str, dict[str, Any]] = {}
-        out["host"] = {
-            "host": np.full(mh, host, object),
-            "t_ns": t_ns,
-            "cpu_pct": np.clip(cpu, 0, 100),
-            "n_cpus": 128,
-            "mem_total_bytes": 2 * 2**40,
-            "mem_used_bytes": 300 * 2**30,
-        }
+        yield (
+            "host",
+            [
+                {
+                    "host": host,
+                    "t_ns": t_ns,
+                    "cpu_pct": np.clip(cpu, 0, 100),
+                    "n_cpus": 128,
+                    "mem_total_bytes": 2 * 2**40,
+                    "mem_used_bytes": 300 * 2**30,
+                }
+            ],
+        )
         rows = []
         for pid, role, name, phs in procs:
             pc = lookup(plan.proc_cpu.get(role, {}), phs)
             pc = np.clip(pc * (1 + noise * rng.standard_normal(mh)), 0, 100.0 * 1.02)
             rows.append(
                 {
-                    "host": np.full(mh, host, object),
+                    "host": host,
                     "t_ns": t_ns,
-                    "pid": np.full(mh, pid),
-                    "ppid": np.full(mh, 1000 if pid != 1000 else 1),
-                    "role": np.full(mh, role, object),
-                    "name": np.full(mh, name, object),
+                    "pid": pid,
+                    "ppid": 1000 if pid != 1000 else 1,
+                    "role": role,
+                    "name": name,
                     "cpu_pct": pc,
-                    "rss_bytes": np.full(mh, 6 * 2**30 if role != "dataloader" else 2**30),
-                    "num_threads": np.full(mh, 64),
+                    "rss_bytes": 6 * 2**30 if role != "dataloader" else 2**30,
+                    "num_threads": 64,
                 }
             )
-        out["procs"] = _concat_data(rows)
+        yield "procs", rows
+        del rows
         # gpu_procs: each rank's process on its GPU, memory and SM share as NVML reports them
-        per_gpu = []
-        for i, (util, mem) in zip(gpus, at_host):
-            per_gpu.append(
+        yield (
+            "gpu_procs",
+            [
                 {
-                    "host": np.full(mh, host, object),
+                    "host": host,
                     "t_ns": t_ns,
-                    "gpu": np.full(mh, self.local[i]),
-                    "pid": np.full(mh, self.pid[i]),
+                    "gpu": self.local[i],
+                    "pid": self.pid[i],
                     "gpu_mem_bytes": (mem * 0.97).astype(np.int64),
                     "sm_util_pct": util,
-                    "watched": np.ones(mh, dtype=bool),
+                    "watched": True,
                 }
-            )
-        out["gpu_procs"] = _concat_data(per_gpu)
-        out["spans"] = self._spans_data(gpus)
-        out["events"] = self._events_data(gpus)
-        return out
+                for i, (util, mem) in zip(gpus, at_host)
+            ],
+        )
+        yield "spans", [self._spans_data(gpus)]
+        yield "events", [self._events_data(gpus)]
+
+    def host_arrow(self, table: str, parts: list[dict[str, Any]]) -> pa.Table:
+        """One host's ``table`` (parts from `host_columns`) as the Arrow table of its side
+        file: rows in the file's order (`columnar.SORT_KEYS`, ties as the whole run has them),
+        without the processes of unused GPUs."""
+        # a process's rows (its pid one value): all of them or none
+        parts = [p for p in parts if isinstance(p.get("pid"), np.ndarray)
+                 or p.get("pid") not in self.removed]  # fmt: skip
+        if table == "procs":
+            parts.sort(key=lambda p: p["pid"])  # each process's rows, in time
+        if not parts:
+            return columnar.schema(table).empty_table()
+        data = _concat_data(parts)
+        del parts
+        n = _rows(data)
+        order = None
+        if table == "spans":
+            order = np.lexsort((data.pop("order"), -data["end_ns"], data["start_ns"]))
+        elif table == "events":
+            order = np.argsort(data["t_ns"], kind="stable")
+        if order is not None and self.removed:
+            order = order[~np.isin(data["pid"][order], list(self.removed))]
+        if order is not None:
+            data = {k: _take(v, order) for k, v in data.items()}
+            n = len(order)
+        return columnar.from_columns(table, data, n)
 
     def frame(self, table: str, data: dict[str, Any]) -> pd.DataFrame:
         """The frame of ``table`` from the column arrays of one host or of the whole run,
@@ -690,7 +734,7 @@ class _Gen:
         processes of unused GPUs."""
         record = {"host": HostSample, "procs": ProcSample, "gpu_procs": GpuProcSample,
                   "spans": Span, "events": Event}[table]  # fmt: skip
-        n = len(data["t_ns"] if "t_ns" in data else data["start_ns"])
+        n = _rows(data)
         if table == "spans":
             order = np.lexsort((data["order"], -data["end_ns"], data["start_ns"]))
             data = {k: v for k, v in data.items() if k != "order"}
@@ -703,10 +747,22 @@ class _Gen:
         return frame
 
 
+def _take(value: Any, order: np.ndarray) -> Any:
+    """Rows ``order`` of a column (an array, a list of attrs, or one value for every row)."""
+    if isinstance(value, np.ndarray):
+        return value[order]
+    if isinstance(value, list):
+        return [value[i] for i in order]
+    return value
+
+
 def _full(value: Any, m: int) -> Any:
-    """A per-GPU scalar column (host, index, uuid, total memory) as ``m`` values."""
+    """One value for every row (a host, a GPU index, a pid…) as ``m`` values."""
     if value is None or isinstance(value, np.ndarray):
         return value
     if isinstance(value, str):
-        return np.full(m, value, dtype=object)
+        # the one string in every row: np.full would make a string object per row (~60 B)
+        out = np.empty(m, dtype=object)
+        out[:] = value
+        return out
     return np.full(m, value)
