@@ -7,10 +7,11 @@ one GPU at a time, for runs too large to hold in memory.
 """
 
 from gpuprof.sim.cluster import SimResult, SimWritten, Truth, simulate, simulate_to
-from gpuprof.sim.config import Pathology, SimConfig
+from gpuprof.sim.config import MAX_GPUS, Pathology, SimConfig
 from gpuprof.sim.pathologies import PATHOLOGIES, STALL_KINDS, random_config
 
 __all__ = [
+    "MAX_GPUS",
     "PATHOLOGIES",
     "STALL_KINDS",
     "Pathology",
