@@ -38,12 +38,12 @@ CASES = {
         "gpu_name": "NVIDIA A100-SXM4-80GB",
         "pathologies": [Pathology("power_cap", 0.6), Pathology("throttling", 0.5)],
     },
-    # a phantom GPU, PPO, a hang and checkpoints
+    # phantom GPUs (the last two: node1's only GPU has no process), PPO, a hang, checkpoints
     "phantom": {
         "gpus": 9,
         "algorithm": "ppo",
         "pathologies": [
-            Pathology("phantom_util", 0.7),
+            Pathology("phantom_util", 0.9),
             Pathology("idle_allocation", 0.5),
             Pathology("periodic_stall", 0.6),
         ],
@@ -61,6 +61,8 @@ def test_streamed_run_is_the_saved_run(tmp_path, case):
     assert written.truth == whole.truth
     assert written.gpu_samples == len(whole.run.gpu)
     assert sorted(p.name for p in written.files) == sorted(digests(tmp_path / "whole"))
+    if case == "phantom":  # no rank runs on node1: no spans, events or GPU processes there
+        assert not list((tmp_path / "stream").glob("node1.spans.*"))
 
 
 def test_streamed_run_loads_as_the_run(tmp_path):

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from gpuprof import columnar
+from gpuprof import columnar, store
 from gpuprof.model import (
     Event,
     GpuProcSample,
@@ -155,8 +155,6 @@ def simulate_to(
     memory does not grow with the GPU count, and with the duration only by one GPU's series
     (about 0.2 GB a day at 10 Hz). ``run_id`` replaces the metadata's ``sim-<seed>``.
     """
-    from gpuprof import store
-
     run_dir = Path(run_dir)
     gen = _Gen(config)
     meta = gen.meta()
