@@ -124,3 +124,29 @@ def test_row_draws_replay_the_whole_draw():
     np.testing.assert_array_equal(np.concatenate([gen.standard_normal(n) for n in (700, 1800)]), d)
     with pytest.raises(ValueError):
         RowDraws(np.random.default_rng(0), [("poisson", [3])])
+
+
+@pytest.mark.parametrize("table", ["gpu", "procs", "spans"])
+def test_from_columns_is_to_arrow_of_the_frame(table):
+    """Arrow straight from column arrays equals what the frame of those columns gives."""
+    from gpuprof import columnar
+    from gpuprof.model import RECORD_TYPES, column_kinds
+    from gpuprof.sim.cluster import typed_frame
+
+    n = 5
+    kinds = column_kinds(RECORD_TYPES[table])
+    values = {
+        "int": [np.arange(n) * 10**12, 7, None, np.array([1.0, np.nan, 3.0, 4.0, 5.0])],
+        "float": [np.array([0.5, np.nan, 2.0, 3.0, 4.0]), 2.5, None, np.arange(n)],
+        "str": ["node3", None, np.array(["a", None, "b", "c", "d"], dtype=object)],
+        "bool": [True, None, np.array([True, False, True, False, True])],
+        "json": [None, [{"tokens": 3}, {}, {"a": [1, 2]}, "{}", {"b": None}]],
+    }
+    for variant in range(5):
+        data = {}
+        for i, (name, kind) in enumerate(kinds.items()):
+            options = values[kind]
+            data[name] = options[(i + variant) % len(options)]
+        want = columnar.to_arrow(table, typed_frame(RECORD_TYPES[table], data, n))
+        got = columnar.from_columns(table, data, n)
+        assert got.equals(want), (table, variant)
