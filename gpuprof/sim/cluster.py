@@ -150,9 +150,10 @@ def simulate_to(
     """Simulate a job straight into a run directory, one host file at a time.
 
     Writes what ``store.save_run(simulate(config).run, run_dir)`` writes, byte for byte, but
-    holds one host's process and span rows and one GPU's samples at a time, never the run:
-    memory does not grow with the GPU count, and with the duration only by one GPU's series
-    (about 0.2 GB a day at 10 Hz). ``run_id`` replaces the metadata's ``sim-<seed>``.
+    holds one GPU's samples, then one table of one host's other rows, at a time, never the
+    run: memory does not grow with the GPU count, and with the duration only by one GPU's and
+    one node's series (the process peaks at ~0.2 GB for an hour, ~0.7 GB for 1.5 days at
+    10 Hz: `benchmarks/bench_simulate.py`). ``run_id`` replaces the metadata's ``sim-<seed>``.
     """
     run_dir = Path(run_dir)
     gen = _Gen(config)
