@@ -5,7 +5,10 @@ and tiled end to end (each copy shifted past the previous one) to about 1 M and 
 the event mix of a real training loop at the size of a long profile. Without the fixture,
 a synthetic trace with the same categories is used.
 
-Each measurement runs in a fresh process (peak RSS is that process's ``ru_maxrss``):
+Each measurement runs in a fresh process; its peak is that process's own high-water mark
+(``VmHWM``, `measure.hwm_bytes`). Not ``ru_maxrss``: Linux carries that across ``exec`` from
+the process it was forked from, and this one builds the tiled trace in memory, so every child
+read at least this process's size (the figures before 2026-11 were that floor):
 
 - ``import``: `kineto.parse` (what ``gpuprof import`` does per file);
 - ``breakdown``: `temporal_breakdown` of the file (load + figures);
@@ -31,9 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT.parent / "shared/fixtures/kineto/hta_ns_resolution_rank-0.pt.trace.json.gz"
 
 CHILD = r"""
-import resource, sys, time, json, logging, os, pathlib
+import sys, time, json, logging, os, pathlib
 kind, path = sys.argv[1], sys.argv[2]
-sys.path.insert(0, {root!r})
+sys.path[:0] = [{root!r}, {root!r} + "/benchmarks"]
+import measure
 # modules are imported before the clock starts: the figures are the work on the trace
 if kind == "hta":
     logging.disable(logging.CRITICAL)
@@ -52,7 +56,7 @@ else:
         visualize=False)
     what = frame.iloc[0][["idle_time_pctg", "compute_time_pctg"]].tolist()
 seconds = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = measure.hwm_bytes()
 print(json.dumps({{"s": seconds, "peak": peak, "what": what}}))
 """
 

@@ -16,14 +16,17 @@ same spans) and are passed to `render_html`, which renders every 0.1 s sample. R
 - render: `render_html` + write, median of ``--repeats`` (diagnosis excluded, timed apart);
 - size of the file (plotly.js is ~4.8 MB of it);
 - load: headless Chromium, cold start per repeat, ``window.__gpuprofRenderedMs`` — the page's
-  ``performance.now()`` when every figure has been drawn (time from navigation start).
+  ``performance.now()`` when every figure has been drawn (time from navigation start);
+- memory: this process's RSS holding the run and its diagnosis, and its peak while rendering
+  (the high-water mark reset just before the renders, `measure.reset_hwm`), apart from the
+  peak of the whole benchmark (building the run and the diagnosis included).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -36,7 +39,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import measure  # noqa: E402
 from browser import Browser  # noqa: E402
 
 from gpuprof.analyzers.diagnose import diagnose  # noqa: E402
@@ -309,12 +314,16 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.html"
     render_s = []
+    gc.collect()
+    held, whole = measure.rss_bytes(), measure.hwm_bytes()
+    reset = measure.reset_hwm()
     for _ in range(args.repeats):
         t0 = time.perf_counter()
         write_html(run, path, diagnosis, phase_steps=phase_steps)
         render_s.append(time.perf_counter() - t0)
+    rendering = measure.hwm_bytes()
+    whole = max(whole, rendering)
     size = path.stat().st_size
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     loads = browser_load(path, args.repeats + 2)
     load_ms = [r["drawn"] for r in loads]
     parsed_ms = statistics.median(r["parsed"] for r in loads)
@@ -330,7 +339,13 @@ def main() -> None:
     floor = plotly_only_ms(out_dir, args.repeats + 2)
     print(f"  plotly.js alone (same Chromium, empty page): median {floor / 1000:.2f} s")
     print(f"  load average    {os.getloadavg()[0]:.2f} (other jobs on the machine)")
-    print(f"  peak RSS        {rss_mb:,.0f} MB (whole benchmark process)")
+    if reset:
+        print(f"  peak RSS        {measure.mb(rendering)} MB while rendering (the run and its "
+              f"diagnosis held: {measure.mb(held)} MB before); {measure.mb(whole)} MB over the "
+              "whole benchmark")  # fmt: skip
+    else:
+        print(f"  peak RSS        {measure.mb(whole)} MB over the whole benchmark (this kernel "
+              "does not let the high-water mark be reset)")  # fmt: skip
 
 
 if __name__ == "__main__":

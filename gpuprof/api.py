@@ -718,11 +718,13 @@ def demo(
     framework: str = "verl",
     seed: int = 0,
 ) -> tuple[Path, Run]:
-    """Simulate a GRPO run with known pathologies, write it as a run directory, return both.
+    """Simulate a GRPO run with known pathologies, write it as a run directory, return the
+    directory and the run loaded from it (`load_for_analysis`: merged within phases when it
+    is long).
 
     Raises `ValueError` for an unknown scenario or an impossible size.
     """
-    from gpuprof.sim import STALL_KINDS, Pathology, SimConfig, simulate
+    from gpuprof.sim import MAX_GPUS, STALL_KINDS, Pathology, SimConfig, simulate_to
     from gpuprof.sim.config import DEFAULT_PHASE_S
 
     if scenario in DEMO_SCENARIOS:
@@ -733,8 +735,8 @@ def demo(
         raise ValueError(
             f"unknown scenario {scenario!r}; choose from {', '.join(demo_scenarios())}"
         )
-    if not 1 <= gpus <= 512:
-        raise ValueError(f"--gpus must be between 1 and 512, got {gpus}")
+    if not 1 <= gpus <= MAX_GPUS:
+        raise ValueError(f"--gpus must be between 1 and {MAX_GPUS}, got {gpus}")
     if duration_s <= 0:
         raise ValueError(f"--duration must be positive, got {duration_s}")
     grpo_step_s = sum(v for k, v in DEFAULT_PHASE_S.items() if k not in ("values", "update_critic"))
@@ -748,12 +750,11 @@ def demo(
         pathologies=pathologies,
         seed=seed,
     )
-    result = simulate(config)
-    run = result.run
-    run.meta.run_id = f"demo-{scenario}"
     run_dir = _unique_dir(Path(output or Path("gpuprof-runs") / f"demo-{scenario}")).absolute()
-    store.save_run(run, run_dir)
-    return run_dir, run
+    # written host by host as it is made, then loaded as `analyze` loads a run: a day of a
+    # large cluster never sits in memory whole
+    simulate_to(config, run_dir, run_id=f"demo-{scenario}")
+    return run_dir, load_for_analysis(run_dir)
 
 
 def import_files(

@@ -479,7 +479,7 @@ def demo(
     scenario: Annotated[
         str, typer.Option("--scenario", help="default, healthy, or a stall kind.")
     ] = "default",
-    gpus: Annotated[int, typer.Option("--gpus", help="Simulated GPUs (1-512).")] = 8,
+    gpus: Annotated[int, typer.Option("--gpus", help="Simulated GPUs (1-4096).")] = 8,
     duration: Annotated[
         float, typer.Option("--duration", help="Simulated run length in seconds.")
     ] = 600.0,

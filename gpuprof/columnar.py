@@ -138,6 +138,46 @@ def to_arrow(table: str, frame: pd.DataFrame) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=sch)
 
 
+def from_columns(table: str, data: dict[str, object], n: int) -> pa.Table:
+    """The Arrow table `to_arrow` makes of a frame of ``n`` rows of ``table``, made straight
+    from column arrays (as `gpuprof.sim.cluster.typed_frame` takes them) without pandas.
+
+    A value may be an array of ``n``, one value for every row, or None (a missing metric:
+    null; for a ``json`` column ``{}``; for a ``bool`` one False); NaN in a number column
+    is null, as in `to_arrow`.
+    """
+    sch = schema(table)
+    kinds = column_kinds(RECORD_TYPES[table])
+    arrays = []
+    for fld in sch:
+        value, kind = data.get(fld.name), kinds[fld.name]
+        if kind == "json":
+            values = [{}] * n if value is None else value
+            arrays.append(pa.array([_json_text(v) for v in values], type=fld.type))
+        elif kind == "str":
+            if value is None or isinstance(value, str):
+                arrays.append(pa.repeat(pa.scalar(value, fld.type), n))
+            else:
+                arrays.append(pa.array(np.asarray(value, dtype=object), type=fld.type,
+                                       from_pandas=True))  # fmt: skip
+        elif kind == "bool":
+            flags = np.broadcast_to(np.asarray(False if value is None else value, bool), (n,))
+            arrays.append(pa.array(flags, type=fld.type))
+        elif value is None:
+            arrays.append(pa.nulls(n, fld.type))
+        else:
+            arr = np.broadcast_to(np.asarray(value), (n,))
+            if kind == "int" and arr.dtype.kind in "iub":
+                arrays.append(pa.array(arr.astype(np.int64, copy=False), type=fld.type))
+                continue
+            values = arr.astype(np.float64, copy=False)
+            mask = np.isnan(values)
+            if kind == "int":
+                values = np.where(mask, 0, values).astype(np.int64)
+            arrays.append(pa.array(values, type=fld.type, mask=mask if mask.any() else None))
+    return pa.Table.from_arrays(arrays, schema=sch)
+
+
 CHUNK_MAGIC = b"GPC1"
 """A row chunk: this, the Arrow IPC stream's length (8 bytes, little-endian), then the stream
 compressed whole with zstd. One compression of the whole stream rather than Arrow's per-buffer
@@ -217,20 +257,29 @@ def write(path: Path, table: str, frame: pd.DataFrame) -> None:
         write_groups(path, table, [frame])
 
 
-def write_groups(path: Path, table: str, frames: Iterable[pd.DataFrame]) -> int:
+def write_groups(path: Path, table: str, frames: Iterable[pd.DataFrame | pa.Table]) -> int:
     """Write frames as the row groups of one side file, atomically; returns the rows written.
 
-    Each frame is sorted by `SORT_KEYS` and becomes its own row group(s).
+    Each frame is sorted by `SORT_KEYS` and becomes its own row group(s). Arrow tables (of
+    the table's `schema`, e.g. from `from_columns`) are written as they are: already in
+    that order.
     """
     tmp = path.with_name(path.name + ".partial")
     rows = 0
     try:
         with _parquet().ParquetWriter(tmp, schema(table), compression="zstd") as writer:
             for frame in frames:
-                if len(frame):
+                if isinstance(frame, pa.Table):
+                    data = frame
+                elif len(frame):
                     frame = frame.sort_values(SORT_KEYS[table], kind="stable")
-                    writer.write_table(to_arrow(table, frame), row_group_size=1 << 30)
-                    rows += len(frame)
+                    data = to_arrow(table, frame)
+                else:
+                    continue
+                if data.num_rows:
+                    writer.write_table(data, row_group_size=1 << 30)
+                    rows += data.num_rows
+                del frame, data  # before the next frame is made
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):

@@ -934,8 +934,6 @@ def save_run(run: Run, run_dir: str | os.PathLike) -> list[Path]:
     Each file is written under a temporary name and renamed into place, so a failure leaves
     nothing half-written. Returns the files written.
     """
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     hosts = set(run.meta.hosts)
     for table in RECORD_TYPES:
         frame = getattr(run, table)
@@ -943,46 +941,83 @@ def save_run(run: Run, run_dir: str | os.PathLike) -> list[Path]:
             hosts.update(frame["host"].dropna().astype(str).unique().tolist())
     written = []
     for i, host in enumerate(sorted(hosts) or ["localhost"]):
-        final = host_file(run_dir, host)
-        tmp = final.with_name(final.name + ".partial")
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(OSError):
-                os.unlink(f"{tmp}{suffix}")
-        conn = connect(tmp)
-        sides: list[Path] = []
-        try:
-            batch = {}
-            listing = {}
-            for table in RECORD_TYPES:
-                frame = getattr(run, table)
-                if len(frame) and "host" in frame:
-                    frame = frame[frame["host"] == host]
-                elif i > 0:  # host-less tables (interned frames, stacks): in the first file
-                    frame = frame.iloc[:0]
-                if table in columnar.TABLES and len(frame):
-                    side = columnar.side_file(final, table)
-                    columnar.write(side, table, frame)
-                    sides.append(side)
-                    listing[table] = side.name
-                    continue
-                batch[table] = list(_frame_rows(table, frame))
-            insert_rows(conn, batch)
-            if listing:
-                write_meta(conn, columnar.META_KEY, listing)
-            if i == 0:  # the run's metadata lives in the first host's file, as a watcher's would
-                write_meta(conn, "run", run.meta.to_dict())
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except BaseException:
-            for side in sides:
-                with contextlib.suppress(OSError):
-                    os.unlink(side)
-            raise
-        finally:
-            conn.close()
-        os.replace(tmp, final)
-        written.append(final)
-        written.extend(sides)
+        tables = []
+        for table in RECORD_TYPES:
+            frame = getattr(run, table)
+            if len(frame) and "host" in frame:
+                frame = frame[frame["host"] == host]
+            elif i > 0:  # host-less tables (interned frames, stacks): in the first file
+                frame = frame.iloc[:0]
+            tables.append((table, frame))
+        written += write_host_file(run_dir, host, tables, run.meta if i == 0 else None)
     return written
+
+
+def write_host_file(
+    run_dir: str | os.PathLike,
+    host: str,
+    tables: Iterable[tuple[str, pd.DataFrame | pa.Table | Iterable[pd.DataFrame | pa.Table]]],
+    meta: RunMeta | None = None,
+) -> list[Path]:
+    """Write one host's file of a finished run: ``<host>.sqlite`` with the tables as its
+    Parquet side files, and ``meta`` (the run's metadata, which goes in one file of the run).
+
+    ``tables`` yields ``(table, rows)`` with ``rows`` a frame of that table, an Arrow table
+    of its schema already in the side file's order (`columnar.write_groups`), or, for
+    ``gpu``, such frames or tables of one GPU each (its row group; in GPU order): a writer
+    that makes them one at a time never holds more than one GPU's samples. Tables are taken
+    as ``tables`` yields them, so a generator can make the next table after the previous one
+    is written. The file is written under a temporary name and renamed into place; returns
+    the files written.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    final = host_file(run_dir, host)
+    tmp = final.with_name(final.name + ".partial")
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            os.unlink(f"{tmp}{suffix}")
+    conn = connect(tmp)
+    sides: list[Path] = []
+    try:
+        batch: dict[str, list] = {}
+        listing: dict[str, str] = {}
+        for table, rows in tables:
+            side = columnar.side_file(final, table)
+            if isinstance(rows, pa.Table):
+                rows = [rows]
+            if isinstance(rows, pd.DataFrame):
+                if table in columnar.TABLES and len(rows):
+                    sides.append(side)
+                    columnar.write(side, table, rows)
+                    listing[table] = side.name
+                else:
+                    batch[table] = list(_frame_rows(table, rows))
+                continue
+            sides.append(side)
+            if columnar.write_groups(side, table, rows):
+                listing[table] = side.name
+            else:  # nothing to list: no file, as for an empty frame
+                sides.remove(side)
+                os.unlink(side)
+                batch[table] = []
+        batch = {t: batch[t] for t in RECORD_TYPES if t in batch}  # save_run's order
+        insert_rows(conn, batch)
+        if listing:
+            listing = {t: listing[t] for t in RECORD_TYPES if t in listing}
+            write_meta(conn, columnar.META_KEY, listing)
+        if meta is not None:
+            write_meta(conn, "run", meta.to_dict())
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except BaseException:
+        for side in sides:
+            with contextlib.suppress(OSError):
+                os.unlink(side)
+        raise
+    finally:
+        conn.close()
+    os.replace(tmp, final)
+    return [final, *[s for s in sides if s.exists()]]
 
 
 def _frame_rows(table: str, frame: pd.DataFrame) -> Iterable[tuple]:

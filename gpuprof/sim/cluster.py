@@ -1,18 +1,28 @@
-"""`simulate(config)`: a simulated RL post-training cluster as a `Run`, with its ground truth.
+"""`simulate(config)`: a simulated RL post-training cluster as a `Run`, with its ground truth;
+`simulate_to(config, run_dir)`: the same run written straight into a run directory.
 
 Metrics are generated per GPU group with numpy over the whole sample grid at once: each sample
 looks up the segment its group is in (``searchsorted``) and takes that segment's levels, then
-per-GPU noise is added to a (GPUs × samples) array. No Python loop runs over samples.
+each GPU gets its own noise. The noise is the rows of one (GPUs × samples) draw per metric,
+handed out one GPU at a time (`gpuprof.sim.noise.RowDraws`), so the run can be made and
+written one host and one GPU at a time with the numbers of the whole-run draw: `simulate_to`
+holds one GPU's samples and one host's other rows, never the run. No Python loop runs over
+samples.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from gpuprof import columnar, store
 from gpuprof.model import (
     Event,
     GpuProcSample,
@@ -28,8 +38,9 @@ from gpuprof.model import (
 )
 from gpuprof.sim.config import SimConfig
 from gpuprof.sim.frameworks import PHASE_NAMES, build_command
-from gpuprof.sim.pathologies import COMPUTE_PHASES, TAIL_DECAY, Level, Plan, build_plan
-from gpuprof.sim.timeline import Cost, Group, Timeline, layout
+from gpuprof.sim.noise import RowDraws
+from gpuprof.sim.pathologies import COMPUTE_PHASES, TAIL_DECAY, Level, build_plan
+from gpuprof.sim.timeline import Cost, Group, layout
 
 MEM_TOTAL_BYTES = 81559 * 2**20  # H100 80GB HBM3 as NVML reports it
 IDLE_CLOCK_MHZ, MAX_CLOCK_MHZ = 345.0, 1980.0
@@ -100,81 +111,135 @@ def typed_frame(record_type: type, data: dict[str, Any], n: int) -> pd.DataFrame
 
 
 def simulate(config: SimConfig) -> SimResult:
-    """Simulate a job; deterministic for ``config.seed``."""
-    rng = np.random.default_rng(config.seed)
-    plan = build_plan(config, rng)
-    tl = layout(config, plan, rng)
-    gen = _Gen(config, plan, tl, rng)
-    gpu, series = gen.gpu_frame()
-    spans, events = gen.spans_events()
-    host, procs, gpu_procs = gen.host_frames(series)
-    if plan.unused:
-        gpu, spans, events, procs, gpu_procs = gen.unuse(gpu, spans, events, procs, gpu_procs)
-        tl.costs["unused_gpu"] = Cost(tl.duration_s * len(plan.unused), [(0.0, tl.duration_s)])
-    if plan.phantom:
-        gpu, spans, events, procs, gpu_procs = gen.unuse(
-            gpu, spans, events, procs, gpu_procs, gpus=plan.phantom, stuck=True
+    """Simulate a job in memory; deterministic for ``config.seed``.
+
+    The frames are what `simulate_to` writes host by host, put together as one `Run`.
+    """
+    gen = _Gen(config)
+    parts, gpu_parts = [], []
+    for h in range(len(gen.hosts)):
+        at_host = []
+        for i in gen.host_gpus(h):
+            data, util, mem = gen.gpu_data(int(i))
+            gpu_parts.append(data)
+            at_host.append((util, mem))
+        parts.append(dict(gen.host_columns(h, at_host)))
+    gpu = _time_ordered(gpu_parts, gen.m)
+    frames = {
+        t: gen.frame(t, _concat_data([part for p in parts for part in p[t]])) for t in parts[0]
+    }
+    run = Run(gen.meta(), gpu=gpu, **frames)
+    return SimResult(run=run, truth=gen.truth(), config=config)
+
+
+@dataclass
+class SimWritten:
+    """What `simulate_to` wrote: the run directory, its files, metadata and ground truth."""
+
+    run_dir: Path
+    files: list[Path]
+    meta: RunMeta
+    truth: list[Truth]
+    config: SimConfig
+    gpu_samples: int
+
+
+def simulate_to(
+    config: SimConfig, run_dir: str | os.PathLike, *, run_id: str | None = None
+) -> SimWritten:
+    """Simulate a job straight into a run directory, one host file at a time.
+
+    Writes what ``store.save_run(simulate(config).run, run_dir)`` writes, byte for byte, but
+    holds one GPU's samples, then one table of one host's other rows, at a time, never the
+    run: memory does not grow with the GPU count, and with the duration only by one GPU's and
+    one node's series (the process peaks at ~0.2 GB for an hour, ~0.7 GB for 1.5 days at
+    10 Hz: `benchmarks/bench_simulate.py`). ``run_id`` replaces the metadata's ``sim-<seed>``.
+    """
+    run_dir = Path(run_dir)
+    gen = _Gen(config)
+    meta = gen.meta()
+    if run_id is not None:
+        meta.run_id = run_id
+    files: list[Path] = []
+    samples = 0
+    # node0 first: save_run puts the run's metadata in the first host file in name order
+    for h in sorted(range(len(gen.hosts)), key=lambda h: gen.hosts[h]):
+        files += store.write_host_file(
+            run_dir, gen.hosts[h], gen.host_tables(h), meta if h == 0 else None
         )
-        tl.costs["phantom_util"] = Cost(tl.duration_s * len(plan.phantom), [(0.0, tl.duration_s)])
-    end_ns = config.start_ns + round(tl.duration_s * 1e9)
-    used = config.gpus - len(plan.unused) - len(plan.phantom)  # the command asks for these
-    argv, knobs = build_command(
-        config.framework, plan.settings, used, config.gpus_per_host, config.algorithm
-    )
-    meta = RunMeta(
-        run_id=f"sim-{config.seed}",
-        command=argv,
-        cwd="/workspace",
-        hosts=config.hosts,
-        gpus=gen.inventory,
-        driver_version="570.124.06",
-        nvml_version="12.570.124.06",
-        cuda_driver_version=12080,
-        framework=config.framework,
-        knobs=knobs,
-        start_ns=config.start_ns,
-        end_ns=end_ns,
-        exit_code=0,
-        interval_s=config.interval_s,
-        gpuprof_version="sim",
-        notices=[f"simulated run: {tl.placement} placement, {config.gpus} GPUs"],
-    )
-    run = Run(
-        meta, gpu=gpu, host=host, procs=procs, gpu_procs=gpu_procs, spans=spans, events=events
-    )
-    total_gpu_s = config.gpus * tl.duration_s
-    truth = []
-    for p in config.pathologies:
-        if p.kind == "healthy":
+        samples += len(gen.host_gpus(h)) * gen.m
+    return SimWritten(run_dir, files, meta, gen.truth(), config, samples)
+
+
+def _concat_data(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Column arrays of several parts (hosts, processes, GPUs) as one: arrays and lists
+    (attrs) joined; a value the same for every row of every part kept as one value, a value
+    per part repeated over the part's rows."""
+    sizes = [_rows(p) for p in parts]
+    out: dict[str, Any] = {}
+    for key, first in parts[0].items():
+        values = [p[key] for p in parts]
+        if isinstance(first, list):
+            out[key] = [x for v in values for x in v]
+        elif not any(isinstance(v, np.ndarray) for v in values) and all(
+            type(v) is type(first) and v == first for v in values
+        ):
+            out[key] = first
+        else:
+            out[key] = np.concatenate([_full(v, k) for v, k in zip(values, sizes)])
+    return out
+
+
+def _rows(part: dict[str, Any]) -> int:
+    return next(len(v) for v in part.values() if isinstance(v, np.ndarray | list))
+
+
+def _time_ordered(parts: list[dict[str, Any]], m: int) -> pd.DataFrame:
+    """Every GPU's samples (``parts``: one GPU each, in order, on the same time grid, as
+    `_Gen.gpu_data` makes them) as one frame in time order, GPU by GPU at each time. Each
+    column is filled in that order and taken out of ``parts`` as it goes, so the samples are
+    held about twice, not four times."""
+    n = len(parts)
+    data: dict[str, Any] = {}
+    for key in list(parts[0]):
+        values = [p.pop(key) for p in parts]
+        if not any(isinstance(v, np.ndarray) for v in values) and all(
+            type(v) is type(values[0]) and v == values[0] for v in values
+        ):
+            data[key] = values[0]  # one value for every sample (None: not measured)
             continue
-        cost = tl.costs.get(p.kind)
-        phases, gpus = plan.scope.get(p.kind, ([], None))
-        gpu_s = float(cost.gpu_seconds) if cost else 0.0
-        intervals = [
-            (config.start_ns + int(a * 1e9), config.start_ns + int(b * 1e9))
-            for a, b in (cost.intervals if cost else [])
-        ]
-        truth.append(
-            Truth(
-                kind=p.kind,
-                severity=p.severity,
-                gpu_seconds=gpu_s,
-                share=float(gpu_s / total_gpu_s) if total_gpu_s else 0.0,
-                gpus=list(range(config.gpus)) if gpus is None else list(gpus),
-                phases=list(phases),
-                intervals_ns=intervals,
-            )
-        )
-    truth.sort(key=lambda t: -t.gpu_seconds)
-    return SimResult(run=run, truth=truth, config=config)
+        full = [_full(v, m) for v in values]
+        out = np.empty((m, n), dtype=full[0].dtype)
+        for i, v in enumerate(full):
+            out[:, i] = v
+        del values, full
+        data[key] = out.reshape(-1)
+    return typed_frame(GpuSample, data, n * m)
 
 
 class _Gen:
-    """Turns a `Timeline` into frames."""
+    """Generates the run one host (and one GPU) at a time.
 
-    def __init__(self, cfg: SimConfig, plan: Plan, tl: Timeline, rng: np.random.Generator):
-        self.cfg, self.plan, self.tl, self.rng = cfg, plan, tl, rng
+    Everything that is not per sample — the plan, the timeline, the GPU inventory, the metric
+    levels of each GPU group over time, the spans each group emits — is worked out once.
+    The per-sample noise comes from one generator stream, drawn in the order of the
+    whole-run arrays (`RowDraws`), so any GPU or host can be made alone and still get the
+    numbers it has in the whole run.
+    """
+
+    def __init__(self, cfg: SimConfig):
+        self.cfg = cfg
+        rng = np.random.default_rng(cfg.seed)
+        self.plan = plan = build_plan(cfg, rng)
+        self.tl = tl = layout(cfg, plan, rng)
+        if plan.unused:
+            tl.costs["unused_gpu"] = Cost(tl.duration_s * len(plan.unused), [(0.0, tl.duration_s)])
+        if plan.phantom:
+            tl.costs["phantom_util"] = Cost(
+                tl.duration_s * len(plan.phantom), [(0.0, tl.duration_s)]
+            )
         n = cfg.gpus
+        self.hosts = cfg.hosts
         self.host_of = np.array([f"node{i // cfg.gpus_per_host}" for i in range(n)], dtype=object)
         self.local = np.arange(n) % cfg.gpus_per_host
         raw = rng.integers(0, 16, size=(n, 32))
@@ -205,6 +270,87 @@ class _Gen:
         for gi, g in enumerate(tl.groups):
             self.group_of[g.gpus] = gi
         self.pid = 10000 + np.arange(n)
+        self.removed = {int(p) for p in self.pid[[*plan.unused, *plan.phantom]]}
+        # the sample grids: GPU samples, and host / process samples
+        self.t = np.arange(0.0, tl.duration_s, cfg.interval_s)
+        self.m = len(self.t)
+        self.t_ns = cfg.start_ns + np.round(self.t * 1e9).astype(np.int64)
+        self.th = np.arange(0.0, tl.duration_s, cfg.host_interval_s)
+        self.th_ns = cfg.start_ns + np.round(self.th * 1e9).astype(np.int64)
+        # the GPU sample nearest each host sample
+        self.gi_idx = np.clip(np.round(self.th / cfg.interval_s).astype(np.int64), 0, self.m - 1)
+        self.series = [self._series(g, self.t) for g in tl.groups]
+        group_phase = [s["phase"][self.gi_idx] for s in self.series]
+        self.procs = [self._host_procs(h, group_phase) for h in range(len(self.hosts))]
+        # the noise, in the order the whole-run draws take it from the stream
+        m, mh = self.m, len(self.th)
+        draws: list[tuple[str, list[int]]] = [("normal", [m] * n)] * 2  # util, SM activity
+        draws.append(("normal", [1] * n))  # memory level of each GPU
+        draws += [("normal", [m] * n)] * 4  # PCIe, NVLink, power, temperature
+        if plan.power_cap is not None:
+            draws.append(("uniform", [m] * n))  # power at the cap
+        self.host_draw = len(draws)  # then each host: its CPU, then each process's CPU
+        draws.append(("normal", [(1 + len(procs)) * mh for _, procs in self.procs]))
+        self.noise = RowDraws(rng, draws)
+        self.spans = [self._span_calls(g) for g in tl.groups]
+
+    # ---------------------------------------------------------------- the run's description
+    def meta(self) -> RunMeta:
+        cfg, plan, tl = self.cfg, self.plan, self.tl
+        used = cfg.gpus - len(plan.unused) - len(plan.phantom)  # the command asks for these
+        argv, knobs = build_command(
+            cfg.framework, plan.settings, used, cfg.gpus_per_host, cfg.algorithm
+        )
+        return RunMeta(
+            run_id=f"sim-{cfg.seed}",
+            command=argv,
+            cwd="/workspace",
+            hosts=cfg.hosts,
+            gpus=self.inventory,
+            driver_version="570.124.06",
+            nvml_version="12.570.124.06",
+            cuda_driver_version=12080,
+            framework=cfg.framework,
+            knobs=knobs,
+            start_ns=cfg.start_ns,
+            end_ns=cfg.start_ns + round(tl.duration_s * 1e9),
+            exit_code=0,
+            interval_s=cfg.interval_s,
+            gpuprof_version="sim",
+            notices=[f"simulated run: {tl.placement} placement, {cfg.gpus} GPUs"],
+        )
+
+    def truth(self) -> list[Truth]:
+        cfg, plan, tl = self.cfg, self.plan, self.tl
+        total_gpu_s = cfg.gpus * tl.duration_s
+        truth = []
+        for p in cfg.pathologies:
+            if p.kind == "healthy":
+                continue
+            cost = tl.costs.get(p.kind)
+            phases, gpus = plan.scope.get(p.kind, ([], None))
+            gpu_s = float(cost.gpu_seconds) if cost else 0.0
+            intervals = [
+                (cfg.start_ns + int(a * 1e9), cfg.start_ns + int(b * 1e9))
+                for a, b in (cost.intervals if cost else [])
+            ]
+            truth.append(
+                Truth(
+                    kind=p.kind,
+                    severity=p.severity,
+                    gpu_seconds=gpu_s,
+                    share=float(gpu_s / total_gpu_s) if total_gpu_s else 0.0,
+                    gpus=list(range(cfg.gpus)) if gpus is None else list(gpus),
+                    phases=list(phases),
+                    intervals_ns=intervals,
+                )
+            )
+        truth.sort(key=lambda t: -t.gpu_seconds)
+        return truth
+
+    def host_gpus(self, h: int) -> np.ndarray:
+        first = h * self.cfg.gpus_per_host
+        return np.arange(first, min(self.cfg.gpus, first + self.cfg.gpus_per_host))
 
     # ---------------------------------------------------------------- per-group level series
     def _level(self, seg_phase: str, kind: str) -> Level:
@@ -237,6 +383,7 @@ class _Gen:
         util = np.where(in_tail, util * decay, util)
         busy = np.where(inside, 1.0, 0.0)
         phase_names = np.array([s.phase if s.kind == "phase" else s.kind for s in segs], object)
+        phase = np.where(inside, phase_names[idx], "idle")
         return {
             "util": util,
             "sm_ratio": col("sm_ratio"),
@@ -244,258 +391,270 @@ class _Gen:
             "pcie": col("pcie_bps") * busy,
             "nvlink": col("nvlink_bps") * busy,
             "power": np.where(inside, 75.0 + (col("power_w") - 75.0) * util / 100.0, 75.0),
-            "phase": np.where(inside, phase_names[idx], "idle"),
+            "phase": phase,
+            "compute": np.isin(phase, list(COMPUTE_PHASES)),
         }
 
-    def gpu_frame(self) -> tuple[pd.DataFrame, dict[int, dict[str, np.ndarray]]]:
-        cfg, rng = self.cfg, self.rng
-        t = np.arange(0.0, self.tl.duration_s, cfg.interval_s)
-        n, m = cfg.gpus, len(t)
-        per_group = [self._series(g, t) for g in self.tl.groups]
-        gi = self.group_of
+    # ---------------------------------------------------------------- GPU samples
+    def gpu_data(self, i: int) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+        """GPU ``i``'s samples as column arrays (one value where it is the same in every sample:
+        host, index, uuid, total memory; None for a metric the GPU lacks), and its utilisation
+        and memory at the host sample times (what NVML's per-process figures show)."""
+        cfg, plan, m = self.cfg, self.plan, self.m
+        s = self.series[self.group_of[i]]
+        draw = iter(range(self.host_draw))
 
-        def stack(key: str) -> np.ndarray:
-            return np.stack([s[key] for s in per_group])[gi]  # (n, m) by each GPU's group
+        def z() -> np.ndarray:
+            return self.noise.row(next(draw), i, m)
 
         noise = cfg.noise
-        util = stack("util") * (1 + noise * rng.standard_normal((n, m)))
+        util = s["util"] * (1 + noise * z())
         util = np.clip(np.round(util), 0, 100)
-        sm = np.clip(util * stack("sm_ratio") * (1 + noise * rng.standard_normal((n, m))), 0, 100)
-        mem_frac = stack("mem_frac") * (1 + 0.02 * rng.standard_normal((n, 1)))
-        if self.plan.straggler is not None:  # the straggler holds the longest sequences
-            mem_frac[self.plan.straggler[0]] += 0.08
+        sm = np.clip(util * s["sm_ratio"] * (1 + noise * z()), 0, 100)
+        mem_frac = s["mem_frac"] * (1 + 0.02 * self.noise.row(next(draw), i, 1)[0])
+        if plan.straggler is not None and plan.straggler[0] == i:
+            mem_frac = mem_frac + 0.08  # the straggler holds the longest sequences
         mem = (np.clip(mem_frac, 0.01, 0.99) * MEM_TOTAL_BYTES).astype(np.int64)
-        pcie = stack("pcie") * np.abs(1 + noise * rng.standard_normal((n, m)))
-        nvl = stack("nvlink") * np.abs(1 + noise * rng.standard_normal((n, m)))
-        power = stack("power") * (1 + noise * 0.5 * rng.standard_normal((n, m)))
+        pcie = s["pcie"] * np.abs(1 + noise * z())
+        nvl = s["nvlink"] * np.abs(1 + noise * z())
+        power = s["power"] * (1 + noise * 0.5 * z())
         clock = np.where(util > 0, MAX_CLOCK_MHZ, IDLE_CLOCK_MHZ)
         reasons = np.where(util < 1, REASON_GPU_IDLE, 0).astype(np.int64)
-        temp = 33.0 + 0.05 * power + rng.standard_normal((n, m))
-        if self.plan.throttle is not None:
-            gpus, ratio = self.plan.throttle
-            hot = np.zeros((n, m), dtype=bool)
-            hot[gpus] = util[gpus] > 20
-            clock = np.where(hot, np.round(MAX_CLOCK_MHZ * ratio / 15) * 15, clock)
-            reasons = np.where(hot, reasons | self.plan.throttle_bits, reasons)
-            temp = np.where(hot, temp + self.plan.throttle_temp_c, temp)
+        temp = 33.0 + 0.05 * power + z()
+        if plan.throttle is not None and i in set(np.asarray(plan.throttle[0]).tolist()):
+            hot = util > 20
+            clock = np.where(hot, np.round(MAX_CLOCK_MHZ * plan.throttle[1] / 15) * 15, clock)
+            reasons = np.where(hot, reasons | plan.throttle_bits, reasons)
+            temp = np.where(hot, temp + plan.throttle_temp_c, temp)
             power = np.where(hot, np.maximum(power, 690.0), power)
-        compute = np.isin(stack("phase"), list(COMPUTE_PHASES)) & (util > 20)
-        if self.plan.power_cap is not None:
-            limit, _, ratio = self.plan.power_cap
+        compute = s["compute"] & (util > 20)
+        if plan.power_cap is not None:
+            limit, _, ratio = plan.power_cap
             at_cap = compute  # the lowered limit is below what every compute phase draws
             clock = np.where(at_cap, np.round(MAX_CLOCK_MHZ * ratio / 15) * 15, clock)
-            power = np.where(at_cap, limit * (0.985 + 0.01 * rng.random((n, m))), power)
+            power = np.where(at_cap, limit * (0.985 + 0.01 * z()), power)
             reasons = np.where(at_cap, reasons | 0x4, reasons)
-        if self.plan.hot is not None:
-            gpu, ratio, extra_c, bits = self.plan.hot
-            hot = np.zeros((n, m), dtype=bool)
-            hot[gpu] = compute[gpu]
-            clock = np.where(hot, np.round(MAX_CLOCK_MHZ * ratio / 15) * 15, clock)
-            reasons = np.where(hot, reasons | bits, reasons)
-            temp[gpu] += extra_c  # hot whether busy or not: its cooling is bad
-        t_ns = self.cfg.start_ns + np.round(t * 1e9).astype(np.int64)
+        if plan.hot is not None and plan.hot[0] == i:
+            _, ratio, extra_c, bits = plan.hot
+            clock = np.where(compute, np.round(MAX_CLOCK_MHZ * ratio / 15) * 15, clock)
+            reasons = np.where(compute, reasons | bits, reasons)
+            temp = temp + extra_c  # hot whether busy or not: its cooling is bad
+        at_host = (util[self.gi_idx], mem[self.gi_idx])
         gpm = cfg.has_gpm
         data = {
-            "host": np.repeat(self.host_of, m),
-            "gpu": np.repeat(self.local, m),
-            "uuid": np.repeat(self.uuid, m),
-            "t_ns": np.tile(t_ns, n),
-            "util_gpu_pct": util.ravel(),
-            "util_mem_pct": np.clip(util * 0.45, 0, 100).ravel(),
-            "mem_used_bytes": mem.ravel(),
+            "host": self.host_of[i],
+            "gpu": self.local[i],
+            "uuid": self.uuid[i],
+            "t_ns": self.t_ns,
+            "util_gpu_pct": util,
+            "util_mem_pct": np.clip(util * 0.45, 0, 100),
+            "mem_used_bytes": mem,
             "mem_total_bytes": np.int64(MEM_TOTAL_BYTES),
-            "pcie_tx_bytes_s": pcie.ravel(),
-            "pcie_rx_bytes_s": (pcie * 0.9).ravel(),
-            "nvlink_tx_bytes_s": nvl.ravel(),
-            "nvlink_rx_bytes_s": nvl.ravel(),
-            "power_w": power.ravel(),
-            "sm_clock_mhz": clock.ravel().astype(np.float64),
-            "temp_c": np.round(temp).ravel(),
-            "clock_event_reasons": reasons.ravel(),
-            "sm_active_pct": sm.ravel() if gpm else None,
-            "sm_occupancy_pct": (sm * 0.5).ravel() if gpm else None,
-            "tensor_active_pct": (sm * 0.6).ravel() if gpm else None,
-            "dram_active_pct": np.clip(util * 0.45, 0, 100).ravel() if gpm else None,
+            "pcie_tx_bytes_s": pcie,
+            "pcie_rx_bytes_s": pcie * 0.9,
+            "nvlink_tx_bytes_s": nvl,
+            "nvlink_rx_bytes_s": nvl,
+            "power_w": power,
+            "sm_clock_mhz": clock.astype(np.float64),
+            "temp_c": np.round(temp),
+            "clock_event_reasons": reasons,
+            "sm_active_pct": sm if gpm else None,
+            "sm_occupancy_pct": sm * 0.5 if gpm else None,
+            "tensor_active_pct": sm * 0.6 if gpm else None,
+            "dram_active_pct": np.clip(util * 0.45, 0, 100) if gpm else None,
         }
-        frame = typed_frame(GpuSample, data, n * m)
-        order = np.lexsort((np.repeat(np.arange(n), m), frame["t_ns"].to_numpy()))
-        frame = frame.iloc[order].reset_index(drop=True)
-        return frame, {"util": util, "mem": mem, "t": t, "per_group": per_group}
+        if i in plan.unused:
+            self._unuse(data)
+        if i in plan.phantom:
+            self._unuse(data, stuck=True)
+        return data, *at_host
 
-    def unuse(
-        self,
-        gpu: pd.DataFrame,
-        *frames: pd.DataFrame,
-        gpus: list[int] | None = None,
-        stuck: bool = False,
-    ) -> tuple[pd.DataFrame, ...]:
-        """The frames with the plan's unused GPUs (or ``gpus``) idle and their rank processes
-        absent: no context on the GPU (a few MiB used), no spans, events or process samples.
-        ``stuck``: the GPUs read 100 % at P0 clocks and ~115 W instead (phantom utilization)."""
-        unused = np.asarray(self.plan.unused if gpus is None else gpus, dtype=np.int64)
-        keys = pd.MultiIndex.from_arrays([gpu["host"], gpu["gpu"]])
-        off = keys.isin(pd.MultiIndex.from_arrays([self.host_of[unused], self.local[unused]]))
-        gpu = gpu.copy()
+    def _unuse(self, data: dict[str, Any], stuck: bool = False) -> None:
+        """An unused GPU: idle, its rank's process absent, no context (a few MiB used).
+        ``stuck``: it reads 100 % at P0 clocks and ~115 W instead (phantom utilization)."""
+        m = self.m
         for col in ("util_gpu_pct", "util_mem_pct", "pcie_tx_bytes_s", "pcie_rx_bytes_s",
                     "nvlink_tx_bytes_s", "nvlink_rx_bytes_s"):  # fmt: skip
-            gpu.loc[off, col] = 0.0
+            data[col] = np.zeros(m)
         for col in ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_active_pct"):
-            if gpu[col].notna().any():
-                gpu.loc[off, col] = 0.0
-        gpu.loc[off, "mem_used_bytes"] = 2 * 2**20
-        gpu.loc[off, "power_w"] = 68.0
-        gpu.loc[off, "sm_clock_mhz"] = IDLE_CLOCK_MHZ
-        gpu.loc[off, "clock_event_reasons"] = REASON_GPU_IDLE
+            if data[col] is not None:
+                data[col] = np.zeros(m)
+        data["mem_used_bytes"] = np.full(m, 2 * 2**20, dtype=np.int64)
+        data["power_w"] = np.full(m, 68.0)
+        data["sm_clock_mhz"] = np.full(m, IDLE_CLOCK_MHZ)
+        data["clock_event_reasons"] = np.full(m, REASON_GPU_IDLE, dtype=np.int64)
         if stuck:  # the public captures: 100 %, 0–1 MiB, P0 at max clocks, 104–127 W
-            gpu.loc[off, "util_gpu_pct"] = 100.0
-            gpu.loc[off, "mem_used_bytes"] = 2**20
-            gpu.loc[off, "power_w"] = 115.0
-            gpu.loc[off, "sm_clock_mhz"] = float(MAX_CLOCK_MHZ)
-            gpu.loc[off, "clock_event_reasons"] = 0
-            if gpu["sm_active_pct"].notna().any():
-                gpu.loc[off, "sm_active_pct"] = 100.0
-        pids = set(self.pid[unused].tolist())
-        out = [gpu]
-        for frame in frames:
-            if frame is not None and len(frame) and "pid" in frame:
-                frame = frame[~frame["pid"].isin(pids)].reset_index(drop=True)
-            out.append(frame)
-        return tuple(out)
+            data["util_gpu_pct"] = np.full(m, 100.0)
+            data["mem_used_bytes"] = np.full(m, 2**20, dtype=np.int64)
+            data["power_w"] = np.full(m, 115.0)
+            data["sm_clock_mhz"] = np.full(m, float(MAX_CLOCK_MHZ))
+            data["clock_event_reasons"] = np.zeros(m, dtype=np.int64)
+            if data["sm_active_pct"] is not None:
+                data["sm_active_pct"] = np.full(m, 100.0)
+
+    def host_tables(self, h: int) -> Iterator[tuple[str, Any]]:
+        """Host ``h``'s tables for `store.write_host_file`, made as they are written: the GPU
+        samples one GPU at a time, then the host's other tables."""
+        at_host: list[tuple[np.ndarray, np.ndarray]] = []
+
+        def gpu_frames() -> Iterator[pa.Table]:
+            for i in self.host_gpus(h):
+                data, util, mem = self.gpu_data(int(i))
+                at_host.append((util, mem))
+                table = columnar.from_columns("gpu", data, self.m)
+                del data  # the table holds what it needs
+                yield table
+                del table  # one GPU in memory at a time, not two
+
+        yield "gpu", gpu_frames()
+        for table, data in self.host_columns(h, at_host):
+            yield table, self.host_arrow(table, data)
 
     # ---------------------------------------------------------------- spans and events
-    def spans_events(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+    def _span_calls(self, g: Group) -> dict[str, Any]:
+        """The spans of one GPU of group ``g``, in the order the group records them."""
         cfg, plan = self.cfg, self.plan
         names = PHASE_NAMES.get(cfg.framework, {})
-        cols: dict[str, list] = {k: [] for k in ("gpu", "phase", "name", "step", "depth", "s", "e")}
-        attrs: list[dict[str, Any]] = []
         mean_len, max_len = plan.response_len
         # a run compressed in time (time_scale < 1) does proportionally less work per step,
         # so throughput and MFU stay those of the full-size job
         # every framework's job trains 256 prompts per step per 8 GPUs (its batch knob is spelt
         # per device or per step, so the knob's value is not the job's size); phase times do
         # not depend on the GPU count, so the work per step grows with it
+        rows: list[tuple[str, str, int, int, float, float, dict[str, Any]]] = []
+        per_rank_tokens = self._per_rank_tokens()
+        for st, (s0, s1) in enumerate(self.tl.step_bounds):
+            # response lengths ride on the step, as verl logs them on each step line
+            step_attrs = {
+                "tokens": per_rank_tokens,
+                "response_length/mean": round(mean_len, 1),
+                "response_length/max": round(max_len, 1),
+                "response_length/clip_ratio": round(plan.clip_ratio, 3),
+                "prompt_length/mean": PROMPT_LEN,
+            }
+            rows.append(("step", "step", st, 0, s0, s1, step_attrs))
+        for seg in g.segs:
+            if seg.kind == "barrier":
+                rows.append(("collective", "nccl:barrier", seg.step, 1, seg.start_s, seg.end_s,
+                             {"wait": True}))  # fmt: skip
+            if seg.kind != "phase":
+                continue
+            attr: dict[str, Any] = {}
+            if seg.phase == "rollout":
+                attr = {"tokens": per_rank_tokens}
+            elif seg.phase == "reshard":
+                attr = {"bytes": MODEL_BYTES}
+            name = names.get(seg.phase, seg.phase)
+            rows.append((seg.phase, name, seg.step, 1, seg.start_s, seg.end_s, attr))
+            if seg.phase in ("update_actor", "update_critic"):
+                # the collectives of the update (FSDP all-gather / reduce-scatter)
+                c0 = seg.end_s - plan.collective_frac * (seg.end_s - seg.start_s)
+                rows.append(("collective", "nccl:reduce_scatter", seg.step, 2, c0, seg.end_s,
+                             {"op": "reduce_scatter"}))  # fmt: skip
+        phase, name, step, depth, s, e, attrs = zip(*rows)
+        return {
+            "phase": np.array(phase, dtype=object),
+            "name": np.array(name, dtype=object),
+            "step": np.array(step, dtype=np.int64),
+            "depth": np.array(depth, dtype=np.int64),
+            "s": np.array(s, dtype=np.float64),
+            "e": np.array(e, dtype=np.float64),
+            "attrs": list(attrs),
+        }
+
+    def _per_rank_tokens(self) -> int:
+        cfg = self.cfg
         prompts = JOB_PROMPTS * cfg.gpus / 8
-        tokens = int(prompts * plan.settings["num_generations"] * mean_len * cfg.time_scale)
-        per_rank_tokens = max(1, tokens // cfg.gpus)
+        mean_len = self.plan.response_len[0]
+        num_generations = self.plan.settings["num_generations"]
+        tokens = int(prompts * num_generations * mean_len * cfg.time_scale)
+        return max(1, tokens // cfg.gpus)
 
-        def emit(
-            gpus: np.ndarray,
-            phase: str,
-            name: str,
-            step: int,
-            depth: int,
-            s: float,
-            e: float,
-            attr: dict[str, Any],
-        ) -> None:
-            k = len(gpus)
-            cols["gpu"].append(gpus)
-            for key, val in (
-                ("phase", phase),
-                ("name", name),
-                ("step", step),
-                ("depth", depth),
-                ("s", s),
-                ("e", e),
-            ):
-                cols[key].append(np.full(k, val, dtype=object if isinstance(val, str) else None))
-            attrs.extend(dict(attr) for _ in range(k))  # one dict per row: safe to mutate
-
-        for g in self.tl.groups:
-            for st, (s0, s1) in enumerate(self.tl.step_bounds):
-                # response lengths ride on the step, as verl logs them on each step line
-                step_attrs = {
-                    "tokens": per_rank_tokens,
-                    "response_length/mean": round(mean_len, 1),
-                    "response_length/max": round(max_len, 1),
-                    "response_length/clip_ratio": round(plan.clip_ratio, 3),
-                    "prompt_length/mean": PROMPT_LEN,
-                }
-                emit(g.gpus, "step", "step", st, 0, s0, s1, step_attrs)
-            for seg in g.segs:
-                if seg.kind == "barrier":
-                    emit(
-                        g.gpus,
-                        "collective",
-                        "nccl:barrier",
-                        seg.step,
-                        1,
-                        seg.start_s,
-                        seg.end_s,
-                        {"wait": True},
-                    )
-                if seg.kind != "phase":
-                    continue
-                attr: dict[str, Any] = {}
-                if seg.phase == "rollout":
-                    attr = {"tokens": per_rank_tokens}
-                elif seg.phase == "reshard":
-                    attr = {"bytes": MODEL_BYTES}
-                name = names.get(seg.phase, seg.phase)
-                emit(g.gpus, seg.phase, name, seg.step, 1, seg.start_s, seg.end_s, attr)
-                if seg.phase in ("update_actor", "update_critic"):
-                    # the collectives of the update (FSDP all-gather / reduce-scatter)
-                    c0 = seg.end_s - plan.collective_frac * (seg.end_s - seg.start_s)
-                    emit(
-                        g.gpus,
-                        "collective",
-                        "nccl:reduce_scatter",
-                        seg.step,
-                        2,
-                        c0,
-                        seg.end_s,
-                        {"op": "reduce_scatter"},
-                    )
-        gpu = np.concatenate(cols["gpu"])
-        s = np.concatenate(cols["s"]).astype(np.float64)
-        e = np.concatenate(cols["e"]).astype(np.float64)
-        start_ns = cfg.start_ns + np.round(s * 1e9).astype(np.int64)
-        end_ns = cfg.start_ns + np.round(e * 1e9).astype(np.int64)
-        k = len(gpu)
-        data = {
+    def _spans_data(self, gpus: np.ndarray) -> dict[str, Any]:
+        """The spans of ranks ``gpus`` as column arrays, with ``order``: each row's place in
+        the whole run's recording order (group by group, each call of a group for all its
+        GPUs), which breaks ties in time as the whole run does."""
+        cfg = self.cfg
+        parts: dict[str, list] = {k: [] for k in ("gpu", "phase", "name", "step", "depth",
+                                                  "s", "e", "order")}  # fmt: skip
+        attrs: list[dict[str, Any]] = []
+        offset = 0
+        for g, calls in zip(self.tl.groups, self.spans):
+            n_calls, k = len(calls["s"]), len(g.gpus)
+            pos = np.flatnonzero(np.isin(g.gpus, gpus))
+            if len(pos):
+                here = len(pos)
+                parts["gpu"].append(np.tile(g.gpus[pos], n_calls))
+                for key in ("phase", "name", "step", "depth", "s", "e"):
+                    parts[key].append(np.repeat(calls[key], here))
+                parts["order"].append(
+                    offset + (np.arange(n_calls)[:, None] * k + pos[None, :]).ravel()
+                )
+                attrs.extend(dict(a) for a in calls["attrs"] for _ in range(here))
+            offset += n_calls * k
+        cat = {key: np.concatenate(v) for key, v in parts.items()}
+        gpu = cat["gpu"]
+        return {
             "host": self.host_of[gpu],
             "pid": self.pid[gpu],
             "tid": self.pid[gpu],
             "rank": gpu,
             "local_rank": self.local[gpu],
-            "phase": np.concatenate(cols["phase"]),
-            "name": np.concatenate(cols["name"]),
-            "step": np.concatenate(cols["step"]).astype(np.int64),
-            "depth": np.concatenate(cols["depth"]).astype(np.int64),
-            "start_ns": start_ns,
-            "end_ns": end_ns,
+            "phase": cat["phase"],
+            "name": cat["name"],
+            "step": cat["step"],
+            "depth": cat["depth"],
+            "start_ns": cfg.start_ns + np.round(cat["s"] * 1e9).astype(np.int64),
+            "end_ns": cfg.start_ns + np.round(cat["e"] * 1e9).astype(np.int64),
             "attrs": attrs,
+            "order": cat["order"],
         }
-        spans = typed_frame(Span, data, k)
-        order = np.lexsort((-spans["end_ns"].to_numpy(), spans["start_ns"].to_numpy()))
-        spans = spans.iloc[order].reset_index(drop=True)
-        # step events: one per rank at each step's end, as gpuprof.step(tokens=…) records
-        n, n_steps = cfg.gpus, len(self.tl.step_bounds)
+
+    def _events_data(self, gpus: np.ndarray) -> dict[str, Any]:
+        """Step events: one per rank at each step's end, as gpuprof.step(tokens=…) records."""
+        n_steps = len(self.tl.step_bounds)
         ends = np.array([b for _, b in self.tl.step_bounds])
-        ranks = np.repeat(np.arange(n), n_steps)
-        steps = np.tile(np.arange(n_steps), n)
-        ev = {
+        ranks = np.repeat(gpus, n_steps)
+        steps = np.tile(np.arange(n_steps), len(gpus))
+        tokens = self._per_rank_tokens()
+        return {
             "host": self.host_of[ranks],
             "pid": self.pid[ranks],
             "rank": ranks,
-            "t_ns": cfg.start_ns + np.round(np.tile(ends, n) * 1e9).astype(np.int64),
+            "t_ns": self.cfg.start_ns + np.round(np.tile(ends, len(gpus)) * 1e9).astype(np.int64),
             "kind": "step",
             "name": "step",
-            "attrs": [{"step": int(st), "tokens": per_rank_tokens} for st in steps],
+            "attrs": [{"step": int(st), "tokens": tokens} for st in steps],
         }
-        events = typed_frame(Event, ev, n * n_steps)
-        events = events.sort_values("t_ns", kind="stable", ignore_index=True)
-        return spans, events
 
     # ---------------------------------------------------------------- host, procs, gpu procs
-    def host_frames(self, series: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-        cfg, plan, rng = self.cfg, self.plan, self.rng
-        th = np.arange(0.0, self.tl.duration_s, cfg.host_interval_s)
-        m = len(th)
-        t_ns = cfg.start_ns + np.round(th * 1e9).astype(np.int64)
-        # the GPU sample nearest each host sample
-        gi_idx = np.clip(np.round(th / cfg.interval_s).astype(np.int64), 0, len(series["t"]) - 1)
-        group_phase = [s["phase"][gi_idx] for s in series["per_group"]]
+    def _host_procs(
+        self, h: int, group_phase: list[np.ndarray]
+    ) -> tuple[np.ndarray, list[tuple[int, str, str, np.ndarray]]]:
+        """Host ``h``'s phase over the host samples (its first GPU's), and (pid, role, name,
+        phase) of each process it shows."""
+        first = h * self.cfg.gpus_per_host
+        ph = group_phase[self.group_of[first]]
+        procs = [(20000 + h, "dataloader", "pt_data_worker", ph)]
+        if h == 0:
+            procs.insert(0, (1000, "main", "python3", ph))
+        for g in self.host_gpus(h):
+            group = self.group_of[g]
+            role = "inference" if self.tl.groups[group].role == "rollout" else "trainer"
+            procs.append((int(self.pid[g]), role, "python3", group_phase[group]))
+        return ph, procs
+
+    def host_columns(
+        self, h: int, at_host: list[tuple[np.ndarray, np.ndarray]]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Host ``h``'s host, process, GPU-process, span and event rows as column arrays,
+        one table at a time (each made when asked for); ``at_host``: each of its GPUs'
+        utilisation and memory at the host sample times."""
+        cfg, plan = self.cfg, self.plan
+        host, mh, t_ns = self.hosts[h], len(self.th), self.th_ns
+        gpus = self.host_gpus(h)
+        rng = self.noise.at(self.host_draw, h)
+        noise = cfg.noise
 
         def lookup(table: dict[str, float], phases: np.ndarray) -> np.ndarray:
             keys = np.unique(phases)
@@ -504,70 +663,120 @@ class _Gen:
                 out[phases == key] = table.get(str(key), table.get("*", 0.0))
             return out
 
-        hosts, host_rows, proc_rows = cfg.hosts, [], []
-        noise = cfg.noise
-        for h, host in enumerate(hosts):
-            first = h * cfg.gpus_per_host
-            local_gpus = np.arange(first, min(cfg.gpus, first + cfg.gpus_per_host))
-            ph = group_phase[self.group_of[first]]
-            cpu = lookup(plan.host_cpu, ph) * (1 + noise * rng.standard_normal(m))
-            host_rows.append(
-                {"host": np.full(m, host, object), "t_ns": t_ns, "cpu_pct": np.clip(cpu, 0, 100)}
-            )
-            procs = [(20000 + h, "dataloader", "pt_data_worker", ph)]
-            if h == 0:
-                procs.insert(0, (1000, "main", "python3", ph))
-            for g in local_gpus:
-                gph = group_phase[self.group_of[g]]
-                role = (
-                    "inference"
-                    if self.tl.groups[self.group_of[g]].role == "rollout"
-                    else ("trainer")
-                )
-                procs.append((int(self.pid[g]), role, "python3", gph))
-            for pid, role, name, phs in procs:
-                pc = lookup(plan.proc_cpu.get(role, {}), phs)
-                pc = np.clip(pc * (1 + noise * rng.standard_normal(m)), 0, 100.0 * 1.02)
-                proc_rows.append(
-                    {
-                        "host": np.full(m, host, object),
-                        "t_ns": t_ns,
-                        "pid": np.full(m, pid),
-                        "ppid": np.full(m, 1000 if pid != 1000 else 1),
-                        "role": np.full(m, role, object),
-                        "name": np.full(m, name, object),
-                        "cpu_pct": pc,
-                        "rss_bytes": np.full(m, 6 * 2**30 if role != "dataloader" else 2**30),
-                        "num_threads": np.full(m, 64),
-                    }
-                )
-        host = _concat(
-            HostSample,
-            host_rows,
-            extra={"n_cpus": 128, "mem_total_bytes": 2 * 2**40, "mem_used_bytes": 300 * 2**30},
+        ph, procs = self.procs[h]
+        cpu = lookup(plan.host_cpu, ph) * (1 + noise * rng.standard_normal(mh))
+        yield (
+            "host",
+            [
+                {
+                    "host": host,
+                    "t_ns": t_ns,
+                    "cpu_pct": np.clip(cpu, 0, 100),
+                    "n_cpus": 128,
+                    "mem_total_bytes": 2 * 2**40,
+                    "mem_used_bytes": 300 * 2**30,
+                }
+            ],
         )
-        procs_frame = _concat(ProcSample, proc_rows)
+        rows = []
+        for pid, role, name, phs in procs:
+            pc = lookup(plan.proc_cpu.get(role, {}), phs)
+            pc = np.clip(pc * (1 + noise * rng.standard_normal(mh)), 0, 100.0 * 1.02)
+            rows.append(
+                {
+                    "host": host,
+                    "t_ns": t_ns,
+                    "pid": pid,
+                    "ppid": 1000 if pid != 1000 else 1,
+                    "role": role,
+                    "name": name,
+                    "cpu_pct": pc,
+                    "rss_bytes": 6 * 2**30 if role != "dataloader" else 2**30,
+                    "num_threads": 64,
+                }
+            )
+        yield "procs", rows
+        del rows
         # gpu_procs: each rank's process on its GPU, memory and SM share as NVML reports them
-        n = cfg.gpus
-        util, mem = series["util"][:, gi_idx], series["mem"][:, gi_idx]
-        gp = {
-            "host": np.repeat(self.host_of, m),
-            "t_ns": np.tile(t_ns, n),
-            "gpu": np.repeat(self.local, m),
-            "pid": np.repeat(self.pid, m),
-            "gpu_mem_bytes": (mem * 0.97).astype(np.int64).ravel(),
-            "sm_util_pct": util.ravel(),
-            "watched": np.ones(n * m, dtype=bool),
-        }
-        gpu_procs = typed_frame(GpuProcSample, gp, n * m)
-        host = host.sort_values("t_ns", kind="stable", ignore_index=True)
-        procs_frame = procs_frame.sort_values("t_ns", kind="stable", ignore_index=True)
-        gpu_procs = gpu_procs.sort_values("t_ns", kind="stable", ignore_index=True)
-        return host, procs_frame, gpu_procs
+        yield (
+            "gpu_procs",
+            [
+                {
+                    "host": host,
+                    "t_ns": t_ns,
+                    "gpu": self.local[i],
+                    "pid": self.pid[i],
+                    "gpu_mem_bytes": (mem * 0.97).astype(np.int64),
+                    "sm_util_pct": util,
+                    "watched": True,
+                }
+                for i, (util, mem) in zip(gpus, at_host)
+            ],
+        )
+        yield "spans", [self._spans_data(gpus)]
+        yield "events", [self._events_data(gpus)]
+
+    def host_arrow(self, table: str, parts: list[dict[str, Any]]) -> pa.Table:
+        """One host's ``table`` (parts from `host_columns`) as the Arrow table of its side
+        file: rows in the file's order (`columnar.SORT_KEYS`, ties as the whole run has them),
+        without the processes of unused GPUs."""
+        # a process's rows (its pid one value): all of them or none
+        parts = [p for p in parts if isinstance(p.get("pid"), np.ndarray)
+                 or p.get("pid") not in self.removed]  # fmt: skip
+        if table == "procs":
+            parts.sort(key=lambda p: p["pid"])  # each process's rows, in time
+        if not parts:
+            return columnar.schema(table).empty_table()
+        data = _concat_data(parts)
+        del parts
+        n = _rows(data)
+        order = None
+        if table == "spans":
+            order = np.lexsort((data.pop("order"), -data["end_ns"], data["start_ns"]))
+        elif table == "events":
+            order = np.argsort(data["t_ns"], kind="stable")
+        if order is not None and self.removed:
+            order = order[~np.isin(data["pid"][order], list(self.removed))]
+        if order is not None:
+            data = {k: _take(v, order) for k, v in data.items()}
+            n = len(order)
+        return columnar.from_columns(table, data, n)
+
+    def frame(self, table: str, data: dict[str, Any]) -> pd.DataFrame:
+        """The frame of ``table`` from the column arrays of one host or of the whole run,
+        in the order the whole run's frame has (time, then recording order), without the
+        processes of unused GPUs."""
+        record = {"host": HostSample, "procs": ProcSample, "gpu_procs": GpuProcSample,
+                  "spans": Span, "events": Event}[table]  # fmt: skip
+        n = _rows(data)
+        if table == "spans":
+            order = np.lexsort((data["order"], -data["end_ns"], data["start_ns"]))
+            data = {k: v for k, v in data.items() if k != "order"}
+            frame = typed_frame(record, data, n).iloc[order].reset_index(drop=True)
+        else:
+            frame = typed_frame(record, data, n)
+            frame = frame.sort_values("t_ns", kind="stable", ignore_index=True)
+        if self.removed and len(frame) and "pid" in frame:
+            frame = frame[~frame["pid"].isin(self.removed)].reset_index(drop=True)
+        return frame
 
 
-def _concat(record_type: type, rows: list[dict], extra: dict | None = None) -> pd.DataFrame:
-    merged: dict[str, Any] = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
-    n = len(next(iter(merged.values())))
-    merged.update(extra or {})
-    return typed_frame(record_type, merged, n)
+def _take(value: Any, order: np.ndarray) -> Any:
+    """Rows ``order`` of a column (an array, a list of attrs, or one value for every row)."""
+    if isinstance(value, np.ndarray):
+        return value[order]
+    if isinstance(value, list):
+        return [value[i] for i in order]
+    return value
+
+
+def _full(value: Any, m: int) -> Any:
+    """One value for every row (a host, a GPU index, a pid…) as ``m`` values."""
+    if value is None or isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, str):
+        # the one string in every row: np.full would make a string object per row (~60 B)
+        out = np.empty(m, dtype=object)
+        out[:] = value
+        return out
+    return np.full(m, value)

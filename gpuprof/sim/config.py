@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 FRAMEWORKS: tuple[str, ...] = ("verl", "trl", "swift", "openrlhf", "pytorch")
 PLACEMENTS: tuple[str, ...] = ("colocated", "split")
+MAX_GPUS = 4096
+"""The largest simulated cluster: 512 nodes of 8 GPUs (`simulate_to` holds one GPU at a time)."""
 DEFAULT_START_NS = 1_767_225_600_000_000_000
 """2026-01-01T00:00:00Z: a fixed epoch so a seed always gives byte-identical output."""
 
@@ -71,8 +73,8 @@ class SimConfig:
     """Share of GPUs doing generation under ``split`` placement."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.gpus <= 512:
-            raise ValueError(f"gpus must be in 1..512, got {self.gpus}")
+        if not 1 <= self.gpus <= MAX_GPUS:
+            raise ValueError(f"gpus must be in 1..{MAX_GPUS}, got {self.gpus}")
         if self.gpus_per_host < 1:
             raise ValueError("gpus_per_host must be >= 1")
         if self.framework not in FRAMEWORKS:
