@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers.grouping import appearance_codes
+from gpuprof.analyzers.grouping import appearance_codes, first_rows
 from gpuprof.analyzers.labelling import _samples
 from gpuprof.analyzers.ownership import _gpu_owner
 from gpuprof.analyzers.spans import NO_PHASE, _label, valid_spans
@@ -122,44 +122,41 @@ def phase_breakdown(
     s = samples
     dt = s["dt_s"].to_numpy()
     util, sm = s["util_gpu_pct"].to_numpy(), s["sm_active_pct"].to_numpy()
-    work = pd.DataFrame(
+    # the groups as integer codes, in order of first appearance (NaN keys make groups of their
+    # own, as groupby(dropna=False) does); the sums are pandas' (compensated, row order)
+    group = appearance_codes([s[k] for k in by], missing_is_value=True)
+    first = first_rows(group)
+    n_groups = len(first)
+    sums = pd.DataFrame(
         {
-            **{k: s[k] for k in by},
-            # integer ids, not "host:pid" strings: string building dominates at 10⁵–10⁶ rows
-            "owner": appearance_codes([s["owner_host"], s["pid"]]).astype(np.float64),
-            "gpu_id": appearance_codes([s["host"], s["gpu"]]),
             "gpu_s": dt,
-            "busy_gpu_s": s["busy_gpu_s"],
-            "idle_gpu_s": s["idle_gpu_s"],
             "unknown_gpu_s": np.where(np.isnan(util), dt, 0.0),
             "util_w": util * dt,
             "util_dt": np.where(np.isnan(util), 0.0, dt),
             "sm_w": sm * dt,
             "sm_dt": np.where(np.isnan(sm), 0.0, dt),
-            "mem_used_bytes": s["mem_used_bytes"],
-            "pcie_bytes": s["pcie_bytes"],
-            "nvlink_bytes": s["nvlink_bytes"],
         },
-        copy=False,  # columns as they are, not copied into 2-D blocks
-    )
-    # no owner: NaN, which nunique skips
-    work.loc[(work["owner"] < 0).to_numpy() | s["pid"].isna().to_numpy(), "owner"] = np.nan
-    grouped = work.groupby(by, dropna=False, sort=False)
-    table = grouped.agg(
-        ranks=("owner", "nunique"),
-        gpus=("gpu_id", "nunique"),
-        samples=("gpu_s", "size"),
-        gpu_s=("gpu_s", "sum"),
-        unknown_gpu_s=("unknown_gpu_s", "sum"),
-        util_w=("util_w", "sum"),
-        util_dt=("util_dt", "sum"),
-        sm_w=("sm_w", "sum"),
-        sm_dt=("sm_dt", "sum"),
-        mem_peak_bytes=("mem_used_bytes", "max"),
-    )
+        copy=False,
+    ).groupby(group, sort=True)
+    measured = pd.DataFrame(
+        {c: s[c].to_numpy() for c in ("busy_gpu_s", "idle_gpu_s", "pcie_bytes", "nvlink_bytes")},
+        copy=False,
+    ).groupby(group, sort=True)
+    owner = appearance_codes([s["owner_host"], s["pid"]])
+    owner[s["pid"].isna().to_numpy()] = -1  # no owner: not counted
+    table = pd.DataFrame({k: s[k].iloc[first].reset_index(drop=True) for k in by})
+    table["ranks"] = _distinct_per_group(group, owner, n_groups)
+    table["gpus"] = _distinct_per_group(group, appearance_codes([s["host"], s["gpu"]]), n_groups)
+    table["samples"] = np.bincount(group, minlength=n_groups)
+    summed = sums.sum()
+    for col in summed.columns:
+        table[col] = summed[col].to_numpy()
+    mem = pd.Series(s["mem_used_bytes"].to_numpy(), copy=False).groupby(group, sort=True).max()
+    table["mem_peak_bytes"] = mem.to_numpy()
     # NaN, not 0, when no sample of the group measured the quantity
-    for col in ("busy_gpu_s", "idle_gpu_s", "pcie_bytes", "nvlink_bytes"):
-        table[col] = grouped[col].sum(min_count=1)
+    summed = measured.sum(min_count=1)
+    for col in summed.columns:
+        table[col] = summed[col].to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         table["util_gpu_pct"] = np.where(table["util_dt"] > 0, table["util_w"] / table["util_dt"],
                                          np.nan)  # fmt: skip
@@ -167,10 +164,16 @@ def phase_breakdown(
                                           np.nan)  # fmt: skip
     total = float(np.nansum(dt))
     table["share"] = table["gpu_s"] / total if total > 0 else np.nan
-    table = table.reset_index()
     table = table.merge(_wall_by(by, spans, owners, s), on=by, how="left")
     table = _sort(table, by)
     return table[[*by, *_BREAKDOWN_COLUMNS]].reset_index(drop=True)
+
+
+def _distinct_per_group(group: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarray:
+    """How many distinct ``values`` (integer codes; -1 not counted) each group has."""
+    ok = values >= 0
+    pairs = np.unique(group[ok] * (int(values.max(initial=0)) + 1) + values[ok])
+    return np.bincount(pairs // (int(values.max(initial=0)) + 1), minlength=n_groups)
 
 
 def _wall_by(

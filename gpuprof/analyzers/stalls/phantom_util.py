@@ -25,7 +25,7 @@ import pandas as pd
 from gpuprof.analyzers.evidence import PhantomUtilEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._phase import _conf, _minutes, _num, _sample_intervals
-from gpuprof.analyzers.stalls._resource import _gpu_columns
+from gpuprof.analyzers.stalls._resource import _gpu_columns_of
 from gpuprof.analyzers.stalls._resource import _num as _column
 
 
@@ -38,7 +38,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     busy = np.nan_to_num(util, nan=-1.0) >= th.phantom_util_pct
     if not busy.any():
         return None
-    g = _gpu_columns(ctx).loc[s.index]
+    g = _gpu_columns_of(ctx, s)
     rows = s["row"].to_numpy(np.int64)
     mem = s["mem_used_bytes"].to_numpy(np.float64)
     mem_util = _column(ctx.run.gpu, "util_mem_pct")[rows]
