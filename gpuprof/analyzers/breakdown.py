@@ -172,8 +172,12 @@ def phase_breakdown(
 def _distinct_per_group(group: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarray:
     """How many distinct ``values`` (integer codes; -1 not counted) each group has."""
     ok = values >= 0
-    pairs = np.unique(group[ok] * (int(values.max(initial=0)) + 1) + values[ok])
-    return np.bincount(pairs // (int(values.max(initial=0)) + 1), minlength=n_groups)
+    width = int(values.max(initial=0)) + 1
+    pair = group[ok] * width + values[ok]
+    if n_groups * width <= 4 * len(group) + 1024:  # a table of (group, value) counts
+        seen = np.bincount(pair, minlength=n_groups * width).reshape(n_groups, width) > 0
+        return seen.sum(axis=1)
+    return np.bincount(np.unique(pair) // width, minlength=n_groups)
 
 
 def _wall_by(

@@ -28,7 +28,7 @@ import pandas as pd
 from gpuprof.analyzers.evidence import Evidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.grouping import appearance_codes, first_rows, label_codes, per_frame
-from gpuprof.analyzers.stalls._phase import _memo, _minutes
+from gpuprof.analyzers.stalls._phase import _gpu_key, _memo, _minutes
 
 UPDATE_PHASES = ("update_actor", "update_critic")
 
@@ -213,6 +213,48 @@ def _gpu_columns_of(ctx: AnalysisContext, s: pd.DataFrame) -> pd.DataFrame:
     return per_frame(ctx, s, "gpu_columns_of", lambda: g.loc[s.index])
 
 
+def _gpu_codes(ctx: AnalysisContext, s: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """Each sample's GPU as a number (`_phase._gpu_key`: in order of first appearance, -1
+    without host or GPU) and the ``host`` and ``gpu`` of each number, once per frame."""
+    code = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))
+
+    def table() -> pd.DataFrame:
+        first = first_rows(code)
+        return pd.DataFrame(
+            {"host": s["host"].iloc[first].astype(object).to_numpy(),
+             "gpu": s["gpu"].to_numpy()[first]}
+        )  # fmt: skip
+
+    return code, per_frame(ctx, s, "gpu_table", table)
+
+
+def _on_gpus(ctx: AnalysisContext, s: pd.DataFrame, hosts: Any, gpus: Any) -> np.ndarray:
+    """Per sample of ``s``: its (host, gpu) is one of ``zip(hosts, gpus)`` (what
+    ``MultiIndex.isin`` says, looked up once per GPU instead of once per sample)."""
+    code, table = _gpu_codes(ctx, s)
+    wanted = set(zip(hosts, gpus))
+    hit = [(h, g) in wanted for h, g in zip(table["host"], table["gpu"])]
+    return np.array([*hit, False], dtype=bool)[code]  # code -1 takes the trailing False
+
+
+def _per_gpu(
+    ctx: AnalysisContext, s: pd.DataFrame, mask: np.ndarray, columns: dict[str, tuple[Any, str]]
+) -> pd.DataFrame:
+    """Per GPU of the masked samples of ``s``: ``host``, ``gpu`` and each of ``columns``
+    (name → (one value per sample of ``s``, a group-by reduction)), sorted by host and GPU —
+    ``groupby(["host", "gpu"]).agg(...).reset_index()`` over those samples, grouped by GPU
+    number instead of hashing host strings."""
+    code, gpus = _gpu_codes(ctx, s)
+    keep = np.asarray(mask, dtype=bool) & (code >= 0)
+    frame = pd.DataFrame({name: np.asarray(v)[keep] for name, (v, _) in columns.items()})
+    grouped = frame.groupby(code[keep], sort=True)
+    out = pd.DataFrame({name: getattr(grouped[name], how)() for name, (_, how) in columns.items()})
+    number = out.index.to_numpy()
+    out.insert(0, "host", gpus["host"].to_numpy()[number])
+    out.insert(1, "gpu", gpus["gpu"].to_numpy()[number])
+    return out.sort_values(["host", "gpu"], kind="stable", ignore_index=True)
+
+
 def _sample_frame(ctx: AnalysisContext, s: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     """The unclaimed samples ``s`` as a flat frame: host (kept as Arrow strings: no copy),
     gpu, t_ns, dt_s (NaN as 0), util, and the `_gpu_columns` named in ``columns`` (frame
@@ -243,16 +285,23 @@ def _runs(samples: pd.DataFrame, mask: np.ndarray, weight: np.ndarray) -> pd.Dat
     s = samples
     if s.empty or not mask.any():
         return pd.DataFrame({"start_ns": [], "end_ns": [], "w": []})
-    gid = s.groupby(["host", "gpu"], sort=False).ngroup().to_numpy()
+    host = label_codes(s["host"])[0]
+    gpu = s["gpu"].to_numpy()
     m = mask.astype(bool)
     brk = np.ones(len(s), dtype=bool)
-    brk[1:] = (gid[1:] != gid[:-1]) | (m[1:] != m[:-1])
-    run_id = np.cumsum(brk)
-    t = s["t_ns"].to_numpy(np.int64)
-    end = t + np.round(s["dt_s"].to_numpy(np.float64) * 1e9).astype(np.int64)
-    f = pd.DataFrame({"run": run_id[m], "t": t[m], "e": end[m], "w": weight[m]})
-    agg = f.groupby("run").agg(start_ns=("t", "min"), end_ns=("e", "max"), w=("w", "sum"))
-    return agg.reset_index(drop=True)
+    brk[1:] = (host[1:] != host[:-1]) | (gpu[1:] != gpu[:-1]) | (m[1:] != m[:-1])
+    run_id = np.cumsum(brk)[m]
+    t = s["t_ns"].to_numpy(np.int64)[m]
+    end = t + np.round(s["dt_s"].to_numpy(np.float64)[m] * 1e9).astype(np.int64)
+    first = np.flatnonzero(np.diff(run_id, prepend=-1))  # a run's samples are neighbours
+    w = pd.Series(weight[m], copy=False).groupby(run_id, sort=True).sum()  # pandas' sum
+    return pd.DataFrame(
+        {
+            "start_ns": np.minimum.reduceat(t, first),
+            "end_ns": np.maximum.reduceat(end, first),
+            "w": w.to_numpy(),
+        }
+    )
 
 
 def _finding(

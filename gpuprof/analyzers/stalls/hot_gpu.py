@@ -32,6 +32,7 @@ from gpuprof.analyzers.stalls._resource import (
     _fmt_gpu_s,
     _gpu_columns_of,
     _intervals,
+    _per_gpu,
     _runs,
     _sample_frame,
 )
@@ -54,20 +55,12 @@ def _hot_gpus(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame:
     cols = ["host", "gpu", "temp_c", "util", "peer_temp", "peer_util", "peers"]
     if s is None or s.empty:
         return pd.DataFrame(columns=cols)
-    g = _gpu_columns_of(ctx, s)
-    frame = pd.DataFrame(
-        {
-            "host": s["host"].astype(str).reset_index(drop=True),  # kept as Arrow strings: no copy
-            "gpu": s["gpu"].to_numpy(np.int64),
-            "util": s["util_gpu_pct"].to_numpy(np.float64),
-            "temp": g["temp_c"].to_numpy(np.float64),
-        }
-    )
-    frame = frame[(frame["util"] >= th.busy_util_pct) & np.isfinite(frame["temp"])]
-    if frame.empty:
+    util = s["util_gpu_pct"].to_numpy(np.float64)
+    temp = _gpu_columns_of(ctx, s)["temp_c"].to_numpy(np.float64)
+    busy = (util >= th.busy_util_pct) & np.isfinite(temp)
+    if not busy.any():
         return pd.DataFrame(columns=cols)
-    per = frame.groupby(["host", "gpu"]).agg(temp_c=("temp", "median"), util=("util", "mean"))
-    per = per.reset_index()
+    per = _per_gpu(ctx, s, busy, {"temp_c": (temp, "median"), "util": (util, "mean")})
     rows = []
     for host, group in per.groupby("host", sort=True):
         if len(group) < 2:
