@@ -30,7 +30,7 @@ COUNTERS_SHOWN = 4
 """Counter names spelled out in the line; the rest are counted."""
 
 
-def data_basis(run: Run, steps: int) -> dict[str, Any]:
+def data_basis(run: Run, steps: int, gpus: int | None = None) -> dict[str, Any]:
     """The data the diagnosis is judged on.
 
     ``gpu_samples``: ``{"gpus", "samples", "interval_s"}`` (the sampling interval the run
@@ -79,12 +79,11 @@ def basis_line(
     return "Judged on: " + "; ".join(parts)
 
 
-def _gpu_samples(run: Run) -> dict[str, Any] | None:
+def _gpu_samples(run: Run, gpus: int | None = None) -> dict[str, Any] | None:
     gpu = run.gpu
     if not len(gpu):
         return None
-    keys = gpu[["host", "gpu"]]
-    count = int(keys.drop_duplicates().shape[0])
+    count = int(gpu[["host", "gpu"]].drop_duplicates().shape[0]) if gpus is None else gpus
     recorded = run.meta.interval_s
     if isinstance(recorded, int | float) and recorded > 0:  # the cadence the run was taken at
         return {"gpus": count, "samples": len(gpu), "interval_s": round(float(recorded), 3)}

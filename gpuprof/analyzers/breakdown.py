@@ -127,7 +127,9 @@ def phase_breakdown(
     group = appearance_codes([s[k] for k in by], missing_is_value=True)
     first = first_rows(group)
     n_groups = len(first)
-    sums = pd.DataFrame(
+    summed = ["gpu_s", "unknown_gpu_s", "util_w", "util_dt", "sm_w", "sm_dt"]
+    measured = ["busy_gpu_s", "idle_gpu_s", "pcie_bytes", "nvlink_bytes"]
+    grouped = pd.DataFrame(
         {
             "gpu_s": dt,
             "unknown_gpu_s": np.where(np.isnan(util), dt, 0.0),
@@ -135,28 +137,25 @@ def phase_breakdown(
             "util_dt": np.where(np.isnan(util), 0.0, dt),
             "sm_w": sm * dt,
             "sm_dt": np.where(np.isnan(sm), 0.0, dt),
+            **{c: s[c].to_numpy() for c in measured},
+            "mem_peak_bytes": s["mem_used_bytes"].to_numpy(),
         },
         copy=False,
-    ).groupby(group, sort=True)
-    measured = pd.DataFrame(
-        {c: s[c].to_numpy() for c in ("busy_gpu_s", "idle_gpu_s", "pcie_bytes", "nvlink_bytes")},
-        copy=False,
-    ).groupby(group, sort=True)
+    ).groupby(group, sort=True)  # one grouping for every reduction below
     owner = appearance_codes([s["owner_host"], s["pid"]])
     owner[s["pid"].isna().to_numpy()] = -1  # no owner: not counted
     table = pd.DataFrame({k: s[k].iloc[first].reset_index(drop=True) for k in by})
     table["ranks"] = _distinct_per_group(group, owner, n_groups)
     table["gpus"] = _distinct_per_group(group, appearance_codes([s["host"], s["gpu"]]), n_groups)
     table["samples"] = np.bincount(group, minlength=n_groups)
-    summed = sums.sum()
-    for col in summed.columns:
-        table[col] = summed[col].to_numpy()
-    mem = pd.Series(s["mem_used_bytes"].to_numpy(), copy=False).groupby(group, sort=True).max()
-    table["mem_peak_bytes"] = mem.to_numpy()
+    sums = grouped[summed].sum()
+    for col in summed:
+        table[col] = sums[col].to_numpy()
+    table["mem_peak_bytes"] = grouped["mem_peak_bytes"].max().to_numpy()
     # NaN, not 0, when no sample of the group measured the quantity
-    summed = measured.sum(min_count=1)
-    for col in summed.columns:
-        table[col] = summed[col].to_numpy()
+    sums = grouped[measured].sum(min_count=1)
+    for col in measured:
+        table[col] = sums[col].to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         table["util_gpu_pct"] = np.where(table["util_dt"] > 0, table["util_w"] / table["util_dt"],
                                          np.nan)  # fmt: skip

@@ -109,7 +109,9 @@ def _gpu_name(ctx: AnalysisContext) -> tuple[str | None, list[str]]:
 def _run_gpus(ctx: AnalysisContext, settings: Mapping[str, Any]) -> tuple[int | None, str]:
     run = ctx.run
     if len(run.gpu):
-        return int(run.gpu[["host", "gpu"]].drop_duplicates().shape[0]), "GPU samples"
+        recorded = ctx.recorded_gpus
+        count = recorded[0] if recorded else run.gpu[["host", "gpu"]].drop_duplicates().shape[0]
+        return int(count), "GPU samples"
     if run.meta.gpus:
         return len(run.meta.gpus), "GPU inventory"
     per_node = _num(settings.get("trainer.n_gpus_per_node"))

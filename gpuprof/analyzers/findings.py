@@ -375,6 +375,31 @@ class AnalysisContext:
             self.run, ("phase", "step"), self.samples, spans=self.spans, owners=self.owners
         )
 
+    @cached_property
+    def recorded_gpus(self) -> tuple[int, list[Any]] | None:
+        """``(distinct (host, gpu) pairs, distinct hosts in order of first appearance)`` of
+        ``run.gpu``, read off `samples` when they hold every row of ``run.gpu`` exactly once
+        (rows sorted by GPU, hosts as codes: no pass over a column of host strings); None
+        when they don't (a sample without host, GPU or time; several owners of a GPU)."""
+        gpu, s = self.run.gpu, self.samples
+        if gpu is None or not len(gpu) or len(s) != len(gpu):
+            return None
+        rows = s["row"].to_numpy(np.int64)
+        if not (np.bincount(rows, minlength=len(gpu)) == 1).all():
+            return None
+        host = s["host"]
+        if not isinstance(host.dtype, pd.CategoricalDtype):
+            return None
+        codes = host.cat.codes.to_numpy(np.int64)
+        number = s["gpu"].to_numpy(np.int64)
+        dc, dn = np.diff(codes), np.diff(number)
+        if not ((dc > 0) | ((dc == 0) & (dn >= 0))).all():
+            return None  # not in (host, gpu) order: the pairs aren't runs
+        pairs = int(((dc != 0) | (dn != 0)).sum()) + 1
+        first_row = pd.Series(rows, copy=False).groupby(codes, sort=True).min()
+        names = np.asarray(host.cat.categories, dtype=object)[first_row.index.to_numpy()]
+        return pairs, list(names[np.argsort(first_row.to_numpy(), kind="stable")])
+
     @property
     def claimed(self) -> np.ndarray:
         """Per row of `samples`: claimed by a stall applied earlier (a GPU the job never used,

@@ -139,10 +139,13 @@ def _with_process(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
         return out
     held_t = pd.to_numeric(held["t_ns"]).astype(np.int64).to_numpy()
     keys = pd.DataFrame(
-        {"host": held["host"].astype(str).to_numpy(object),
+        {"host": held["host"].to_numpy(object),
          "gpu": pd.to_numeric(held["gpu"]).astype(np.int64).to_numpy()}
     )  # fmt: skip
-    readings = keys.groupby(["host", "gpu"], sort=False).indices
+    readings: dict[tuple[str, int], np.ndarray] = {}  # (host as text, gpu) → reading rows
+    for (host, gpu), rows in keys.groupby(["host", "gpu"], sort=False).indices.items():
+        key = (str(host), int(gpu))
+        readings[key] = np.concatenate([readings[key], rows]) if key in readings else rows
     dt = s["dt_s"].to_numpy(np.float64)
     tolerance = int(max(1.0, float(np.nanmedian(dt)) if np.isfinite(dt).any() else 1.0) * 2e9)
     t = s["t_ns"].to_numpy(np.int64)
