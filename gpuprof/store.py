@@ -385,6 +385,10 @@ def run_files(run_dir: str | os.PathLike) -> list[Path]:
     return files
 
 
+_SORT_KEY = {"spans": "start_ns"}
+"""The column a loaded table is sorted by (stable), when not ``t_ns``."""
+
+
 def _read_file(
     path: Path, skip: Collection[str] = (), reduce: Reducer | None = None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, pd.DataFrame]]:
@@ -414,7 +418,10 @@ def _read_file(
                 frame = (_typed(table, pd.concat([chunked, frame], ignore_index=True))
                          if len(frame) else chunked)  # fmt: skip
             if table in sides:
-                side = columnar.read(sides[table], table, categories=reduce is not None)
+                # in the order the merged table gets below (a stable sort by time), unless
+                # ``reduce`` reads the file's own order
+                order = None if reduce is not None else _SORT_KEY.get(table, "t_ns")
+                side = columnar.read(sides[table], table, reduce is not None, order)
                 for name in _JSON_NAMES[table]:
                     side[name] = _json_column(side[name])
                 if len(frame):
@@ -735,7 +742,7 @@ def load_run(
     for table, frame in tables.items():
         if frame.empty:
             continue
-        sort_key = "start_ns" if table == "spans" else "t_ns"
+        sort_key = _SORT_KEY.get(table, "t_ns")
         if frame[sort_key].is_monotonic_increasing:  # a stable sort would keep every row
             frame = frame.reset_index(drop=True)
         else:
