@@ -37,9 +37,10 @@ def data_basis(run: Run, steps: int, gpus: int | None = None) -> dict[str, Any]:
     records, else the median seconds between samples of one GPU) or None; ``phase_timing``:
     ``{"steps", "phases"}`` (canonical phases other than the step itself) or None;
     ``framework_counters``: names of the figures the framework logged per step
-    (``perf/mfu/actor``…), ``perf/*`` first; ``line``: all of it in one sentence.
+    (``perf/mfu/actor``…), ``perf/*`` first; ``line``: all of it in one sentence. ``gpus``:
+    the distinct (host, gpu) pairs of ``run.gpu``, when the caller knows them.
     """
-    gpu = _gpu_samples(run)
+    gpu = _gpu_samples(run, gpus)
     phases = sorted(set(run.spans["phase"].dropna()) - {"step"}) if len(run.spans) else []
     timing = {"steps": int(steps), "phases": phases} if steps or phases else None
     counters = _counters(run.spans, run.events)

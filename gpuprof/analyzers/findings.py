@@ -339,18 +339,30 @@ class AnalysisContext:
         return valid_spans(self.run)[0]
 
     @cached_property
+    def host_codes(self) -> tuple[np.ndarray, pd.Index] | None:
+        """`labelling.gpu_host_codes` of the run (None without GPU samples): the owners and
+        the samples share them."""
+        from gpuprof.analyzers.labelling import gpu_host_codes
+
+        gpu = self.run.gpu
+        return gpu_host_codes(self.run) if gpu is not None and "host" in gpu else None
+
+    @cached_property
     def owners(self) -> pd.DataFrame:
         """`ownership.gpu_owner` of the run: which process drives each GPU."""
         from gpuprof.analyzers.ownership import _gpu_owner
 
-        return _gpu_owner(self.run, self.spans)
+        codes = self.host_codes
+        return _gpu_owner(self.run, self.spans, None if codes is None else codes[0])
 
     @cached_property
     def samples(self) -> pd.DataFrame:
         """`labelling.gpu_phase_samples`: one row per GPU sample with its owner's phase."""
         from gpuprof.analyzers.labelling import gpu_phase_samples
 
-        return gpu_phase_samples(self.run, spans=self.spans, owners=self.owners)
+        return gpu_phase_samples(
+            self.run, spans=self.spans, owners=self.owners, host_codes=self.host_codes
+        )
 
     @cached_property
     def totals(self) -> dict[str, Any]:
