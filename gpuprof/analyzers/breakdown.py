@@ -84,6 +84,7 @@ def phase_breakdown(
     *,
     spans: pd.DataFrame | None = None,
     owners: pd.DataFrame | None = None,
+    owner_wall: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """GPU-time per group of ``by`` keys (any of phase, step, host, gpu, rank, pid).
 
@@ -101,7 +102,8 @@ def phase_breakdown(
 
     Rows are sorted by the keys, phases in canonical order with ``"(none)"`` last. Pass
     ``samples`` (a `gpu_phase_samples` result), ``spans`` (`valid_spans`) and ``owners``
-    (`gpu_owner`) to avoid recomputing them.
+    (`gpu_owner`) to avoid recomputing them, and ``owner_wall`` (`_owner_wall` of those spans
+    and owners) when several breakdowns of one run are made.
     """
     by = list(by)
     bad = [k for k in by if k not in _BY_KEYS]
@@ -163,7 +165,7 @@ def phase_breakdown(
                                           np.nan)  # fmt: skip
     total = float(np.nansum(dt))
     table["share"] = table["gpu_s"] / total if total > 0 else np.nan
-    table = table.merge(_wall_by(by, spans, owners, s), on=by, how="left")
+    table = table.merge(_wall_by(by, spans, owners, s, owner_wall), on=by, how="left")
     table = _sort(table, by)
     return table[[*by, *_BREAKDOWN_COLUMNS]].reset_index(drop=True)
 
@@ -180,10 +182,14 @@ def _distinct_per_group(group: np.ndarray, values: np.ndarray, n_groups: int) ->
 
 
 def _wall_by(
-    by: list[str], spans: pd.DataFrame, owners: pd.DataFrame, samples: pd.DataFrame
+    by: list[str],
+    spans: pd.DataFrame,
+    owners: pd.DataFrame,
+    samples: pd.DataFrame,
+    wall: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """``wall_s`` per group of ``by`` keys (see `phase_breakdown`)."""
-    wall = _owner_wall(spans, owners)
+    """``wall_s`` per group of ``by`` keys (see `phase_breakdown`); ``wall``: `_owner_wall`."""
+    wall = _owner_wall(spans, owners) if wall is None else wall
     per_gpu = owners.dropna(subset=["pid"])[["host", "gpu", "owner_host", "pid", "rank"]].merge(
         wall, on=["owner_host", "pid"], how="inner"
     )

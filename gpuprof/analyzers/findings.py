@@ -372,20 +372,30 @@ class AnalysisContext:
         return run_totals(self.run, samples=self.samples, spans=self.spans, owners=self.owners)
 
     @cached_property
+    def owner_wall(self) -> pd.DataFrame:
+        """`breakdown._owner_wall`: each owner's seconds per (phase, step), from its spans
+        (the breakdowns by phase and by phase and step share it)."""
+        from gpuprof.analyzers.breakdown import _owner_wall
+
+        return _owner_wall(self.spans, self.owners)
+
+    @cached_property
     def by_phase(self) -> pd.DataFrame:
         from gpuprof.analyzers.breakdown import phase_breakdown
 
         return phase_breakdown(
-            self.run, ("phase",), self.samples, spans=self.spans, owners=self.owners
-        )
+            self.run, ("phase",), self.samples, spans=self.spans, owners=self.owners,
+            owner_wall=self.owner_wall,
+        )  # fmt: skip
 
     @cached_property
     def by_phase_step(self) -> pd.DataFrame:
         from gpuprof.analyzers.breakdown import phase_breakdown
 
         return phase_breakdown(
-            self.run, ("phase", "step"), self.samples, spans=self.spans, owners=self.owners
-        )
+            self.run, ("phase", "step"), self.samples, spans=self.spans, owners=self.owners,
+            owner_wall=self.owner_wall,
+        )  # fmt: skip
 
     @cached_property
     def recorded_gpus(self) -> tuple[int, list[Any]] | None:

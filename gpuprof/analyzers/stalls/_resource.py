@@ -143,6 +143,13 @@ def _collective_mask(spans: pd.DataFrame) -> np.ndarray:
     return hit
 
 
+def _collectives(ctx: AnalysisContext) -> np.ndarray:
+    """`_collective_mask` of the context's `_spans`, once per context (callers don't modify
+    it)."""
+    spans = _spans(ctx)
+    return per_frame(ctx, spans, "collectives", lambda: _collective_mask(spans))
+
+
 def _inside(samples: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
     """Position in ``spans`` of a span of the sample's owner covering the sample (-1: none).
 

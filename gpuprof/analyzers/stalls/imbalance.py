@@ -18,7 +18,7 @@ from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.grouping import appearance_codes, first_rows, label_codes
 from gpuprof.analyzers.stalls._resource import (
     NOT_WORK_PHASES,
-    _collective_mask,
+    _collectives,
     _finding,
     _fmt_gpu_s,
     _gpu_codes,
@@ -51,7 +51,7 @@ def _stragglers(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         return None
     work = spans[
         ~spans["phase"].isin(NOT_WORK_PHASES).to_numpy()
-        & ~_collective_mask(spans)
+        & ~_collectives(ctx)
         & ~spans["wait"].to_numpy()
         & np.isfinite(spans["step"].to_numpy(np.float64))
     ]
@@ -65,11 +65,10 @@ def _stragglers(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     n_gpu = owners.groupby(["owner_host", "pid"]).size()
     gpu_of = owners.groupby(["owner_host", "pid"])[["host", "gpu"]].first()
     d = work.assign(dur=(work["end_ns"] - work["start_ns"]) / 1e9)
-    per = (
-        d.groupby(["phase", "step", "host", "pid"], sort=False)
-        .agg(dur=("dur", "sum"), start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
-        .reset_index()
-    )
+    g = d.groupby(["phase", "step", "host", "pid"], sort=False)
+    per = pd.DataFrame(
+        {"dur": g["dur"].sum(), "start_ns": g["start_ns"].min(), "end_ns": g["end_ns"].max()}
+    ).reset_index()
     idx = pd.MultiIndex.from_arrays([per["host"], per["pid"]])
     per["n_gpu"] = n_gpu.reindex(idx).to_numpy()
     per = per[np.isfinite(per["n_gpu"].to_numpy(np.float64))]
@@ -78,11 +77,14 @@ def _stragglers(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     # ranks on throttled GPUs are compared with each other only: their common slowdown is
     # ``throttling``'s, a straggler among them is still imbalance
     throttled = _throttled_gpus(ctx, th)
-    where = gpu_of.reindex(pd.MultiIndex.from_arrays([per["host"], per["pid"]]))
-    per["hot"] = [
-        isinstance(h, str) and g == g and (h, int(g)) in throttled
-        for h, g in zip(where["host"], where["gpu"])
-    ]
+    if throttled:
+        where = gpu_of.reindex(pd.MultiIndex.from_arrays([per["host"], per["pid"]]))
+        per["hot"] = [
+            isinstance(h, str) and g == g and (h, int(g)) in throttled
+            for h, g in zip(where["host"], where["gpu"])
+        ]
+    else:  # no throttled GPU: no rank is on one
+        per["hot"] = np.zeros(len(per), dtype=bool)
     grp = per.groupby(["phase", "step", "hot"], sort=False)
     per["ranks"] = grp["dur"].transform("size")
     per["mx"] = grp["dur"].transform("max")
