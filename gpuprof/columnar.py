@@ -319,9 +319,13 @@ def _objects(column: pa.ChunkedArray) -> np.ndarray:
     return values[indices]
 
 
-def read(path: Path, table: str, categories: bool = False) -> pd.DataFrame:
+def read(
+    path: Path, table: str, categories: bool = False, order_by: str | None = None
+) -> pd.DataFrame:
     """A whole side file as a frame (strings as categoricals with ``categories``); `RunError`
-    naming the file when it is damaged or holds another table."""
+    naming the file when it is damaged or holds another table. ``order_by``: the rows in
+    stable order of that column (when it has no nulls), put in order before they become a
+    frame — the order `store.load_run` gives its tables, at a fraction of a frame's sort."""
     try:
         _check_columns(path, table)
         if categories:
@@ -333,9 +337,22 @@ def read(path: Path, table: str, categories: bool = False) -> pd.DataFrame:
             [pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if f.name in text else f
              for f in sch]
         )  # fmt: skip
-        return to_frame(_parquet().read_table(path, schema=coded, read_dictionary=text))
+        data = _parquet().read_table(path, schema=coded, read_dictionary=text)
+        return to_frame(_in_order(data, order_by) if order_by else data)
     except _READ_ERRORS as exc:
         raise RunError(f"{path}: unreadable {table} side file ({_first_line(exc)})") from None
+
+
+def _in_order(data: pa.Table, column: str) -> pa.Table:
+    """``data`` in stable order of ``column`` (as it is when already in order, or when the
+    column has nulls: the frame's own sort then decides)."""
+    key = data.column(column)
+    if key.null_count or len(key) < 2:
+        return data
+    values = key.to_numpy()
+    if (values[1:] >= values[:-1]).all():
+        return data
+    return data.combine_chunks().take(np.argsort(values, kind="stable"))
 
 
 def read_groups(path: Path, table: str, categories: bool = False) -> Iterator[pd.DataFrame]:

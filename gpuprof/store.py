@@ -387,6 +387,10 @@ def run_files(run_dir: str | os.PathLike) -> list[Path]:
     return files
 
 
+_SORT_KEY = {"spans": "start_ns"}
+"""The column a loaded table is sorted by (stable), when not ``t_ns``."""
+
+
 def _read_file(
     path: Path, skip: Collection[str] = (), reduce: Reducer | None = None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, pd.DataFrame]]:
@@ -418,7 +422,11 @@ def _read_file(
                 frame = (_typed(table, pd.concat([chunked, frame], ignore_index=True))
                          if len(frame) else chunked)  # fmt: skip
             if table in sides:
-                side = columnar.read(sides[table], table, categories=reduce is not None)
+                # in the order the merged table gets below (a stable sort by time), unless
+                # ``reduce`` reads the file's own order
+                order = (None if reduce is not None or table in INTERNED_TABLES
+                         else _SORT_KEY.get(table, "t_ns"))  # fmt: skip
+                side = columnar.read(sides[table], table, reduce is not None, order)
                 for name in _JSON_NAMES[table]:
                     side[name] = _json_column(side[name])
                 if len(frame):
@@ -749,7 +757,7 @@ def load_run(
             key = INTERNED_TABLES[table]
             tables[table] = frame.drop_duplicates(key, ignore_index=True)
             continue
-        sort_key = "start_ns" if table == "spans" else "t_ns"
+        sort_key = _SORT_KEY.get(table, "t_ns")
         if frame[sort_key].is_monotonic_increasing:  # a stable sort would keep every row
             frame = frame.reset_index(drop=True)
         else:

@@ -30,16 +30,17 @@ COUNTERS_SHOWN = 4
 """Counter names spelled out in the line; the rest are counted."""
 
 
-def data_basis(run: Run, steps: int) -> dict[str, Any]:
+def data_basis(run: Run, steps: int, gpus: int | None = None) -> dict[str, Any]:
     """The data the diagnosis is judged on.
 
     ``gpu_samples``: ``{"gpus", "samples", "interval_s"}`` (the sampling interval the run
     records, else the median seconds between samples of one GPU) or None; ``phase_timing``:
     ``{"steps", "phases"}`` (canonical phases other than the step itself) or None;
     ``framework_counters``: names of the figures the framework logged per step
-    (``perf/mfu/actor``…), ``perf/*`` first; ``line``: all of it in one sentence.
+    (``perf/mfu/actor``…), ``perf/*`` first; ``line``: all of it in one sentence. ``gpus``:
+    the distinct (host, gpu) pairs of ``run.gpu``, when the caller knows them.
     """
-    gpu = _gpu_samples(run)
+    gpu = _gpu_samples(run, gpus)
     phases = sorted(set(run.spans["phase"].dropna()) - {"step"}) if len(run.spans) else []
     timing = {"steps": int(steps), "phases": phases} if steps or phases else None
     counters = _counters(run.spans, run.events)
@@ -79,12 +80,11 @@ def basis_line(
     return "Judged on: " + "; ".join(parts)
 
 
-def _gpu_samples(run: Run) -> dict[str, Any] | None:
+def _gpu_samples(run: Run, gpus: int | None = None) -> dict[str, Any] | None:
     gpu = run.gpu
     if not len(gpu):
         return None
-    keys = gpu[["host", "gpu"]]
-    count = int(keys.drop_duplicates().shape[0])
+    count = int(gpu[["host", "gpu"]].drop_duplicates().shape[0]) if gpus is None else gpus
     recorded = run.meta.interval_s
     if isinstance(recorded, int | float) and recorded > 0:  # the cadence the run was taken at
         return {"gpus": count, "samples": len(gpu), "interval_s": round(float(recorded), 3)}

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers.grouping import appearance_codes
+from gpuprof.analyzers.grouping import appearance_codes, first_rows
 from gpuprof.analyzers.labelling import _samples
 from gpuprof.analyzers.ownership import _gpu_owner
 from gpuprof.analyzers.spans import NO_PHASE, _label, valid_spans
@@ -84,6 +84,7 @@ def phase_breakdown(
     *,
     spans: pd.DataFrame | None = None,
     owners: pd.DataFrame | None = None,
+    owner_wall: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """GPU-time per group of ``by`` keys (any of phase, step, host, gpu, rank, pid).
 
@@ -101,7 +102,8 @@ def phase_breakdown(
 
     Rows are sorted by the keys, phases in canonical order with ``"(none)"`` last. Pass
     ``samples`` (a `gpu_phase_samples` result), ``spans`` (`valid_spans`) and ``owners``
-    (`gpu_owner`) to avoid recomputing them.
+    (`gpu_owner`) to avoid recomputing them, and ``owner_wall`` (`_owner_wall` of those spans
+    and owners) when several breakdowns of one run are made.
     """
     by = list(by)
     bad = [k for k in by if k not in _BY_KEYS]
@@ -122,44 +124,40 @@ def phase_breakdown(
     s = samples
     dt = s["dt_s"].to_numpy()
     util, sm = s["util_gpu_pct"].to_numpy(), s["sm_active_pct"].to_numpy()
-    work = pd.DataFrame(
+    # the groups as integer codes, in order of first appearance (NaN keys make groups of their
+    # own, as groupby(dropna=False) does); the sums are pandas' (compensated, row order)
+    group = appearance_codes([s[k] for k in by], missing_is_value=True)
+    first = first_rows(group)
+    n_groups = len(first)
+    summed = ["gpu_s", "unknown_gpu_s", "util_w", "util_dt", "sm_w", "sm_dt"]
+    measured = ["busy_gpu_s", "idle_gpu_s", "pcie_bytes", "nvlink_bytes"]
+    grouped = pd.DataFrame(
         {
-            **{k: s[k] for k in by},
-            # integer ids, not "host:pid" strings: string building dominates at 10⁵–10⁶ rows
-            "owner": appearance_codes([s["owner_host"], s["pid"]]).astype(np.float64),
-            "gpu_id": appearance_codes([s["host"], s["gpu"]]),
             "gpu_s": dt,
-            "busy_gpu_s": s["busy_gpu_s"],
-            "idle_gpu_s": s["idle_gpu_s"],
             "unknown_gpu_s": np.where(np.isnan(util), dt, 0.0),
             "util_w": util * dt,
             "util_dt": np.where(np.isnan(util), 0.0, dt),
             "sm_w": sm * dt,
             "sm_dt": np.where(np.isnan(sm), 0.0, dt),
-            "mem_used_bytes": s["mem_used_bytes"],
-            "pcie_bytes": s["pcie_bytes"],
-            "nvlink_bytes": s["nvlink_bytes"],
+            **{c: s[c].to_numpy() for c in measured},
+            "mem_peak_bytes": s["mem_used_bytes"].to_numpy(),
         },
-        copy=False,  # columns as they are, not copied into 2-D blocks
-    )
-    # no owner: NaN, which nunique skips
-    work.loc[(work["owner"] < 0).to_numpy() | s["pid"].isna().to_numpy(), "owner"] = np.nan
-    grouped = work.groupby(by, dropna=False, sort=False)
-    table = grouped.agg(
-        ranks=("owner", "nunique"),
-        gpus=("gpu_id", "nunique"),
-        samples=("gpu_s", "size"),
-        gpu_s=("gpu_s", "sum"),
-        unknown_gpu_s=("unknown_gpu_s", "sum"),
-        util_w=("util_w", "sum"),
-        util_dt=("util_dt", "sum"),
-        sm_w=("sm_w", "sum"),
-        sm_dt=("sm_dt", "sum"),
-        mem_peak_bytes=("mem_used_bytes", "max"),
-    )
+        copy=False,
+    ).groupby(group, sort=True)  # one grouping for every reduction below
+    owner = appearance_codes([s["owner_host"], s["pid"]])
+    owner[s["pid"].isna().to_numpy()] = -1  # no owner: not counted
+    table = pd.DataFrame({k: s[k].iloc[first].reset_index(drop=True) for k in by})
+    table["ranks"] = _distinct_per_group(group, owner, n_groups)
+    table["gpus"] = _distinct_per_group(group, appearance_codes([s["host"], s["gpu"]]), n_groups)
+    table["samples"] = np.bincount(group, minlength=n_groups)
+    sums = grouped[summed].sum()
+    for col in summed:
+        table[col] = sums[col].to_numpy()
+    table["mem_peak_bytes"] = grouped["mem_peak_bytes"].max().to_numpy()
     # NaN, not 0, when no sample of the group measured the quantity
-    for col in ("busy_gpu_s", "idle_gpu_s", "pcie_bytes", "nvlink_bytes"):
-        table[col] = grouped[col].sum(min_count=1)
+    sums = grouped[measured].sum(min_count=1)
+    for col in measured:
+        table[col] = sums[col].to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         table["util_gpu_pct"] = np.where(table["util_dt"] > 0, table["util_w"] / table["util_dt"],
                                          np.nan)  # fmt: skip
@@ -167,17 +165,31 @@ def phase_breakdown(
                                           np.nan)  # fmt: skip
     total = float(np.nansum(dt))
     table["share"] = table["gpu_s"] / total if total > 0 else np.nan
-    table = table.reset_index()
-    table = table.merge(_wall_by(by, spans, owners, s), on=by, how="left")
+    table = table.merge(_wall_by(by, spans, owners, s, owner_wall), on=by, how="left")
     table = _sort(table, by)
     return table[[*by, *_BREAKDOWN_COLUMNS]].reset_index(drop=True)
 
 
+def _distinct_per_group(group: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarray:
+    """How many distinct ``values`` (integer codes; -1 not counted) each group has."""
+    ok = values >= 0
+    width = int(values.max(initial=0)) + 1
+    pair = group[ok] * width + values[ok]
+    if n_groups * width <= 4 * len(group) + 1024:  # a table of (group, value) counts
+        seen = np.bincount(pair, minlength=n_groups * width).reshape(n_groups, width) > 0
+        return seen.sum(axis=1)
+    return np.bincount(np.unique(pair) // width, minlength=n_groups)
+
+
 def _wall_by(
-    by: list[str], spans: pd.DataFrame, owners: pd.DataFrame, samples: pd.DataFrame
+    by: list[str],
+    spans: pd.DataFrame,
+    owners: pd.DataFrame,
+    samples: pd.DataFrame,
+    wall: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """``wall_s`` per group of ``by`` keys (see `phase_breakdown`)."""
-    wall = _owner_wall(spans, owners)
+    """``wall_s`` per group of ``by`` keys (see `phase_breakdown`); ``wall``: `_owner_wall`."""
+    wall = _owner_wall(spans, owners) if wall is None else wall
     per_gpu = owners.dropna(subset=["pid"])[["host", "gpu", "owner_host", "pid", "rank"]].merge(
         wall, on=["owner_host", "pid"], how="inner"
     )

@@ -75,7 +75,8 @@ def diagnose(
     """
     th = thresholds or Thresholds()
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
-    notes = data_notes(run, th)
+    recorded = _recorded_gpus(ctx)
+    notes = data_notes(run, th, hosts=recorded and recorded[1])
     findings: list[Finding] = []
     try:  # start-up and warm-up are claimed first: no stall counts them
         startup = claim_startup(ctx) if len(run.gpu) else None
@@ -110,6 +111,15 @@ def diagnose(
         summary["nodes"] = None
         notes.append(f"per-node analysis failed: {type(exc).__name__}: {exc}")
     return Diagnosis(findings, recommendations, summary, notes)
+
+
+def _recorded_gpus(ctx: AnalysisContext) -> tuple[int, list[Any]] | None:
+    """`AnalysisContext.recorded_gpus`, or None (the figures are then counted from
+    ``run.gpu``; a failure to align the samples is reported where the alignment is used)."""
+    try:
+        return ctx.recorded_gpus if len(ctx.run.gpu) else None
+    except Exception:
+        return None
 
 
 def few_steps_hedged(
@@ -168,6 +178,7 @@ def summarize(
     stall), step time p50/p95 (s), tokens/s, share of time per phase."""
     run = ctx.run
     totals = ctx.totals if len(run.gpu) else {}
+    recorded = _recorded_gpus(ctx)
     steps = step_times(run)
     durations = steps["duration_s"].to_numpy(dtype=float) if len(steps) else np.array([])
     idle_total = finite_or_none(totals.get("idle_gpu_s"))
@@ -230,7 +241,9 @@ def summarize(
         "phases": phases,
         "startup": startup,
         "efficiency": efficiency_summary(ctx, findings),
-        "data_basis": data_basis(run, int(steps["step"].nunique()) if len(steps) else 0),
+        "data_basis": data_basis(
+            run, int(steps["step"].nunique()) if len(steps) else 0, recorded and recorded[0]
+        ),
     }
 
 
@@ -284,8 +297,11 @@ def no_finding_sentence(diagnosis: Diagnosis, th: Thresholds | None = None) -> t
     return "No stall above the noise threshold was found.", True
 
 
-def data_notes(run: Run, th: Thresholds | None = None) -> list[str]:
-    """What the run lacks or gets wrong, as human lines (the analysis still runs)."""
+def data_notes(
+    run: Run, th: Thresholds | None = None, *, hosts: list[Any] | None = None
+) -> list[str]:
+    """What the run lacks or gets wrong, as human lines (the analysis still runs). ``hosts``:
+    the distinct hosts of ``run.gpu`` in order of appearance, when the caller knows them."""
     notes = list(run.meta.notices)
     if run.gpu.empty:
         notes.append("no GPU samples: GPU findings need NVML data (a CPU-only or host-only run)")
@@ -313,12 +329,13 @@ def data_notes(run: Run, th: Thresholds | None = None) -> list[str]:
             f"{dropped} spans were dropped: the hooks' queue was full while the writer fell "
             "behind (raise GPUPROF_MAX_QUEUED_SPANS, or record fewer spans)"
         )
-    notes.extend(_clock_skew_notes(run, th or Thresholds()))
+    notes.extend(_clock_skew_notes(run, th or Thresholds(), hosts))
     return notes
 
 
-def _clock_skew_notes(run: Run, th: Thresholds) -> list[str]:
-    hosts = run.gpu["host"].dropna().unique() if len(run.gpu) else []
+def _clock_skew_notes(run: Run, th: Thresholds, hosts: list[Any] | None = None) -> list[str]:
+    if hosts is None:
+        hosts = run.gpu["host"].dropna().unique() if len(run.gpu) else []
     if len(hosts) < 2:
         return []
     clocks = run.meta.clocks or {}

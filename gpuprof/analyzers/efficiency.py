@@ -35,6 +35,7 @@ from gpuprof.analyzers.model_size import CRITIC_PATH_KNOBS, model_path, model_si
 from gpuprof.analyzers.phase_work import (
     CRITIC_PHASES,
     PHASE_WORK,
+    _sum_min_count_1,
     attention_flops,
     phase_walls,
     step_rows,
@@ -108,7 +109,9 @@ def _gpu_name(ctx: AnalysisContext) -> tuple[str | None, list[str]]:
 def _run_gpus(ctx: AnalysisContext, settings: Mapping[str, Any]) -> tuple[int | None, str]:
     run = ctx.run
     if len(run.gpu):
-        return int(run.gpu[["host", "gpu"]].drop_duplicates().shape[0]), "GPU samples"
+        recorded = ctx.recorded_gpus
+        count = recorded[0] if recorded else run.gpu[["host", "gpu"]].drop_duplicates().shape[0]
+        return int(count), "GPU samples"
     if run.meta.gpus:
         return len(run.meta.gpus), "GPU inventory"
     per_node = _num(settings.get("trainer.n_gpus_per_node"))
@@ -191,6 +194,15 @@ def _with_throughput_mfu(
     return framework
 
 
+def _per_step(steps: pd.DataFrame) -> pd.DataFrame:
+    """Tokens per step (summed, NaN when no row has them) and mean lengths per step."""
+    grouped = steps.groupby("step")
+    sums = {c: _sum_min_count_1(steps[c], grouped[c]) for c in ("batch_tokens", "generated",
+                                                              "trained")}  # fmt: skip
+    means = {c: grouped[c].mean() for c in ("prompt_mean", "response_mean")}
+    return pd.DataFrame({**sums, **means})
+
+
 def figures(ctx: AnalysisContext) -> _Figures:
     """The run's efficiency figures (computed once per context; options from `attach_options`)."""
     cached = ctx.__dict__.get("_efficiency")
@@ -233,13 +245,7 @@ def figures(ctx: AnalysisContext) -> _Figures:
     steps = step_rows(spans, settings)
     walls = phase_walls(spans)
     per_step = (
-        steps.groupby("step").agg(
-            batch_tokens=("batch_tokens", lambda s: s.sum(min_count=1)),
-            generated=("generated", lambda s: s.sum(min_count=1)),
-            trained=("trained", lambda s: s.sum(min_count=1)),
-            prompt_mean=("prompt_mean", "mean"),
-            response_mean=("response_mean", "mean"),
-        )
+        _per_step(steps)
         if len(steps)
         else pd.DataFrame(
             columns=["batch_tokens", "generated", "trained", "prompt_mean", "response_mean"]

@@ -345,18 +345,30 @@ class AnalysisContext:
         return valid_spans(self.run)[0]
 
     @cached_property
+    def host_codes(self) -> tuple[np.ndarray, pd.Index] | None:
+        """`labelling.gpu_host_codes` of the run (None without GPU samples): the owners and
+        the samples share them."""
+        from gpuprof.analyzers.labelling import gpu_host_codes
+
+        gpu = self.run.gpu
+        return gpu_host_codes(self.run) if gpu is not None and "host" in gpu else None
+
+    @cached_property
     def owners(self) -> pd.DataFrame:
         """`ownership.gpu_owner` of the run: which process drives each GPU."""
         from gpuprof.analyzers.ownership import _gpu_owner
 
-        return _gpu_owner(self.run, self.spans)
+        codes = self.host_codes
+        return _gpu_owner(self.run, self.spans, None if codes is None else codes[0])
 
     @cached_property
     def samples(self) -> pd.DataFrame:
         """`labelling.gpu_phase_samples`: one row per GPU sample with its owner's phase."""
         from gpuprof.analyzers.labelling import gpu_phase_samples
 
-        return gpu_phase_samples(self.run, spans=self.spans, owners=self.owners)
+        return gpu_phase_samples(
+            self.run, spans=self.spans, owners=self.owners, host_codes=self.host_codes
+        )
 
     @cached_property
     def totals(self) -> dict[str, Any]:
@@ -366,20 +378,55 @@ class AnalysisContext:
         return run_totals(self.run, samples=self.samples, spans=self.spans, owners=self.owners)
 
     @cached_property
+    def owner_wall(self) -> pd.DataFrame:
+        """`breakdown._owner_wall`: each owner's seconds per (phase, step), from its spans
+        (the breakdowns by phase and by phase and step share it)."""
+        from gpuprof.analyzers.breakdown import _owner_wall
+
+        return _owner_wall(self.spans, self.owners)
+
+    @cached_property
     def by_phase(self) -> pd.DataFrame:
         from gpuprof.analyzers.breakdown import phase_breakdown
 
         return phase_breakdown(
-            self.run, ("phase",), self.samples, spans=self.spans, owners=self.owners
-        )
+            self.run, ("phase",), self.samples, spans=self.spans, owners=self.owners,
+            owner_wall=self.owner_wall,
+        )  # fmt: skip
 
     @cached_property
     def by_phase_step(self) -> pd.DataFrame:
         from gpuprof.analyzers.breakdown import phase_breakdown
 
         return phase_breakdown(
-            self.run, ("phase", "step"), self.samples, spans=self.spans, owners=self.owners
-        )
+            self.run, ("phase", "step"), self.samples, spans=self.spans, owners=self.owners,
+            owner_wall=self.owner_wall,
+        )  # fmt: skip
+
+    @cached_property
+    def recorded_gpus(self) -> tuple[int, list[Any]] | None:
+        """``(distinct (host, gpu) pairs, distinct hosts in order of first appearance)`` of
+        ``run.gpu``, read off `samples` when they hold every row of ``run.gpu`` exactly once
+        (rows sorted by GPU, hosts as codes: no pass over a column of host strings); None
+        when they don't (a sample without host, GPU or time; several owners of a GPU)."""
+        gpu, s = self.run.gpu, self.samples
+        if gpu is None or not len(gpu) or len(s) != len(gpu):
+            return None
+        rows = s["row"].to_numpy(np.int64)
+        if not (np.bincount(rows, minlength=len(gpu)) == 1).all():
+            return None
+        host = s["host"]
+        if not isinstance(host.dtype, pd.CategoricalDtype):
+            return None
+        codes = host.cat.codes.to_numpy(np.int64)
+        number = s["gpu"].to_numpy(np.int64)
+        dc, dn = np.diff(codes), np.diff(number)
+        if not ((dc > 0) | ((dc == 0) & (dn >= 0))).all():
+            return None  # not in (host, gpu) order: the pairs aren't runs
+        pairs = int(((dc != 0) | (dn != 0)).sum()) + 1
+        first_row = pd.Series(rows, copy=False).groupby(codes, sort=True).min()
+        names = np.asarray(host.cat.categories, dtype=object)[first_row.index.to_numpy()]
+        return pairs, list(names[np.argsort(first_row.to_numpy(), kind="stable")])
 
     @property
     def claimed(self) -> np.ndarray:

@@ -59,7 +59,7 @@ def appearance_codes(
         if len(columns) > 2:  # keep the combined key small: renumber after each column
             key = pd.factorize(key)[0].astype(np.int64)
     out = np.full(n, -1, dtype=np.int64)
-    out[valid] = pd.factorize(key[valid])[0]
+    out[valid] = _factorize(key[valid])
     return out
 
 
@@ -70,7 +70,25 @@ def _codes(column: np.ndarray | pd.Series) -> np.ndarray:
     values = column.to_numpy() if isinstance(column, pd.Series) else np.asarray(column)
     if values.dtype.kind in "iu":  # integers have no missing value: offsets, no hashing
         return dense_codes(values)[0]
-    return pd.factorize(values, use_na_sentinel=True)[0].astype(np.int64, copy=False)
+    return _factorize(values)
+
+
+def _factorize(values: np.ndarray) -> np.ndarray:
+    """``pd.factorize(values)[0]`` (codes in order of first appearance, -1 for missing), found
+    on the runs of equal neighbours when there are few (samples come grouped by GPU, so GPU
+    and owner keys change a handful of times in 10⁵–10⁶ rows): the run values are factorized
+    and their codes spread over the runs, without hashing every row."""
+    n = len(values)
+    if n > 64 and values.dtype.kind in "iuf":
+        change = values[1:] != values[:-1]
+        if values.dtype.kind == "f":  # NaN equals NaN here: one run of missing values
+            change &= ~(np.isnan(values[1:]) & np.isnan(values[:-1]))
+        runs = int(change.sum()) + 1
+        if runs <= n // 8:
+            first = np.concatenate([[0], np.flatnonzero(change) + 1])
+            run_codes = pd.factorize(values[first])[0]
+            return np.repeat(run_codes, np.diff(np.append(first, n))).astype(np.int64)
+    return pd.factorize(values)[0].astype(np.int64, copy=False)
 
 
 def first_rows(codes: np.ndarray) -> np.ndarray:

@@ -43,7 +43,11 @@ _SAMPLE_COLUMNS = [
 
 
 def gpu_phase_samples(
-    run: Run, *, spans: pd.DataFrame | None = None, owners: pd.DataFrame | None = None
+    run: Run,
+    *,
+    spans: pd.DataFrame | None = None,
+    owners: pd.DataFrame | None = None,
+    host_codes: tuple[np.ndarray, pd.Index] | None = None,
 ) -> pd.DataFrame:
     """One row per GPU sample with the phase its owner was in at that instant.
 
@@ -64,22 +68,34 @@ def gpu_phase_samples(
     - ``row``: the sample's position in ``run.gpu`` (to fetch other columns without a join).
 
     ``frame.attrs["spans_dropped"]`` counts spans ignored for ending before they started.
+    ``host_codes``: `gpu_host_codes` of the run, when the caller has them.
     """
     valid, dropped = valid_spans(run)
     spans = valid if spans is None else spans
     owners = _gpu_owner(run, spans) if owners is None else owners
-    out = _samples(run, spans, owners)
+    out = _samples(run, spans, owners, host_codes)
     out.attrs["spans_dropped"] = dropped
     return out
 
 
-def _samples(run: Run, spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
+def gpu_host_codes(run: Run) -> tuple[np.ndarray, pd.Index]:
+    """The hosts of ``run.gpu`` as codes into their sorted names (-1: missing) and the names
+    (computed once by an analysis context: both the owners and the samples need them)."""
+    return _sorted_codes(run.gpu["host"])
+
+
+def _samples(
+    run: Run,
+    spans: pd.DataFrame,
+    owners: pd.DataFrame,
+    host_codes: tuple[np.ndarray, pd.Index] | None = None,
+) -> pd.DataFrame:
     gpu = run.gpu
     if gpu is None or gpu.empty:
         return _empty_samples()
     t_raw = pd.to_numeric(gpu["t_ns"], errors="coerce") if "t_ns" in gpu else None
     # hosts as codes into their sorted names (the order sorting the strings gives), -1: none
-    host_all, host_names = _sorted_codes(gpu["host"])
+    host_all, host_names = _sorted_codes(gpu["host"]) if host_codes is None else host_codes
     number_all = _num(gpu, "gpu")
     keep = (
         (host_all >= 0)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers.grouping import appearance_codes, first_rows
+from gpuprof.analyzers.grouping import appearance_codes, dense_codes, first_rows
 from gpuprof.analyzers.spans import _num, valid_spans
 from gpuprof.model import Run
 
@@ -42,8 +42,9 @@ _OWNER_COLUMNS = ["host", "gpu", "uuid", "owner_host", "pid", "rank", "how"]
 # Inventory
 
 
-def _gpu_inventory(run: Run) -> pd.DataFrame:
-    """Every (host, gpu) seen in the samples or listed in the metadata, with its uuid."""
+def _gpu_inventory(run: Run, host_code: np.ndarray | None = None) -> pd.DataFrame:
+    """Every (host, gpu) seen in the samples or listed in the metadata, with its uuid.
+    ``host_code``: the samples' hosts as codes (-1: missing), when the caller has them."""
     rows = [
         (g.get("host"), g.get("index"), g.get("uuid"))
         for g in (run.meta.gpus or [])
@@ -55,7 +56,7 @@ def _gpu_inventory(run: Run) -> pd.DataFrame:
         host, number = gpu["host"].astype(object), _num(gpu, "gpu")
         uuid = gpu["uuid"].astype(object) if "uuid" in gpu else None
         # only two samples per GPU can matter below: its first, and its first with a uuid
-        first = _first_rows(host, number, uuid)
+        first = _first_rows(host, number, uuid, host_code)
         seen = pd.DataFrame(
             {
                 "host": pd.Series(host.to_numpy(object)[first], dtype=object),
@@ -79,15 +80,35 @@ def _gpu_inventory(run: Run) -> pd.DataFrame:
     return inv
 
 
-def _first_rows(host: pd.Series, number: np.ndarray, uuid: pd.Series | None) -> np.ndarray:
+def _first_rows(
+    host: pd.Series,
+    number: np.ndarray,
+    uuid: pd.Series | None,
+    host_code: np.ndarray | None = None,
+) -> np.ndarray:
     """Positions (ascending) of the first sample of each (host, gpu) and of its first sample
-    with a uuid: the first non-null uuid per GPU over these rows is the one over all samples."""
-    host_code = pd.factorize(host)[0].astype(np.int64)
+    with a uuid: the first non-null uuid per GPU over these rows is the one over all samples.
+    ``host_code``: ``host`` as codes (-1: missing), when already known."""
+    if host_code is None:
+        host_code = pd.factorize(host)[0].astype(np.int64)
     ok = (host_code >= 0) & ~np.isnan(number)
     rows = np.flatnonzero(ok)
-    gpu_code = pd.factorize(number[rows])[0].astype(np.int64)
-    key = host_code[rows] * (int(gpu_code.max(initial=0)) + 1) + gpu_code
-    first = first_rows(pd.factorize(key)[0])
+    numbers = number[rows]
+    if len(rows) and (np.isfinite(numbers) & (numbers == np.round(numbers))).all():
+        gpu_code, width = dense_codes(numbers.astype(np.int64))  # GPU indices: no hashing
+    else:
+        gpu_code = pd.factorize(numbers)[0].astype(np.int64)
+        width = int(gpu_code.max(initial=0)) + 1
+    key = host_code[rows] * max(width, 1) + gpu_code
+    size = int(key.max(initial=0)) + 1
+    if size <= 4 * len(key) + 1024:
+        # the first position of each key: written from the last row to the first, the first
+        # one written last
+        seen = np.full(size, -1, dtype=np.int64)
+        seen[key[::-1]] = np.arange(len(key) - 1, -1, -1)
+        first = np.sort(seen[seen >= 0])
+    else:
+        first = first_rows(pd.factorize(key)[0])
     out = [rows[first]]
     if uuid is not None:
         has = uuid.to_numpy(object)[rows[first]]
@@ -192,8 +213,8 @@ def gpu_owner(run: Run) -> pd.DataFrame:
     return _gpu_owner(run, spans)
 
 
-def _gpu_owner(run: Run, spans: pd.DataFrame) -> pd.DataFrame:
-    inv = _gpu_inventory(run)
+def _gpu_owner(run: Run, spans: pd.DataFrame, host_code: np.ndarray | None = None) -> pd.DataFrame:
+    inv = _gpu_inventory(run, host_code)
     events = _process_events(run)
     procs = _span_processes(run, spans, events)
     owner: dict[tuple[str, int], tuple[str, int, str]] = {}  # (host, gpu) → (host, pid, how)

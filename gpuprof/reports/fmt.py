@@ -71,6 +71,13 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
+def render_json(document: dict[str, Any]) -> str:
+    """A JSON document with NaN written as null (the ``--json`` output of every command)."""
+    import json
+
+    return json.dumps(json_safe(document), indent=2, sort_keys=False)
+
+
 def knob_value(value: Any, default: Any = None) -> str:
     """A knob value as the user would type it (``true``, ``0.6``); an unset knob shows its
     default as ``"<default> (default)"``, or ``?`` when that is unknown too."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -13,6 +12,7 @@ from rich.text import Text
 
 from gpuprof.analyzers.diagnose import Diagnosis, no_finding_sentence
 from gpuprof.reports import fmt
+from gpuprof.reports.fmt import render_json  # noqa: F401  (its former home)
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -394,8 +394,3 @@ def render_text(renderable: Any, width: int = 100) -> str:
     with console.capture() as capture:
         console.print(renderable)
     return capture.get()
-
-
-def render_json(document: dict[str, Any]) -> str:
-    """A JSON document with NaN written as null."""
-    return json.dumps(fmt.json_safe(document), indent=2, sort_keys=False)

@@ -27,7 +27,8 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import Evidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.stalls._phase import _minutes
+from gpuprof.analyzers.grouping import appearance_codes, first_rows, label_codes, per_frame
+from gpuprof.analyzers.stalls._phase import _gpu_key, _memo, _minutes
 
 UPDATE_PHASES = ("update_actor", "update_critic")
 
@@ -142,66 +143,130 @@ def _collective_mask(spans: pd.DataFrame) -> np.ndarray:
     return hit
 
 
+def _collectives(ctx: AnalysisContext) -> np.ndarray:
+    """`_collective_mask` of the context's `_spans`, once per context (callers don't modify
+    it)."""
+    spans = _spans(ctx)
+    return per_frame(ctx, spans, "collectives", lambda: _collective_mask(spans))
+
+
 def _inside(samples: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
     """Position in ``spans`` of a span of the sample's owner covering the sample (-1: none).
 
-    Spans of one owner are assumed not to overlap each other (e.g. all of one phase).
+    Spans of one owner are assumed not to overlap each other (e.g. all of one phase): the
+    span is the owner's last one starting at or before the sample (of spans starting at the
+    same instant, the last in ``spans``), if it has not ended — a backward ``merge_asof`` by
+    owner, done one owner at a time.
     """
     out = np.full(len(samples), -1, dtype=np.int64)
     if samples.empty or spans.empty:
         return out
-    left = pd.DataFrame(
-        {
-            "t_ns": samples["t_ns"].to_numpy(np.int64),
-            "owner_host": samples["owner_host"].astype(object).to_numpy(),
-            "pid": _num(samples, "pid"),
-            "row": np.arange(len(samples)),
-        }
-    ).dropna(subset=["owner_host", "pid"])
-    if left.empty:
+    t = samples["t_ns"].to_numpy(np.int64)
+    pid = _num(samples, "pid")
+    host_code, host_names = label_codes(samples["owner_host"])
+    owned = (host_code >= 0) & np.isfinite(pid)
+    if not owned.any():
         return out
-    right = pd.DataFrame(
-        {
-            "t_ns": spans["start_ns"].to_numpy(np.int64),
-            "owner_host": spans["host"].astype(object).to_numpy(),
-            "pid": spans["pid"].to_numpy(np.float64),
-            "end_ns": spans["end_ns"].to_numpy(np.int64),
-            "pos": np.arange(len(spans)),
-        }
-    )
-    merged = pd.merge_asof(
-        left.sort_values("t_ns", kind="stable"),
-        right.sort_values("t_ns", kind="stable"),
-        on="t_ns",
-        by=["owner_host", "pid"],
-        direction="backward",
-    )
-    hit = merged["pos"].notna().to_numpy() & (
-        merged["t_ns"].to_numpy() < merged["end_ns"].to_numpy(np.float64, na_value=-1.0)
-    )
-    out[merged["row"].to_numpy()[hit]] = merged["pos"].to_numpy()[hit].astype(np.int64)
+    start = spans["start_ns"].to_numpy(np.int64)
+    end = spans["end_ns"].to_numpy(np.int64)
+    keys = pd.DataFrame({"host": spans["host"].astype(object).to_numpy(),
+                         "pid": spans["pid"].to_numpy(np.float64)})  # fmt: skip
+    by_owner = keys.groupby(["host", "pid"], sort=False).indices
+    # each (owner host, pid) of the samples once: owners are few, samples many
+    rows = np.flatnonzero(owned)
+    codes = appearance_codes([host_code[rows], pid[rows]])
+    order = np.argsort(codes, kind="stable")
+    first = first_rows(codes)
+    bounds = np.searchsorted(codes[order], np.arange(len(first) + 1))
+    for k, r in enumerate(rows[first]):
+        positions = by_owner.get((host_names[host_code[r]], pid[r]))
+        if positions is None:
+            continue
+        pos = positions[np.argsort(start[positions], kind="stable")]
+        these = rows[order[bounds[k] : bounds[k + 1]]]
+        at = np.searchsorted(start[pos], t[these], side="right") - 1
+        hit = at >= 0
+        cand = pos[np.maximum(at, 0)]
+        hit &= t[these] < end[cand]
+        out[these[hit]] = cand[hit]
     return out
 
 
 def _gpu_columns(ctx: AnalysisContext) -> pd.DataFrame:
-    """The clock and power columns of ``run.gpu`` for each row of ``ctx.samples``, in order."""
-    g, rows = ctx.run.gpu, ctx.samples["row"].to_numpy(np.int64)
-    return pd.DataFrame(
-        {
-            "sm_clock_mhz": _num(g, "sm_clock_mhz")[rows],
-            "reasons": _num(g, "clock_event_reasons")[rows],
-            "temp_c": _num(g, "temp_c")[rows],
-            "power_w": _num(g, "power_w")[rows],
-        },
-        index=ctx.samples.index,
-    )
+    """The clock and power columns of ``run.gpu`` for each row of ``ctx.samples``, in order
+    (built once per context: several detectors read them; callers don't modify it)."""
+
+    def compute() -> pd.DataFrame:
+        g, rows = ctx.run.gpu, ctx.samples["row"].to_numpy(np.int64)
+        return pd.DataFrame(
+            {
+                "sm_clock_mhz": _num(g, "sm_clock_mhz")[rows],
+                "reasons": _num(g, "clock_event_reasons")[rows],
+                "temp_c": _num(g, "temp_c")[rows],
+                "power_w": _num(g, "power_w")[rows],
+            },
+            index=ctx.samples.index,
+        )
+
+    return per_frame(ctx, ctx.samples, "gpu_columns", compute)
+
+
+def _gpu_columns_of(ctx: AnalysisContext, s: pd.DataFrame) -> pd.DataFrame:
+    """`_gpu_columns` for the rows of ``s`` (``ctx.samples`` or a row selection of it, such as
+    the unclaimed samples), once per frame (callers don't modify it)."""
+    g = _gpu_columns(ctx)
+    if s is ctx.samples:
+        return g
+    return per_frame(ctx, s, "gpu_columns_of", lambda: g.loc[s.index])
+
+
+def _gpu_codes(ctx: AnalysisContext, s: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """Each sample's GPU as a number (`_phase._gpu_key`: in order of first appearance, -1
+    without host or GPU) and the ``host`` and ``gpu`` of each number, once per frame."""
+    code = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))
+
+    def table() -> pd.DataFrame:
+        first = first_rows(code)
+        return pd.DataFrame(
+            {"host": s["host"].iloc[first].astype(object).to_numpy(),
+             "gpu": s["gpu"].to_numpy()[first]}
+        )  # fmt: skip
+
+    return code, per_frame(ctx, s, "gpu_table", table)
+
+
+def _on_gpus(ctx: AnalysisContext, s: pd.DataFrame, hosts: Any, gpus: Any) -> np.ndarray:
+    """Per sample of ``s``: its (host, gpu) is one of ``zip(hosts, gpus)`` (what
+    ``MultiIndex.isin`` says, looked up once per GPU instead of once per sample)."""
+    code, table = _gpu_codes(ctx, s)
+    wanted = set(zip(hosts, gpus))
+    hit = [(h, g) in wanted for h, g in zip(table["host"], table["gpu"])]
+    return np.array([*hit, False], dtype=bool)[code]  # code -1 takes the trailing False
+
+
+def _per_gpu(
+    ctx: AnalysisContext, s: pd.DataFrame, mask: np.ndarray, columns: dict[str, tuple[Any, str]]
+) -> pd.DataFrame:
+    """Per GPU of the masked samples of ``s``: ``host``, ``gpu`` and each of ``columns``
+    (name → (one value per sample of ``s``, a group-by reduction)), sorted by host and GPU —
+    ``groupby(["host", "gpu"]).agg(...).reset_index()`` over those samples, grouped by GPU
+    number instead of hashing host strings."""
+    code, gpus = _gpu_codes(ctx, s)
+    keep = np.asarray(mask, dtype=bool) & (code >= 0)
+    frame = pd.DataFrame({name: np.asarray(v)[keep] for name, (v, _) in columns.items()})
+    grouped = frame.groupby(code[keep], sort=True)
+    out = pd.DataFrame({name: getattr(grouped[name], how)() for name, (_, how) in columns.items()})
+    number = out.index.to_numpy()
+    out.insert(0, "host", gpus["host"].to_numpy()[number])
+    out.insert(1, "gpu", gpus["gpu"].to_numpy()[number])
+    return out.sort_values(["host", "gpu"], kind="stable", ignore_index=True)
 
 
 def _sample_frame(ctx: AnalysisContext, s: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     """The unclaimed samples ``s`` as a flat frame: host (kept as Arrow strings: no copy),
     gpu, t_ns, dt_s (NaN as 0), util, and the `_gpu_columns` named in ``columns`` (frame
     name → column)."""
-    g = _gpu_columns(ctx).loc[s.index]
+    g = _gpu_columns_of(ctx, s)
     frame = {
         "host": s["host"].astype(str).reset_index(drop=True),
         "gpu": s["gpu"].to_numpy(np.int64),
@@ -227,16 +292,23 @@ def _runs(samples: pd.DataFrame, mask: np.ndarray, weight: np.ndarray) -> pd.Dat
     s = samples
     if s.empty or not mask.any():
         return pd.DataFrame({"start_ns": [], "end_ns": [], "w": []})
-    gid = s.groupby(["host", "gpu"], sort=False).ngroup().to_numpy()
+    host = label_codes(s["host"])[0]
+    gpu = s["gpu"].to_numpy()
     m = mask.astype(bool)
     brk = np.ones(len(s), dtype=bool)
-    brk[1:] = (gid[1:] != gid[:-1]) | (m[1:] != m[:-1])
-    run_id = np.cumsum(brk)
-    t = s["t_ns"].to_numpy(np.int64)
-    end = t + np.round(s["dt_s"].to_numpy(np.float64) * 1e9).astype(np.int64)
-    f = pd.DataFrame({"run": run_id[m], "t": t[m], "e": end[m], "w": weight[m]})
-    agg = f.groupby("run").agg(start_ns=("t", "min"), end_ns=("e", "max"), w=("w", "sum"))
-    return agg.reset_index(drop=True)
+    brk[1:] = (host[1:] != host[:-1]) | (gpu[1:] != gpu[:-1]) | (m[1:] != m[:-1])
+    run_id = np.cumsum(brk)[m]
+    t = s["t_ns"].to_numpy(np.int64)[m]
+    end = t + np.round(s["dt_s"].to_numpy(np.float64)[m] * 1e9).astype(np.int64)
+    first = np.flatnonzero(np.diff(run_id, prepend=-1))  # a run's samples are neighbours
+    w = pd.Series(weight[m], copy=False).groupby(run_id, sort=True).sum()  # pandas' sum
+    return pd.DataFrame(
+        {
+            "start_ns": np.minimum.reduceat(t, first),
+            "end_ns": np.maximum.reduceat(end, first),
+            "w": w.to_numpy(),
+        }
+    )
 
 
 def _finding(
@@ -290,17 +362,28 @@ def _offload_mask(samples: pd.DataFrame, th: Thresholds) -> np.ndarray:
 
 
 def _update_windows(ctx: AnalysisContext, spans: pd.DataFrame) -> np.ndarray:
-    """Per sample: inside an update span of its owner (also where a child span is innermost)."""
-    s = ctx.samples
-    in_update = s["phase"].isin(UPDATE_PHASES).to_numpy()
-    if spans.empty:
-        return in_update
-    upd = spans[spans["phase"].isin(UPDATE_PHASES).to_numpy()].reset_index(drop=True)
-    return in_update | (_inside(s, upd) >= 0)
+    """Per sample: inside an update span of its owner (also where a child span is innermost);
+    computed once per context and spans (callers don't modify it)."""
+
+    def compute() -> np.ndarray:
+        s = ctx.samples
+        in_update = s["phase"].isin(UPDATE_PHASES).to_numpy()
+        if spans.empty:
+            return in_update
+        upd = spans[spans["phase"].isin(UPDATE_PHASES).to_numpy()].reset_index(drop=True)
+        return in_update | (_inside(s, upd) >= 0)
+
+    return per_frame(ctx, spans, "update_windows", compute)
 
 
 def _throttle_samples(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | None:
-    """Busy samples with their lost share to reduced clocks (``lost_frac``), or None."""
+    """Busy samples with their lost share to reduced clocks (``lost_frac``), or None (one
+    frame per context and thresholds, shared: callers don't modify it)."""
+    key = f"throttle:{th.busy_util_pct}:{th.clock_drop_frac}"
+    return _memo(ctx, key, lambda: _throttle_frame(ctx, th))
+
+
+def _throttle_frame(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | None:
     s = ctx.samples
     if s.empty:
         return None
@@ -308,7 +391,7 @@ def _throttle_samples(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | No
     if not np.isfinite(g["sm_clock_mhz"]).any():
         return None
     m = pd.concat([s[["host", "gpu", "t_ns", "dt_s", "step", "util_gpu_pct"]], g], axis=1)
-    m = m.drop_duplicates(["host", "gpu", "t_ns"])
+    m = m[_first_of_each(m, ["host", "gpu", "t_ns"])]
     clock = m["sm_clock_mhz"].to_numpy(np.float64)
     max_seen = float(np.nanmax(clock)) if np.isfinite(clock).any() else np.nan
     inv_max = [
@@ -332,6 +415,24 @@ def _throttle_samples(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | No
     m["has_reasons"] = has_reasons
     m.attrs["max_clock_mhz"] = max_clock
     return m
+
+
+def _first_of_each(frame: pd.DataFrame, keys: list[str]) -> np.ndarray:
+    """``~frame.duplicated(keys)``: the first row of each combination of ``keys``. Where the
+    rows are in key order (the aligned samples are, by host, GPU and time), duplicates are
+    neighbours and comparing each row with the previous one finds them."""
+    codes = [label_codes(frame[k])[0] if k == "host" else frame[k].to_numpy() for k in keys]
+    n = len(frame)
+    if n < 2:
+        return np.ones(n, dtype=bool)
+    same = np.ones(n - 1, dtype=bool)  # row i+1 equals row i on every key so far
+    for c in codes:
+        if c.dtype.kind not in "iu":
+            return ~frame.duplicated(keys).to_numpy()
+        if (same & (c[1:] < c[:-1])).any():  # not in key order
+            return ~frame.duplicated(keys).to_numpy()
+        same &= c[1:] == c[:-1]
+    return np.concatenate([[True], ~same])
 
 
 def _throttled_gpus(ctx: AnalysisContext, th: Thresholds) -> set[tuple[str, int]]:

@@ -19,7 +19,7 @@ from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.nodes import collectives, is_multi_node, link_figures
 from gpuprof.analyzers.stalls._resource import (
     UPDATE_PHASES,
-    _collective_mask,
+    _collectives,
     _finding,
     _fmt_gpu_s,
     _inside,
@@ -51,7 +51,7 @@ def _from_spans(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if s.empty or spans.empty:
         return None
     upd = spans[spans["phase"].isin(UPDATE_PHASES).to_numpy()]
-    coll = spans[_collective_mask(spans) & ~spans["wait"].to_numpy()]
+    coll = spans[_collectives(ctx) & ~spans["wait"].to_numpy()]
     if upd.empty or coll.empty:
         return None
     upd = upd.sort_values("start_ns", kind="stable").reset_index(drop=True)

@@ -7,9 +7,11 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import PHASE_TIMING, GenerationTailEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.grouping import label_codes, per_frame
 from gpuprof.analyzers.stalls._phase import (
     _TAIL_MIN_SAMPLES,
     _conf,
+    _gpu_key,
     _gpu_labels,
     _minutes,
     _num,
@@ -25,12 +27,13 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     s = _samples(ctx)
     if s is None:
         return _from_timing(ctx, th)
-    phase = s["phase"].to_numpy(object)
-    gkey = s.groupby(["host", "gpu"], sort=False).ngroup().to_numpy()
+    phase, names = label_codes(s["phase"])  # compared as codes, not strings
+    gkey = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))
     new = np.ones(len(s), dtype=bool)
     new[1:] = (phase[1:] != phase[:-1]) | (gkey[1:] != gkey[:-1])
     inst = np.cumsum(new)
-    roll = (phase == "rollout") & np.isfinite(s["busy_frac"].to_numpy(np.float64))
+    rollout = names.index("rollout") if "rollout" in names else -2
+    roll = (phase == rollout) & np.isfinite(s["busy_frac"].to_numpy(np.float64))
     if not roll.any():
         return None
     r = pd.DataFrame(
@@ -57,16 +60,11 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     r["first_b"] = np.where(first, r["busy"] * w, 0.0)
     r["last_w"] = np.where(last, w, 0.0)
     r["last_b"] = np.where(last, r["busy"] * w, 0.0)
-    per = r.groupby("inst", sort=False).agg(
-        n=("busy", "size"),
-        first_w=("first_w", "sum"),
-        first_b=("first_b", "sum"),
-        last_w=("last_w", "sum"),
-        last_b=("last_b", "sum"),
-        step=("step", "first"),
-        t0=("t", "min"),
-        t1=("t", "max"),
-    )
+    sums = g[["first_w", "first_b", "last_w", "last_b"]].sum()
+    per = pd.DataFrame(
+        {"n": g["busy"].size(), **{c: sums[c] for c in sums.columns},
+         "step": g["step"].first(), "t0": g["t"].min(), "t1": g["t"].max()}
+    )  # fmt: skip
     with np.errstate(invalid="ignore", divide="ignore"):
         per["first"] = np.where(per["first_w"] > 0, per["first_b"] / per["first_w"], np.nan)
         per["last"] = np.where(per["last_w"] > 0, per["last_b"] / per["last_w"], np.nan)

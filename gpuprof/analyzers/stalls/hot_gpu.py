@@ -24,14 +24,15 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import HotGpuEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.stalls._phase import _num
+from gpuprof.analyzers.stalls._phase import _memo, _num
 from gpuprof.analyzers.stalls._resource import (
     REASON_HW_THERMAL,
     REASON_SW_THERMAL,
     _finding,
     _fmt_gpu_s,
-    _gpu_columns,
+    _gpu_columns_of,
     _intervals,
+    _per_gpu,
     _runs,
     _sample_frame,
 )
@@ -41,25 +42,25 @@ _THERMAL_BITS = REASON_SW_THERMAL | REASON_HW_THERMAL
 
 def hot_gpus(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame:
     """One row per GPU that runs hot: host, gpu, temp_c and util (its busy medians), peer_temp
-    and peer_util (its peers' medians of those), peers (how many). Empty when none."""
+    and peer_util (its peers' medians of those), peers (how many). Empty when none.
+
+    Computed once per set of unclaimed samples and thresholds (`detect` and `warnings` both
+    ask); the frame is shared, so callers don't modify it."""
+    key = f"hot_gpus:{th.busy_util_pct}:{th.hot_gpu_util_gap_pct}:{th.hot_gpu_delta_c}"
+    return _memo(ctx, key, lambda: _hot_gpus(ctx, th))
+
+
+def _hot_gpus(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame:
     s = ctx.unclaimed_samples
     cols = ["host", "gpu", "temp_c", "util", "peer_temp", "peer_util", "peers"]
     if s is None or s.empty:
         return pd.DataFrame(columns=cols)
-    g = _gpu_columns(ctx).loc[s.index]
-    frame = pd.DataFrame(
-        {
-            "host": s["host"].astype(str).reset_index(drop=True),  # kept as Arrow strings: no copy
-            "gpu": s["gpu"].to_numpy(np.int64),
-            "util": s["util_gpu_pct"].to_numpy(np.float64),
-            "temp": g["temp_c"].to_numpy(np.float64),
-        }
-    )
-    frame = frame[(frame["util"] >= th.busy_util_pct) & np.isfinite(frame["temp"])]
-    if frame.empty:
+    util = s["util_gpu_pct"].to_numpy(np.float64)
+    temp = _gpu_columns_of(ctx, s)["temp_c"].to_numpy(np.float64)
+    busy = (util >= th.busy_util_pct) & np.isfinite(temp)
+    if not busy.any():
         return pd.DataFrame(columns=cols)
-    per = frame.groupby(["host", "gpu"]).agg(temp_c=("temp", "median"), util=("util", "mean"))
-    per = per.reset_index()
+    per = _per_gpu(ctx, s, busy, {"temp_c": (temp, "median"), "util": (util, "mean")})
     rows = []
     for host, group in per.groupby("host", sort=True):
         if len(group) < 2:

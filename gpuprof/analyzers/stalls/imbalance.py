@@ -15,13 +15,16 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import ImbalanceEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.grouping import appearance_codes, first_rows, label_codes
 from gpuprof.analyzers.stalls._resource import (
     NOT_WORK_PHASES,
-    _collective_mask,
+    _collectives,
     _finding,
     _fmt_gpu_s,
+    _gpu_codes,
     _gpu_label,
     _intervals,
+    _on_gpus,
     _runs,
     _spans,
     _throttled_gpus,
@@ -48,22 +51,24 @@ def _stragglers(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         return None
     work = spans[
         ~spans["phase"].isin(NOT_WORK_PHASES).to_numpy()
-        & ~_collective_mask(spans)
+        & ~_collectives(ctx)
         & ~spans["wait"].to_numpy()
         & np.isfinite(spans["step"].to_numpy(np.float64))
     ]
     if work.empty:
         return None
-    # GPUs per owner process (a controller may drive several)
-    owners = s.dropna(subset=["pid"]).drop_duplicates(["host", "gpu"])
+    # GPUs per owner process (a controller may drive several): each GPU's first sample that
+    # has an owner, in sample order (as dropna + drop_duplicates on host and gpu)
+    gpu, _ = _gpu_codes(ctx, s)
+    with_owner = np.flatnonzero(s["pid"].notna().to_numpy() & (gpu >= 0))
+    owners = s.iloc[np.sort(with_owner[np.unique(gpu[with_owner], return_index=True)[1]])]
     n_gpu = owners.groupby(["owner_host", "pid"]).size()
     gpu_of = owners.groupby(["owner_host", "pid"])[["host", "gpu"]].first()
     d = work.assign(dur=(work["end_ns"] - work["start_ns"]) / 1e9)
-    per = (
-        d.groupby(["phase", "step", "host", "pid"], sort=False)
-        .agg(dur=("dur", "sum"), start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
-        .reset_index()
-    )
+    g = d.groupby(["phase", "step", "host", "pid"], sort=False)
+    per = pd.DataFrame(
+        {"dur": g["dur"].sum(), "start_ns": g["start_ns"].min(), "end_ns": g["end_ns"].max()}
+    ).reset_index()
     idx = pd.MultiIndex.from_arrays([per["host"], per["pid"]])
     per["n_gpu"] = n_gpu.reindex(idx).to_numpy()
     per = per[np.isfinite(per["n_gpu"].to_numpy(np.float64))]
@@ -72,11 +77,14 @@ def _stragglers(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     # ranks on throttled GPUs are compared with each other only: their common slowdown is
     # ``throttling``'s, a straggler among them is still imbalance
     throttled = _throttled_gpus(ctx, th)
-    where = gpu_of.reindex(pd.MultiIndex.from_arrays([per["host"], per["pid"]]))
-    per["hot"] = [
-        isinstance(h, str) and g == g and (h, int(g)) in throttled
-        for h, g in zip(where["host"], where["gpu"])
-    ]
+    if throttled:
+        where = gpu_of.reindex(pd.MultiIndex.from_arrays([per["host"], per["pid"]]))
+        per["hot"] = [
+            isinstance(h, str) and g == g and (h, int(g)) in throttled
+            for h, g in zip(where["host"], where["gpu"])
+        ]
+    else:  # no throttled GPU: no rank is on one
+        per["hot"] = np.zeros(len(per), dtype=bool)
     grp = per.groupby(["phase", "step", "hot"], sort=False)
     per["ranks"] = grp["dur"].transform("size")
     per["mx"] = grp["dur"].transform("max")
@@ -110,9 +118,13 @@ def _stragglers(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     rank = int(rank_vals.iloc[0]) if len(rank_vals) else None
     spread = float((stragglers["mx"] / stragglers["med"].where(stragglers["med"] > 0)).median())
     # per-GPU utilisation / memory spread as supporting figures
-    per_gpu = s.groupby(["host", "gpu"]).agg(
-        util=("util_gpu_pct", "mean"), mem=("mem_used_bytes", "max")
-    )
+    keep = gpu >= 0
+    per_gpu = pd.DataFrame(
+        {"util": s["util_gpu_pct"].to_numpy(np.float64)[keep],
+         "mem": s["mem_used_bytes"].to_numpy(np.float64)[keep]},
+        copy=False,
+    ).groupby(gpu[keep], sort=True)  # fmt: skip
+    per_gpu = pd.DataFrame({"util": per_gpu["util"].mean(), "mem": per_gpu["mem"].max()})
     barrier = spans[spans["wait"].to_numpy()]
     confidence = 0.5 + 0.2 * min(1.0, (spread - 1.0) / 0.5 if np.isfinite(spread) else 0.0)
     confidence += 0.15 * min(1.0, who.iloc[0] / max(gpu_s, 1e-12))
@@ -158,7 +170,10 @@ def _low_gpus(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     pace says it could have done. Phases where every GPU idles (reward, sync) say nothing.
     """
     s = ctx.unclaimed_samples
-    if s is None or s.empty or s[["host", "gpu"]].drop_duplicates().shape[0] < 2:
+    if s is None or s.empty:
+        return None
+    gpu, gpus = _gpu_codes(ctx, s)
+    if len(gpus) + bool((gpu < 0).any()) < 2:
         return None
     sm = s["sm_active_pct"].to_numpy(np.float64)
     util = s["util_gpu_pct"].to_numpy(np.float64)
@@ -168,20 +183,25 @@ def _low_gpus(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if ok.sum() == 0:
         return None
     dt = s["dt_s"].to_numpy(np.float64)
-    frame = pd.DataFrame(
+    # per (phase, GPU) in order of first appearance, as a group-by on them with sort=False
+    phase, phase_names = label_codes(s["phase"])
+    rows = np.flatnonzero(ok & (phase >= 0) & (gpu >= 0))  # a missing key: no group
+    group = appearance_codes([phase[rows], gpu[rows]])
+    first = rows[first_rows(group)]
+    per = pd.DataFrame(
         {
-            "phase": s["phase"].to_numpy(object)[ok],
-            "host": s["host"].to_numpy(object)[ok],
-            "gpu": s["gpu"].to_numpy()[ok],
-            "w": dt[ok],
-            "lw": (level * dt)[ok],
-            "mem": s["mem_used_bytes"].to_numpy(np.float64)[ok],
+            "phase": np.array(phase_names, dtype=object)[phase[first]],
+            "host": gpus["host"].to_numpy()[gpu[first]],
+            "gpu": gpus["gpu"].to_numpy()[gpu[first]],
         }
     )
-    per = frame.groupby(["phase", "host", "gpu"], sort=False).agg(
-        gpu_s=("w", "sum"), lw=("lw", "sum"), mem=("mem", "max")
-    )
-    per = per[per["gpu_s"] > 0].reset_index()
+    sums = pd.DataFrame({"gpu_s": dt[rows], "lw": (level * dt)[rows]}, copy=False)
+    sums = sums.groupby(group, sort=True).sum()  # pandas' sums, as the group-by computed them
+    per["gpu_s"] = sums["gpu_s"].to_numpy()
+    per["lw"] = sums["lw"].to_numpy()
+    mem = pd.Series(s["mem_used_bytes"].to_numpy(np.float64)[rows], copy=False)
+    per["mem"] = mem.groupby(group, sort=True).max().to_numpy()
+    per = per[per["gpu_s"] > 0].reset_index(drop=True)
     per["level"] = per["lw"] / per["gpu_s"]
     grp = per.groupby("phase", sort=False)["level"]
     per["peers"] = grp.transform("size")
@@ -210,10 +230,10 @@ def _low_gpus(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         f"while their peers run at {level_peers:.0f}% {where}: ~{_fmt_gpu_s(gpu_s)} "
         "({share}) of work left undone"
     )
-    on_low = pd.MultiIndex.from_arrays([s["host"], s["gpu"]]).isin(
-        pd.MultiIndex.from_arrays([low["host"], low["gpu"]])
-    )
-    runs = _runs(s, on_low & np.isin(s["phase"].to_numpy(object), phases), dt)
+    on_low = _on_gpus(ctx, s, low["host"], low["gpu"])
+    code_of = {name: i for i, name in enumerate(phase_names)}
+    in_phases = np.isin(phase, [code_of[p] for p in phases if p in code_of])
+    runs = _runs(s, on_low & in_phases, dt)
     evidence = ImbalanceEvidence(
         intervals=_intervals(runs, "w"),
         gpus=labels,

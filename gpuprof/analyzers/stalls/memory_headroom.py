@@ -7,6 +7,7 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import MemoryHeadroomEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.grouping import label_codes
 from gpuprof.analyzers.stalls._resource import (
     UPDATE_PHASES,
     _finding,
@@ -14,6 +15,8 @@ from gpuprof.analyzers.stalls._resource import (
     _intervals,
     _num,
     _offload_mask,
+    _on_gpus,
+    _per_gpu,
     _runs,
     _sorted_gpus,
 )
@@ -51,32 +54,27 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         fill = keys.merge(inv.astype({"gpu": np.float64}), on=["host", "gpu"], how="left")
         fill = fill["total"].to_numpy(np.float64)
         total = np.where(np.isfinite(total), total, fill)
-    phase = s["phase"].to_numpy(object)
-    if (phase == "rollout").any():
-        use = phase == "rollout"
+    phase, names = label_codes(s["phase"])  # compared as codes, not strings
+    code_of = {name: i for i, name in enumerate(names)}
+    if "rollout" in code_of and (phase == code_of["rollout"]).any():
+        use = phase == code_of["rollout"]
         factor = 1.0
         phases = ["rollout"]
     else:
-        use = np.isin(phase, UPDATE_PHASES) & ~_offload_mask(s, th)
+        update = [code_of[p] for p in UPDATE_PHASES if p in code_of]
+        use = np.isin(phase, update) & ~_offload_mask(s, th)
         factor = th.mem_update_factor
-        phases = sorted(set(phase[use]))
+        phases = sorted({names[c] for c in np.unique(phase[use])})
     use &= np.isfinite(used) & np.isfinite(total) & (total > 0)
     if not use.any():
         return None
-    work = pd.DataFrame(
-        {
-            "host": s["host"].to_numpy(object)[use],
-            "gpu": s["gpu"].to_numpy()[use],
-            "frac": used[use] / total[use],
-            "dt": s["dt_s"].to_numpy(np.float64)[use],
-            "used": used[use],
-            "total": total[use],
-        }
-    )
-    per_gpu = work.groupby(["host", "gpu"], sort=True).agg(
-        peak=("frac", "max"), gpu_s=("dt", "sum"), peak_b=("used", "max"), total_b=("total", "max")
-    )
-    per_gpu = per_gpu.reset_index()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = used / total
+    per_gpu = _per_gpu(
+        ctx, s, use,
+        {"peak": (frac, "max"), "gpu_s": (s["dt_s"].to_numpy(np.float64), "sum"),
+         "peak_b": (used, "max"), "total_b": (total, "max")},
+    )  # fmt: skip
     limit = 1.0 - th.memory_headroom_frac
     low = per_gpu[per_gpu["peak"] < limit].copy()
     if low.empty:
@@ -88,9 +86,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     knobs = ctx.run.meta.knobs or {}
     gmu = {k: v for k, v in knobs.items() if "gpu_memory_utilization" in str(k)}
     # intervals: the phase's contiguous runs on the low-memory GPUs
-    on_low = pd.MultiIndex.from_arrays([s["host"].astype(str), s["gpu"]]).isin(
-        pd.MultiIndex.from_arrays([low["host"].astype(str), low["gpu"]])
-    )
+    on_low = _on_gpus(ctx, s, low["host"].astype(str), low["gpu"])
     runs = _runs(s, use & on_low, s["dt_s"].to_numpy(np.float64))
     confidence = 0.5 + 0.4 * min(1.0, (limit - peak) / 0.3) + (0.1 if gmu else 0.0)
     summary = (

@@ -25,7 +25,7 @@ import pandas as pd
 from gpuprof.analyzers.evidence import PhantomUtilEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._phase import _conf, _minutes, _num, _sample_intervals
-from gpuprof.analyzers.stalls._resource import _gpu_columns
+from gpuprof.analyzers.stalls._resource import _gpu_codes, _gpu_columns_of
 from gpuprof.analyzers.stalls._resource import _num as _column
 
 
@@ -38,7 +38,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     busy = np.nan_to_num(util, nan=-1.0) >= th.phantom_util_pct
     if not busy.any():
         return None
-    g = _gpu_columns(ctx).loc[s.index]
+    g = _gpu_columns_of(ctx, s)
     rows = s["row"].to_numpy(np.int64)
     mem = s["mem_used_bytes"].to_numpy(np.float64)
     mem_util = _column(ctx.run.gpu, "util_mem_pct")[rows]
@@ -120,12 +120,15 @@ def _limits(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
     }  # fmt: skip
     if not limits:
         return np.full(len(s), np.nan)
-    keys = zip(s["host"].astype(str), s["gpu"].astype(int))
-    return np.array([limits.get(k, np.nan) for k in keys], dtype=np.float64)
+    code, gpus = _gpu_codes(ctx, s)  # looked up once per GPU
+    per_gpu = [limits.get((str(h), int(g)), np.nan) for h, g in zip(gpus["host"], gpus["gpu"])]
+    return np.array([*per_gpu, np.nan], dtype=np.float64)[code]
 
 
 def _with_process(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
-    """Per sample: a process held memory on its GPU at about that time (per-process data)."""
+    """Per sample: a process held memory on its GPU at about that time (per-process data):
+    a reading of the same GPU within two sampling periods (at least 2 s), looked up one GPU
+    at a time (a ``merge_asof`` to the nearest reading, with that tolerance)."""
     procs = ctx.run.gpu_procs
     out = np.zeros(len(s), dtype=bool)
     if procs is None or procs.empty:
@@ -134,28 +137,31 @@ def _with_process(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
     held = procs[mem.to_numpy() > 0]
     if held.empty:
         return out
-    right = pd.DataFrame(
-        {
-            "t_ns": pd.to_numeric(held["t_ns"]).astype(np.int64),
-            "host": held["host"].astype(str),
-            "gpu": pd.to_numeric(held["gpu"]).astype(np.int64),
-            "seen": True,
-        }
-    ).sort_values("t_ns", kind="stable")
-    left = pd.DataFrame(
-        {
-            "t_ns": s["t_ns"].to_numpy(np.int64),
-            "host": s["host"].astype(str).reset_index(drop=True),  # kept as Arrow strings: no copy
-            "gpu": s["gpu"].to_numpy(np.int64),
-            "pos": np.arange(len(s)),
-        }
-    ).sort_values("t_ns", kind="stable")
+    held_t = pd.to_numeric(held["t_ns"]).astype(np.int64).to_numpy()
+    keys = pd.DataFrame(
+        {"host": held["host"].to_numpy(object),
+         "gpu": pd.to_numeric(held["gpu"]).astype(np.int64).to_numpy()}
+    )  # fmt: skip
+    readings: dict[tuple[str, int], np.ndarray] = {}  # (host as text, gpu) → reading rows
+    for (host, gpu), rows in keys.groupby(["host", "gpu"], sort=False).indices.items():
+        key = (str(host), int(gpu))
+        readings[key] = np.concatenate([readings[key], rows]) if key in readings else rows
     dt = s["dt_s"].to_numpy(np.float64)
     tolerance = int(max(1.0, float(np.nanmedian(dt)) if np.isfinite(dt).any() else 1.0) * 2e9)
-    merged = pd.merge_asof(
-        left, right, on="t_ns", by=["host", "gpu"], direction="nearest", tolerance=tolerance
-    )
-    out[merged["pos"].to_numpy()] = merged["seen"].fillna(False).to_numpy(bool)
+    t = s["t_ns"].to_numpy(np.int64)
+    code, gpus = _gpu_codes(ctx, s)
+    order = np.argsort(code, kind="stable")
+    bounds = np.searchsorted(code[order], np.arange(len(gpus) + 1))
+    for k, (host, gpu) in enumerate(zip(gpus["host"], gpus["gpu"])):
+        rows = readings.get((str(host), int(gpu)))
+        if rows is None:
+            continue
+        seen = np.sort(held_t[rows])
+        mine = order[bounds[k] : bounds[k + 1]]
+        at = np.searchsorted(seen, t[mine])
+        before = np.abs(t[mine] - seen[np.maximum(at - 1, 0)])
+        after = np.abs(seen[np.minimum(at, len(seen) - 1)] - t[mine])
+        out[mine] = np.minimum(before, after) <= tolerance
     return out
 
 

@@ -45,9 +45,10 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     nbytes = _span_attr(ctx, "reshard", ("bytes", "weight_bytes", "nbytes"))
     bw = nbytes / mean_span_s if np.isfinite(nbytes) and mean_span_s > 0 else np.nan
     # a transfer burst: link traffic during the sync well above the run's mean
-    out = s[s["phase"] != "reshard"]
-    base = np.nanmax([_rate(out["pcie_bytes"].to_numpy(float), out["dt_s"].to_numpy(float)),
-                      _rate(out["nvlink_bytes"].to_numpy(float), out["dt_s"].to_numpy(float)),
+    out = (s["phase"] != "reshard").to_numpy()
+    dt_out = s["dt_s"].to_numpy(float)[out]
+    base = np.nanmax([_rate(s["pcie_bytes"].to_numpy(float)[out], dt_out),
+                      _rate(s["nvlink_bytes"].to_numpy(float)[out], dt_out),
                       0.0])  # fmt: skip
     link = np.nanmax([st["pcie_bytes_s"], st["nvlink_bytes_s"], 0.0])
     burst = bool(link > th.link_burst_ratio * base and link > 0)

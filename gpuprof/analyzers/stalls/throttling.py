@@ -48,8 +48,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         m = m[keep.to_numpy()]
         if not m["hot"].any():
             return None
-    m["lost_s"] = m["dt_s"] * m["lost_frac"]
-    m["step_k"] = m["step"].fillna(-1.0)
+    m = m.assign(lost_s=m["dt_s"] * m["lost_frac"], step_k=m["step"].fillna(-1.0))
     per = m.groupby(["step_k", "host", "gpu"], sort=False)["lost_s"].sum()
     worst = per.groupby(level="step_k").max()
     n_gpus = int(m[["host", "gpu"]].drop_duplicates().shape[0])

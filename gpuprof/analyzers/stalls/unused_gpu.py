@@ -16,6 +16,7 @@ import pandas as pd
 from gpuprof.analyzers.evidence import UnusedGpuEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.stalls._phase import _conf, _minutes, _num, _sample_intervals
+from gpuprof.analyzers.stalls._resource import _gpu_codes, _on_gpus
 
 
 def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
@@ -29,20 +30,24 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     busy = np.where(np.isfinite(util), util, sm)
     if not np.isfinite(busy).any():
         return None
-    frame = pd.DataFrame(
-        {
-            "host": s["host"].to_numpy(object),
-            "gpu": s["gpu"].to_numpy(),
-            "busy": busy,
-            "measured": np.isfinite(busy),
-            "dt": s["dt_s"].to_numpy(np.float64),
-            "mem": s["mem_used_bytes"].to_numpy(np.float64),
-        }
-    )
-    per = frame.groupby(["host", "gpu"], sort=True).agg(
-        busy_max=("busy", "max"), measured=("measured", "sum"), gpu_s=("dt", "sum"),
-        mem_max=("mem", "max"),
+    # per GPU, sorted by host and GPU (group numbers, not strings, for the 10⁵–10⁶ samples)
+    code, gpus = _gpu_codes(ctx, s)
+    ok = code >= 0
+    grouped = pd.DataFrame(
+        {"busy": busy[ok], "measured": np.isfinite(busy)[ok],
+         "dt": s["dt_s"].to_numpy(np.float64)[ok],
+         "mem": s["mem_used_bytes"].to_numpy(np.float64)[ok]},
+        copy=False,
+    ).groupby(code[ok], sort=True)  # fmt: skip
+    per = pd.DataFrame(
+        {"busy_max": grouped["busy"].max(), "measured": grouped["measured"].sum(),
+         "gpu_s": grouped["dt"].sum(), "mem_max": grouped["mem"].max()}
     )  # fmt: skip
+    per.index = pd.MultiIndex.from_arrays(
+        [gpus["host"].to_numpy()[per.index], gpus["gpu"].to_numpy()[per.index]],
+        names=["host", "gpu"],
+    )
+    per = per.sort_index()
     unused = (
         (per["measured"] > 0)
         & (per["busy_max"] <= th.unused_util_pct)
@@ -56,8 +61,8 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     share = ctx.share(lost)
     if share < th.min_share:
         return None
-    keys = pd.MultiIndex.from_arrays([frame["host"], frame["gpu"]])
-    mask = keys.isin(idle.index)
+    hosts, numbers = zip(*idle.index)
+    mask = _on_gpus(ctx, s, hosts, numbers)
     ctx.claim(mask)
     labels = [f"{h}:{int(g)}" for h, g in idle.index]
     n_all = len(per)
