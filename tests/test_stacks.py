@@ -478,3 +478,51 @@ def test_processes_are_chosen_by_role_launchers_last():
     sampler.max_processes = 20
     assert [t.pid for t in sampler._choose()][-2:] == [30, 1]  # no shell: not Python
     sampler.stop()
+
+
+# The speedscope file format (jlfwong/speedscope, src/lib/file-format-spec.ts) as a JSON
+# schema, for the sampled profiles gpuprof writes.
+SPEEDSCOPE_FILE_SCHEMA = {
+    "type": "object",
+    "required": ["$schema", "shared", "profiles"],
+    "properties": {
+        "$schema": {"const": "https://www.speedscope.app/file-format-schema.json"},
+        "shared": {
+            "type": "object",
+            "required": ["frames"],
+            "properties": {"frames": {"type": "array", "items": {
+                "type": "object", "required": ["name"],
+                "properties": {"name": {"type": "string"}, "file": {"type": "string"},
+                               "line": {"type": "number"}, "col": {"type": "number"}},
+            }}},
+        },
+        "profiles": {"type": "array", "items": {
+            "type": "object",
+            "required": ["type", "name", "unit", "startValue", "endValue", "samples", "weights"],
+            "properties": {
+                "type": {"const": "sampled"},
+                "name": {"type": "string"},
+                "unit": {"enum": ["none", "nanoseconds", "microseconds", "milliseconds",
+                                  "seconds", "bytes"]},
+                "startValue": {"type": "number"},
+                "endValue": {"type": "number"},
+                "samples": {"type": "array",
+                            "items": {"type": "array", "items": {"type": "number"}}},
+                "weights": {"type": "array", "items": {"type": "number"}},
+            },
+        }},
+        "name": {"type": "string"},
+        "activeProfileIndex": {"type": "number"},
+        "exporter": {"type": "string"},
+    },
+}  # fmt: skip
+
+
+def test_speedscope_document_validates_against_the_file_format():
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = json.loads(json.dumps(speedscope(synthetic_run(), idle=True)))
+    jsonschema.validate(doc, SPEEDSCOPE_FILE_SCHEMA)
+    for profile in doc["profiles"]:
+        assert len(profile["samples"]) == len(profile["weights"])
+        assert profile["endValue"] >= profile["startValue"]
+    assert doc["exporter"].startswith("gpuprof@")

@@ -22,6 +22,8 @@ from conftest import ROOT, clean_env, gpuprof_cmd, run_gpuprof
 from gpuprof import store
 from gpuprof.collectors.stacks import find_pyspy
 
+pytest_plugins = ["simnvml.fixtures"]
+
 WORKLOAD = ROOT / "tests" / "workloads" / "grpo_slow.py"
 PYSPY, WHY = find_pyspy()
 needs_pyspy = pytest.mark.skipif(PYSPY is None, reason=f"{WHY}")
@@ -164,3 +166,28 @@ def test_a_process_py_spy_may_not_read_degrades_with_one_line(tmp_path):
     # caught its first instants, while the interpreter started); others of its tree may
     main = run.stack_samples[run.stack_samples["role"] == "main"]
     assert main["seconds"].sum() < 1.0, main
+
+
+@needs_pyspy
+def test_stacks_are_sampled_faster_once_the_gpus_go_idle(tmp_path, simnvml_lib):
+    """Two simulated GPUs busy for the first 4 s, then idle: the trainer's round at the low
+    rate is cut short and sampling goes on at the idle rate; reward_bound, judged on the GPU
+    samples, names the reward function."""
+    from simnvml import simnvml_env, write_scenario
+
+    gpus = [{"series": {"util_gpu_pct": [(0, 90), (4, 0)], "mem_used_bytes": 20 * 2**30}}
+            for _ in range(2)]  # fmt: skip
+    scenario = write_scenario(tmp_path / "scenario.txt", {"gpus": gpus})
+    run_dir = tmp_path / "run"
+    env = simnvml_env(simnvml_lib, scenario, base=clean_env())
+    proc = run_gpuprof("watch", "-o", str(run_dir), "--", sys.executable, str(WORKLOAD),
+                       "--slow", "reward", "--steps", "6", "--cost", "1.0", env=env,
+                       timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = store.load_run(run_dir)
+    main = run.stack_samples[run.stack_samples["role"] == "main"]
+    assert set(main["rate_hz"]) == {2.0, 20.0}, sorted(set(main["rate_hz"]))
+    idle_from = int(run.gpu.loc[run.gpu["util_gpu_pct"] == 0, "t_ns"].min())
+    assert main.loc[main["rate_hz"] == 20.0, "t_ns"].min() >= idle_from - 10**9
+    stacks = finding(analyze(run_dir), "reward_bound")["stacks"]
+    assert stacks["top"][0]["function"] == "verify", stacks

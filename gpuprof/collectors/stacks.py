@@ -11,8 +11,8 @@ sampled process, in rounds of up to `ROUND_S` seconds::
   step (native frames need a paused process: py-spy refuses ``--native`` with it, so only
   Python frames are sampled);
 - ``--idle``: every thread is recorded at every sample, idle or not, so each thread's
-  timeline has no holes (whether it was on a CPU comes from its per-thread CPU, read by the
-  host collector, see `gpuprof.model.ThreadSample`);
+  timeline has no holes (whether it was busy or blocked comes from its scheduler times, read
+  by the host collector, see `gpuprof.model.ThreadSample`: ``record`` marks no sample idle);
 - ``--threads``: each stack starts with ``thread (TID): NAME``, the OS thread id and the
   Python thread's name;
 - ``chrometrace``: begin/end events with their times, so a round of many seconds still gives
@@ -25,11 +25,14 @@ thread, stack) (`StackSample`, windows of `WINDOW_S`), with interned frames and 
 rate is `RATE_HZ` per process while the GPUs work and `IDLE_RATE_HZ` while they idle (the
 sampler's latest GPU readings say which): a round at the low rate is cut short when the
 GPUs go idle. Only the main (unless a launcher) and trainer processes and those using CPU get
-the idle rate, and
-all of them together at most `IDLE_BUDGET_HZ` samples a second. At most `MAX_PROCESSES`
-processes are sampled at once, ranked by role (the main process, trainers, data-loader
-workers, inference engines, others; a launcher such as torchrun, whose ranks do the work,
-last).
+the idle rate, and all of them together at most `IDLE_BUDGET_HZ` samples a second. At most
+`MAX_PROCESSES` processes are sampled at once, ranked by role (the main process, trainers,
+data-loader workers, inference engines, others; a launcher such as torchrun, whose ranks do
+the work, last). Each py-spy runs in a session of its own, so the command's signals never
+reach it; one left behind by a watcher killed with SIGKILL ends with its round.
+
+The GIL flag py-spy can filter on (``--gil``) is not recorded: in ``record`` mode it drops the
+other samples instead of marking them, and the timelines need every sample.
 
 Where py-spy is missing, may not attach (no ptrace permission: a container without
 ``SYS_PTRACE``, ``kernel.yama.ptrace_scope``), or does not support the Python, one notice says

@@ -90,7 +90,7 @@ def speedscope(run: Run, intervals: Sequence[Sequence[int]] | None = None,
         "profiles": profiles,
         "name": name or run.meta.run_id,
         "activeProfileIndex": 0,
-        "exporter": f"gpuprof {__version__}",
+        "exporter": f"gpuprof@{__version__}",
     }
 
 
