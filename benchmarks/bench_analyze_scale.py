@@ -218,6 +218,7 @@ def main() -> None:
             shutil.rmtree(run_dir, ignore_errors=True)
     if not args.keep:
         shutil.rmtree(base_dir, ignore_errors=True)
+    print(f"this benchmark's own peak RSS: {measure.mb(measure.hwm_bytes())} MB")
 
 
 if __name__ == "__main__":

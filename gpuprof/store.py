@@ -957,6 +957,7 @@ def save_run(run: Run, run_dir: str | os.PathLike) -> list[Path]:
             elif i > 0:  # host-less tables (interned frames, stacks): in the first file
                 frame = frame.iloc[:0]
             tables.append((table, frame))
+        # the run's metadata lives in the first host's file, as a watcher's would
         written += write_host_file(run_dir, host, tables, run.meta if i == 0 else None)
     return written
 
@@ -1025,7 +1026,7 @@ def write_host_file(
     finally:
         conn.close()
     os.replace(tmp, final)
-    return [final, *[s for s in sides if s.exists()]]
+    return [final, *sides]
 
 
 def _frame_rows(table: str, frame: pd.DataFrame) -> Iterable[tuple]:
