@@ -4,6 +4,7 @@ alignment, every detector, recommendations and the JSON on stdout.
     python benchmarks/bench_analyze_process.py [--hours 1] [--gpus 8] [--repeats 7]
                                                [--dir /tmp/gpuprof-process] [--regenerate]
                                                [--bytecode cached|none] [--roots ROOT ...]
+                                               [--report]
 
 The run directory is written once (and reused while its parameters match): a simulated GRPO
 run (reward-bound and reshard stalls injected, GPU samples every 0.1 s, host and process
@@ -17,7 +18,8 @@ gpuprof analyze DIR --json`` each run as a fresh process, timed with wall clock 
 other checkouts of the project on the same run, interleaved with this one (e.g. a checkout
 of the previous commit, for a before/after on the same machine state). The machine's load
 average is printed before and after: on a shared machine, compare only figures taken under
-similar load, and prefer CPU time (user + sys) to wall time there.
+similar load, and prefer CPU time (user + sys) to wall time there. ``--report`` times
+``python -m gpuprof report DIR -o FILE`` the same way (target: 2 s).
 
 ``--bytecode cached`` (default) runs the children as an installed package runs, from
 bytecode compiled on a first, untimed run (kept under DIR/pycache, not in the checkout);
@@ -165,6 +167,10 @@ def main() -> None:
         "--roots", type=Path, nargs="*", default=[],
         help="other checkouts to time on the same run, interleaved with this one",
     )  # fmt: skip
+    parser.add_argument(
+        "--report", action="store_true",
+        help="also time `gpuprof report DIR -o FILE` (the HTML report) the same way",
+    )  # fmt: skip
     parser.add_argument("--write", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -184,16 +190,21 @@ def main() -> None:
         for r in roots:  # compile once, untimed
             timed(analyze, r, envs[r])
     print(f"bytecode: {args.bytecode}; load average before: {load()}")
-    results: dict[Path, dict[str, list[dict]]] = {r: {"import": [], "analyze": []} for r in roots}
+    commands = {"import": imports, "analyze": analyze}
+    if args.report:
+        html = args.dir / "bench_analyze_process_report.html"
+        commands["report"] = [sys.executable, "-m", "gpuprof", "report", str(run_dir), "-o",
+                              str(html)]  # fmt: skip
+    results: dict[Path, dict[str, list[dict]]] = {r: {k: [] for k in commands} for r in roots}
     for _ in range(args.repeats):
         for r in roots:
-            results[r]["import"].append(timed(imports, r, envs[r]))
-            results[r]["analyze"].append(timed(analyze, r, envs[r]))
+            for what, argv in commands.items():
+                results[r][what].append(timed(argv, r, envs[r]))
     print(f"load average after: {load()}")
     print(f"{'checkout':24s} {'command':8s} {'wall s: median   min    max':>27s} "
           f"{'user s':>7s} {'sys s':>6s} {'peak RSS MB':>12s}")  # fmt: skip
     for r in roots:
-        for what in ("import", "analyze"):
+        for what in commands:
             rs = results[r][what]
             print(f"{str(r)[-24:]:24s} {what:8s} {stats([x['wall'] for x in rs]):>27s} "
                   f"{statistics.median(x['user'] for x in rs):7.2f} "

@@ -6,10 +6,11 @@ against another's, on
 - every case of the labelled corpus (``diagnosis_labelled.py``): each file imported once, by
   the ``--before`` checkout, then analysed by both through the CLI;
 - the simulator's scenarios of ``diagnosis.py`` (``diagnose(run).to_dict()`` in one process
-  per checkout), as simulated and, with ``--merge N``, written and loaded with N samples merged.
+  per checkout), as simulated and, with ``--merge N``, written and loaded with N samples merged;
+- with ``--reports N``, the HTML reports (``gpuprof report``) of the first N run directories.
 
     python benchmarks/check_same_findings.py --before CHECKOUT [--after CHECKOUT]
-        [--scenarios 240] [--seed 0] [--merge 10] [--work /tmp/gpuprof-same] [--report]
+        [--scenarios 240] [--seed 0] [--merge 10] [--work /tmp/gpuprof-same] [--reports N]
         [--skip bench,labelled,sim]
 
 Prints each document that differs (the first differing line) and a count; exits 1 on any
@@ -103,7 +104,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--merge", type=int, default=10)
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpuprof-same"))
-    parser.add_argument("--report", action="store_true", help="also compare the HTML reports")
+    parser.add_argument(
+        "--reports",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also compare the HTML reports of the first N run directories",
+    )
     parser.add_argument("--skip", default="", help="comma-separated: bench, labelled, sim")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
@@ -118,12 +125,12 @@ def main() -> None:
         runs.append(("bench 8gpu-1h", BENCH_RUN))
     if "labelled" not in skip:
         runs += corpus_runs(roots[0], args.work / "labelled")
-    for name, run in runs:
+    for i, (name, run) in enumerate(runs):
         outs = [cli(r, "analyze", str(run), "--json") for r in roots]
         a, b = (f"rc={p.returncode}\n{p.stdout}" for p in outs)
         compare(f"analyze {name}", a, b, diffs)
         checked += 1
-        if args.report:
+        if i < args.reports:
             with tempfile.TemporaryDirectory() as tmp:
                 pages = []
                 for i, r in enumerate(roots):

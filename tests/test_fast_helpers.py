@@ -1,0 +1,204 @@
+"""The numpy helpers that replaced pandas joins and group-bys in the detectors give exactly what
+the pandas formulations they replaced give (random data: ties, gaps, missing keys)."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpuprof.analyzers.grouping import _factorize
+from gpuprof.analyzers.ownership import _first_rows
+from gpuprof.analyzers.stalls._resource import _first_of_each, _inside, _runs
+from gpuprof.analyzers.stalls.phantom_util import _with_process
+
+# --------------------------------------------------------------------------------------------
+# Reference implementations: as the helpers were first written
+
+
+def ref_inside(samples: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
+    out = np.full(len(samples), -1, dtype=np.int64)
+    if samples.empty or spans.empty:
+        return out
+    left = pd.DataFrame(
+        {"t_ns": samples["t_ns"].to_numpy(np.int64),
+         "owner_host": samples["owner_host"].astype(object).to_numpy(),
+         "pid": pd.to_numeric(samples["pid"]).to_numpy(np.float64),
+         "row": np.arange(len(samples))}
+    ).dropna(subset=["owner_host", "pid"])  # fmt: skip
+    if left.empty:
+        return out
+    right = pd.DataFrame(
+        {"t_ns": spans["start_ns"].to_numpy(np.int64),
+         "owner_host": spans["host"].astype(object).to_numpy(),
+         "pid": spans["pid"].to_numpy(np.float64), "end_ns": spans["end_ns"].to_numpy(np.int64),
+         "pos": np.arange(len(spans))}
+    )  # fmt: skip
+    merged = pd.merge_asof(
+        left.sort_values("t_ns", kind="stable"), right.sort_values("t_ns", kind="stable"),
+        on="t_ns", by=["owner_host", "pid"], direction="backward",
+    )  # fmt: skip
+    hit = merged["pos"].notna().to_numpy() & (
+        merged["t_ns"].to_numpy() < merged["end_ns"].to_numpy(np.float64, na_value=-1.0)
+    )
+    out[merged["row"].to_numpy()[hit]] = merged["pos"].to_numpy()[hit].astype(np.int64)
+    return out
+
+
+def ref_runs(s: pd.DataFrame, mask: np.ndarray, weight: np.ndarray) -> pd.DataFrame:
+    if s.empty or not mask.any():
+        return pd.DataFrame({"start_ns": [], "end_ns": [], "w": []})
+    gid = s.groupby(["host", "gpu"], sort=False).ngroup().to_numpy()
+    m = mask.astype(bool)
+    brk = np.ones(len(s), dtype=bool)
+    brk[1:] = (gid[1:] != gid[:-1]) | (m[1:] != m[:-1])
+    run_id = np.cumsum(brk)
+    t = s["t_ns"].to_numpy(np.int64)
+    end = t + np.round(s["dt_s"].to_numpy(np.float64) * 1e9).astype(np.int64)
+    f = pd.DataFrame({"run": run_id[m], "t": t[m], "e": end[m], "w": weight[m]})
+    agg = f.groupby("run").agg(start_ns=("t", "min"), end_ns=("e", "max"), w=("w", "sum"))
+    return agg.reset_index(drop=True)
+
+
+def ref_with_process(procs: pd.DataFrame, s: pd.DataFrame) -> np.ndarray:
+    out = np.zeros(len(s), dtype=bool)
+    mem = pd.to_numeric(procs["gpu_mem_bytes"], errors="coerce").fillna(1.0)
+    held = procs[mem.to_numpy() > 0]
+    if held.empty:
+        return out
+    right = pd.DataFrame(
+        {"t_ns": pd.to_numeric(held["t_ns"]).astype(np.int64), "host": held["host"].astype(str),
+         "gpu": pd.to_numeric(held["gpu"]).astype(np.int64), "seen": True}
+    ).sort_values("t_ns", kind="stable")  # fmt: skip
+    left = pd.DataFrame(
+        {"t_ns": s["t_ns"].to_numpy(np.int64), "host": s["host"].astype(str).reset_index(drop=True),
+         "gpu": s["gpu"].to_numpy(np.int64), "pos": np.arange(len(s))}
+    ).sort_values("t_ns", kind="stable")  # fmt: skip
+    dt = s["dt_s"].to_numpy(np.float64)
+    tolerance = int(max(1.0, float(np.nanmedian(dt)) if np.isfinite(dt).any() else 1.0) * 2e9)
+    merged = pd.merge_asof(
+        left, right, on="t_ns", by=["host", "gpu"], direction="nearest", tolerance=tolerance
+    )
+    out[merged["pos"].to_numpy()] = merged["seen"].fillna(False).to_numpy(bool)
+    return out
+
+
+def ref_first_rows(host: pd.Series, number: np.ndarray, uuid: pd.Series | None) -> np.ndarray:
+    host_code = pd.factorize(host)[0].astype(np.int64)
+    rows = np.flatnonzero((host_code >= 0) & ~np.isnan(number))
+    gpu_code = pd.factorize(number[rows])[0].astype(np.int64)
+    key = host_code[rows] * (int(gpu_code.max(initial=0)) + 1) + gpu_code
+    codes = pd.factorize(key)[0]
+    new = np.ones(len(codes), dtype=bool)
+    new[1:] = codes[1:] > np.maximum.accumulate(codes)[:-1]
+    first = np.flatnonzero(new)
+    out = [rows[first]]
+    if uuid is not None:
+        has = uuid.to_numpy(object)[rows[first]]
+        for i in np.flatnonzero(pd.isna(has)):
+            same = rows[key == key[first[i]]]
+            out.append(same[uuid.iloc[same].notna().to_numpy()][:1])
+    return np.unique(np.concatenate(out))
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_inside_is_a_backward_asof_join_by_owner(seed):
+    rng = np.random.default_rng(seed)
+    n, m = int(rng.integers(0, 300)), int(rng.integers(0, 40))
+    hosts = ["a", "b", "c"]
+    owner = rng.choice([*hosts, None], n)
+    samples = pd.DataFrame(
+        {"t_ns": rng.integers(0, 1000, n),
+         "owner_host": pd.Categorical(owner, categories=hosts) if seed % 2 else
+         pd.Series(owner, dtype=object),
+         "pid": np.where(rng.random(n) < 0.1, np.nan, rng.integers(1, 4, n)).astype(float)}
+    )  # fmt: skip
+    start = rng.integers(0, 1000, m)  # ties and overlaps included
+    spans = pd.DataFrame(
+        {"host": rng.choice(hosts, m), "pid": rng.integers(1, 4, m).astype(float),
+         "start_ns": start, "end_ns": start + rng.integers(0, 200, m)}
+    )  # fmt: skip
+    assert (_inside(samples, spans) == ref_inside(samples, spans)).all()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_runs_match_the_group_by(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 200))
+    host = rng.choice(["a", "b"], n)
+    s = pd.DataFrame(
+        {"host": pd.Categorical(host, categories=["a", "b"]) if seed % 2 else
+         pd.Series(host, dtype="str"),
+         "gpu": rng.integers(0, 3, n), "t_ns": rng.integers(0, 10**12, n),
+         "dt_s": rng.random(n) * (rng.random(n) > 0.1)}
+    )  # fmt: skip
+    if seed % 3:
+        s = s.sort_values(["host", "gpu", "t_ns"]).reset_index(drop=True)
+    mask = rng.random(n) < 0.6
+    weight = np.where(rng.random(n) < 0.1, np.nan, rng.random(n) * 100)
+    pd.testing.assert_frame_equal(_runs(s, mask, weight), ref_runs(s, mask, weight))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_with_process_is_a_nearest_asof_join_with_tolerance(seed):
+    rng = np.random.default_rng(seed)
+    n, m = int(rng.integers(1, 200)), int(rng.integers(0, 30))
+    s = pd.DataFrame(
+        {"host": pd.Categorical(rng.choice(["a", "b"], n), categories=["a", "b"]),
+         "gpu": rng.integers(0, 3, n), "t_ns": rng.integers(0, 20, n) * 10**9,
+         "dt_s": rng.choice([0.5, 1.0, 1.5, np.nan], n)}
+    ).sort_values(["host", "gpu", "t_ns"], kind="stable").reset_index(drop=True)  # fmt: skip
+    procs = pd.DataFrame(
+        {"host": rng.choice(["a", "b", "c"], m), "gpu": rng.integers(0, 3, m),
+         "t_ns": rng.integers(0, 20, m) * 10**9 + rng.choice([0, 1], m),  # at the tolerance
+         "gpu_mem_bytes": rng.choice([0.0, 5.0, np.nan], m)}
+    )  # fmt: skip
+    ctx = types.SimpleNamespace(run=types.SimpleNamespace(gpu_procs=procs))
+    assert (_with_process(ctx, s) == ref_with_process(procs, s)).all()
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_factorize_on_runs_is_pandas_factorize(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 2000))
+    runs = int(rng.integers(1, 30))
+    lengths = rng.multinomial(n, np.ones(runs) / runs)
+    values = np.repeat(rng.integers(0, 10, runs), lengths)
+    if seed % 3 == 1:
+        values = values.astype(float)
+        values[rng.random(n) < 0.05] = np.nan
+    elif seed % 3 == 2:
+        values = rng.integers(0, 5, n)  # many short runs: the plain factorize
+    codes = _factorize(values)
+    assert codes.dtype == np.int64
+    assert (codes == pd.factorize(values)[0]).all()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_first_of_each_is_not_duplicated(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 60))
+    f = pd.DataFrame(
+        {"host": pd.Categorical(rng.choice(["a", "b"], n), categories=["a", "b"]),
+         "gpu": rng.integers(0, 3, n), "t_ns": rng.integers(0, 5, n)}
+    )  # fmt: skip
+    if seed % 2:
+        f = f.sort_values(["host", "gpu", "t_ns"], kind="stable")
+    keys = ["host", "gpu", "t_ns"]
+    assert (_first_of_each(f, keys) == ~f.duplicated(keys).to_numpy()).all()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_first_rows_of_each_gpu(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    host = pd.Series(rng.choice(["a", "b", None], n, p=[0.45, 0.45, 0.1]), dtype=object)
+    number = rng.choice([0, 1, 2, 7, np.nan, 1e12 if seed % 5 == 0 else 3], n).astype(float)
+    uuid = pd.Series(rng.choice(["u1", "u2", None], n), dtype=object)
+    assert (_first_rows(host, number, uuid) == ref_first_rows(host, number, uuid)).all()
+    assert (_first_rows(host, number, None) == ref_first_rows(host, number, None)).all()
