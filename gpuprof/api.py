@@ -221,6 +221,13 @@ def watch(argv: list[str], options: WatchOptions | None = None) -> WatchResult:
         node_rank=place.node_rank,
         nnodes=place.nnodes,
     )
+    if options.stacks:
+        from gpuprof.collectors import stacks as stack_collector
+
+        meta.stacks = {
+            "rate_hz": options.stack_rate_hz or stack_collector.RATE_HZ,
+            "idle_rate_hz": options.stack_idle_rate_hz or stack_collector.IDLE_RATE_HZ,
+        }
     if place.samples:
         nvml = _open_nvml(host, options, meta, notices)
     else:  # one sampler per node: the node's first task reads its GPUs

@@ -325,6 +325,7 @@ _META_TYPES: dict[str, Any] = {
     "reference_node": lambda v: isinstance(v, str),
     "clocks": lambda v: isinstance(v, dict),
     "nodes": lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),
+    "stacks": lambda v: isinstance(v, dict),
 }
 """The type each stored metadata field must have (None is allowed except where required)."""
 _META_REQUIRED = frozenset({"run_id", "command", "hosts", "gpus", "knobs", "notices",
@@ -375,6 +376,10 @@ class RunMeta:
     (``recorded``, ``lost`` or ``never_recorded``), ``asked_ns`` (its sampler asked for),
     ``from_ns`` (its first sample), ``lost_ns``, ``why``, ``notice`` (the run's notice
     saying it) and ``address`` (the node's IP in Ray's node table), times on the run's clock."""
+    stacks: dict[str, Any] | None = None
+    """How the watcher samples Python stacks (``rate_hz`` while the GPUs work,
+    ``idle_rate_hz`` while they idle; samples per second per process), which a Ray driver
+    hands to the samplers of the cluster's other nodes; None: not sampled (``--no-stacks``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

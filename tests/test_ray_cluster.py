@@ -31,6 +31,7 @@ from conftest import ROOT, clean_env, gpuprof_cmd
 from simnvml import simnvml_env, write_scenario
 
 from gpuprof import store
+from gpuprof.collectors.stacks import find_pyspy
 from gpuprof.integrations.ray_cluster import recorder as recorder_mod
 from gpuprof.integrations.ray_cluster import runtime_env as renv
 from gpuprof.integrations.ray_cluster import setup_hook
@@ -42,6 +43,7 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 MS = 1_000_000
+PYSPY, _ = find_pyspy()
 NODES = {
     # name: (GPU name, GPU count, utilization %, clock skew ns)
     "node0": ("NVIDIA H100 80GB HBM3", 2, 30, 0),
@@ -791,6 +793,19 @@ def test_node_joining_without_nvml_then_lost(cluster, simnvml_lib, tmp_path):
     # the rest went on: node1 sampled after node3 was lost
     t_lost = lost["t_ns"].iloc[0]
     assert (run.gpu[run.gpu["host"] == "node1"]["t_ns"] > t_lost + 1e9).any()
+    # the Python stacks of each node's Ray workers, sampled there by py-spy (as the watcher
+    # samples its own node) and put on the run's clock: the actors' loop, `Worker.until`
+    if PYSPY is not None:
+        frames = dict(zip(run.stack_frames["frame_id"], run.stack_frames["name"]))
+        stacks = {sid: {frames.get(int(f)) for f in text.split()}
+                  for sid, text in zip(run.stacks["stack_id"], run.stacks["frames"])}  # fmt: skip
+        for name in ("node1", "node2"):
+            mine = run.stack_samples[run.stack_samples["host"] == name]
+            looping = mine[[("Worker.until" in stacks.get(s, ())) for s in mine["stack_id"]]]
+            assert len(looping), (name, len(mine))
+            assert looping["t_ns"].between(run.meta.start_ns, run.meta.end_ns).all()
+            # processes of the node's Ray tree, read by its host collector too
+            assert set(mine["pid"]) <= set(run.procs[run.procs["host"] == name]["pid"])
 
 
 def _scrape(port: int) -> dict[str, list[tuple[dict, float]]]:

@@ -8,6 +8,7 @@ one sampling a real process (skipped without it).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -478,6 +479,63 @@ def test_processes_are_chosen_by_role_launchers_last():
     sampler.max_processes = 20
     assert [t.pid for t in sampler._choose()][-2:] == [30, 1]  # no shell: not Python
     sampler.stop()
+
+
+def test_ray_machinery_py_spy_and_the_sampler_itself_are_never_sampled():
+    offered = [collector.Target(40, "other", "python", infra=True),  # dashboard agent
+               collector.Target(41, "other", "py-spy"),  # a round of the node's own
+               collector.Target(os.getpid(), "other", "ray::NodeSampler"),
+               collector.Target(42, "other", "ray::RewardWorker")]  # fmt: skip
+    sampler = collector.StackSampler(_Writer(), "h", lambda: offered, pyspy="py-spy")
+    assert [t.pid for t in sampler._choose()] == [42]
+    sampler.stop()
+
+
+def test_a_ray_nodes_sampler_ships_its_workers_stacks_under_the_nodes_name(tmp_path):
+    # the sampler gpuprof places on a Ray node other than the watcher's, run in this process
+    # (the root of its tree): a worker under it is sampled once the driver's first pull says
+    # the node is recorded, and its stacks ship with the node's name in the run
+    import pyarrow as pa
+
+    from gpuprof import columnar
+    from gpuprof.integrations.ray_cluster.sampler import NodeSampler
+
+    pyspy, why = collector.find_pyspy()
+    if pyspy is None:
+        pytest.skip(why)
+    proc = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)
+    node = NodeSampler("run", "s", stacks={"rate_hz": 20, "idle_rate_hz": 20})
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        info = node.start("node7", 0.1, None, False, None)
+        assert info["start_ns"] > 0 and node.stacks is None  # none before the first pull
+        batches = [node.take()]
+        assert node.stacks is not None
+        deadline = time.monotonic() + 60
+        while node.stacks.rounds == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.5)
+        node._rename("node7b")  # two nodes of one name: the driver renames one
+        batches.append(node.finish())
+    finally:
+        proc.kill()
+        proc.wait()
+    tables: dict[str, list] = {}
+    for batch in batches:
+        for table, (_, blob) in batch["chunks"].items():
+            tables.setdefault(table, []).append(columnar.decode_chunks(table, [blob]))
+    got = {t: pa.concat_tables(parts).to_pandas() for t, parts in tables.items()}
+    samples, frames, stacks = got["stack_samples"], got["stack_frames"], got["stacks"]
+    mine = samples[samples["pid"] == proc.pid]
+    assert len(mine) and set(mine["host"]) == {"node7b"}
+    assert (samples["pid"] != os.getpid()).all()  # never the sampler itself
+    names = dict(zip(frames["frame_id"], frames["name"]))
+    seen = {names[int(f)] for s in stacks["frames"] for f in s.split()}
+    assert "spin_here" in seen
+    assert len(set(frames["frame_id"])) == len(frames)  # interned: each frame shipped once
+    assert (got["threads"]["host"] == "node7b").all()  # busy threads read too
+    cost = got["events"][got["events"]["name"] == "stacks"]
+    assert len(cost) == 1 and cost["host"].iloc[0] == "node7b"
 
 
 # The speedscope file format (jlfwong/speedscope, src/lib/file-format-spec.ts) as a JSON

@@ -19,7 +19,8 @@ environment, which gpuprof neither stores nor depends on. The first rule that ma
 2. ``other`` — Ray infrastructure: ``raylet``, ``gcs_server``, the dashboard and its agent,
    ``log_monitor``, the autoscaler monitor, idle pool workers (``ray::IDLE``, spill/restore
    I/O workers, ``default_worker.py`` before it takes an actor's title), Ray's own actors
-   (``ray::JobSupervisor``, names starting with ``_``); and multiprocessing's resource tracker
+   and agents (``ray::JobSupervisor``, ``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``,
+   names starting with ``_``); and multiprocessing's resource tracker
    (``-c from multiprocessing.resource_tracker import main``).
 3. ``inference`` — vLLM and SGLang engines and the RL frameworks' rollout servers:
    vLLM v1 titles its processes ``VLLM::EngineCore`` / ``VLLM::EngineCore_DP<n>`` and its
@@ -96,7 +97,9 @@ _RAY_INFRA_NAMES = {"raylet", "gcs_server"}
 # Script paths of Ray's own Python daemons (dashboard, agents, log monitor, autoscaler monitor,
 # idle default_worker.py) and its client server.
 _RAY_INFRA_PATH_RE = re.compile(r"/ray/(_private|dashboard|autoscaler|core|util/client)/")
-_RAY_INFRA_CLASS_RE = re.compile(r"^(IDLE|_|JobSupervisor$)|(Spill|Restore|Delete)Worker")
+_RAY_INFRA_CLASS_RE = re.compile(
+    r"^(IDLE|_|JobSupervisor$|DashboardAgent$|RuntimeEnvAgent$)|(Spill|Restore|Delete)Worker"
+)
 _RAY_INFERENCE_CLASS_RE = re.compile(
     r"vllm|sglang|rollout|enginecore|LLMRayActor|RayWorkerWrapper", re.IGNORECASE
 )
@@ -305,6 +308,8 @@ class _Tracked:
     ppid: int | None
     name: str
     role: str
+    infra: bool = False
+    """Ray's own machinery (raylet, dashboard, idle pool workers…): never stack-sampled."""
     last_t_s: float | None = None
     """`time.monotonic()` at the previous reading."""
     last_cpu_s: float | None = None
@@ -419,7 +424,7 @@ class HostCollector:
 
         launcher = self._root_is_launcher
         return [Target(pid, t.role, t.name, t.start_s, t.cpu_pct,
-                       launcher=launcher and pid == self.root_pid)
+                       launcher=launcher and pid == self.root_pid, infra=t.infra)
                 for pid, t in list(self._tracked.items())]  # fmt: skip
 
     def take_threads(self) -> list[ThreadSample]:
@@ -643,8 +648,11 @@ class HostCollector:
                     started = proc.create_time()  # cached by psutil: no system call
                 except psutil.Error:
                     started = 0.0
-                self._tracked[pid] = _Tracked(proc, ppid, name, role, start_s=started)
+                tracked = self._tracked[pid] = _Tracked(proc, ppid, name, role,
+                                                        start_s=started)  # fmt: skip
             else:
                 tracked.ppid, tracked.name, tracked.role = ppid, name, role
+            tracked.infra = role == "other" and _is_ray_infrastructure(cmdline, name,
+                                                                       _parse(cmdline))  # fmt: skip
         for pid in set(self._tracked) - set(identities):
             del self._tracked[pid]

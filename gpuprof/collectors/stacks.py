@@ -34,6 +34,13 @@ reach it; one left behind by a watcher killed with SIGKILL ends with its round.
 The GIL flag py-spy can filter on (``--gil``) is not recorded: in ``record`` mode it drops the
 other samples instead of marking them, and the timelines need every sample.
 
+On a Ray cluster the sampler actor of each other node (`gpuprof.integrations.ray_cluster.
+sampler.NodeSampler`) runs one of these over its node's Ray workers, at the watcher's rates
+(`RunMeta.stacks`); Ray's own processes (raylet, agents, idle pool workers: `Target.infra`),
+py-spy itself and the sampling process are never sampled. A Ray worker's threads block
+SIGINT, which a child inherits: py-spy is started with it unblocked, so SIGINT still ends a
+round with its stacks written.
+
 Where py-spy is missing, may not attach (no ptrace permission: a container without
 ``SYS_PTRACE``, ``kernel.yama.ptrace_scope``), or does not support the Python, one notice says
 why and how to allow it, and the run goes on without stacks. A process that is not Python
@@ -100,7 +107,7 @@ STOP_WAIT_S = 5.0
 NON_PYTHON_NAMES = frozenset({
     "sh", "bash", "dash", "zsh", "fish", "tee", "sleep", "env", "timeout", "time", "raylet",
     "gcs_server", "srun", "mpirun", "orted", "nvidia-smi", "ninja", "cc1", "cc1plus", "gcc",
-    "ld", "make", "git", "ssh",
+    "ld", "make", "git", "ssh", "py-spy",
 })  # fmt: skip
 """Process names never given to py-spy (anything else is tried once)."""
 
@@ -156,6 +163,8 @@ class Target:
     """Its CPU at the host collector's last sample, percent of one core."""
     launcher: bool = False
     """A launcher (torchrun, deepspeed, accelerate…) whose ranks do the work: sampled last."""
+    infra: bool = False
+    """Ray's own machinery (raylet, dashboard and agents, idle pool workers): not sampled."""
 
     @property
     def wants_idle_rate(self) -> bool:
@@ -386,8 +395,9 @@ class StackSampler:
     def _choose(self) -> list[Target]:
         """The processes to sample now: by role, then oldest first, at most
         ``max_processes`` (those already sampled keep their place)."""
-        offered = [t for t in self.targets() if t.pid not in self._excluded]
-        offered = [t for t in offered if t.name not in NON_PYTHON_NAMES]
+        me = os.getpid()  # a Ray node's sampler is a Ray worker in the tree it watches
+        offered = [t for t in self.targets() if t.pid not in self._excluded and t.pid != me]
+        offered = [t for t in offered if t.name not in NON_PYTHON_NAMES and not t.infra]
         rank = {role: i for i, role in enumerate(ROLE_ORDER)}
         offered.sort(key=lambda t: (t.pid not in self._running, t.launcher,
                                     rank.get(t.role, len(rank)), t.start_s, t.pid))  # fmt: skip
@@ -403,7 +413,7 @@ class StackSampler:
                "--nonblocking", "--idle", "--threads"]  # fmt: skip
         started_ns, started_s = now_ns(), time.monotonic()
         try:
-            with open(log_path, "wb") as log:
+            with open(log_path, "wb") as log, _sigint_unblocked():
                 proc = subprocess.Popen(
                     cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True,  # the command's signals are not py-spy's
@@ -523,6 +533,10 @@ class StackSampler:
             if rnd.proc.returncode is None:  # stuck: its round is lost
                 with contextlib.suppress(OSError):
                     rnd.proc.kill()
+                self._say(f"Python stacks: py-spy did not stop within {STOP_WAIT_S:g} s of "
+                          f"SIGINT: the last {self.round_s} s of stacks of process "
+                          f"{rnd.target.pid} ({rnd.target.name}) at most are lost",
+                          key="stuck")  # fmt: skip
             try:
                 self._done(pid)
             except Exception as exc:
@@ -535,6 +549,23 @@ class StackSampler:
         self._said.add(key)
         self.notices.append(line)
         self.notify(line)
+
+
+@contextlib.contextmanager
+def _sigint_unblocked():
+    """SIGINT unblocked in this thread while py-spy is started: a child inherits the
+    starting thread's signal mask, and a Ray worker's threads block SIGINT, which py-spy is
+    stopped with (it then writes its round)."""
+    try:
+        old = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    except (AttributeError, OSError, ValueError):
+        old = None
+    try:
+        yield
+    finally:
+        if old is not None and signal.SIGINT in old:
+            with contextlib.suppress(OSError, ValueError):
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 def pyspy_failure(text: str) -> str:

@@ -54,6 +54,8 @@ class _Plan:
     session: str
     interval_s: float
     nvml: bool
+    stacks: dict[str, Any] | None = None
+    """The watcher's stack sampling (`RunMeta.stacks`), for the other nodes' samplers."""
 
 
 def call(original: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -89,7 +91,7 @@ def _plan(kwargs: dict[str, Any]) -> _Plan | None:
         return None
     import ray
 
-    run_id, interval_s, nvml = _watcher_settings(Path(run_dir))
+    run_id, interval_s, nvml, stacks = _watcher_settings(Path(run_dir))
     session = secrets.token_hex(6)
     env_vars = renv.run_env_vars(run_dir, run_id, session, nodes.node_name())
     with_hook, why = _hook_support(ray)
@@ -98,7 +100,7 @@ def _plan(kwargs: dict[str, Any]) -> _Plan | None:
     if not with_hook:
         # without the hook a worker on another node would write into a directory that only
         # exists here: the job's runtime_env stays as it is
-        return _Plan(dict(kwargs), Path(run_dir), run_id, session, interval_s, nvml)
+        return _Plan(dict(kwargs), Path(run_dir), run_id, session, interval_s, nvml, stacks)
     base = kwargs.get("runtime_env")
     if base is None:
         job_config = kwargs.get("job_config")
@@ -107,7 +109,7 @@ def _plan(kwargs: dict[str, Any]) -> _Plan | None:
     for line in lines:
         warn(line)
     plan_kwargs = {**kwargs, "runtime_env": merged}
-    return _Plan(plan_kwargs, Path(run_dir), run_id, session, interval_s, nvml)
+    return _Plan(plan_kwargs, Path(run_dir), run_id, session, interval_s, nvml, stacks)
 
 
 def _hook_support(ray: Any) -> tuple[bool, str | None]:
@@ -140,13 +142,14 @@ def _submitted_runtime_env() -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _watcher_settings(run_dir: Path) -> tuple[str, float, bool]:
-    """The run's id, the watcher's sampling interval (s) and whether it reads NVML, from the
-    watcher's metadata (written before it started the command); defaults without it."""
-    run_id, interval_s, nvml = run_dir.name, DEFAULT_INTERVAL_S, True
+def _watcher_settings(run_dir: Path) -> tuple[str, float, bool, dict[str, Any] | None]:
+    """The run's id, the watcher's sampling interval (s), whether it reads NVML and how it
+    samples Python stacks (`RunMeta.stacks`), from the watcher's metadata (written before it
+    started the command); defaults without it (stacks at the default rates)."""
+    run_id, interval_s, nvml, stacks = run_dir.name, DEFAULT_INTERVAL_S, True, {}
     db = os.environ.get("GPUPROF_DB")
     if not db or not nodes.on_watcher_machine():
-        return run_id, interval_s, nvml
+        return run_id, interval_s, nvml, stacks
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)
         try:
@@ -155,7 +158,7 @@ def _watcher_settings(run_dir: Path) -> tuple[str, float, bool]:
             conn.close()
         meta = json.loads(row[0]) if row else {}
     except (sqlite3.Error, ValueError, TypeError):
-        return run_id, interval_s, nvml
+        return run_id, interval_s, nvml, stacks
     if isinstance(meta.get("run_id"), str) and meta["run_id"]:
         run_id = meta["run_id"]
     value = meta.get("interval_s")
@@ -163,7 +166,8 @@ def _watcher_settings(run_dir: Path) -> tuple[str, float, bool]:
         interval_s = float(value)
     notices = meta.get("notices") or []
     nvml = not any("--no-nvml" in str(n) for n in notices)
-    return run_id, interval_s, nvml
+    stacks = meta.get("stacks") if isinstance(meta.get("stacks"), dict) else None
+    return run_id, interval_s, nvml, stacks
 
 
 def _start(plan: _Plan) -> None:
@@ -176,7 +180,8 @@ def _start(plan: _Plan) -> None:
         _recorder.finish()  # a second ray.init after a shutdown: a fresh recorder
     recorder = ClusterRecorder(ray, plan.run_dir, plan.run_id, plan.session, nodes.node_name(),
                                socket.gethostname(), interval_s=plan.interval_s,
-                               nvml=plan.nvml, own_node_id=_started_node(ray))  # fmt: skip
+                               nvml=plan.nvml, stacks=plan.stacks,
+                               own_node_id=_started_node(ray))  # fmt: skip
     if not recorder.start():
         return
     _recorder = recorder

@@ -167,6 +167,7 @@ class ClusterRecorder:
         interval_s: float = 0.1,
         host_interval_s: float | None = None,
         nvml: bool = True,
+        stacks: dict[str, Any] | None = None,
         stream: TextIO | None = None,
         own_node_id: str | None = None,
     ) -> None:
@@ -179,6 +180,8 @@ class ClusterRecorder:
         self.interval_s = interval_s
         self.host_interval_s = host_interval_s
         self.nvml = nvml
+        self.stacks = stacks
+        """How the nodes' samplers sample Python stacks (`RunMeta.stacks`; None: not)."""
         self.stream = stream
         self.own_node_id = own_node_id
         """The Ray node this driver started itself (``ray.init()`` without an address): its
@@ -366,7 +369,8 @@ class ClusterRecorder:
                 num_cpus=0,
                 num_gpus=0,
                 max_restarts=0,
-            ).remote(self.run_id, self.session, self.interval_s, self.host_interval_s, self.nvml)
+            ).remote(self.run_id, self.session, self.interval_s, self.host_interval_s, self.nvml,
+                     self.stacks)  # fmt: skip
             node.pending = node.actor.hello.remote()
         except Exception as exc:
             self._fail(node, f"no sampler could be started there ({type(exc).__name__}: {exc})")
@@ -410,7 +414,7 @@ class ClusterRecorder:
             return
         node.state = "starting"  # renamed (its rows so far too), or a sampler that waits
         node.pending = node.actor.start.remote(name, self.interval_s, self.host_interval_s,
-                                               self.nvml)  # fmt: skip
+                                               self.nvml, self.stacks)  # fmt: skip
 
     def _open(self, node: _Node, info: dict[str, Any]) -> None:
         name = node.name

@@ -58,6 +58,7 @@ class RowBuffer:
         self.dropped = 0
         self._lock = threading.Lock()
         self._getters = {t: _row_getter(t) for t in RECORD_TYPES}
+        self._hosted = {t for t in RECORD_TYPES if columns(RECORD_TYPES[t])[0] == "host"}
 
     def add(self, table: str, row: tuple) -> None:
         with self._lock:
@@ -78,9 +79,9 @@ class RowBuffer:
         with self._lock:
             rows, self._rows, self._count = self._rows, {}, 0
         host = self.host
-        if host is not None:  # the host is every table's first column
+        if host is not None:  # the host is the first column of the tables that have one
             for table, kept in rows.items():
-                if any(row[0] != host for row in kept):
+                if table in self._hosted and any(row[0] != host for row in kept):
                     rows[table] = [(host, *row[1:]) for row in kept]
         return rows
 
@@ -221,6 +222,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _setting(settings: dict[str, Any], key: str, default: int) -> int:
+    value = settings.get(key)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return int(value)
+    return default
+
+
 def _start_delay_s() -> float:
     try:
         return max(0.0, float(os.environ.get(ENV_START_DELAY) or 0.0))
@@ -255,12 +263,20 @@ class NodeSampler:
     that way)."""
 
     def __init__(self, run_id: str, session: str, interval_s: float | None = None,
-                 host_interval_s: float | None = None, nvml: bool = True) -> None:  # fmt: skip
+                 host_interval_s: float | None = None, nvml: bool = True,
+                 stacks: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.run_id = run_id
         self.session = session
         self.name = nodes.node_name()
         self.sampler: Any = None
         self.nvml: Any = None
+        self.stacks_settings = stacks
+        """`RunMeta.stacks` of the watcher: sample the node's Python stacks at these rates
+        (None: not)."""
+        self.stacks: Any = None
+        """The node's `StackSampler`, from the first `take` (once the driver knows this is
+        not the watcher's node, whose own watcher samples it)."""
+        self._stacks_tried = False
         self.buffer = RowBuffer()
         self.tail: SpoolTail | None = None
         self.notices: list[str] = []
@@ -301,10 +317,12 @@ class NodeSampler:
                                              or not self._starting.is_alive())  # fmt: skip
 
     def start(self, name: str, interval_s: float, host_interval_s: float | None,
-              nvml: bool) -> dict[str, Any]:  # fmt: skip
+              nvml: bool, stacks: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
         """Sample as ``name`` (the node's name in the run): started here unless it already
         samples (then the rows, those kept so far included, are renamed); returns the node's
         GPU inventory, driver versions, notices and ``start_ns``, its first sample's time."""
+        if stacks is not None:
+            self.stacks_settings = stacks
         if self._starting is not None:
             self._starting.join()  # started as the node's own name: renamed below
         if self.sampler is not None:
@@ -354,7 +372,8 @@ class NodeSampler:
         try:
             from gpuprof.collectors.host import HostCollector
 
-            host = HostCollector(name, _raylet_pid() or os.getpid())
+            host = HostCollector(name, _raylet_pid() or os.getpid(),
+                                 threads=self.stacks_settings is not None)  # fmt: skip
         except Exception as exc:
             self.notices.append(f"{name}: host sampling not available ({exc})")
         self.sampler = Sampler(self.buffer, host, collector, interval_s=interval_s,
@@ -365,7 +384,7 @@ class NodeSampler:
     def _rename(self, name: str) -> None:
         old, self.name = self.name, name
         self.buffer.host = name
-        for collector in (self.nvml, getattr(self.sampler, "host", None)):
+        for collector in (self.nvml, getattr(self.sampler, "host", None), self.stacks):
             if collector is not None:
                 collector.host = name
         self.info["gpus"] = [{**g, "host": name} if g.get("host") == old else g
@@ -384,6 +403,8 @@ class NodeSampler:
 
     def take(self) -> dict[str, Any]:
         """Everything sampled and spooled since the last call, and new notices."""
+        if not self._stacks_tried and self._started():
+            self._start_stacks()
         rows = self.buffer.take()
         if self.tail is not None:
             try:
@@ -408,6 +429,11 @@ class NodeSampler:
 
     def finish(self) -> dict[str, Any]:
         """Stop sampling and return what is left; spool files of exited processes go."""
+        self._stacks_tried = True  # none started now
+        if self.stacks is not None:
+            with contextlib.suppress(Exception):
+                self.stacks.stop()  # its rounds end and are stored: the take below ships them
+                self.buffer.add_records("events", [self.stacks.cost_event()])
         if self.sampler is not None:
             self.sampler.stop()
         batch = self.take()
@@ -419,6 +445,38 @@ class NodeSampler:
                 self.tail.remove_finished()
             self.tail.close()
         return batch
+
+    def _start_stacks(self) -> None:
+        """Sample the Python stacks of the node's Ray workers (py-spy, as the watcher does
+        its own node's), when the watcher does and this node samples; a node without py-spy
+        says so once."""
+        self._stacks_tried = True
+        settings, host = self.stacks_settings, getattr(self.sampler, "host", None)
+        if settings is None or host is None:
+            return
+        try:
+            from gpuprof.collectors import stacks as stack_collector
+
+            pyspy, why = stack_collector.find_pyspy()
+            if pyspy is None:
+                self._note(f"{self.name}: Python stacks: {why}: the node goes on without stacks")
+                return
+            sampler = self.sampler
+
+            def gpu_idle() -> bool | None:
+                latest = sampler.latest()
+                return stack_collector.gpus_idle(latest[1]) if latest else None
+
+            self.stacks = stack_collector.StackSampler(
+                self.buffer, self.name, host.stack_targets, gpu_idle, pyspy=pyspy,
+                rate_hz=_setting(settings, "rate_hz", stack_collector.RATE_HZ),
+                idle_rate_hz=_setting(settings, "idle_rate_hz", stack_collector.IDLE_RATE_HZ),
+                notify=lambda line: self._note(f"{self.name}: {line}"),
+            )  # fmt: skip
+            self.stacks.start()
+        except Exception as exc:  # stacks are extra: sampling goes on without them
+            self._note(f"{self.name}: Python stacks not sampled ({type(exc).__name__}: {exc})")
+            self.stacks = None
 
     def _note(self, line: str) -> None:
         if line not in self.notices:
