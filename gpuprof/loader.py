@@ -125,9 +125,14 @@ def _reduced_gpu(
     else:
         budget = budget or 1
         factor = math.ceil(total / max(budget - n_bounds, budget // 4, 1))
+    # the samples come as recorded, on their node's clock: onto the run's, like every other
+    # table (`store.load_run`), before they are cut at the spans' boundaries
+    offsets = {node: int(c.get("offset_ns") or 0) for node, c in run.meta.clocks.items()}
     parts = []
     for frame in store.iter_gpu_samples(run_dir, categories=True):
         key = (frame["host"].iloc[0], int(frame["gpu"].iloc[0]))
+        if offsets.get(key[0]):
+            frame["t_ns"] = frame["t_ns"].to_numpy(np.int64) + offsets[key[0]]
         parts.append(resample.reduce_gpu(frame, bounds.get(key), factor))
     for part in parts:  # one category set per column, so the concatenation keeps codes
         for name in ("host", "uuid"):

@@ -142,3 +142,36 @@ def test_process_samples_beyond_their_budget_merge_into_buckets(long_run, monkey
     before = full.procs.groupby("pid")["cpu_pct"].mean()
     after = run.procs.groupby("pid")["cpu_pct"].mean()
     assert np.allclose(before.sort_index(), after.sort_index(), rtol=0.05, atol=1.0)
+
+
+def test_merged_samples_of_a_node_are_put_on_the_runs_clock(tmp_path):
+    # a node whose clock the driver measured 300 ms off: its GPU samples are shifted onto
+    # the run's clock whether they are loaded as recorded or merged for a long run
+    import json
+    import sqlite3
+
+    cfg = SimConfig(gpus=16, steps=4, seed=5)
+    run = simulate(cfg).run
+    hosts = sorted(run.gpu["host"].unique())
+    assert len(hosts) == 2
+    run_dir = tmp_path / "run"
+    store.save_run(run, run_dir)
+    node = hosts[1]
+    clock = {"node": node, "offset_ns": 300_000_000, "error_ns": 1_000, "method": "ray-rtt",
+             "reference": hosts[0]}  # fmt: skip
+    conn = sqlite3.connect(store.host_file(run_dir, node))
+    with conn:
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock', ?)",
+                     (json.dumps(clock),))  # fmt: skip
+    conn.close()
+    full = load_for_analysis(run_dir, None)
+    merged = load_for_analysis(run_dir, merge=4)
+    assert full.meta.clocks[node]["offset_ns"] == 300_000_000
+    recorded = run.gpu[run.gpu["host"] == node]["t_ns"]
+    shifted = full.gpu[full.gpu["host"] == node]["t_ns"]
+    assert shifted.min() == recorded.min() + 300_000_000
+    mine = merged.gpu[merged.gpu["host"] == node]["t_ns"]
+    assert len(mine) < len(shifted) / 2
+    assert mine.min() == shifted.min() and set(mine) <= set(shifted)
+    other = merged.gpu[merged.gpu["host"] == hosts[0]]["t_ns"]
+    assert other.min() == run.gpu[run.gpu["host"] == hosts[0]]["t_ns"].min()
