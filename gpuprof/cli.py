@@ -28,11 +28,11 @@ def _err(message: str) -> None:
     print(f"gpuprof: error: {message}", file=sys.stderr)
 
 
-def _load_or_exit(run_dir: Path):
+def _load_or_exit(run_dir: Path, workers: int | None = None):
     from gpuprof import api
 
     try:
-        return api.load_for_analysis(run_dir)
+        return api.load_for_analysis(run_dir, workers=workers)
     except api.RunError as exc:
         _err(str(exc))
         raise SystemExit(EXIT_BAD_INPUT) from None
@@ -45,11 +45,12 @@ def analyze_command(
     gpu_hour_price: float | None = None,
     model_params: str | None = None,
     gpu: str | None = None,
+    workers: int | None = None,
 ) -> None:
     """``gpuprof analyze``: the diagnosis as text, or as one JSON document (no rich)."""
     from gpuprof import api
 
-    run = _load_or_exit(run_dir)
+    run = _load_or_exit(run_dir, workers)
     diagnosis = api.analyze(run, gpu_hour_price=gpu_hour_price, model_params=model_params, gpu=gpu)
     if json_out:
         from gpuprof.reports.fmt import render_json
@@ -69,11 +70,12 @@ def report_command(
     gpu_hour_price: float | None = None,
     model_params: str | None = None,
     gpu: str | None = None,
+    workers: int | None = None,
 ) -> None:
     """``gpuprof report``: write the HTML report and print its path."""
     from gpuprof import api
 
-    run = _load_or_exit(run_dir)
+    run = _load_or_exit(run_dir, workers)
     try:
         path = api.report(
             run_dir,
@@ -133,6 +135,7 @@ _FIGURES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--gpu-hour-price": ("gpu_hour_price", _price),
     "--model-params": ("model_params", _model_params),
     "--gpu": ("gpu", _gpu),
+    "--workers": ("workers", _count),
 }
 _Options = dict[str, tuple[str, Callable[[str], Any] | None]]
 _PLAIN: dict[str, tuple[Callable[..., None], _Options]] = {

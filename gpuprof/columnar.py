@@ -355,15 +355,20 @@ def _in_order(data: pa.Table, column: str) -> pa.Table:
     return data.combine_chunks().take(np.argsort(values, kind="stable"))
 
 
-def read_groups(path: Path, table: str, categories: bool = False) -> Iterator[pd.DataFrame]:
+def read_groups(
+    path: Path, table: str, categories: bool = False, select: Callable[[int], bool] | None = None
+) -> Iterator[pd.DataFrame]:
     """A side file one row group at a time (one GPU at a time for the ``gpu`` table);
-    strings as categoricals with ``categories`` (see `to_frame`)."""
+    strings as categoricals with ``categories`` (see `to_frame`); only the row groups
+    ``select(index)`` accepts, when given (the others are not read)."""
     text = [f.name for f in schema(table) if pa.types.is_string(f.type)]
     try:
         _check_columns(path, table)
         # dictionary pages read straight into categoricals: no Python string per row
         parquet = _parquet().ParquetFile(path, read_dictionary=text if categories else None)
         for i in range(parquet.num_row_groups):
+            if select is not None and not select(i):
+                continue
             data = parquet.read_row_group(i)
             yield to_frame(data if categories else data.cast(schema(table)), categories)
     except _READ_ERRORS as exc:
@@ -388,6 +393,14 @@ def group_keys(path: Path) -> pd.DataFrame:
             values.append(stats.max if ok else None)
         rows.append(values)
     return pd.DataFrame(rows, columns=["host", "gpu", "uuid"], dtype=object)
+
+
+def count_groups(path: Path) -> int:
+    """Row groups in a side file, from its footer (one per GPU in a ``gpu`` side file)."""
+    try:
+        return int(_parquet().ParquetFile(path).metadata.num_row_groups)
+    except _READ_ERRORS as exc:
+        raise RunError(f"{path}: unreadable side file ({_first_line(exc)})") from None
 
 
 def count(path: Path) -> int:

@@ -60,6 +60,15 @@ def _gpu_name(value: str | None) -> str | None:
     return value
 
 
+Workers = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        min=1,
+        help="Processes that read a long run (default: every core; GPUPROF_WORKERS). The "
+        "diagnosis does not depend on it.",
+    ),
+]
 GpuName = Annotated[
     str | None,
     typer.Option(
@@ -355,8 +364,9 @@ def analyze(
     gpu_hour_price: GpuHourPrice = None,
     model_params: ModelParams = None,
     gpu: GpuName = None,
+    workers: Workers = None,
 ) -> None:
-    analyze_command(run_dir, json_out, top, gpu_hour_price, model_params, gpu)
+    analyze_command(run_dir, json_out, top, gpu_hour_price, model_params, gpu, workers)
 
 
 @app.command(help="Compare two runs: before/after table of utilization, step time, phases.")
@@ -433,8 +443,9 @@ def report(
     gpu_hour_price: GpuHourPrice = None,
     model_params: ModelParams = None,
     gpu: GpuName = None,
+    workers: Workers = None,
 ) -> None:
-    report_command(run_dir, output, gpu_hour_price, model_params, gpu)
+    report_command(run_dir, output, gpu_hour_price, model_params, gpu, workers)
 
 
 @app.command(

@@ -7,13 +7,26 @@ across a span boundary of the GPU's owner, so time per phase keeps its full-reso
 accuracy. Host, process and GPU-process samples beyond their own budgets (`MAX_HOST_ROWS`) are
 merged into time buckets, never finer than the GPU samples'. Memory then stays near the budget
 whatever the length of the run, and the run's notices say what was done.
+
+A long run is read on every core the process may use (`workers`, ``GPUPROF_WORKERS``): the
+run files' host-side tables one file per task, then the GPU samples in parts (round-robin
+over the GPUs, `store.iter_gpu_parts`), each part read and merged by one worker process and
+the parts put back in the stream's order, so the result is the same, row for row, as one
+process reading it all. The workers are forked (Linux): a script calling this needs no
+``if __name__ == "__main__"`` guard. Elsewhere, or with one core, one process does it all.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import multiprocessing
 import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,6 +42,22 @@ MAX_GPU_SAMPLES = 1_500_000
 """GPU samples analysed at full resolution; beyond it they are merged (see module doc)."""
 MAX_HOST_ROWS: dict[str, int] = {"host": 100_000, "procs": 400_000, "gpu_procs": 200_000}
 """Rows of each host-side sample table kept at full resolution."""
+ENV_WORKERS = "GPUPROF_WORKERS"
+"""Processes that read a long run (default: the cores this process may use)."""
+
+
+def default_workers() -> int:
+    """`ENV_WORKERS` when set to a positive number, else the cores this process may run on."""
+    try:
+        given = int(os.environ.get(ENV_WORKERS) or 0)
+    except ValueError:
+        given = 0
+    if given > 0:
+        return given
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def load_for_analysis(
@@ -36,23 +65,30 @@ def load_for_analysis(
     max_gpu_samples: int | None = MAX_GPU_SAMPLES,
     *,
     merge: int | None = None,
+    workers: int | None = None,
 ) -> Run:
     """The run in ``run_dir``, with about ``max_gpu_samples`` GPU samples at most.
 
     ``None`` loads everything as recorded; ``merge`` merges exactly that many consecutive GPU
-    samples (within phases) whatever the run's size, to see what merging does. Framework knobs
-    that adapters recorded as events join the run's metadata (a watcher does this when the run
-    ends; processes that called ``gpuprof.init`` themselves have none). Raises
+    samples (within phases) whatever the run's size, to see what merging does. ``workers``:
+    processes that read and merge a run too long to load as recorded (default
+    `default_workers`; 1: this process alone); the result does not depend on it. Framework
+    knobs that adapters recorded as events join the run's metadata (a watcher does this when
+    the run ends; processes that called ``gpuprof.init`` themselves have none). Raises
     `store.RunError` (one line) for an unreadable run.
     """
-    run = _load(run_dir, max_gpu_samples, merge)
+    run = _load(run_dir, max_gpu_samples, merge, workers)
     merge_run_events(run)
     return run
 
 
-def _load(run_dir: str | os.PathLike, max_gpu_samples: int | None, merge: int | None) -> Run:
+def _load(
+    run_dir: str | os.PathLike, max_gpu_samples: int | None, merge: int | None,
+    workers: int | None,
+) -> Run:  # fmt: skip
     if merge is not None and merge > 1:
-        return _load_merged(run_dir, store.count_rows(run_dir, "gpu"), None, set(), {}, merge)
+        total = store.count_rows(run_dir, "gpu")
+        return _load_merged(run_dir, total, None, set(), {}, merge, workers)
     if max_gpu_samples is None:
         return store.load_run(run_dir)
     total = store.count_rows(run_dir, "gpu")
@@ -61,7 +97,76 @@ def _load(run_dir: str | os.PathLike, max_gpu_samples: int | None, merge: int | 
     if total <= max_gpu_samples and not big:
         return store.load_run(run_dir)
 
-    return _load_merged(run_dir, total, max_gpu_samples, big, rows, None)
+    return _load_merged(run_dir, total, max_gpu_samples, big, rows, None, workers)
+
+
+@dataclasses.dataclass
+class _TableReducer:
+    """Merges a file's host-side table beyond its budget into time buckets (`load_run`'s
+    ``reduce``); ``windows`` keeps the bucket width used per table."""
+
+    big: set[str]
+    rows: dict[str, int]
+    gpu_window_ns: int
+    windows: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def __call__(self, table: str, frame: pd.DataFrame) -> pd.DataFrame:
+        if table not in self.big:
+            return frame
+        step = math.ceil(self.rows[table] / MAX_HOST_ROWS[table])
+        window = max(self.gpu_window_ns, step * resample.typical_interval_ns(table, frame))
+        self.windows[table] = max(self.windows.get(table, 0), window)
+        return resample.reduce_table(table, frame, window)
+
+
+def _read_reduced(path: Path, skip: tuple[str, ...], reducer: _TableReducer) -> tuple:
+    """One file's metadata and frames (`store.read_file`) and the bucket widths used."""
+    reducer = dataclasses.replace(reducer, windows={})
+    meta, frames = store.read_file(path, skip, reducer)
+    return meta, frames, reducer.windows
+
+
+class _Workers:
+    """``map(fn, calls)`` → ``[fn(*args) for args in calls]``, on forked worker processes
+    when there are several workers and several calls, else in this process. A pool that
+    breaks (a worker killed, say) is said once and the rest runs here."""
+
+    def __init__(self, workers: int) -> None:
+        fork = (
+            sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+        )
+        self.workers = max(1, workers) if fork else 1
+        self.notices: list[str] = []
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def map(self, fn: Callable[..., Any], calls: Iterable[Sequence[Any]]) -> list[Any]:
+        calls = [tuple(args) for args in calls]
+        if self.workers > 1 and len(calls) > 1:
+            try:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ProcessPoolExecutor(
+                        max_workers=min(self.workers, len(calls)),
+                        mp_context=multiprocessing.get_context("fork"),
+                    )  # fmt: skip
+                futures = [self._pool.submit(fn, *args) for args in calls]
+                return [future.result() for future in futures]
+            except concurrent.futures.process.BrokenProcessPool as exc:
+                self.notices.append(f"reading on {self.workers} processes failed ({exc}): "
+                                    "read by one process instead")  # fmt: skip
+                self.close()
+                self.workers = 1
+        return [fn(*args) for args in calls]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _load_merged(
@@ -71,6 +176,7 @@ def _load_merged(
     big: set[str],
     rows: dict[str, int],
     merge: int | None,
+    workers: int | None = None,
 ) -> Run:
     factor = 1
     interval_ns = 0
@@ -79,22 +185,25 @@ def _load_merged(
         interval_ns = _interval_ns(next(stream, None))
         stream.close()
         factor = merge or math.ceil(total / max(1, max_gpu_samples or 1))
-    gpu_window_ns = factor * interval_ns
+    reducer = _TableReducer(big, rows, factor * interval_ns)
     windows: dict[str, int] = {}
-
-    def reduce(table: str, frame: pd.DataFrame) -> pd.DataFrame:
-        if table not in big:
-            return frame
-        step = math.ceil(rows[table] / MAX_HOST_ROWS[table])
-        window = max(gpu_window_ns, step * resample.typical_interval_ns(table, frame))
-        windows[table] = max(windows.get(table, 0), window)
-        return resample.reduce_table(table, frame, window)
-
     skip = ("gpu",) if factor > 1 else ()
-    run = store.load_run(run_dir, skip=skip, reduce=reduce)
-    notices = []
+
+    with _Workers(workers or default_workers()) as pool:
+
+        def read(paths: Sequence[Path]) -> list[tuple]:
+            out = []
+            for meta, frames, used in pool.map(_read_reduced, [(p, skip, reducer) for p in paths]):
+                for table, window in used.items():
+                    windows[table] = max(windows.get(table, 0), window)
+                out.append((meta, frames))
+            return out
+
+        run = store.load_run(run_dir, read=read)
+        if factor > 1:
+            run.gpu = _reduced_gpu(run_dir, run, total, max_gpu_samples, merge, pool)
+    notices = list(pool.notices)
     if factor > 1:
-        run.gpu = _reduced_gpu(run_dir, run, total, max_gpu_samples, merge)
         notices.append(
             f"long run: {total:,} GPU samples analysed as {len(run.gpu):,} (up to "
             f"{run.gpu.attrs.get('factor', factor)} consecutive samples merged within each phase)"
@@ -106,10 +215,15 @@ def _load_merged(
 
 
 def _reduced_gpu(
-    run_dir: str | os.PathLike, run: Run, total: int, budget: int | None, merge: int | None
+    run_dir: str | os.PathLike,
+    run: Run,
+    total: int,
+    budget: int | None,
+    merge: int | None,
+    pool: _Workers,
 ) -> pd.DataFrame:
     """The run's GPU samples merged to about ``budget`` rows (or by exactly ``merge``), one
-    GPU at a time."""
+    GPU at a time, in ``pool``'s workers (a part of the GPUs each)."""
     keys = store.gpu_keys(run_dir)
     inventory = pd.DataFrame(
         {"host": keys["host"].astype(object), "gpu": keys["gpu"].astype(np.int64),
@@ -128,12 +242,12 @@ def _reduced_gpu(
     # the samples come as recorded, on their node's clock: onto the run's, like every other
     # table (`store.load_run`), before they are cut at the spans' boundaries
     offsets = {node: int(c.get("offset_ns") or 0) for node, c in run.meta.clocks.items()}
-    parts = []
-    for frame in store.iter_gpu_samples(run_dir, categories=True):
-        key = (frame["host"].iloc[0], int(frame["gpu"].iloc[0]))
-        if offsets.get(key[0]):
-            frame["t_ns"] = frame["t_ns"].to_numpy(np.int64) + offsets[key[0]]
-        parts.append(resample.reduce_gpu(frame, bounds.get(key), factor))
+    n = pool.workers
+    calls = [(run_dir, part, n, bounds, factor, offsets) for part in range(n)]
+    ordered = sorted((item for got in pool.map(_reduce_gpu_part, calls) for item in got),
+                     key=lambda item: item[0])  # fmt: skip
+    parts = [frame for _, frame in ordered]
+    del ordered
     for part in parts:  # one category set per column, so the concatenation keeps codes
         for name in ("host", "uuid"):
             part[name] = part[name].astype(object)
@@ -144,10 +258,26 @@ def _reduced_gpu(
     return gpu
 
 
+def _reduce_gpu_part(
+    run_dir: str | os.PathLike, part: int, parts: int, bounds: dict[tuple, np.ndarray],
+    factor: int, offsets: dict[str, int],
+) -> list[tuple[tuple[int, int, int], pd.DataFrame]]:  # fmt: skip
+    """Part ``part`` of ``parts`` of the run's GPU samples (`store.iter_gpu_parts`), each GPU
+    put on the run's clock and merged by ``factor`` within ``bounds``, with its place in the
+    stream."""
+    out = []
+    for place, frame in store.iter_gpu_parts(run_dir, True, part, parts):
+        key = (frame["host"].iloc[0], int(frame["gpu"].iloc[0]))
+        if offsets.get(key[0]):
+            frame["t_ns"] = frame["t_ns"].to_numpy(np.int64) + offsets[key[0]]
+        out.append((place, resample.reduce_gpu(frame, bounds.get(key), factor)))
+    return out
+
+
 def _interval_ns(frame: pd.DataFrame | None) -> int:
     """The typical sampling interval of one GPU's samples, in ns (0.1 s when unknown)."""
     if frame is None or len(frame) < 2:
         return 100_000_000
     gaps = np.diff(frame["t_ns"].to_numpy(np.int64))
     gaps = gaps[gaps > 0]
-    return int(np.median(gaps)) if len(gaps) else 100_000_000
+    return int(resample.typical_gap(gaps)) if len(gaps) else 100_000_000

@@ -17,6 +17,7 @@ crash or SIGKILL loses at most the last second.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import operator
 import os
@@ -391,10 +392,12 @@ _SORT_KEY = {"spans": "start_ns"}
 """The column a loaded table is sorted by (stable), when not ``t_ns``."""
 
 
-def _read_file(
+def read_file(
     path: Path, skip: Collection[str] = (), reduce: Reducer | None = None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, pd.DataFrame]]:
-    """Metadata and typed frames of one run file (its columnar side files included)."""
+    """Metadata and typed frames of one run file (its columnar side files included), tables
+    in ``skip`` left out, each other table passed through ``reduce(table, frame)`` when
+    given."""
     try:
         if path.stat().st_size == 0:
             raise RunError(f"{path}: empty file (the run never wrote data)")
@@ -712,8 +715,16 @@ def _align_nodes(
     return found
 
 
+FileReader = Callable[[Sequence[Path]], Iterable[tuple[dict[str, Any], dict[str, pd.DataFrame]]]]
+"""``read(paths)`` → each run file's metadata and frames (`read_file`), in the files' order."""
+
+
 def load_run(
-    run_dir: str | os.PathLike, *, skip: Collection[str] = (), reduce: Reducer | None = None
+    run_dir: str | os.PathLike,
+    *,
+    skip: Collection[str] = (),
+    reduce: Reducer | None = None,
+    read: FileReader | None = None,
 ) -> Run:
     """Read every run file of a run directory (or one file) and merge them into a `Run`.
 
@@ -721,14 +732,18 @@ def load_run(
     with one line naming the bad file. Tables named in ``skip`` are left empty (a caller that
     streams GPU samples with `iter_gpu_samples` skips ``gpu``); ``reduce(table, frame)``, when
     given, is applied to each file's frame of each table before the files are merged, which
-    bounds memory for very long runs.
+    bounds memory for very long runs. ``read`` reads the files instead of this process (in
+    other processes, say), with ``skip`` and ``reduce`` its own business; what it returns for
+    each file must be what `read_file` would.
     """
     run_dir = Path(run_dir)
     metas: list[dict[str, Any]] = []
     parts: dict[str, list[pd.DataFrame]] = {table: [] for table in RECORD_TYPES}
     offsets: dict[str, clocks.ClockOffset] = {}
-    for path in run_files(run_dir):
-        meta, frames = _read_file(path, skip, reduce)
+    paths = run_files(run_dir)
+    if read is None:
+        read = lambda paths: (read_file(p, skip, reduce) for p in paths)  # noqa: E731
+    for path, (meta, frames) in zip(paths, read(paths), strict=True):
         metas.extend(value for key, value in meta.items() if key == "run" or key.startswith("run."))
         # a node's offset measured while recording (e.g. round trips through Ray)
         stored = clocks.stored_offset(path.name.split(".")[0], meta.get("clock"))
@@ -782,7 +797,23 @@ def iter_gpu_samples(
     Memory stays at one GPU's samples, whatever the length of the run. With ``categories``
     the string columns (host, uuid) of side-file samples come as pandas categoricals.
     """
-    for path in run_files(Path(run_dir)):
+    for _, frame in iter_gpu_parts(run_dir, categories):
+        yield frame
+
+
+def iter_gpu_parts(
+    run_dir: str | os.PathLike, categories: bool = False, part: int = 0, parts: int = 1
+) -> Iterator[tuple[tuple[int, int, int], pd.DataFrame]]:
+    """Part ``part`` of ``parts`` of `iter_gpu_samples`, each frame with its place in the
+    whole stream (sorting the parts' frames by it gives the stream's order).
+
+    The parts split the side files' row groups (one GPU each) round-robin over the whole
+    run, and give each file's GPU rows still in SQLite to one part; a part reads only what
+    is its own (the footers of every side file aside), so ``parts`` processes can read a run
+    together.
+    """
+    seen = 0  # side-file row groups before this file's: the round-robin runs across files
+    for index, path in enumerate(run_files(Path(run_dir))):
         try:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
         except sqlite3.Error as exc:
@@ -791,14 +822,24 @@ def iter_gpu_samples(
             _check_header(conn, path, allow_new=False)
             sides = _side_files(path, conn)
             if "gpu" in sides:
-                for frame in columnar.read_groups(sides["gpu"], "gpu", categories):
-                    yield frame.sort_values("t_ns", kind="stable", ignore_index=True)
+                n_groups = columnar.count_groups(sides["gpu"]) if parts > 1 else 0
+                mine = [g for g in range(n_groups) if (seen + g) % parts == part]
+                select = None if parts == 1 else set(mine).__contains__
+                frames = columnar.read_groups(sides["gpu"], "gpu", categories, select)
+                for group, frame in zip(mine if parts > 1 else itertools.count(), frames):
+                    yield (index, 0, group), frame.sort_values("t_ns", kind="stable",
+                                                               ignore_index=True)  # fmt: skip
+                seen += n_groups
+            if index % parts != part:
+                continue
             rows = read_table(conn, "gpu")
             chunked = read_chunks(conn, "gpu")
             if len(chunked):
                 rows = pd.concat([chunked, rows], ignore_index=True) if len(rows) else chunked
-            for _, frame in rows.groupby(["host", "gpu"], sort=True, dropna=False):
-                yield frame.sort_values("t_ns", kind="stable", ignore_index=True)
+            groups = rows.groupby(["host", "gpu"], sort=True, dropna=False)
+            for group, (_, frame) in enumerate(groups):
+                yield (index, 1, group), frame.sort_values("t_ns", kind="stable",
+                                                           ignore_index=True)  # fmt: skip
         except sqlite3.DatabaseError as exc:
             raise RunError(f"{path}: damaged or not a gpuprof run file ({exc})") from None
         except (OSError, pa.ArrowException) as exc:

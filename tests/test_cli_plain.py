@@ -33,6 +33,7 @@ def run_dir(tmp_path_factory) -> Path:
         (["analyze", "R", "--gpu", "H100", "--model-params", "7B"],
          {"gpu": "H100", "model_params": "7B"}),
         (["analyze", "--", "R"], {}),
+        (["analyze", "R", "--workers", "2"], {"workers": 2}),
         (["report", "R", "-o", "out.html"], {"output": Path("out.html")}),
         (["report", "R", "--output=out.html", "--gpu-hour-price", "0"],
          {"output": Path("out.html"), "gpu_hour_price": 0.0}),
@@ -54,6 +55,7 @@ def test_plain_arguments_are_parsed_here(argv, kwargs):
         ["analyze", "R", "--gpu-hour-price", "-1"], ["analyze", "R", "--gpu-hour-price", "1e3"],
         ["analyze", "R", "--gpu", "no such gpu"], ["analyze", "R", "--model-params", "lots"],
         ["analyze", "R", "--unknown"], ["analyze", ""], ["report", "R", "-oX"],
+        ["analyze", "R", "--workers", "0"],
     ],
 )  # fmt: skip
 def test_anything_unusual_goes_to_typer(argv):

@@ -175,3 +175,33 @@ def test_merged_samples_of_a_node_are_put_on_the_runs_clock(tmp_path):
     assert mine.min() == shifted.min() and set(mine) <= set(shifted)
     other = merged.gpu[merged.gpu["host"] == hosts[0]]["t_ns"]
     assert other.min() == run.gpu[run.gpu["host"] == hosts[0]]["t_ns"].min()
+
+
+def test_a_long_run_read_on_several_processes_is_the_same_row_for_row(long_run, monkeypatch):
+    # the partitions (files, then GPUs round-robin) read by forked workers and put back in
+    # order: every table and the diagnosis identical to one process reading it all
+    import pandas.testing as pdt
+
+    from gpuprof import loader
+
+    full = store.load_run(long_run)
+    monkeypatch.setitem(loader.MAX_HOST_ROWS, "procs", len(full.procs) // 8)
+    budget = len(full.gpu) // 12
+    one = load_for_analysis(long_run, budget, workers=1)
+    three = load_for_analysis(long_run, budget, workers=3)
+    assert len(one.gpu) < len(full.gpu) / 5 and len(one.procs) < len(full.procs) / 4
+    for table in ("gpu", "host", "procs", "gpu_procs", "spans", "events"):
+        pdt.assert_frame_equal(getattr(one, table), getattr(three, table))
+    assert one.meta.to_dict() == three.meta.to_dict()
+    assert diagnose(one).to_dict() == diagnose(three).to_dict()
+
+
+def test_the_gpu_parts_cover_the_stream_once_in_its_order(long_run):
+    whole = [frame for frame in store.iter_gpu_samples(long_run)]
+    parts = [item for part in range(3) for item in store.iter_gpu_parts(long_run, False, part, 3)]
+    assert len(parts) == len(whole) == 16
+    ordered = [frame for _, frame in sorted(parts, key=lambda item: item[0])]
+    for a, b in zip(whole, ordered):
+        pd.testing.assert_frame_equal(a, b)
+    sizes = [sum(1 for _ in store.iter_gpu_parts(long_run, False, k, 3)) for k in range(3)]
+    assert sorted(sizes) == [5, 5, 6]  # round-robin over the GPUs
