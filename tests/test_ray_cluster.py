@@ -670,20 +670,24 @@ def test_whole_cluster_recorded_with_aligned_clocks(cluster, simnvml_lib, tmp_pa
         timed = spans[(spans["name"] == "update_actor") & (spans["host"] == "node2")]
         assert len(timed) == 10
 
-    # the injected skews, recovered from round trips and stored with each node's file
+    # the injected skews, recovered from round trips and stored with each node's file: within
+    # the error each estimate states (half its tightest round trip), which is a few ms at most
+    # even with both cores busy (round trips go on until one is tight, within a budget)
+    errors = []
     for name in ("node1", "node2"):
         clock = _file_meta(run_dir / f"{name}.sqlite")["clock"]
         assert clock["method"] == "ray-rtt" and clock["reference"] == "node0"
         assert clock["node"] == name
         skew = NODES[name][3]
-        assert abs(clock["offset_ns"] + skew) < 5 * MS, clock
-        assert 0 <= clock["error_ns"] < 5 * MS
+        assert 0 <= clock["error_ns"] < 25 * MS, clock
+        assert abs(clock["offset_ns"] + skew) <= clock["error_ns"] + MS // 2, clock
         assert run.meta.clocks[name]["offset_ns"] == clock["offset_ns"]
+        errors.append(clock["error_ns"])
     # after alignment every actor's span lies inside the driver's window around its call
     windows = spans[spans["phase"] == "sync_window"].sort_values("start_ns")
     synced = spans[spans["phase"] == "sync"].sort_values("start_ns")
     assert len(windows) == len(synced) == 15
-    slack = 5 * MS
+    slack = 5 * MS + max(errors)
     for (_, window), (_, inner) in zip(windows.iterrows(), synced.iterrows()):
         assert window["start_ns"] - slack <= inner["start_ns"]
         assert inner["end_ns"] <= window["end_ns"] + slack, (window, inner)

@@ -19,8 +19,10 @@ of 64 nodes' rows took a third of a core: docs/PERFORMANCE.md).
 
 Clock offsets: ``t0`` and ``t1`` read here around a call that reads the node's clock ``n``;
 the node's offset is ``(t0 + t1) / 2 - n`` (add it to the node's times to get the run's),
-good to ``(t1 - t0) / 2``; the tightest of `CLOCK_ROUNDS` round trips is kept, measured when
-a node starts and every `CLOCK_EVERY_S`, and stored in the node's file as the ``"clock"``
+good to ``(t1 - t0) / 2``; the tightest of `CLOCK_ROUNDS` round trips is kept (more, up to
+`CLOCK_MAX_ROUNDS` within `CLOCK_BUDGET_S`, while none is tighter than `CLOCK_TIGHT_NS`: on a
+loaded machine most round trips wait on the scheduler), measured when a node starts and every
+`CLOCK_EVERY_S`, and stored in the node's file as the ``"clock"``
 metadata document that `gpuprof.clocks.stored_offset` reads. Rows are stored on the node's
 own clock, as every writer of a run does; the loader applies the offset.
 
@@ -71,7 +73,14 @@ START_POLL_S = 0.1
 TAKE_WAIT_S = 0.3
 """How long one tick waits for the samplers' replies (later replies are read next tick)."""
 CLOCK_ROUNDS = 8
-"""Round trips per clock measurement; the tightest is kept."""
+"""Round trips per clock measurement at least; the tightest is kept."""
+CLOCK_TIGHT_NS = 2_000_000
+"""A round trip this short bounds the offset to ±1 ms: past `CLOCK_ROUNDS`, round trips go on
+until one is (or `CLOCK_MAX_ROUNDS`, or `CLOCK_BUDGET_S`)."""
+CLOCK_MAX_ROUNDS = 64
+"""Round trips per clock measurement at most."""
+CLOCK_BUDGET_S = 1.0
+"""Time one clock measurement may take past its first `CLOCK_ROUNDS` round trips."""
 CLOCK_EVERY_S = 60.0
 """How often each node's clock offset is measured again (clocks drift: NTP-disciplined clocks
 by microseconds per minute). At most one node is measured per tick, so in a large cluster each is
@@ -546,10 +555,21 @@ class ClusterRecorder:
         try:
             if node.pending is not None:  # the actor answers in order: let it reply first
                 self.ray.wait([node.pending], timeout=5.0)
-            for _ in range(CLOCK_ROUNDS):
+            deadline = None
+            tightest = None
+            while len(readings) < CLOCK_MAX_ROUNDS:
                 t0 = now_ns()
                 node_ns = self.ray.get(node.actor.clock.remote(), timeout=5.0)
-                readings.append((t0, int(node_ns), now_ns()))
+                t1 = now_ns()
+                readings.append((t0, int(node_ns), t1))
+                tightest = t1 - t0 if tightest is None else min(tightest, t1 - t0)
+                if len(readings) < CLOCK_ROUNDS:
+                    continue
+                if tightest <= CLOCK_TIGHT_NS:
+                    break
+                deadline = deadline or time.monotonic() + CLOCK_BUDGET_S
+                if time.monotonic() > deadline:
+                    break
         except Exception:
             pass  # a node being lost shows in its next take; a slow one is measured next time
         estimate = estimate_offset(readings)

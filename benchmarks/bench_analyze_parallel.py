@@ -1,0 +1,92 @@
+"""`gpuprof analyze` of a long run on one process and on several: wall time, CPU, memory.
+
+    python benchmarks/bench_analyze_parallel.py --gpus 256 --hours 4 [--workers 1 2]
+                                                [--repeats 3] [--dir /tmp/gpuprof-par]
+    python benchmarks/bench_analyze_parallel.py --run RUN_DIR [--workers 1 2] [--repeats 3]
+
+A run directory as `watch` leaves it (made like `bench_analyze_scale.py`'s: a simulated hour
+of GRPO on the GPUs, repeated back to back), or one given with ``--run``. For each number of
+workers, interleaved with the others in every round, two fresh processes, each started from a
+small spawner (`measure.run`):
+
+- ``load``: `gpuprof.loader.load_for_analysis` alone, the part that reads and merges the run
+  (what the workers share out);
+- ``analyze``: ``python -m gpuprof analyze RUN --json --workers N``, the whole command.
+
+Reported per number of workers: the medians of wall time and of CPU (user + system of the
+process and the workers it waited for), and the peak total RSS of the whole process tree
+(polled every 0.1 s, the workers included). The JSON documents of every run must be
+byte-identical whatever the workers (the diagnosis does not depend on them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+import measure  # noqa: E402
+
+LOAD = (
+    "import sys, time; from gpuprof.loader import load_for_analysis; "
+    "run = load_for_analysis(sys.argv[1], workers=int(sys.argv[2])); "
+    "print(len(run.gpu))"
+)
+
+
+def make_run(gpus: int, hours: int, base_dir: Path) -> Path:
+    """The run directory of ``hours`` hours on ``gpus`` GPUs (kept and reused)."""
+    from bench_analyze_scale import base_config, write_tiled_dir
+
+    from gpuprof.sim import simulate_to
+
+    run_dir = base_dir / f"{gpus}x{hours}h"
+    if (run_dir / "done").exists():
+        return run_dir
+    base = base_dir / f"{gpus}-base-1h"
+    if not (base / "done").exists():
+        simulate_to(base_config(gpus), base)
+        (base / "done").touch()
+    write_tiled_dir(base, hours, run_dir)
+    (run_dir / "done").touch()
+    return run_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, help="an existing run directory")
+    parser.add_argument("--gpus", type=int, default=256)
+    parser.add_argument("--hours", type=int, default=4)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/gpuprof-par"))
+    args = parser.parse_args()
+    run_dir = args.run or make_run(args.gpus, args.hours, args.dir)
+    print(f"run: {run_dir}")
+    figures: dict[tuple[str, int], list[dict]] = {}
+    digests: set[str] = set()
+    for _ in range(args.repeats):
+        for workers in args.workers:
+            load = measure.run([sys.executable, "-c", LOAD, str(run_dir), str(workers)],
+                               poll=True)  # fmt: skip
+            whole = measure.run([sys.executable, "-m", "gpuprof", "analyze", str(run_dir),
+                                 "--json", "--workers", str(workers)], poll=True)  # fmt: skip
+            digests.add(hashlib.sha256(whole["stdout"]).hexdigest())
+            figures.setdefault(("load", workers), []).append(load)
+            figures.setdefault(("analyze", workers), []).append(whole)
+    print("part     workers  median wall s  median CPU s  peak tree RSS MB")
+    for (part, workers), runs in sorted(figures.items()):
+        wall = statistics.median(r["wall_s"] for r in runs)
+        cpu = statistics.median(r["user_s"] + r["sys_s"] for r in runs)
+        peak = max(max(r["peak_rss_bytes"], r.get("tree_rss_bytes") or 0) for r in runs)
+        print(f"{part:8} {workers:7d}  {wall:13.2f}  {cpu:12.2f}  {peak / 2**20:16.0f}")
+    print("JSON identical for every number of workers:", len(digests) == 1)
+
+
+if __name__ == "__main__":
+    main()
