@@ -1,6 +1,6 @@
 """What ``import gpuprof`` costs a training process: time, RSS, and the modules it brings.
 
-    python benchmarks/bench_hook_import.py [--repeats 21] [--roots OLD NEW ...]
+    python benchmarks/bench_hook_import.py [--repeats 21] [--roots OLD NEW ...] [--recording]
 
 Every training script with hooks imports gpuprof, in every Ray worker and data-loader process,
 watched or not. Each repeat starts a fresh interpreter (nothing cached in memory between them
@@ -8,7 +8,9 @@ but the OS page cache, warm for all alike) that imports gpuprof, enters and leav
 records a step, outside any run, and reports from inside itself: the wall time of those lines,
 its own RSS before and after them (``VmRSS`` of /proc/self/status: the measured process alone),
 and which of pandas, pyarrow, numpy and sqlite3 were loaded. Checkouts given with ``--roots``
-are measured alternately, repeat by repeat; the table gives medians.
+are measured alternately, repeat by repeat; the table gives medians. With ``--recording`` the
+process is inside a run (``GPUPROF_RUN_DIR`` set: a rank or Ray worker of a watched run), so
+its first phase also opens its run file and its span and step are written when it exits.
 """
 
 from __future__ import annotations
@@ -50,14 +52,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--roots", nargs="+", default=[str(ROOT)])
+    parser.add_argument("--recording", action="store_true", help="inside a run")
     args = parser.parse_args()
     results: dict[str, list[dict]] = {root: [] for root in args.roots}
     for _ in range(args.repeats):
         for root in args.roots:
             env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROF_")}
             env["PYTHONPATH"] = os.path.abspath(root)
-            out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
-                                 text=True, check=True, cwd=tempfile.gettempdir())  # fmt: skip
+            with tempfile.TemporaryDirectory(prefix="gpuprof-import-") as run_dir:
+                if args.recording:
+                    env["GPUPROF_RUN_DIR"] = run_dir
+                out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                                     text=True, check=True, cwd=tempfile.gettempdir())  # fmt: skip
+                if args.recording:
+                    assert list(Path(run_dir).glob("*.sqlite")), "nothing recorded"
             results[root].append(json.loads(out.stdout))
     print(f"{'checkout':30s} {'import+hooks ms':>16s} {'RSS +MB':>8s}  data libraries loaded")
     for root, runs in results.items():

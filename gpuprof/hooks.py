@@ -77,10 +77,11 @@ class _Recorder:
     """Per-process state of an active run: the queues, the clock offset and the writer thread."""
 
     def __init__(self, db_path: Path, *, cuda_events: bool = False) -> None:
-        # The store (SQLite, Arrow, pandas) loads here, in the thread that starts recording,
-        # not at `import gpuprof` (a process outside any run never loads it) and not first in
-        # the writer thread (whose import would then race the training's own imports).
-        from gpuprof import store  # noqa: F401
+        # The run-file writer (SQLite, no pandas or Arrow) loads here, in the thread that
+        # starts recording, not at `import gpuprof` (a process outside any run never loads
+        # it) and not first in the writer thread (whose import would then race the
+        # training's own imports).
+        from gpuprof import runfile  # noqa: F401
 
         self.db_path = db_path
         self.host = nodes.node_name()
@@ -156,9 +157,9 @@ class _Recorder:
             except Exception as exc:  # a full disk or a removed run dir must not hurt training
                 self.failed = True
                 self.failed_at_ns = time.time_ns()
-                from gpuprof import store
+                from gpuprof import runfile
 
-                self.failure = store.failure_reason(exc, self.db_path)
+                self.failure = runfile.failure_reason(exc, self.db_path)
                 when = time.strftime("%H:%M:%S", time.localtime(self.failed_at_ns / 1e9))
                 _warn_once(
                     f"gpuprof: recording stopped at {when}: {self.failure} "
@@ -223,13 +224,13 @@ class _Recorder:
                 events.append(
                     (host, pid, rank, t + offset, kind, _text(name), _encode_attrs(attrs))
                 )
-        # the store (with SQLite and Arrow) loads only in a process that records
-        from gpuprof import store
+        # the run-file writer (SQLite) loads only in a process that records
+        from gpuprof import runfile
 
         if self.conn is None:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = store.connect(self.db_path)
-        store.insert_encoded(self.conn, {"spans": spans, "events": events})
+            self.conn = runfile.connect(self.db_path)
+        runfile.insert_encoded(self.conn, {"spans": spans, "events": events})
         self.steps_written += sum(1 for item in other if item[0] == _STEP)
 
     def _process_event(self, rank: int | None, local_rank: int | None) -> tuple:
@@ -445,9 +446,9 @@ def _resolve_db(run_dir: Path) -> Path:
     db = os.environ.get(ENV_DB)
     if db and nodes.on_watcher_machine():
         return Path(db)
-    from gpuprof import store
+    from gpuprof import runfile
 
-    return store.host_file(run_dir, nodes.node_name(), os.getpid())
+    return runfile.host_file(run_dir, nodes.node_name(), os.getpid())
 
 
 def _from_env() -> _Recorder | None:

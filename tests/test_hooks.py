@@ -160,13 +160,14 @@ def test_a_process_outside_a_run_loads_no_data_libraries():
     assert out.stdout.split("\n")[:2] == ["[]", "False"], out.stdout
 
 
-def test_a_recording_process_loads_the_store_on_its_first_hook(tmp_path):
+def test_a_recording_process_loads_sqlite_alone_on_its_first_hook(tmp_path):
+    # a recording process (every rank, every Ray worker of a watched run) writes SQLite and
+    # needs nothing of pandas, Arrow or NumPy: ~90 MB of RSS and a fraction of a second each
     env = clean_env(GPUPROF_RUN_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", IMPORT_COST], env=env, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[1] == "True"
-    assert "pyarrow" in out.stdout and "sqlite3" in out.stdout
+    assert out.stdout.split("\n")[:2] == ["['sqlite3']", "True"], out.stdout
     spans = store.load_run(tmp_path).spans
     assert spans["name"].tolist().count("rollout") == 1
 
