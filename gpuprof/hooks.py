@@ -228,7 +228,13 @@ class _Recorder:
         from gpuprof import runfile
 
         if self.conn is None:
-            self.db_path.parent.mkdir(parents=True, exist_ok=True)
+            if str(self.db_path) == os.environ.get(ENV_DB):
+                # the watcher's file: its directory exists from before the command started,
+                # so a missing one was removed, and is not made again for one process's spans
+                if not self.db_path.parent.is_dir():
+                    raise OSError(f"the run directory {self.db_path.parent} was removed")
+            else:
+                self.db_path.parent.mkdir(parents=True, exist_ok=True)
             self.conn = runfile.connect(self.db_path)
         runfile.insert_encoded(self.conn, {"spans": spans, "events": events})
         self.steps_written += sum(1 for item in other if item[0] == _STEP)

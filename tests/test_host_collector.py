@@ -566,10 +566,19 @@ def test_launcher_children_are_trainers(tmp_path) -> None:
     try:
         assert popen.stdout is not None
         ranks = [int(pid) for pid in popen.stdout.readline().split()]
-        _, records = HostCollector("host-a", popen.pid).sample(time.time_ns())
-        roles = {record.pid: record.role for record in records}
+        want = {popen.pid: "main", ranks[0]: "trainer", ranks[1]: "trainer"}
+        # a fresh collector's first reading, as a watcher's first tree walk; on a loaded
+        # machine one walk has read a rank as `other` (the next tree refresh reads it again),
+        # so a few walks are allowed, each by a new collector
+        deadline = time.monotonic() + 10
+        while True:
+            _, records = HostCollector("host-a", popen.pid).sample(time.time_ns())
+            roles = {record.pid: record.role for record in records}
+            if roles == want or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         commands = {pid: psutil.Process(pid).cmdline() for pid in roles}
-        assert roles == {popen.pid: "main", ranks[0]: "trainer", ranks[1]: "trainer"}, commands
+        assert roles == want, commands
     finally:
         _kill_all(ranks)
         popen.kill()

@@ -411,6 +411,41 @@ def test_a_removed_run_directory_is_said_not_saved(tmp_path):
     assert "Warning" not in err and "warnings.warn" not in err, err
 
 
+LATE_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    time.sleep(float(sys.argv[1]))  # a slow start: the directory goes before its first span
+    import gpuprof
+    for i in range(50):
+        with gpuprof.phase("rollout"):
+            time.sleep(0.01)
+    sys.exit(3)
+    """
+)
+
+
+def test_a_run_directory_removed_before_the_first_span_is_not_made_again(tmp_path):
+    # the hooks write into the watcher's file, whose directory exists before the command
+    # starts: gone at their first write, it was removed, and they say so rather than make it
+    # again for one process's spans (a loaded machine got here in the test above)
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        gpuprof_cmd("watch", "--no-nvml", "-o", str(run), "--",
+                    sys.executable, "-c", LATE_CHILD, "2.5"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=clean_env(), text=True,
+    )  # fmt: skip
+    deadline = time.time() + 30
+    while not any(run.glob("*.sqlite")) and time.time() < deadline:
+        time.sleep(0.05)
+    shutil.rmtree(run)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert not run.exists(), list(run.iterdir())
+    hooks_lines = [line for line in err.splitlines() if "the training goes on" in line]
+    assert len(hooks_lines) == 1 and "run directory removed" in hooks_lines[0], err
+    assert "run saved" not in err
+
+
 def test_a_full_disk_is_said_and_the_exit_code_kept(tmp_path):
     mnt = tmp_path / "tiny"
     mnt.mkdir()
