@@ -28,11 +28,11 @@ def _err(message: str) -> None:
     print(f"gpuprof: error: {message}", file=sys.stderr)
 
 
-def _load_or_exit(run_dir: Path, workers: int | None = None):
+def _load_or_exit(run_dir: Path, workers: int | None = None, ray: str | None = None):
     from gpuprof import api
 
     try:
-        return api.load_for_analysis(run_dir, workers=workers)
+        return api.load_for_analysis(run_dir, workers=workers, ray=ray)
     except api.RunError as exc:
         _err(str(exc))
         raise SystemExit(EXIT_BAD_INPUT) from None
@@ -46,11 +46,12 @@ def analyze_command(
     model_params: str | None = None,
     gpu: str | None = None,
     workers: int | None = None,
+    ray: str | None = None,
 ) -> None:
     """``gpuprof analyze``: the diagnosis as text, or as one JSON document (no rich)."""
     from gpuprof import api
 
-    run = _load_or_exit(run_dir, workers)
+    run = _load_or_exit(run_dir, workers, ray)
     diagnosis = api.analyze(run, gpu_hour_price=gpu_hour_price, model_params=model_params, gpu=gpu)
     if json_out:
         from gpuprof.reports.fmt import render_json
@@ -71,11 +72,12 @@ def report_command(
     model_params: str | None = None,
     gpu: str | None = None,
     workers: int | None = None,
+    ray: str | None = None,
 ) -> None:
     """``gpuprof report``: write the HTML report and print its path."""
     from gpuprof import api
 
-    run = _load_or_exit(run_dir, workers)
+    run = _load_or_exit(run_dir, workers, ray)
     try:
         path = api.report(
             run_dir,
@@ -110,6 +112,12 @@ def _price(value: str) -> float:  # --gpu-hour-price: a float >= 0
     return float(value)
 
 
+def _address(value: str) -> str:  # --ray: a Ray address, ``auto`` or ``local``
+    if not value.strip():
+        raise ValueError(value)
+    return value
+
+
 def _path(value: str) -> Path:
     if not value:
         raise ValueError(value)
@@ -136,6 +144,7 @@ _FIGURES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--model-params": ("model_params", _model_params),
     "--gpu": ("gpu", _gpu),
     "--workers": ("workers", _count),
+    "--ray": ("ray", _address),
 }
 _Options = dict[str, tuple[str, Callable[[str], Any] | None]]
 _PLAIN: dict[str, tuple[Callable[..., None], _Options]] = {

@@ -69,6 +69,15 @@ Workers = Annotated[
         "diagnosis does not depend on it.",
     ),
 ]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        help="Read a long run with the tasks of this Ray cluster (auto: the one this machine "
+        "is in; local: a Ray of its own) instead of local processes. Its nodes must see the "
+        "run directory at the same path.",
+    ),
+]
 GpuName = Annotated[
     str | None,
     typer.Option(
@@ -365,8 +374,9 @@ def analyze(
     model_params: ModelParams = None,
     gpu: GpuName = None,
     workers: Workers = None,
+    ray: RayAddress = None,
 ) -> None:
-    analyze_command(run_dir, json_out, top, gpu_hour_price, model_params, gpu, workers)
+    analyze_command(run_dir, json_out, top, gpu_hour_price, model_params, gpu, workers, ray)
 
 
 @app.command(help="Compare two runs: before/after table of utilization, step time, phases.")
@@ -444,8 +454,9 @@ def report(
     model_params: ModelParams = None,
     gpu: GpuName = None,
     workers: Workers = None,
+    ray: RayAddress = None,
 ) -> None:
-    report_command(run_dir, output, gpu_hour_price, model_params, gpu, workers)
+    report_command(run_dir, output, gpu_hour_price, model_params, gpu, workers, ray)
 
 
 @app.command(

@@ -35,6 +35,7 @@ from gpuprof import store
 from gpuprof.analyzers import resample
 from gpuprof.analyzers.ownership import gpu_owner
 from gpuprof.analyzers.spans import valid_spans
+from gpuprof.errors import RunError
 from gpuprof.integrations.recorded import merge_run_events
 from gpuprof.model import Run
 
@@ -66,29 +67,31 @@ def load_for_analysis(
     *,
     merge: int | None = None,
     workers: int | None = None,
+    ray: str | None = None,
 ) -> Run:
     """The run in ``run_dir``, with about ``max_gpu_samples`` GPU samples at most.
 
     ``None`` loads everything as recorded; ``merge`` merges exactly that many consecutive GPU
     samples (within phases) whatever the run's size, to see what merging does. ``workers``:
     processes that read and merge a run too long to load as recorded (default
-    `default_workers`; 1: this process alone); the result does not depend on it. Framework
+    `default_workers`; 1: this process alone); ``ray``: the address of a Ray cluster whose
+    tasks do that work instead (`_RayWorkers`); the result depends on neither. Framework
     knobs that adapters recorded as events join the run's metadata (a watcher does this when
     the run ends; processes that called ``gpuprof.init`` themselves have none). Raises
     `store.RunError` (one line) for an unreadable run.
     """
-    run = _load(run_dir, max_gpu_samples, merge, workers)
+    run = _load(run_dir, max_gpu_samples, merge, workers, ray)
     merge_run_events(run)
     return run
 
 
 def _load(
     run_dir: str | os.PathLike, max_gpu_samples: int | None, merge: int | None,
-    workers: int | None,
+    workers: int | None, ray: str | None = None,
 ) -> Run:  # fmt: skip
     if merge is not None and merge > 1:
         total = store.count_rows(run_dir, "gpu")
-        return _load_merged(run_dir, total, None, set(), {}, merge, workers)
+        return _load_merged(run_dir, total, None, set(), {}, merge, workers, ray)
     if max_gpu_samples is None:
         return store.load_run(run_dir)
     total = store.count_rows(run_dir, "gpu")
@@ -97,7 +100,7 @@ def _load(
     if total <= max_gpu_samples and not big:
         return store.load_run(run_dir)
 
-    return _load_merged(run_dir, total, max_gpu_samples, big, rows, None, workers)
+    return _load_merged(run_dir, total, max_gpu_samples, big, rows, None, workers, ray)
 
 
 @dataclasses.dataclass
@@ -169,6 +172,89 @@ class _Workers:
         self.close()
 
 
+class _RayWorkers:
+    """`_Workers`' ``map`` as Ray tasks on the cluster at ``address`` (``auto``: the one this
+    machine belongs to), placed by Ray's own scheduler; ``workers`` is the cluster's CPUs,
+    the number of GPU parts. Every node running a task must see the run directory at the same
+    path (the head's disk, or a shared file system) and have gpuprof installed."""
+
+    MAX_PARTS = 256
+    """GPU parts at most, however many CPUs the cluster has (each part re-reads the side
+    files' footers)."""
+
+    def __init__(self, address: str) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise RunError("--ray needs Ray (pip install ray)") from None
+        self.ray = ray
+        self.notices: list[str] = []
+        self._started = False
+        why = _unreachable(address)
+        if why:  # Ray itself retries an address that does not answer for minutes
+            raise RunError(f"--ray {address}: cannot use the Ray cluster ({why})")
+        try:
+            if not ray.is_initialized():
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+                self._started = True
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+        except Exception as exc:
+            raise RunError(f"--ray {address}: cannot use the Ray cluster ({_short(exc)})") from None
+        self.workers = max(1, min(cpus, self.MAX_PARTS))
+
+    def map(self, fn: Callable[..., Any], calls: Iterable[Sequence[Any]]) -> list[Any]:
+        task = self.ray.remote(num_cpus=1, max_retries=1)(fn)
+        calls = [tuple(args) for args in calls]
+        # an argument every call shares (the GPUs' span boundaries) goes to the object store
+        # once, not once per task
+        shared = {}
+        for i in range(min((len(args) for args in calls), default=0)):
+            first = calls[0][i]
+            if len(calls) > 1 and all(args[i] is first for args in calls) and not isinstance(
+                first, str | int | float | Path | type(None)
+            ):  # fmt: skip
+                shared[i] = self.ray.put(first)
+        refs = [task.remote(*(shared.get(i, a) for i, a in enumerate(args))) for args in calls]
+        try:
+            return self.ray.get(refs)
+        except self.ray.exceptions.RayTaskError as exc:
+            cause = exc.as_instanceof_cause()
+            if isinstance(cause, RunError):
+                raise RunError(str(cause).splitlines()[0]) from None
+            raise RunError(f"a Ray task reading the run failed ({_short(exc)})") from None
+
+    def close(self) -> None:
+        if self._started:
+            self.ray.shutdown()
+            self._started = False
+
+    def __enter__(self) -> _RayWorkers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _unreachable(address: str, timeout_s: float = 3.0) -> str | None:
+    """Why nothing answers at a ``host:port`` Ray address (``ray://`` too), or None: it
+    answers, or the address is a word (``auto``, ``local``) Ray resolves itself."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout_s):
+            return None
+    except OSError as exc:
+        return f"nothing answers at {host}:{port}: {exc.strerror or exc}"
+
+
+def _short(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]
+
+
 def _load_merged(
     run_dir: str | os.PathLike,
     total: int,
@@ -177,6 +263,7 @@ def _load_merged(
     rows: dict[str, int],
     merge: int | None,
     workers: int | None = None,
+    ray: str | None = None,
 ) -> Run:
     factor = 1
     interval_ns = 0
@@ -189,7 +276,10 @@ def _load_merged(
     windows: dict[str, int] = {}
     skip = ("gpu",) if factor > 1 else ()
 
-    with _Workers(workers or default_workers()) as pool:
+    pool_of = (
+        (lambda: _RayWorkers(ray)) if ray else (lambda: _Workers(workers or default_workers()))
+    )
+    with pool_of() as pool:
 
         def read(paths: Sequence[Path]) -> list[tuple]:
             out = []
@@ -220,7 +310,7 @@ def _reduced_gpu(
     total: int,
     budget: int | None,
     merge: int | None,
-    pool: _Workers,
+    pool: _Workers | _RayWorkers,
 ) -> pd.DataFrame:
     """The run's GPU samples merged to about ``budget`` rows (or by exactly ``merge``), one
     GPU at a time, in ``pool``'s workers (a part of the GPUs each)."""

@@ -34,6 +34,7 @@ def run_dir(tmp_path_factory) -> Path:
          {"gpu": "H100", "model_params": "7B"}),
         (["analyze", "--", "R"], {}),
         (["analyze", "R", "--workers", "2"], {"workers": 2}),
+        (["report", "R", "--ray", "auto"], {"ray": "auto"}),
         (["report", "R", "-o", "out.html"], {"output": Path("out.html")}),
         (["report", "R", "--output=out.html", "--gpu-hour-price", "0"],
          {"output": Path("out.html"), "gpu_hour_price": 0.0}),

@@ -205,3 +205,26 @@ def test_the_gpu_parts_cover_the_stream_once_in_its_order(long_run):
         pd.testing.assert_frame_equal(a, b)
     sizes = [sum(1 for _ in store.iter_gpu_parts(long_run, False, k, 3)) for k in range(3)]
     assert sorted(sizes) == [5, 5, 6]  # round-robin over the GPUs
+
+
+def test_a_long_run_read_by_ray_tasks_is_the_same_row_for_row(long_run, monkeypatch):
+    # `--ray`: the same partitions as tasks of a Ray cluster (here a local Ray of its own)
+    ray = pytest.importorskip("ray")
+    import pandas.testing as pdt
+
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    budget = len(store.load_run(long_run).gpu) // 12
+    one = load_for_analysis(long_run, budget, workers=1)
+    tasks = load_for_analysis(long_run, budget, ray="local")
+    assert not ray.is_initialized()  # the Ray it started is shut down
+    for table in ("gpu", "host", "procs", "gpu_procs", "spans", "events"):
+        pdt.assert_frame_equal(getattr(one, table), getattr(tasks, table))
+    assert one.meta.to_dict() == tasks.meta.to_dict()
+
+
+def test_ray_that_cannot_be_used_is_one_line(long_run):
+    pytest.importorskip("ray")
+    from gpuprof.errors import RunError
+
+    with pytest.raises(RunError, match=r"^--ray 127\.0\.0\.1:1: cannot use the Ray cluster"):
+        load_for_analysis(long_run, 1000, ray="127.0.0.1:1")
