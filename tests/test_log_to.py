@@ -422,6 +422,39 @@ def test_log_to_runs_of_their_own_linked_to_the_training_runs(tmp_path, simnvml_
     assert lines[1].startswith(f"gpuprof: --log-to wandb: run {own_id} in project grpo")
 
 
+LATE_EXPERIMENT_CHILD = textwrap.dedent(
+    """
+    import time, gpuprof
+    from mlflow.tracking import MlflowClient
+    time.sleep(2.5)  # the training makes its experiment a few seconds in, with no get-or-create
+    client = MlflowClient()
+    run = client.create_run(client.create_experiment("grpo")).info.run_id
+    for step in range(4):
+        with gpuprof.phase("reward"):
+            time.sleep(0.2)
+        gpuprof.step(n=step)
+    client.set_terminated(run)
+    """
+)
+
+
+def test_an_experiment_the_training_makes_late_is_left_to_it(tmp_path, simnvml_lib):
+    # gpuprof's own MLflow run waits for the named experiment rather than create it first,
+    # which would make the training's create_experiment fail ("already exists")
+    pytest.importorskip("mlflow")
+    env = tracker_env(tmp_path, simnvml_lib, MLFLOW_EXPERIMENT_NAME="grpo")
+    result, _ = watch(tmp_path, env, "--log-to", "mlflow", child=LATE_EXPERIMENT_CHILD)
+    assert result.returncode == 0, result.stderr
+    assert "already exists" not in result.stderr
+    client = mlflow_client(tmp_path)
+    experiment = client.get_experiment_by_name("grpo").experiment_id
+    runs = client.search_runs([experiment])
+    assert len(runs) == 2
+    (own,) = [r for r in runs if r.data.tags.get("gpuprof.role") == "profiler"]
+    assert own.info.status == "FINISHED" and own.data.metrics["gpuprof/steps"] == 4
+    assert own.data.tags["mlflow.parentRunId"] in {r.info.run_id for r in runs}
+
+
 # ----- trackers that fail: one line each, the command untouched
 
 

@@ -32,6 +32,9 @@ from typing import Any, TextIO
 INSTALL_HINT = "pip install 'gpuprof[trackers]'"
 DISCOVER_TRIES = 30
 """Times (one per point) the training's own run is looked for to link to it."""
+EXPERIMENT_WAIT_POINTS = 6
+"""Live points (a minute at the default interval) kept while a named MLflow experiment does
+not exist yet, for the training to create it; then gpuprof creates it."""
 
 
 class SinkError(Exception):
@@ -249,19 +252,34 @@ class MlflowWriter(Writer):
         self.uri = uri or "MLflow's default tracking URI"
         self.tries = 0
         self.parent = None
+        self.run_id, self.own, self.waiting = None, True, []
         if spec.get("run_id"):
             run = client.get_run(spec["run_id"])
             self.run_id, self.own = run.info.run_id, False
             self.experiment_id = run.info.experiment_id
         else:
-            self.experiment_id = self._experiment()
-            tags = {"gpuprof.run_dir": spec["gpuprof_run_dir"], "gpuprof.role": "profiler"}
-            name = f"{spec.get('run_name') or spec['gpuprof_run_id']}-gpuprof"
-            run = client.create_run(self.experiment_id, run_name=name, tags=tags)
-            self.run_id, self.own = run.info.run_id, True
-            self._link()
+            self._start_own(create=False)
 
-    def _experiment(self) -> str:
+    def _start_own(self, create: bool) -> None:
+        """gpuprof's own run, once its experiment exists. A named experiment that does not
+        exist yet is left for the training to create (its own get-or-create would fail if
+        gpuprof made it in between) for `EXPERIMENT_WAIT_POINTS` points, then made here."""
+        spec, client = self.spec, self.client
+        experiment = self._experiment(create)
+        if experiment is None:
+            return
+        self.experiment_id = experiment
+        tags = {"gpuprof.run_dir": spec["gpuprof_run_dir"], "gpuprof.role": "profiler"}
+        name = f"{spec.get('run_name') or spec['gpuprof_run_id']}-gpuprof"
+        run = client.create_run(self.experiment_id, run_name=name, tags=tags)
+        self.run_id, self.own = run.info.run_id, True
+        self._link()
+        waiting, self.waiting = self.waiting, []
+        for message in waiting:
+            self._log(message)
+
+    def _experiment(self, create: bool) -> str | None:
+        """The experiment's id; None when it does not exist (yet) and ``create`` is off."""
         spec, client = self.spec, self.client
         if spec.get("experiment_id"):
             return str(spec["experiment_id"])
@@ -271,6 +289,8 @@ class MlflowWriter(Writer):
         found = client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
+        if not create:
+            return None
         try:
             return client.create_experiment(name)
         except Exception:  # the training created it meanwhile
@@ -278,6 +298,11 @@ class MlflowWriter(Writer):
             if found is None:
                 raise
             return found.experiment_id
+
+    def _ready(self, force: bool = False) -> bool:
+        if self.run_id is None:
+            self._start_own(create=force or len(self.waiting) >= EXPERIMENT_WAIT_POINTS)
+        return self.run_id is not None
 
     def _link(self) -> None:
         """Nest this run under the training's: the newest run of the experiment started since
@@ -300,6 +325,12 @@ class MlflowWriter(Writer):
                 return
 
     def log(self, message: dict[str, Any]) -> None:
+        if not self._ready():
+            self.waiting.append(message)
+            return
+        self._log(message)
+
+    def _log(self, message: dict[str, Any]) -> None:
         self._link()
         stamp = int(message["t"] * 1000)
         step = int(message["step"])
@@ -309,11 +340,17 @@ class MlflowWriter(Writer):
             self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000],
                                   tags=tags if start == 0 else [])  # fmt: skip
 
+    def final(self, message: dict[str, Any]) -> None:
+        self._ready(force=True)
+        self.log(message)
+
     def attach(self, files: list[str]) -> None:
+        self._ready(force=True)
         for path in files:
             self.client.log_artifact(self.run_id, path, artifact_path="gpuprof")
 
     def close(self) -> str:
+        self._ready(force=True)
         if self.own:
             self.client.set_terminated(self.run_id, "FINISHED")
             nested = f" under the training's run {self.parent}" if self.parent else ""
@@ -321,7 +358,7 @@ class MlflowWriter(Writer):
         return f"into the training's run {self.run_id} at {self.uri}"
 
     def abort(self) -> None:
-        if getattr(self, "own", False):
+        if getattr(self, "own", False) and getattr(self, "run_id", None):
             with contextlib.suppress(Exception):
                 self.client.set_terminated(self.run_id, "FAILED")
 

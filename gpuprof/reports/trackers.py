@@ -49,7 +49,10 @@ time, so the figures line up with the loss curve by step or by time.
 - MLflow: with ``MLFLOW_RUN_ID``, into that run (its status is left alone); else a run of its
   own in ``MLFLOW_EXPERIMENT_ID`` / ``MLFLOW_EXPERIMENT_NAME`` / verl's
   ``trainer.project_name``, nested under the training's run (``mlflow.parentRunId``) once a
-  run of that experiment started since the watch began is found. The tracking URI is
+  run of that experiment started since the watch began is found. A named experiment that
+  does not exist yet is left to the training to create (a training's own get-or-create fails
+  when another process creates it in between) for six live points, a minute at the default
+  interval, the points kept meanwhile; then gpuprof creates it. The tracking URI is
   ``MLFLOW_TRACKING_URI`` (verl's own default ``sqlite:////tmp/mlruns.db`` for a verl command
   logging to MLflow);
 - TensorBoard: a ``gpuprof`` subdirectory of the training's log directory (a run of its own
