@@ -263,6 +263,9 @@ def test_on_a_terminal_the_child_reads_stdin_and_gets_ctrl_c(tmp_path):
         proc = subprocess.Popen(
             ["script", "-qec", command, "/dev/null"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=clean_env(),
+            # as from a terminal: run from a shell's background job (`cmd &`), these tests
+            # inherit SIGINT ignored, and so would the command, with or without a watcher
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         out = bytearray()
         pump = threading.Thread(target=_read_into, args=(proc.stdout, out))
