@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers import attr_columns
 from gpuprof.model import Run
 
 _NOT_COUNTERS = frozenset(
@@ -105,10 +106,11 @@ def _counters(spans: pd.DataFrame, events: pd.DataFrame) -> list[str]:
     if len(events) and "attrs" in events and "kind" in events:
         # steps a log gives figures for but no duration (``untimed`` step events)
         attrs_list += list(events.loc[events["kind"] == "step", "attrs"])
-    names: set[str] = set()
-    for attrs in attrs_list:
-        if isinstance(attrs, dict):
-            names.update(k for k, v in attrs.items() if k not in _NOT_COUNTERS and _number(v))
+    names = {
+        key
+        for key in attr_columns.key_names(attrs_list) - _NOT_COUNTERS
+        if any(_number(v) for v in attr_columns.values(attrs_list, key))
+    }
     # the framework's own performance figures first: they are what a reader looks for
     return sorted(names, key=lambda name: (not name.startswith("perf/"), name))
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.findings import AnalysisContext, Finding
 from gpuprof.analyzers.hardware import match_gpu
 from gpuprof.analyzers.model_size import CRITIC_PATH_KNOBS, model_path, model_size, params_from_name
@@ -137,20 +138,19 @@ def _framework_metrics(
     steps = spans[spans["phase"] == "step"] if len(spans) else spans
     # steps a log gives figures for but no duration are step events (``untimed``)
     untimed = events[events["kind"] == "step"] if len(events) and "kind" in events else events
-    values: dict[str, list[float]] = {}
+    values: dict[str, np.ndarray] = {}
     step_attrs = list(steps["attrs"]) if len(steps) else []
     step_attrs += (
         [a for a in untimed["attrs"] if isinstance(a, Mapping) and a.get("untimed")]
         if (len(untimed) and "attrs" in untimed)
         else []
     )
-    for attrs in step_attrs:
-        if not isinstance(attrs, Mapping):
-            continue
-        for key, value in attrs.items():
-            number = _num(value)
-            if str(key).startswith("perf/") and number is not None:
-                values.setdefault(str(key), []).append(number)
+    for key in attr_columns.key_names(step_attrs):
+        if str(key).startswith("perf/"):
+            column = attr_columns.number(step_attrs, key)
+            column = column[~np.isnan(column)]
+            if len(column):
+                values[str(key)] = column
     metrics = {
         key: {
             "mean": float(np.mean(v)),

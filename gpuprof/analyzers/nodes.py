@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.basic import finite_or_none, node_accounts
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.nodes import natural_key
@@ -122,13 +123,13 @@ def collectives(spans: pd.DataFrame) -> pd.DataFrame:
     coll = spans[(spans["phase"] == "collective") & (spans["end_ns"] >= spans["start_ns"])]
     if coll.empty:
         return coll
-    attrs = coll["attrs"]
+    attrs = list(coll["attrs"])
 
     def get(key: str) -> pd.Series:
-        return pd.to_numeric(attrs.map(lambda a: a.get(key) if isinstance(a, dict) else None),
-                             errors="coerce")  # fmt: skip
+        raw = pd.Series(attr_columns.values(attrs, key), index=coll.index, dtype=object)
+        return pd.to_numeric(raw, errors="coerce")
 
-    is_async = attrs.map(lambda a: bool(a.get("async")) if isinstance(a, dict) else False)
+    is_async = pd.Series([bool(v) for v in attr_columns.values(attrs, "async")], index=coll.index)
     if "gpu_start_ns" in coll and "gpu_end_ns" in coll:
         on_gpu = (coll["gpu_start_ns"].notna() & coll["gpu_end_ns"].notna()).to_numpy()
     else:

@@ -13,13 +13,13 @@ the tokens and wall time of every phase (read from the spans and the step's logg
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.model_size import ModelSize
 from gpuprof.analyzers.settings import num as _num
 from gpuprof.intervals import covered_ns
@@ -43,14 +43,7 @@ CRITIC_PHASES = ("values", "update_critic")
 
 _RESPONSE_KEYS = ("response_length/mean", "response_length_mean", "rollout/response_length_mean")
 _PROMPT_KEYS = ("prompt_length/mean", "prompt_length_mean")
-
-
-def _first(attrs: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
-    for key in keys:
-        value = _num(attrs.get(key))
-        if value is not None:
-            return value
-    return None
+_RESPONSES_ONLY = "rollout/response_length"  # a ``tokens_source`` counting responses only
 
 
 def step_rows(spans: pd.DataFrame, settings: Mapping[str, Any]) -> pd.DataFrame:
@@ -74,32 +67,48 @@ def step_rows(spans: pd.DataFrame, settings: Mapping[str, Any]) -> pd.DataFrame:
     epochs = epochs if epochs and epochs > 0 else 1.0
     batch = _num(settings.get("data.train_batch_size"))
     n = _num(settings.get("actor_rollout_ref.rollout.n", 1)) or 1.0
-    rows = []
-    for host, pid, step, attrs in zip(steps["host"], steps["pid"], steps["step"], steps["attrs"]):
-        if step is None or step is pd.NA or (isinstance(step, float) and math.isnan(step)):
-            continue
-        attrs = attrs if isinstance(attrs, Mapping) else {}
-        tokens = _num(attrs.get("tokens"))
-        response = _first(attrs, _RESPONSE_KEYS)
-        prompt = _first(attrs, _PROMPT_KEYS)
-        responses_only = str(attrs.get("tokens_source", "")).startswith("rollout/response_length")
-        batch_tokens = None if responses_only else tokens
-        generated = _num(attrs.get("generated_tokens"))
-        if generated is None and responses_only:
-            generated = tokens
-        if generated is None and response is not None and prompt is not None:
-            if batch_tokens is not None and prompt + response > 0:
-                generated = batch_tokens * response / (prompt + response)
-            elif batch is not None:
-                generated = response * batch * n
-        if batch_tokens is None and generated is not None and response and prompt is not None:
-            batch_tokens = generated * (prompt + response) / response
-        trained = _num(attrs.get("trained_tokens"))
-        if trained is None and batch_tokens is not None:
-            trained = batch_tokens * epochs
-        rows.append((int(step), f"{host}:{pid}", batch_tokens, generated, trained, prompt,
-                     response))  # fmt: skip
-    return pd.DataFrame(rows, columns=cols)
+    step = pd.to_numeric(steps["step"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
+    keep = ~np.isnan(step)
+    if not keep.any():
+        return pd.DataFrame(columns=cols)
+    steps = steps[keep]
+    attrs = list(steps["attrs"])
+    tokens = attr_columns.number(attrs, "tokens")
+    response = attr_columns.first_number(attrs, _RESPONSE_KEYS)
+    prompt = attr_columns.first_number(attrs, _PROMPT_KEYS)
+    responses_only = np.array(
+        [
+            isinstance(a, dict) and str(a.get("tokens_source", "")).startswith(_RESPONSES_ONLY)
+            for a in attrs
+        ],
+        dtype=bool,
+    )
+    batch_tokens = np.where(responses_only, np.nan, tokens)
+    generated = attr_columns.number(attrs, "generated_tokens")
+    generated = np.where(np.isnan(generated) & responses_only, tokens, generated)
+    lengths = np.isnan(generated) & ~np.isnan(response) & ~np.isnan(prompt)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        from_batch = lengths & ~np.isnan(batch_tokens) & (prompt + response > 0)
+        generated = np.where(from_batch, batch_tokens * response / (prompt + response), generated)
+        if batch is not None:
+            generated = np.where(lengths & ~from_batch, response * batch * n, generated)
+        back = np.isnan(batch_tokens) & ~np.isnan(generated) & ~np.isnan(prompt)
+        back &= ~np.isnan(response) & (response != 0)
+        batch_tokens = np.where(back, generated * (prompt + response) / response, batch_tokens)
+    trained = attr_columns.number(attrs, "trained_tokens")
+    trained = np.where(np.isnan(trained) & ~np.isnan(batch_tokens), batch_tokens * epochs, trained)
+    owner = [f"{host}:{pid}" for host, pid in zip(steps["host"], steps["pid"])]
+    columns = (step[keep].astype(np.int64), owner, batch_tokens, generated, trained, prompt,
+               response)  # fmt: skip
+    return pd.DataFrame({c: _as_column(v) for c, v in zip(cols, columns)})
+
+
+def _as_column(values: Any) -> Any:
+    """Float columns with no number at all stay the object column of None that rows of None
+    make (what the per-step sums downstream expect)."""
+    if isinstance(values, np.ndarray) and values.dtype == np.float64 and np.isnan(values).all():
+        return np.full(len(values), None, dtype=object)
+    return values
 
 
 def phase_walls(spans: pd.DataFrame) -> pd.DataFrame:
@@ -122,12 +131,9 @@ def phase_walls(spans: pd.DataFrame) -> pd.DataFrame:
             "s": work["start_ns"].astype("int64").to_numpy(),
             "e": work["end_ns"].astype("int64").to_numpy(),
             "depth": pd.to_numeric(work["depth"], errors="coerce").fillna(0).to_numpy(),
-            "tokens": [
-                _num(a.get("tokens")) if isinstance(a, Mapping) else None for a in work["attrs"]
-            ],
+            "tokens": attr_columns.number(work["attrs"], "tokens"),
         }
     )
-    frame["tokens"] = pd.to_numeric(frame["tokens"], errors="coerce")
     frame["g"] = frame.groupby(keys, sort=False).ngroup()
     frame = frame.sort_values(["g", "s"], kind="stable").reset_index(drop=True)
     # union of each group's intervals: a new block starts past the reach of those before it

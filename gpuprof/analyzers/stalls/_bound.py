@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.efficiency import FRAMEWORK_MFU_PHASE, figures
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.hardware import match_gpu
@@ -233,15 +234,12 @@ def _step_attr_means(ctx: AnalysisContext, keys: tuple[str, ...]) -> dict[str, f
     spans = ctx.run.spans
     if spans is None or spans.empty or "attrs" not in spans:
         return {}
-    values: dict[str, list[float]] = {}
-    for attrs in spans.loc[spans["phase"] == "step", "attrs"]:
-        if not isinstance(attrs, dict):
-            continue
-        for key in keys:
-            v = num(attrs.get(key))
-            if v is not None:
-                values.setdefault(key, []).append(v)
-    return {k: float(np.mean(v)) for k, v in values.items() if v}
+    attrs = list(spans.loc[spans["phase"] == "step", "attrs"])
+    columns = {key: attr_columns.number(attrs, key) for key in keys}
+    first = {key: np.flatnonzero(~np.isnan(c))[:1] for key, c in columns.items()}
+    # in the order the keys first appear over the steps, as they are reported
+    present = sorted((k for k in keys if len(first[k])), key=lambda k: first[k][0])
+    return {key: attr_columns.mean_of(columns[key]) for key in present}
 
 
 # --------------------------------------------------------------------------------------------

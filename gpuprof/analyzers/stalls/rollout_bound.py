@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.efficiency import figures
 from gpuprof.analyzers.evidence import RolloutBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
@@ -168,10 +169,6 @@ def _response_mean(ctx: AnalysisContext) -> float | None:
     spans = ctx.run.spans
     if spans is None or spans.empty or "attrs" not in spans:
         return None
-    values = [
-        num(a.get("response_length/mean"))
-        for a in spans.loc[spans["phase"] == "step", "attrs"]
-        if isinstance(a, dict)
-    ]
-    values = [v for v in values if v is not None]
-    return round(float(np.mean(values)), 1) if values else None
+    attrs = spans.loc[spans["phase"] == "step", "attrs"]
+    mean = attr_columns.mean_of(attr_columns.number(attrs, "response_length/mean"))
+    return None if mean is None else round(mean, 1)
