@@ -20,10 +20,12 @@ Offsets are in ns, to be *added* to a node's readings to get the reference node'
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
+
+from gpuprof.analyzers import attr_columns
 
 TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "gpu": ("t_ns",),
@@ -110,45 +112,57 @@ def shift_node(tables: dict[str, pd.DataFrame], node: str, offset_ns: int) -> No
                     frame[column] = np.where(mine, values + float(offset_ns), values)
 
 
-def _rank_calls(spans: pd.DataFrame) -> dict[tuple[str, int], pd.DataFrame]:
-    """Each rank's blocking whole-group collectives in call order: ``(host, rank)`` → frame
-    with ``start``/``end`` (GPU-side times where every call has them) and ``op``."""
+class _Calls(NamedTuple):
+    """One rank's calls in call order: start and end (ns) and the op's code."""
+
+    start: np.ndarray
+    end: np.ndarray
+    op: np.ndarray
+
+
+def _rank_calls(spans: pd.DataFrame) -> dict[tuple[str, int], _Calls]:
+    """Each rank's blocking whole-group collectives in call order: ``(host, rank)`` → their
+    ``start``/``end`` (GPU-side times where every call has them) and ``op`` (the call's name,
+    coded the same for every rank)."""
     if spans.empty or "phase" not in spans:
         return {}
     calls = spans[(spans["phase"] == "collective") & spans["rank"].notna()]
     if calls.empty:
         return {}
-    attrs = calls["attrs"]
-    is_async = attrs.map(lambda a: bool(a.get("async")) if isinstance(a, dict) else False)
-    size = attrs.map(lambda a: a.get("group_size") if isinstance(a, dict) else None)
-    world = pd.to_numeric(size, errors="coerce").max()
-    keep = ~is_async.to_numpy()
+    attrs = list(calls["attrs"])
+    is_async = np.array([bool(v) for v in attr_columns.values(attrs, "async")], dtype=bool)
+    size = pd.to_numeric(
+        pd.Series(attr_columns.values(attrs, "group_size"), dtype=object), errors="coerce"
+    )
+    world = size.max()
+    keep = ~is_async
     if pd.notna(world):
-        keep &= (pd.to_numeric(size, errors="coerce") == world).to_numpy()
+        keep &= (size == world).to_numpy()
     calls = calls[keep]
+    ops = pd.factorize(calls["name"].to_numpy(object))[0]
+    start_ns, end_ns = calls["start_ns"].to_numpy(np.float64), calls["end_ns"].to_numpy(np.float64)
+    gpu_start = calls["gpu_start_ns"].to_numpy(np.float64)
+    gpu_end = calls["gpu_end_ns"].to_numpy(np.float64)
     out = {}
-    for (host, rank), group in calls.groupby(["host", "rank"], sort=True):
-        group = group.sort_values("start_ns", kind="stable")
-        on_gpu = group["gpu_start_ns"].notna().all() and group["gpu_end_ns"].notna().all()
-        start = group["gpu_start_ns"] if on_gpu else group["start_ns"]
-        end = group["gpu_end_ns"] if on_gpu else group["end_ns"]
-        columns = {"start": start.to_numpy(np.float64), "end": end.to_numpy(np.float64),
-                   "op": group["name"].to_numpy()}  # fmt: skip
-        out[(str(host), int(rank))] = pd.DataFrame(columns)
+    for (host, rank), rows in sorted(calls.groupby(["host", "rank"]).indices.items()):
+        rows = rows[np.argsort(start_ns[rows], kind="stable")]
+        on_gpu = not (np.isnan(gpu_start[rows]).any() or np.isnan(gpu_end[rows]).any())
+        start = gpu_start[rows] if on_gpu else start_ns[rows]
+        end = gpu_end[rows] if on_gpu else end_ns[rows]
+        out[(str(host), int(rank))] = _Calls(start, end, ops[rows])
     return out
 
 
-def _pair_bounds(a: pd.DataFrame, b: pd.DataFrame) -> tuple[float, float, int] | None:
+def _pair_bounds(a: _Calls, b: _Calls) -> tuple[float, float, int] | None:
     """Bounds on ``s_b - s_a`` (ns) from the calls both ranks made, matched in order; None
     when they share too few calls or their op sequences disagree."""
-    n = min(len(a), len(b))
+    n = min(len(a.start), len(b.start))
     if n < MIN_CALLS:
         return None
-    a, b = a.iloc[:n], b.iloc[:n]
-    if (a["op"].to_numpy() != b["op"].to_numpy()).mean() > 0.05:
+    if (a.op[:n] != b.op[:n]).mean() > 0.05:
         return None  # not the same sequence of calls: matching them in order is meaningless
-    low = float(np.max(b["start"].to_numpy() - a["end"].to_numpy()))
-    high = float(np.min(b["end"].to_numpy() - a["start"].to_numpy()))
+    low = float(np.max(b.start[:n] - a.end[:n]))
+    high = float(np.min(b.end[:n] - a.start[:n]))
     return low, high, n
 
 
