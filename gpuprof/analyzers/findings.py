@@ -338,11 +338,15 @@ class AnalysisContext:
     run: Run
 
     @cached_property
-    def spans(self) -> pd.DataFrame:
-        """`spans.valid_spans` of the run (spans that end after they start)."""
+    def _valid_spans(self) -> tuple[pd.DataFrame, int]:
         from gpuprof.analyzers.spans import valid_spans
 
-        return valid_spans(self.run)[0]
+        return valid_spans(self.run)
+
+    @cached_property
+    def spans(self) -> pd.DataFrame:
+        """`spans.valid_spans` of the run (spans that end after they start)."""
+        return self._valid_spans[0]
 
     @cached_property
     def host_codes(self) -> tuple[np.ndarray, pd.Index] | None:
@@ -367,8 +371,9 @@ class AnalysisContext:
         from gpuprof.analyzers.labelling import gpu_phase_samples
 
         return gpu_phase_samples(
-            self.run, spans=self.spans, owners=self.owners, host_codes=self.host_codes
-        )
+            self.run, spans=self.spans, owners=self.owners, host_codes=self.host_codes,
+            spans_dropped=self._valid_spans[1],
+        )  # fmt: skip
 
     @cached_property
     def totals(self) -> dict[str, Any]:

@@ -48,6 +48,7 @@ def gpu_phase_samples(
     spans: pd.DataFrame | None = None,
     owners: pd.DataFrame | None = None,
     host_codes: tuple[np.ndarray, pd.Index] | None = None,
+    spans_dropped: int | None = None,
 ) -> pd.DataFrame:
     """One row per GPU sample with the phase its owner was in at that instant.
 
@@ -68,10 +69,14 @@ def gpu_phase_samples(
     - ``row``: the sample's position in ``run.gpu`` (to fetch other columns without a join).
 
     ``frame.attrs["spans_dropped"]`` counts spans ignored for ending before they started.
-    ``host_codes``: `gpu_host_codes` of the run, when the caller has them.
+    ``host_codes``: `gpu_host_codes` of the run, when the caller has them; ``spans_dropped``:
+    the count `valid_spans` gave with ``spans``, when the caller has it.
     """
-    valid, dropped = valid_spans(run)
-    spans = valid if spans is None else spans
+    if spans is None or spans_dropped is None:
+        valid, dropped = valid_spans(run)
+        spans = valid if spans is None else spans
+    else:
+        dropped = spans_dropped
     owners = _gpu_owner(run, spans) if owners is None else owners
     out = _samples(run, spans, owners, host_codes)
     out.attrs["spans_dropped"] = dropped

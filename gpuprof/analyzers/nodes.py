@@ -16,6 +16,7 @@ section (None for a single-node run):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -61,9 +62,9 @@ def node_summary(ctx: AnalysisContext, th: Thresholds) -> dict[str, Any] | None:
         )
     return {
         "nodes": per_node,
-        "links": _links(run.spans, nodes),
+        "links": link_figures(run_collectives(ctx), run.spans, run_ranks_per_node(ctx)),
         "straggler_node": _straggler_node(spans, s, th),
-        "weight_sync_crosses_nodes": _sync_crosses(run.spans, nodes),
+        "weight_sync_crosses_nodes": weight_sync_crosses_nodes(ctx),
         "alignment": _alignment(clocks, nodes),
     }
 
@@ -74,45 +75,53 @@ def _per_node(
     ranks: dict[str, list[int]] = {}
     if len(spans) and "rank" in spans:
         known = spans.dropna(subset=["rank"])
-        for host, group in known.groupby("host"):
-            ranks[str(host)] = sorted({int(r) for r in group["rank"]})
+        pairs = pd.DataFrame(
+            {
+                "host": known["host"].to_numpy(object),
+                "rank": known["rank"].to_numpy(np.float64).astype(np.int64),
+            }
+        )
+        for host, group in pairs.drop_duplicates().groupby("host"):
+            ranks[str(host)] = sorted(int(r) for r in group["rank"])
     out = {n: {"node": n, "gpus": 0, "ranks": ranks.get(n, []), "util_gpu_pct": None,
                "busy_gpu_s": 0.0, "idle_gpu_s": 0.0, "idle_while_others_busy_gpu_s": 0.0}
            for n in nodes}  # fmt: skip
     if s.empty:
         return list(out.values())
-    busy = s["busy_gpu_s"].to_numpy(np.float64)
-    idle = s["idle_gpu_s"].to_numpy(np.float64)
-    dt = s["dt_s"].to_numpy(np.float64)
+    # hosts as integer codes: the same sums in the same order as grouping on the names
+    codes, names = pd.factorize(s["host"].to_numpy(object))
+    rows = codes >= 0
+    busy = s["busy_gpu_s"].to_numpy(np.float64)[rows]
+    idle = s["idle_gpu_s"].to_numpy(np.float64)[rows]
+    dt = s["dt_s"].to_numpy(np.float64)[rows]
     frame = pd.DataFrame({
-        "host": s["host"].to_numpy(object),
-        "gpu": s["gpu"].to_numpy(),
-        "window": (s["t_ns"].to_numpy(np.int64) // int(WINDOW_S * 1e9)),
+        "host": codes[rows],
+        "gpu": s["gpu"].to_numpy()[rows],
+        "window": (s["t_ns"].to_numpy(np.int64)[rows] // int(WINDOW_S * 1e9)),
         "busy": np.where(np.isfinite(busy), busy, 0.0),
         "idle": np.where(np.isfinite(idle), idle, 0.0),
         "dt": np.where(np.isfinite(busy), dt, 0.0),
     })  # fmt: skip
-    totals = frame.groupby("host").agg(busy=("busy", "sum"), idle=("idle", "sum"), dt=("dt", "sum"))
+    totals = frame.groupby("host")[["busy", "idle", "dt"]].sum()
     gpus = frame.groupby("host")["gpu"].nunique()
     # per node and window: how busy its GPUs were; a node idle while another is busy waits
-    win = frame.groupby(["host", "window"]).agg(busy=("busy", "sum"), idle=("idle", "sum"),
-                                                dt=("dt", "sum")).reset_index()  # fmt: skip
+    win = frame.groupby(["host", "window"])[["busy", "idle", "dt"]].sum().reset_index()
     win["frac"] = win["busy"] / win["dt"].where(win["dt"] > 0)
     win["is_busy"] = win["frac"] >= th.busy_util_pct / 100.0
     win["is_idle"] = win["frac"] < th.idle_util_pct / 100.0
     busy_nodes = win.groupby("window")["is_busy"].transform("sum")
     others_busy = (busy_nodes - win["is_busy"].astype(int)) > 0
     waiting = win[win["is_idle"] & others_busy].groupby("host")["idle"].sum()
-    for host, row in totals.iterrows():
-        entry = out.get(str(host))
+    for code, row in totals.iterrows():
+        entry = out.get(str(names[code]))
         if entry is None:
             continue
-        entry["gpus"] = int(gpus.get(host, 0))
+        entry["gpus"] = int(gpus.get(code, 0))
         entry["busy_gpu_s"] = round(float(row["busy"]), 3)
         entry["idle_gpu_s"] = round(float(row["idle"]), 3)
         util = 100.0 * row["busy"] / row["dt"] if row["dt"] else None
         entry["util_gpu_pct"] = finite_or_none(util) if util is not None else None
-        entry["idle_while_others_busy_gpu_s"] = round(float(waiting.get(host, 0.0)), 3)
+        entry["idle_while_others_busy_gpu_s"] = round(float(waiting.get(code, 0.0)), 3)
     return list(out.values())
 
 
@@ -142,6 +151,36 @@ def collectives(spans: pd.DataFrame) -> pd.DataFrame:
     return out[~is_async.to_numpy()]
 
 
+def _cache(ctx: AnalysisContext) -> dict[str, Any]:
+    return ctx.__dict__.setdefault("_nodes_cache", {})
+
+
+def run_collectives(ctx: AnalysisContext) -> pd.DataFrame:
+    """`collectives` of the run's spans, once per context (several steps read them)."""
+    cache = _cache(ctx)
+    if "collectives" not in cache:
+        cache["collectives"] = collectives(ctx.run.spans)
+    return cache["collectives"]
+
+
+def run_ranks_per_node(ctx: AnalysisContext) -> int:
+    """`ranks_per_node` of the run's spans, once per context."""
+    cache = _cache(ctx)
+    if "ranks_per_node" not in cache:
+        cache["ranks_per_node"] = ranks_per_node(ctx.run.spans)
+    return cache["ranks_per_node"]
+
+
+def weight_sync_crosses_nodes(ctx: AnalysisContext) -> bool | None:
+    """`sync_crosses_nodes` of the run's spans, once per context."""
+    cache = _cache(ctx)
+    if "sync_crosses" not in cache:
+        cache["sync_crosses"] = sync_crosses_nodes(
+            ctx.run.spans, lambda: run_collectives(ctx), run_ranks_per_node(ctx)
+        )
+    return cache["sync_crosses"]
+
+
 def ranks_per_node(spans: pd.DataFrame) -> int:
     """The most ranks any node runs (1 without rank information)."""
     if spans.empty or "rank" not in spans:
@@ -157,19 +196,25 @@ def is_multi_node(spans: pd.DataFrame) -> bool:
     return spans.dropna(subset=["rank"])["host"].nunique() > 1
 
 
-def crosses_nodes(group_size: pd.Series | np.ndarray, spans: pd.DataFrame) -> np.ndarray:
+def crosses_nodes(
+    group_size: pd.Series | np.ndarray, spans: pd.DataFrame, ranks: int | None = None
+) -> np.ndarray:
     """Per collective, whether it crosses nodes: its group holds more ranks than any node
     runs. A smaller group (tensor-parallel, within a node) is taken as intra-node, the usual
-    placement. ``spans``: the run's spans, for the ranks per node."""
-    return np.asarray(group_size, dtype=np.float64) > ranks_per_node(spans)
+    placement. ``spans``: the run's spans, for the ranks per node (``ranks``, when known)."""
+    ranks = ranks_per_node(spans) if ranks is None else ranks
+    return np.asarray(group_size, dtype=np.float64) > ranks
 
 
-def link_figures(coll: pd.DataFrame, spans: pd.DataFrame) -> list[dict[str, Any]]:
+def link_figures(
+    coll: pd.DataFrame, spans: pd.DataFrame, ranks: int | None = None
+) -> list[dict[str, Any]]:
     """Calls, bytes, seconds and effective bandwidth per link type (intra-node, inter-node)
-    of blocking collectives (`collectives` frame rows)."""
+    of blocking collectives (`collectives` frame rows; ``ranks``: `ranks_per_node` of
+    ``spans`` when known)."""
     if coll.empty:
         return []
-    inter = crosses_nodes(coll["group_size"], spans)
+    inter = crosses_nodes(coll["group_size"], spans, ranks)
     out = []
     for label, mask in (("intra-node", ~inter), ("inter-node", inter)):
         part = coll[mask]
@@ -185,11 +230,6 @@ def link_figures(coll: pd.DataFrame, spans: pd.DataFrame) -> list[dict[str, Any]
             "bandwidth_bytes_s": finite_or_none(nbytes / seconds) if seconds > 0 else None,
         })  # fmt: skip
     return out
-
-
-def _links(spans: pd.DataFrame, nodes: list[str]) -> list[dict[str, Any]]:
-    """Collective traffic of the whole run per link type."""
-    return link_figures(collectives(spans), spans)
 
 
 def _straggler_node(spans: pd.DataFrame, s: pd.DataFrame, th: Thresholds) -> dict | None:
@@ -240,13 +280,15 @@ def _straggler_node(spans: pd.DataFrame, s: pd.DataFrame, th: Thresholds) -> dic
     }
 
 
-def _sync_crosses(spans: pd.DataFrame, nodes: list[str]) -> bool | None:
-    return sync_crosses_nodes(spans)
-
-
-def sync_crosses_nodes(spans: pd.DataFrame | None) -> bool | None:
+def sync_crosses_nodes(
+    spans: pd.DataFrame | None,
+    coll: Callable[[], pd.DataFrame] | None = None,
+    ranks: int | None = None,
+) -> bool | None:
     """True when weight sync moves data between nodes (rollout and update on disjoint nodes,
-    or a reshard span holding a collective that crosses nodes); None without reshard spans."""
+    or a reshard span holding a collective that crosses nodes); None without reshard spans.
+    ``coll`` gives `collectives` of ``spans`` and ``ranks`` their `ranks_per_node`, when the
+    caller has them."""
     if spans is None or spans.empty or "phase" not in spans:
         return None
     reshard = spans[spans["phase"] == "reshard"]
@@ -258,7 +300,7 @@ def sync_crosses_nodes(spans: pd.DataFrame | None) -> bool | None:
         return True  # disaggregated: rollout on some nodes, training on others
     if spans["host"].nunique() < 2:
         return False
-    coll = collectives(spans)
+    coll = collectives(spans) if coll is None else coll()
     if coll.empty:
         return False
     # collectives inside a reshard span of the same process
@@ -270,7 +312,7 @@ def sync_crosses_nodes(spans: pd.DataFrame | None) -> bool | None:
         left_on="start_ns", right_on="r_start", by=keys, direction="backward",
     )  # fmt: skip
     inside = inside[inside["r_end"].notna() & (inside["start_ns"] <= inside["r_end"])]
-    return bool(crosses_nodes(inside["group_size"], spans).any())
+    return bool(crosses_nodes(inside["group_size"], spans, ranks).any())
 
 
 def _alignment(clocks: dict[str, dict], nodes: list[str]) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import CommBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.nodes import collectives, is_multi_node, link_figures
+from gpuprof.analyzers.nodes import is_multi_node, link_figures, run_collectives, run_ranks_per_node
 from gpuprof.analyzers.stalls._resource import (
     UPDATE_PHASES,
     _collectives,
@@ -208,13 +208,14 @@ def _links_in_update(ctx: AnalysisContext, inside: pd.DataFrame) -> dict[str, di
     """Per link type, the collectives found inside update spans (``inside``: their host, pid
     and start), from the run's collective spans, whose attributes carry group size and
     bytes."""
-    coll = collectives(ctx.run.spans)
+    coll = run_collectives(ctx)
     if coll.empty:
         return {}
     keys = ["host", "pid", "start_ns"]
     found = inside[keys].drop_duplicates()
     coll = coll.merge(found.astype({"pid": coll["pid"].dtype}), on=keys, how="inner")
-    return {row["link"]: row for row in link_figures(coll, ctx.run.spans)}
+    links = link_figures(coll, ctx.run.spans, run_ranks_per_node(ctx))
+    return {row["link"]: row for row in links}
 
 
 def _links_text(links: dict[str, dict[str, Any]]) -> str:

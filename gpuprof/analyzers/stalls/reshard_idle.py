@@ -6,7 +6,7 @@ import numpy as np
 
 from gpuprof.analyzers.evidence import PHASE_TIMING, ReshardIdleEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.nodes import sync_crosses_nodes
+from gpuprof.analyzers.nodes import weight_sync_crosses_nodes
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
     _conf,
@@ -54,7 +54,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     burst = bool(link > th.link_burst_ratio * base and link > 0)
     conf = _conf(0.45 + 0.4 * st["idle_frac"] + (0.1 if burst else 0.0) + 0.5 * share)
     bw_txt = f"; {bw / 1e9:.1f} GB/s effective for {nbytes / 1e9:.1f} GB" if np.isfinite(bw) else ""
-    crosses = sync_crosses_nodes(ctx.run.spans)
+    crosses = weight_sync_crosses_nodes(ctx)
     summary = (
         f"GPUs idle {st['idle_frac']:.0%} of weight sync (reshard, {mean_span_s:.1f} s per sync); "
         f"{_minutes(lost)} ({share:.0%}) beyond a healthy sync{bw_txt}"
