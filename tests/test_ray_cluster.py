@@ -288,6 +288,8 @@ class _FakeActor:
         def remote(*args):
             if self.setup.get("dead") and method != "hello":
                 return _Ref(error=_ActorDied("The actor died unexpectedly"))
+            if self.setup.get("silent") and method == "finish":
+                return _Ref(ready=False)  # no answer: a node cut off, not yet known dead
             if method == "hello":
                 if self.setup.get("unplaceable"):
                     return _Ref(ready=False)
@@ -425,6 +427,52 @@ def test_recorder_places_skips_dedupes_times_out_and_loses_nodes(tmp_path, monke
         assert meta["clock"]["method"] == "ray-rtt" and abs(meta["clock"]["offset_ns"]) < 5 * MS
         assert any(n.startswith(f"node {name} lost at") for n in meta["run"]["notices"])
         assert meta["run"]["end_ns"] is not None
+
+
+def test_nodes_lost_as_the_job_ends_are_lost_not_finished(tmp_path, monkeypatch):
+    # a node lost seconds before the end, which the pulls during the run did not see: known
+    # dead to Ray by the end, dying at the last call, or silent to it; each record ends at
+    # the node's last reply and the run says so (issue 18: no node finished silently)
+    import socket
+
+    monkeypatch.setattr(recorder_mod, "MEMBERSHIP_S", 0.0)
+    me = socket.gethostname()
+
+    def hello(name):
+        return {"node": name, "machine": f"m-{name}", "own_name": True, "pid": 1}
+
+    ids = {name: name[-1] * 56 for name in ("wb", "wc", "wd", "we")}
+    fake = _FakeRay({ids[name]: {"hello": hello(name)} for name in ids})
+    lines = io.StringIO()
+    rec = ClusterRecorder(fake, tmp_path, "r1", "s1", "head", me, interval_s=0.05, nvml=False,
+                          stream=lines)  # fmt: skip
+    assert rec.prepare()
+    for _ in range(4):
+        rec.tick()
+        time.sleep(0.15)
+    assert {n.name: n.state for n in rec.nodes.values()} == dict.fromkeys(ids, "active")
+    heard = {n.name: n.heard_ns for n in rec.nodes.values()}
+    time.sleep(0.2)  # the losses, after the last pull
+    fake.alive[ids["wb"]] = False  # Ray knows by the end
+    fake.setups[ids["wc"]]["dead"] = True  # its last call fails
+    fake.setups[ids["wd"]]["silent"] = True  # its last call never returns
+    rec.finish()
+    said = lines.getvalue()
+    assert "gpuprof: node wb lost at" in said and "(Ray marked the node dead)" in said
+    assert "gpuprof: node wc lost at" in said and "(its sampler died: " in said
+    assert "gpuprof: node wd lost at" in said
+    assert "(its sampler did not answer within 10 s when the job ended)" in said
+    assert said.count("its record ends at its last reply") == 3
+    run = store.load_run(tmp_path)
+    states = {n: s["state"] for n, s in run.meta.nodes.items()}
+    assert states == {"wb": "lost", "wc": "lost", "wd": "lost", "we": "recorded"}
+    lost = run.events[run.events["kind"] == "node_lost"]
+    assert sorted(lost["host"]) == ["wb", "wc", "wd"]
+    for name in ("wb", "wc", "wd"):
+        # lost when last heard from (the last pull), not when the end found out
+        assert run.meta.nodes[name]["lost_ns"] == heard[name]
+        assert _file_meta(tmp_path / f"{name}.sqlite")["run"]["end_ns"] == heard[name]
+    assert _file_meta(tmp_path / "we.sqlite")["run"]["end_ns"] > max(heard.values())
 
 
 def test_pull_period_grows_past_32_nodes_to_hold_the_drivers_calls():

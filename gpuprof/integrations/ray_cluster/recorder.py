@@ -153,6 +153,8 @@ class _Node:
     """When its sampler was asked for (the driver's clock, the run's)."""
     from_ns: int | None = None
     """Its first sample, on the run's clock."""
+    heard_ns: int | None = None
+    """When its sampler last replied with rows (the run's clock)."""
 
     @property
     def label(self) -> str:
@@ -308,20 +310,32 @@ class ClusterRecorder:
                                  f"({waited:.1f} s after it was asked for)")  # fmt: skip
 
     def _finish_nodes(self) -> None:
-        active = [n for n in self.nodes.values() if n.state == "active"]
         connected = self.ray.is_initialized()
+        if connected:  # a node Ray already knows is dead was lost, not finished
+            self._mark_dead(at_end=True)
+        active = [n for n in self.nodes.values() if n.state == "active"]
         if connected and active:
-            calls = []
+            calls, last = [], []
             for node in active:
                 if node.pending is not None:
                     calls.append((node, node.pending))
-                calls.append((node, node.actor.finish.remote()))
+                last.append(node.actor.finish.remote())
+                calls.append((node, last[-1]))
             refs = [ref for _, ref in calls]
             ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=FINISH_WAIT_S)
             ready = set(ready)
             for node, ref in calls:
                 if ref in ready:
-                    self._receive(node, ref)
+                    self._receive(node, ref, at_end=True)
+            # a node whose sampler never answered the last call is not a finished record:
+            # dead by now (Ray may take seconds to notice a lost node), or out of reach
+            silent = [n for n, ref in zip(active, last) if ref not in ready]
+            if any(n.state == "active" for n in silent):
+                self._mark_dead(at_end=True)
+            for node in silent:
+                if node.state == "active":
+                    self._lost(node, f"its sampler did not answer within {FINISH_WAIT_S:g} s "
+                                     "when the job ended", at_end=True)  # fmt: skip
         end = now_ns()
         for node in active:
             if node.state == "active":
@@ -350,6 +364,20 @@ class ClusterRecorder:
         due = [n for n in self.nodes.values() if n.state == "active" and n.next_clock <= now]
         if due:
             self._measure_clock(min(due, key=lambda n: n.next_clock))
+
+    def _mark_dead(self, at_end: bool = False) -> None:
+        """The recorded or starting nodes Ray's node table says are dead: lost. Never raises
+        (the table may be out of reach while Ray shuts down)."""
+        try:
+            table = self.ray.nodes()
+        except Exception:
+            return
+        for info in table:
+            node = self.nodes.get(info.get("NodeID"))
+            if node is None or info.get("Alive"):
+                continue
+            if node.state in ("placing", "starting", "active"):
+                self._lost(node, "Ray marked the node dead", at_end=at_end)
 
     def _membership(self) -> None:
         for info in self.ray.nodes():
@@ -462,7 +490,14 @@ class ClusterRecorder:
         self._account(node, "recorded", notice)
         node.writer.flush()
 
-    def _account(self, node: _Node, state: str, notice: str, why: str | None = None) -> None:
+    def _account(
+        self,
+        node: _Node,
+        state: str,
+        notice: str,
+        why: str | None = None,
+        lost_ns: int | None = None,
+    ) -> None:
         """Say in the node's file how it was recorded (``RunMeta.nodes``, on the run's
         clock, with its address in Ray's node table, which Ray's metrics name ``ip``) and put
         ``notice``, the line saying it, in the run's notices. A node with no
@@ -483,7 +518,7 @@ class ClusterRecorder:
         status = {"state": state, "asked_ns": node.asked_ns or None, "from_ns": node.from_ns,
                   "notice": notice, "address": node.address}  # fmt: skip
         if state == "lost":
-            status["lost_ns"] = now_ns()
+            status["lost_ns"] = now_ns() if lost_ns is None else lost_ns
         if why:
             status["why"] = why
         old = node.meta.nodes.get(node.label, {}).get("notice")
@@ -514,9 +549,11 @@ class ClusterRecorder:
             if node.writer is not None:
                 node.writer.flush()  # committed now: a crash loses at most this period
 
-    def _receive(self, node: _Node, ref: Any, batch: dict[str, Any] | None = None) -> None:
+    def _receive(
+        self, node: _Node, ref: Any, batch: dict[str, Any] | None = None, at_end: bool = False
+    ) -> None:
         """Write one reply of a node's sampler (``batch``, else read from ``ref``); a dead
-        sampler is a lost node."""
+        sampler is a lost node (``at_end``: found while the job ends)."""
         exceptions = self.ray.exceptions
         try:
             if batch is None:
@@ -524,11 +561,12 @@ class ClusterRecorder:
         except getattr(exceptions, "ActorUnavailableError", ()):
             return  # unreachable for a moment: asked again next tick
         except exceptions.RayActorError as exc:
-            self._lost(node, f"its sampler died: {_short(exc)}")
+            self._lost(node, f"its sampler died: {_short(exc)}", at_end=at_end)
             return
         except Exception as exc:
             self._say(f"a reply from node {node.label} was lost ({_short(exc)})")
             return
+        node.heard_ns = now_ns()
         writer = node.writer
         for table, chunk in (batch.get("chunks") or {}).items():
             # stored as shipped: no work per row here, whatever the number of nodes
@@ -586,7 +624,10 @@ class ClusterRecorder:
 
     # -- faults ------------------------------------------------------------------------------
 
-    def _lost(self, node: _Node, reason: str) -> None:
+    def _lost(self, node: _Node, reason: str, at_end: bool = False) -> None:
+        """A node whose sampler is gone: its record ends. During the run it is lost when the
+        driver finds out; found while the job ends (``at_end``), when it last replied, which
+        is when it was last known to be there."""
         was_active = node.state == "active"
         node.state = "lost"
         node.pending = None
@@ -594,16 +635,21 @@ class ClusterRecorder:
         if not was_active:  # lost before its sampler started: never recorded
             self._never(node, f"{reason} before its sampler started")
             return
+        if at_end and node.heard_ns is not None:
+            t = node.heard_ns
         notice = f"node {node.label} lost at {_clock(t)} ({reason})"
         if node.from_ns is not None:
             notice += f", recorded from {_clock(node.from_ns)}"
-        self._say(f"{notice}: its record ends there; the run goes on")
+        if at_end:
+            self._say(f"{notice}: its record ends at its last reply")
+        else:
+            self._say(f"{notice}: its record ends there; the run goes on")
         attrs = {"reason": reason, "ray_node_id": node.ray_id, "address": node.address}
         # stored on the node's clock, like every row of its file
         event = Event(node.name, 0, None, t - node.offset_ns, "node_lost", node.name, attrs)
         node.writer.add_records("events", [event])
         node.meta.end_ns = t
-        self._account(node, "lost", notice, reason)
+        self._account(node, "lost", notice, reason, lost_ns=t)
         node.writer.flush()
 
     def _fail(self, node: _Node, reason: str) -> None:
