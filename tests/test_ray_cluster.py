@@ -475,6 +475,59 @@ def test_nodes_lost_as_the_job_ends_are_lost_not_finished(tmp_path, monkeypatch)
     assert _file_meta(tmp_path / "we.sqlite")["run"]["end_ns"] > max(heard.values())
 
 
+def test_the_end_is_bounded_when_ray_stops_answering(tmp_path, monkeypatch):
+    # Ray's node table (which takes no timeout) hanging, then the recorder's own thread stuck
+    # in a call to Ray: the job still ends, in bounded time, with what was recorded
+    import socket
+    import threading
+
+    monkeypatch.setattr(recorder_mod, "MEMBERSHIP_S", 0.0)
+    monkeypatch.setattr(recorder_mod, "NODE_TABLE_WAIT_S", 0.2)
+    monkeypatch.setattr(recorder_mod, "FINISH_WAIT_S", 0.5)
+    hang = threading.Event()
+
+    class Hanging(_FakeRay):
+        def nodes(self):
+            if hang.is_set():
+                threading.Event().wait()  # never answers
+            return super().nodes()
+
+    hello = {"node": "w1", "machine": "m1", "own_name": True, "pid": 1}
+    for stuck_thread in (False, True):
+        hang.clear()
+        run_dir = tmp_path / str(stuck_thread)
+        run_dir.mkdir()
+        fake = Hanging({"b" * 56: {"hello": hello}})
+        lines = io.StringIO()
+        rec = ClusterRecorder(fake, run_dir, "r1", "s1", "head", socket.gethostname(),
+                              interval_s=0.05, nvml=False, stream=lines)  # fmt: skip
+        assert rec.prepare()
+        for _ in range(3):
+            rec.tick()
+            time.sleep(0.1)
+        hang.set()
+        t0 = time.monotonic()
+        rec.tick()  # the membership check gives up on the table: the tick goes on
+        assert time.monotonic() - t0 < 2.0
+        if stuck_thread:  # a tick that never returns holds the lock
+            threading.Thread(target=rec._lock.acquire, daemon=True).start()
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        ending = threading.Thread(target=rec.finish, daemon=True)  # a hang fails, not hangs
+        ending.start()
+        ending.join(10.0)
+        assert not ending.is_alive(), "the end hung"
+        assert time.monotonic() - t0 < 3.0
+        said = lines.getvalue()
+        run = store.load_run(run_dir)
+        assert (run.host["host"] == "w1").any()  # what was recorded is kept
+        if stuck_thread:
+            assert "the Ray nodes' last samples were not taken (the recorder's thread" in said
+        else:
+            assert run.meta.nodes["w1"]["state"] == "recorded"
+            assert "not taken" not in said
+
+
 def test_pull_period_grows_past_32_nodes_to_hold_the_drivers_calls():
     period = recorder_mod.pull_period_s
     assert [period(n) for n in (0, 2, 32, 64, 96)] == [1.0, 1.0, 1.0, 2.0, 3.0]

@@ -88,6 +88,9 @@ measured less often (every ~128 s at 64 nodes, with 2 s ticks): 8 round trips pe
 most, what benchmarks/bench_multinode_scale.py charges to the driver."""
 FINISH_WAIT_S = 10.0
 """At the end, how long the samplers' last rows are waited for."""
+NODE_TABLE_WAIT_S = 10.0
+"""The longest the driver waits for Ray's node table (``ray.nodes()``, which takes no
+timeout); past it the table is read again at the next membership check."""
 FINISH_START_S = 5.0
 """At the end, how long samplers still being placed or started are waited for (a job shorter
 than their start-up would otherwise end with those nodes unrecorded);
@@ -276,13 +279,19 @@ class ClusterRecorder:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=FINISH_WAIT_S)
-        try:
-            self._await_starting()
-            with self._lock:
+        # bounded: a thread stuck in a call to Ray must not keep the job from ending
+        if self._lock.acquire(timeout=FINISH_WAIT_S):
+            try:
+                self._await_starting()
                 self._finish_nodes()
-        except Exception as exc:
-            self._say(f"could not take the Ray nodes' last samples ({type(exc).__name__}: "
-                      f"{exc}); what was recorded before is kept")  # fmt: skip
+            except Exception as exc:
+                self._say(f"could not take the Ray nodes' last samples ({type(exc).__name__}: "
+                          f"{exc}); what was recorded before is kept")  # fmt: skip
+            finally:
+                self._lock.release()
+        else:
+            self._say("the Ray nodes' last samples were not taken (the recorder's thread is "
+                      "stuck in a call to Ray); what was recorded before is kept")  # fmt: skip
         for node in self.nodes.values():
             if node.writer is not None:
                 with contextlib.suppress(Exception):
@@ -292,13 +301,12 @@ class ClusterRecorder:
         """Give samplers still being placed or started up to ``finish_start_s`` to start, so
         that a short job still gets their rows; say which nodes were never recorded."""
         deadline = time.monotonic() + self.finish_start_s
-        while True:
-            with self._lock:
-                waiting = [n for n in self.nodes.values() if n.state in ("placing", "starting")]
-                if not waiting or not self.ray.is_initialized():
-                    break
-                for node in waiting:
-                    self._advance(node)
+        while True:  # the caller holds the lock; the recorder's thread has stopped
+            waiting = [n for n in self.nodes.values() if n.state in ("placing", "starting")]
+            if not waiting or not self.ray.is_initialized():
+                break
+            for node in waiting:
+                self._advance(node)
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
@@ -368,19 +376,31 @@ class ClusterRecorder:
     def _mark_dead(self, at_end: bool = False) -> None:
         """The recorded or starting nodes Ray's node table says are dead: lost. Never raises
         (the table may be out of reach while Ray shuts down)."""
-        try:
-            table = self.ray.nodes()
-        except Exception:
-            return
-        for info in table:
+        table = self._node_table()
+        for info in table or ():
             node = self.nodes.get(info.get("NodeID"))
             if node is None or info.get("Alive"):
                 continue
             if node.state in ("placing", "starting", "active"):
                 self._lost(node, "Ray marked the node dead", at_end=at_end)
 
+    def _node_table(self) -> list[dict[str, Any]] | None:
+        """Ray's node table, or None when it did not come within `NODE_TABLE_WAIT_S` (the
+        call has no timeout of its own; it is left to finish in a thread of its own) or
+        failed."""
+        box: list[Any] = []
+
+        def read() -> None:
+            with contextlib.suppress(Exception):
+                box.append(self.ray.nodes())
+
+        reader = threading.Thread(target=read, name="gpuprof-ray-nodes", daemon=True)
+        reader.start()
+        reader.join(NODE_TABLE_WAIT_S)
+        return box[0] if box else None
+
     def _membership(self) -> None:
-        for info in self.ray.nodes():
+        for info in self._node_table() or ():
             ray_id = info.get("NodeID")
             if not ray_id:
                 continue
