@@ -719,10 +719,32 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        where = _stacks_of_tree(proc.pid)  # where it hangs, before the evidence is killed
         proc.kill()
         out, err = proc.communicate()
-        pytest.fail(f"the watched job did not finish:\n{out}\n{err}")
+        pytest.fail(f"the watched job did not finish:\n{out}\n{err}\n{where}")
     return proc.returncode, out, err
+
+
+def _stacks_of_tree(pid: int) -> str:
+    """py-spy's dump of a process and its children's Python stacks (for a hang's report)."""
+    if PYSPY is None:
+        return "(py-spy not found: no stacks)"
+    import psutil
+
+    try:
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return "(the process is gone)"
+    dumps = []
+    for p in tree:
+        try:
+            done = subprocess.run([PYSPY, "dump", "--pid", str(p.pid)], capture_output=True,
+                                  text=True, timeout=60)  # fmt: skip
+            dumps.append(f"--- {p.pid}:\n{done.stdout}{done.stderr}")
+        except Exception as exc:  # gone, or py-spy itself stuck: the report goes on
+            dumps.append(f"--- {p.pid}: {exc!r}")
+    return "\n".join(dumps)
 
 
 def _file_meta(path: Path) -> dict:
