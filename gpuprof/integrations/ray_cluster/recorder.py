@@ -207,6 +207,7 @@ class ClusterRecorder:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._table_reader: threading.Thread | None = None
         self._next_membership = 0.0
         self._failures = 0
         self._finished = False
@@ -388,6 +389,8 @@ class ClusterRecorder:
         """Ray's node table, or None when it did not come within `NODE_TABLE_WAIT_S` (the
         call has no timeout of its own; it is left to finish in a thread of its own) or
         failed."""
+        if self._table_reader is not None and self._table_reader.is_alive():
+            return None  # the last read has not come back: one stuck thread, never more
         box: list[Any] = []
 
         def read() -> None:
@@ -395,6 +398,7 @@ class ClusterRecorder:
                 box.append(self.ray.nodes())
 
         reader = threading.Thread(target=read, name="gpuprof-ray-nodes", daemon=True)
+        self._table_reader = reader
         reader.start()
         reader.join(NODE_TABLE_WAIT_S)
         return box[0] if box else None
