@@ -454,7 +454,9 @@ def test_nodes_lost_as_the_job_ends_are_lost_not_finished(tmp_path, monkeypatch)
     heard = {n.name: n.heard_ns for n in rec.nodes.values()}
     time.sleep(0.2)  # the losses, after the last pull
     fake.alive[ids["wb"]] = False  # Ray knows by the end
-    fake.setups[ids["wc"]]["dead"] = True  # its last call fails
+    fake.setups[ids["wc"]]["dead"] = True  # its last call fails, and the take before it
+    wc = next(n for n in rec.nodes.values() if n.name == "wc")
+    wc.pending = _Ref(error=_ActorDied("The actor died unexpectedly"))
     fake.setups[ids["wd"]]["silent"] = True  # its last call never returns
     rec.finish()
     said = lines.getvalue()
@@ -463,6 +465,7 @@ def test_nodes_lost_as_the_job_ends_are_lost_not_finished(tmp_path, monkeypatch)
     assert "gpuprof: node wd lost at" in said
     assert "(its sampler did not answer within 10 s when the job ended)" in said
     assert said.count("its record ends at its last reply") == 3
+    assert "never recorded" not in said  # lost once, not lost then "never recorded"
     run = store.load_run(tmp_path)
     states = {n: s["state"] for n, s in run.meta.nodes.items()}
     assert states == {"wb": "lost", "wc": "lost", "wd": "lost", "we": "recorded"}

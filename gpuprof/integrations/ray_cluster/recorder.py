@@ -334,7 +334,7 @@ class ClusterRecorder:
             ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=FINISH_WAIT_S)
             ready = set(ready)
             for node, ref in calls:
-                if ref in ready:
+                if ref in ready and node.state == "active":  # a node lost at its take is lost
                     self._receive(node, ref, at_end=True)
             # a node whose sampler never answered the last call is not a finished record:
             # dead by now (Ray may take seconds to notice a lost node), or out of reach
