@@ -221,14 +221,14 @@ def tracker_env(tmp: Path, lib: Path, **extra: str) -> dict[str, str]:
     return simnvml_env(lib, write_scenario(tmp / "scenario.txt", _scenario()), base=base)
 
 
-def watch(tmp: Path, env: dict[str, str], *flags: str, child: str | None = None, args=()
-          ) -> tuple[subprocess.CompletedProcess, float]:  # fmt: skip
+def watch(tmp: Path, env: dict[str, str], *flags: str, child: str | None = None, args=(),
+          log_interval: str = "1") -> tuple[subprocess.CompletedProcess, float]:  # fmt: skip
     """``gpuprof watch FLAGS -- python -c CHILD ARGS`` (the `training_loop` by default); the
     result and its wall time (s)."""
     child = child or training_loop()
     if "--log-timeout" not in flags:  # a bound, not a wait: on a loaded machine the trackers'
         flags = (*flags, "--log-timeout", "60")  # processes, at idle priority, take longer
-    argv = gpuprof_cmd("watch", "--interval", "0.05", "--log-interval", "1", "-o",
+    argv = gpuprof_cmd("watch", "--interval", "0.05", "--log-interval", log_interval, "-o",
                        str(tmp / "run"), *flags, "--", sys.executable, "-c", child,
                        *args)  # fmt: skip
     started = time.monotonic()
@@ -443,7 +443,10 @@ def test_an_experiment_the_training_makes_late_is_left_to_it(tmp_path, simnvml_l
     # which would make the training's create_experiment fail ("already exists")
     pytest.importorskip("mlflow")
     env = tracker_env(tmp_path, simnvml_lib, MLFLOW_EXPERIMENT_NAME="grpo")
-    result, _ = watch(tmp_path, env, "--log-to", "mlflow", child=LATE_EXPERIMENT_CHILD)
+    # the wait is six points: 3 s points give the child (which imports MLflow, seconds on a
+    # loaded machine, then sleeps) 18 s to make its experiment, as a minute would at 10 s
+    result, _ = watch(tmp_path, env, "--log-to", "mlflow", child=LATE_EXPERIMENT_CHILD,
+                      log_interval="3")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "already exists" not in result.stderr
     client = mlflow_client(tmp_path)

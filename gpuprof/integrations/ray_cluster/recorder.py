@@ -89,8 +89,11 @@ most, what benchmarks/bench_multinode_scale.py charges to the driver."""
 FINISH_WAIT_S = 10.0
 """At the end, how long the samplers' last rows are waited for."""
 NODE_TABLE_WAIT_S = 10.0
-"""The longest the driver waits for Ray's node table (``ray.nodes()``, which takes no
-timeout); past it the table is read again at the next membership check."""
+"""As the job ends, the longest the driver waits for Ray's node table (``ray.nodes()``, which
+takes no timeout)."""
+FINISH_LOCK_WAIT_S = 30.0
+"""As the job ends, the longest the driver waits for its recording thread to leave a call to
+Ray (a loaded machine makes such calls take seconds; a hung one must not hang the job)."""
 FINISH_START_S = 5.0
 """At the end, how long samplers still being placed or started are waited for (a job shorter
 than their start-up would otherwise end with those nodes unrecorded);
@@ -281,7 +284,7 @@ class ClusterRecorder:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=FINISH_WAIT_S)
         # bounded: a thread stuck in a call to Ray must not keep the job from ending
-        if self._lock.acquire(timeout=FINISH_WAIT_S):
+        if self._lock.acquire(timeout=FINISH_LOCK_WAIT_S):
             try:
                 self._await_starting()
                 self._finish_nodes()
@@ -386,9 +389,9 @@ class ClusterRecorder:
                 self._lost(node, "Ray marked the node dead", at_end=at_end)
 
     def _node_table(self) -> list[dict[str, Any]] | None:
-        """Ray's node table, or None when it did not come within `NODE_TABLE_WAIT_S` (the
-        call has no timeout of its own; it is left to finish in a thread of its own) or
-        failed."""
+        """Ray's node table as the job ends, or None when it did not come within
+        `NODE_TABLE_WAIT_S` (the call has no timeout of its own; it is left to finish in a
+        thread of its own) or failed."""
         if self._table_reader is not None and self._table_reader.is_alive():
             return None  # the last read has not come back: one stuck thread, never more
         box: list[Any] = []
@@ -404,7 +407,9 @@ class ClusterRecorder:
         return box[0] if box else None
 
     def _membership(self) -> None:
-        for info in self._node_table() or ():
+        # read as it comes, however long that takes on a loaded machine: a node missing from
+        # the table is never recorded nor named (the end is bounded on its own)
+        for info in self.ray.nodes():
             ray_id = info.get("NodeID")
             if not ray_id:
                 continue
