@@ -25,8 +25,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers import attr_columns
-
 TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "gpu": ("t_ns",),
     "host": ("t_ns",),
@@ -129,11 +127,10 @@ def _rank_calls(spans: pd.DataFrame) -> dict[tuple[str, int], _Calls]:
     calls = spans[(spans["phase"] == "collective") & spans["rank"].notna()]
     if calls.empty:
         return {}
-    attrs = list(calls["attrs"])
-    is_async = np.array([bool(v) for v in attr_columns.values(attrs, "async")], dtype=bool)
-    size = pd.to_numeric(
-        pd.Series(attr_columns.values(attrs, "group_size"), dtype=object), errors="coerce"
-    )
+    attrs = [a if isinstance(a, dict) else {} for a in calls["attrs"]]
+    is_async = np.array([bool(a.get("async")) for a in attrs], dtype=bool)
+    size = pd.to_numeric(pd.Series([a.get("group_size") for a in attrs], dtype=object),
+                         errors="coerce")  # fmt: skip
     world = size.max()
     keep = ~is_async
     if pd.notna(world):

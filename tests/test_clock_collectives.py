@@ -131,8 +131,9 @@ def test_offsets_match_the_frame_formulation(seed):
 
 def test_a_known_skew_is_found_within_its_error():
     skews = {"n0": 0, "n1": 37_000_000, "n2": -12_000_000}
-    for seed in range(5):
-        spans = collective_spans(seed * 7 + 1, skews)
+    for seed in (5, 9, 13, 16, 17):  # seeds whose calls are enough for both nodes
+        spans = collective_spans(seed, skews)
         found = estimate_from_collectives(spans, "n0", list(skews))
+        assert set(found) == {"n1", "n2"}
         for node, offset in found.items():
             assert abs(offset.offset_ns + skews[node]) <= offset.error_ns + 1

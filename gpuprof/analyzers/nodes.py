@@ -151,34 +151,28 @@ def collectives(spans: pd.DataFrame) -> pd.DataFrame:
     return out[~is_async.to_numpy()]
 
 
-def _cache(ctx: AnalysisContext) -> dict[str, Any]:
-    return ctx.__dict__.setdefault("_nodes_cache", {})
+def _once(ctx: AnalysisContext, key: str, compute: Callable[[], Any]) -> Any:
+    """``compute()`` once per analysis context (several steps read these figures)."""
+    cache = ctx.__dict__.setdefault("_nodes_cache", {})
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
 
 
 def run_collectives(ctx: AnalysisContext) -> pd.DataFrame:
-    """`collectives` of the run's spans, once per context (several steps read them)."""
-    cache = _cache(ctx)
-    if "collectives" not in cache:
-        cache["collectives"] = collectives(ctx.run.spans)
-    return cache["collectives"]
+    """`collectives` of the run's spans, once per context."""
+    return _once(ctx, "collectives", lambda: collectives(ctx.run.spans))
 
 
 def run_ranks_per_node(ctx: AnalysisContext) -> int:
     """`ranks_per_node` of the run's spans, once per context."""
-    cache = _cache(ctx)
-    if "ranks_per_node" not in cache:
-        cache["ranks_per_node"] = ranks_per_node(ctx.run.spans)
-    return cache["ranks_per_node"]
+    return _once(ctx, "ranks_per_node", lambda: ranks_per_node(ctx.run.spans))
 
 
 def weight_sync_crosses_nodes(ctx: AnalysisContext) -> bool | None:
     """`sync_crosses_nodes` of the run's spans, once per context."""
-    cache = _cache(ctx)
-    if "sync_crosses" not in cache:
-        cache["sync_crosses"] = sync_crosses_nodes(
-            ctx.run.spans, lambda: run_collectives(ctx), run_ranks_per_node(ctx)
-        )
-    return cache["sync_crosses"]
+    return _once(ctx, "sync_crosses", lambda: sync_crosses_nodes(
+        ctx.run.spans, lambda: run_collectives(ctx), run_ranks_per_node(ctx)))  # fmt: skip
 
 
 def ranks_per_node(spans: pd.DataFrame) -> int:
