@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpuprof.analyzers.grouping import _factorize
+from gpuprof.analyzers.grouping import _factorize, asof_backward
 from gpuprof.analyzers.ownership import _first_rows
 from gpuprof.analyzers.stalls._resource import _first_of_each, _inside, _runs
 from gpuprof.analyzers.stalls.phantom_util import _with_process
@@ -202,3 +202,38 @@ def test_first_rows_of_each_gpu(seed):
     uuid = pd.Series(rng.choice(["u1", "u2", None], n), dtype=object)
     assert (_first_rows(host, number, uuid) == ref_first_rows(host, number, uuid)).all()
     assert (_first_rows(host, number, None) == ref_first_rows(host, number, None)).all()
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_asof_backward_is_merge_asof(seed):
+    rng = np.random.default_rng(seed)
+    nl, nr = int(rng.integers(0, 400)), int(rng.integers(0, 400))
+    base = 10**18 if seed % 4 == 3 else 0  # epoch-like instants; far apart: the slow path
+    span = 10**18 if seed % 7 == 6 else 5_000
+    lt = base + np.sort(rng.integers(0, span, nl))
+    rt = base + rng.integers(0, span, nr)  # ties in time: the last of them is picked
+    hosts = np.array(["a", "b", "c", None], dtype=object)
+    lh, rh = hosts[rng.integers(0, 4, nl)], hosts[rng.integers(0, 3, nr)]
+    lp = rng.choice([1.0, 2.0, np.nan], nl)
+    rp = rng.choice([1.0, 2.0, 3.0], nr)
+    tol = int(rng.choice([0, 50, 400, span]))
+    left = pd.DataFrame({"t": lt, "host": lh, "pid": lp, "row": np.arange(nl)})
+    right = pd.DataFrame({"t": rt, "host": rh, "pid": rp, "pos": np.arange(nr)})
+    right = right.sort_values("t", kind="stable")
+    want = np.full(nl, -1)
+    keyed = left.dropna(subset=["host", "pid"])
+    if len(keyed) and len(right):
+        m = pd.merge_asof(keyed, right, on="t", by=["host", "pid"], direction="backward",
+                          tolerance=tol)  # fmt: skip
+        found = m["pos"].notna().to_numpy()
+        want[m["row"].to_numpy()[found]] = m["pos"].to_numpy()[found].astype(np.int64)
+    got = asof_backward(lt, rt, tol, [lh, lp], [rh, rp])
+    assert (got == want).all()
+    # without keys: every left row may match
+    want = np.full(nl, -1)
+    if nl and nr:
+        m = pd.merge_asof(left[["t", "row"]], right[["t", "pos"]], on="t",
+                          direction="backward", tolerance=tol)  # fmt: skip
+        found = m["pos"].notna().to_numpy()
+        want[m["row"].to_numpy()[found]] = m["pos"].to_numpy()[found].astype(np.int64)
+    assert (asof_backward(lt, rt, tol) == want).all()

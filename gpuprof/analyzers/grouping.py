@@ -91,6 +91,64 @@ def _factorize(values: np.ndarray) -> np.ndarray:
     return pd.factorize(values)[0].astype(np.int64, copy=False)
 
 
+def asof_backward(
+    left_t: np.ndarray,
+    right_t: np.ndarray,
+    tolerance: int,
+    left_keys: Sequence[np.ndarray] = (),
+    right_keys: Sequence[np.ndarray] = (),
+) -> np.ndarray:
+    """For each left row, the position in the right rows of the one with the same keys and
+    the latest ``right_t <= left_t``, at most ``tolerance`` before it; -1 where there is none
+    or a key is missing. Of several right rows at that instant, the last (in their order).
+
+    What ``pandas.merge_asof(left, right, on=t, by=keys, direction="backward",
+    tolerance=tolerance)`` picks when ``right`` is stable-sorted by time, without building
+    either frame: the keys become integer codes and one search places every row.
+    """
+    left_t = np.asarray(left_t, dtype=np.int64)
+    right_t = np.asarray(right_t, dtype=np.int64)
+    nl, nr = len(left_t), len(right_t)
+    out = np.full(nl, -1, dtype=np.int64)
+    if nl == 0 or nr == 0:
+        return out
+    if len(left_keys):
+        codes = appearance_codes(
+            [np.concatenate([np.asarray(a), np.asarray(b)]) for a, b in zip(left_keys, right_keys)]
+        )
+        lc, rc = codes[:nl], codes[nl:]
+    else:
+        lc, rc = np.zeros(nl, dtype=np.int64), np.zeros(nr, dtype=np.int64)
+    rows = np.flatnonzero(rc >= 0)
+    rows = rows[np.lexsort((right_t[rows], rc[rows]))]  # by key, then time; stable
+    queries = np.flatnonzero(lc >= 0)
+    if len(rows) == 0 or len(queries) == 0:
+        return out
+    lo = min(int(right_t.min()), int(left_t[queries].min()))
+    width = max(int(right_t.max()), int(left_t[queries].max())) - lo + 1
+    n_codes = int(max(rc.max(), lc.max())) + 1
+    if n_codes * width < 2**62:  # key and time in one int64: one search for every row
+        placed = rc[rows] * width + (right_t[rows] - lo)
+        wanted = lc[queries] * width + (left_t[queries] - lo)
+        at = np.searchsorted(placed, wanted, side="right") - 1
+        hit = at >= 0
+        cand = rows[np.maximum(at, 0)]
+        hit &= rc[cand] == lc[queries]
+    else:  # times too far apart to share an int64 with the key: one search per key
+        hit = np.zeros(len(queries), dtype=bool)
+        cand = np.zeros(len(queries), dtype=np.int64)
+        bounds = np.searchsorted(rc[rows], np.arange(n_codes + 1))
+        for code in np.unique(lc[queries]):
+            mine = np.flatnonzero(lc[queries] == code)
+            seg = rows[bounds[code] : bounds[code + 1]]
+            at = np.searchsorted(right_t[seg], left_t[queries[mine]], side="right") - 1
+            hit[mine] = at >= 0
+            cand[mine] = seg[np.maximum(at, 0)] if len(seg) else 0
+    hit &= left_t[queries] - right_t[cand] <= tolerance
+    out[queries[hit]] = cand[hit]
+    return out
+
+
 def first_rows(codes: np.ndarray) -> np.ndarray:
     """Positions of the first row of each group, in group order (``codes`` numbered in order
     of first appearance, as `appearance_codes` gives them; -1 skipped): where a code exceeds

@@ -7,10 +7,12 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import HostBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.grouping import appearance_codes, asof_backward, first_rows
 from gpuprof.analyzers.stalls._resource import (
     COMPUTE_PHASES,
     _finding,
     _fmt_gpu_s,
+    _gpu_codes,
     _intervals,
     _num,
     _offload_mask,
@@ -51,11 +53,14 @@ def _launch_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     cpu = _num(procs, "cpu_pct")
     p = pd.DataFrame(
         {
-            "host": procs["host"].astype(str).to_numpy(object),
+            # object columns: pandas would otherwise turn every string into an Arrow string
+            "host": pd.Series(procs["host"].astype(str).to_numpy(object), dtype=object),
             "pid": _num(procs, "pid"),
             "t_ns": _num(procs, "t_ns"),
             "cpu": cpu,
-            "role": procs["role"].astype(object).to_numpy() if "role" in procs else None,
+            "role": pd.Series(procs["role"].astype(object).to_numpy(), dtype=object)
+            if "role" in procs
+            else None,
         }
     ).dropna(subset=["pid", "t_ns", "cpu"])
     if p.empty:
@@ -70,38 +75,25 @@ def _launch_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     compute = s["phase"].isin(COMPUTE_PHASES).to_numpy() & ~_offload_mask(s, th)
     if not compute.any():
         return None
-    sel = s[compute]
-    left = pd.DataFrame(
-        {
-            "t_ns": sel["t_ns"].to_numpy(np.int64),
-            "host": sel["owner_host"].astype(object).to_numpy(),
-            "pid": _num(sel, "pid"),
-            "row": np.flatnonzero(compute),
-        }
-    ).sort_values("t_ns", kind="stable")
-    own = pd.merge_asof(
-        left.dropna(subset=["host", "pid"]),
-        p[["t_ns", "host", "pid", "cpu"]].sort_values("t_ns", kind="stable"),
-        on="t_ns",
-        by=["host", "pid"],
-        direction="backward",
-        tolerance=tol,
-    )
+    rows = np.flatnonzero(compute)
+    t = s["t_ns"].to_numpy(np.int64)[rows]
+    p_t = p["t_ns"].to_numpy(np.int64)
+    p_cpu = p["cpu"].to_numpy(np.float64)
+    # the rank's own process at that instant (nearest earlier reading, within tolerance)
+    own_cpu = np.full(len(s), np.nan)
+    at = asof_backward(
+        t, p_t, tol,
+        [s["owner_host"].astype(object).to_numpy()[rows], _num(s, "pid")[rows]],
+        [p["host"].to_numpy(object), p["pid"].to_numpy(np.float64)],
+    )  # fmt: skip
+    own_cpu[rows[at >= 0]] = p_cpu[at[at >= 0]]
     main = p[p["role"] == "main"] if "role" in p else p.iloc[:0]
     # the main (driver) process dispatches work for every GPU of the job, wherever it runs
     main_max = main.groupby("t_ns", sort=False)["cpu"].max().reset_index()
-    own_cpu = np.full(len(s), np.nan)
-    own_cpu[own["row"].to_numpy()] = own["cpu"].to_numpy()
     main_cpu = np.full(len(s), np.nan)
     if not main_max.empty:
-        mm = pd.merge_asof(
-            left,
-            main_max.sort_values("t_ns", kind="stable"),
-            on="t_ns",
-            direction="backward",
-            tolerance=tol,
-        )
-        main_cpu[mm["row"].to_numpy()] = mm["cpu"].to_numpy()
+        at = asof_backward(t, main_max["t_ns"].to_numpy(np.int64), tol)
+        main_cpu[rows[at >= 0]] = main_max["cpu"].to_numpy(np.float64)[at[at >= 0]]
     pinned_cpu = np.fmax(own_cpu, main_cpu)
     pinned = compute & (pinned_cpu >= th.process_core_pinned_pct)
     util = _num(s, "util_gpu_pct")
@@ -109,22 +101,36 @@ def _launch_bound(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if not pinned.any():
         return None
     dt = s["dt_s"].to_numpy(np.float64)
+    # per (GPU, phase, step), grouped on integer codes (as ``groupby([host, gpu, phase,
+    # step], sort=False)``: groups in order of first appearance, the same sums)
+    gpu_code, _ = _gpu_codes(ctx, s)
+    step = np.nan_to_num(_num(s, "step")[pinned], nan=-1.0)
+    key = appearance_codes([gpu_code[pinned], s["phase"][pinned], step])
+    kept = key >= 0
+    t0 = s["t_ns"].to_numpy(np.int64)[pinned]
     work = pd.DataFrame(
         {
-            "host": s["host"].to_numpy(object)[pinned],
-            "gpu": s["gpu"].to_numpy()[pinned],
-            "phase": s["phase"].to_numpy(object)[pinned],
-            "step": np.nan_to_num(_num(s, "step")[pinned], nan=-1.0),
             "dt": dt[pinned],
             "uw": util[pinned] * dt[pinned],
-            "t0": s["t_ns"].to_numpy(np.int64)[pinned],
-            "t1": s["t_ns"].to_numpy(np.int64)[pinned] + (dt[pinned] * 1e9).astype(np.int64),
+            "t0": t0,
+            "t1": t0 + (dt[pinned] * 1e9).astype(np.int64),
+        }
+    )[kept]
+    grouped = work.groupby(key[kept], sort=True)
+    first = np.flatnonzero(pinned)[first_rows(key)]
+    g = pd.DataFrame(
+        {
+            "host": pd.Series(s["host"].to_numpy(object)[first], dtype=object),
+            "gpu": s["gpu"].to_numpy()[first],
+            "phase": pd.Series(s["phase"].to_numpy(object)[first], dtype=object),
+            "step": step[first_rows(key)],
+            "gpu_s": grouped["dt"].sum().to_numpy(),
+            "uw": grouped["uw"].sum().to_numpy(),
+            "start_ns": grouped["t0"].min().to_numpy(),
+            "end_ns": grouped["t1"].max().to_numpy(),
         }
     )
-    g = work.groupby(["host", "gpu", "phase", "step"], sort=False).agg(
-        gpu_s=("dt", "sum"), uw=("uw", "sum"), start_ns=("t0", "min"), end_ns=("t1", "max")
-    )
-    g = g[g["gpu_s"] > 0].reset_index()
+    g = g[g["gpu_s"] > 0].reset_index(drop=True)
     g["util"] = g["uw"] / g["gpu_s"] / 100.0
     # a trainer process reads a core or more from spin-wait alone: only a clear utilisation
     # shortfall (not a few points of noise or of another stall) is launch-bound
