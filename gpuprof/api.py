@@ -796,6 +796,7 @@ def analyze(
     model_params: str | float | None = None,
     gpu: str | None = None,
     context=None,
+    workers: int = 1,
 ):
     """The diagnosis of a loaded run (`gpuprof.analyzers.diagnose.Diagnosis`).
 
@@ -803,7 +804,9 @@ def analyze(
     ``model_params`` (``7e9``, ``"7B"``) sets the model size for MFU (else the model's
     config.json or name, see `efficiency_options`); ``gpu`` names the GPU model (``H100``)
     when the run does not, or names it wrongly. ``context``: an `AnalysisContext` of
-    ``run`` to reuse. Raises `ValueError` for a ``model_params`` that is no count.
+    ``run`` to reuse. ``workers`` > 1: part of the detectors run in a forked child at the
+    same time (`diagnose`'s ``workers``; the same diagnosis). Raises `ValueError` for a
+    ``model_params`` that is no count.
     """
     from gpuprof.analyzers.diagnose import diagnose
     from gpuprof.analyzers.findings import AnalysisContext
@@ -814,7 +817,7 @@ def analyze(
     )
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
     attach_options(ctx, options)
-    return diagnose(run, thresholds, context=ctx)
+    return diagnose(run, thresholds, context=ctx, workers=workers)
 
 
 def efficiency(
@@ -914,14 +917,15 @@ def report(
     gpu_hour_price: float | None = None,
     model_params: str | float | None = None,
     gpu: str | None = None,
+    workers: int = 1,
 ) -> Path:
     """Write the self-contained HTML report of a run; return its path.
 
     ``output`` defaults to ``RUN_DIR/report.html``. ``run`` / ``diagnosis`` skip loading and
-    diagnosing again when the caller has them; ``gpu_hour_price``, ``model_params`` and ``gpu``
-    are `analyze`'s. The file is written to a temporary name and renamed, so a failure leaves no
-    partial report. Raises `RunError` when the run can't be read or the report can't be
-    written.
+    diagnosing again when the caller has them; ``gpu_hour_price``, ``model_params``, ``gpu``
+    and ``workers`` are `analyze`'s. The file is written to a temporary name and renamed, so
+    a failure leaves no partial report. Raises `RunError` when the run can't be read or the
+    report can't be written.
     """
     from gpuprof.reports.html import write_html
 
@@ -935,7 +939,12 @@ def report(
 
         ctx = AnalysisContext(run)  # one alignment for the diagnosis and the per-step table
         diagnosis = analyze(
-            run, gpu_hour_price=gpu_hour_price, model_params=model_params, gpu=gpu, context=ctx
+            run,
+            gpu_hour_price=gpu_hour_price,
+            model_params=model_params,
+            gpu=gpu,
+            context=ctx,
+            workers=workers,
         )
         if len(run.spans) and len(run.gpu):
             extra["phase_steps"] = ctx.by_phase_step

@@ -38,6 +38,14 @@ def _load_or_exit(run_dir: Path, workers: int | None = None, ray: str | None = N
         raise SystemExit(EXIT_BAD_INPUT) from None
 
 
+def _diagnosis_workers(workers: int | None) -> int:
+    """Processes the diagnosis may use: ``--workers``, else every core this process may run
+    on (`loader.default_workers`, ``GPUPROF_WORKERS``)."""
+    from gpuprof.loader import default_workers
+
+    return workers if workers else default_workers()
+
+
 def analyze_command(
     run_dir: Path,
     json_out: bool = False,
@@ -52,7 +60,13 @@ def analyze_command(
     from gpuprof import api
 
     run = _load_or_exit(run_dir, workers, ray)
-    diagnosis = api.analyze(run, gpu_hour_price=gpu_hour_price, model_params=model_params, gpu=gpu)
+    diagnosis = api.analyze(
+        run,
+        gpu_hour_price=gpu_hour_price,
+        model_params=model_params,
+        gpu=gpu,
+        workers=_diagnosis_workers(workers),
+    )
     if json_out:
         from gpuprof.reports.fmt import render_json
 
@@ -86,6 +100,7 @@ def report_command(
             gpu_hour_price=gpu_hour_price,
             model_params=model_params,
             gpu=gpu,
+            workers=_diagnosis_workers(workers),
         )
     except api.RunError as exc:
         _err(str(exc))

@@ -7,11 +7,13 @@ reported in ``notes`` and the others go on.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from gpuprof.analyzers import lanes
 from gpuprof.analyzers.basic import finite_or_none, step_times, tokens_per_s
 from gpuprof.analyzers.basis import data_basis
 from gpuprof.analyzers.efficiency import efficiency_summary
@@ -24,7 +26,7 @@ from gpuprof.analyzers.findings import (
 )
 from gpuprof.analyzers.nodes import node_summary
 from gpuprof.analyzers.stacks import attach_stacks
-from gpuprof.analyzers.stalls import DETECTORS, STALLS
+from gpuprof.analyzers.stalls import DETECTORS, SIDE_BY_SIDE, STALLS, Stall
 from gpuprof.analyzers.stalls._bound import bound_summary
 from gpuprof.analyzers.stalls._startup import claim_startup
 from gpuprof.analyzers.stalls._timing import timing
@@ -66,12 +68,20 @@ class Diagnosis:
 
 
 def diagnose(
-    run: Run, thresholds: Thresholds | None = None, *, context: AnalysisContext | None = None
+    run: Run,
+    thresholds: Thresholds | None = None,
+    *,
+    context: AnalysisContext | None = None,
+    workers: int = 1,
 ) -> Diagnosis:
-    """Findings, recommendations and summary of ``run`` (pure; no I/O).
+    """Findings, recommendations and summary of ``run`` (no I/O).
 
     ``context``: an `AnalysisContext` of the same run whose alignment the caller also uses
-    (the report's per-step table), so it is computed once.
+    (the report's per-step table), so it is computed once. ``workers`` > 1: the two groups
+    of detectors that do not depend on each other (`stalls.SIDE_BY_SIDE`) run at once, one
+    in a forked child (`lanes`), for runs of at least `SIDE_BY_SIDE_MIN_SAMPLES` GPU samples;
+    the diagnosis is the same. Only a process without threads that may hold locks should
+    ask for it.
     """
     th = thresholds or Thresholds()
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
@@ -83,15 +93,7 @@ def diagnose(
     except Exception as exc:
         startup = None
         notes.append(f"start-up analysis failed: {type(exc).__name__}: {exc}")
-    for stall in STALLS:  # in their declared order: earlier stalls claim GPU-time first
-        try:
-            finding = stall.detect(ctx, th)
-        except Exception as exc:  # one broken detector must not hide the others' findings
-            notes.append(f"{stall.kind} analysis failed: {type(exc).__name__}: {exc}")
-            continue
-        if finding is not None and finding.share >= th.min_share:
-            findings.append(finding)
-            ctx.found.append(finding)
+    _apply_stalls(ctx, th, findings, notes, workers)
     if not any(f.kind == "hot_gpu" for f in findings) and len(run.gpu):
         from gpuprof.analyzers.stalls.hot_gpu import warnings as hot_warnings
 
@@ -111,6 +113,120 @@ def diagnose(
         summary["nodes"] = None
         notes.append(f"per-node analysis failed: {type(exc).__name__}: {exc}")
     return Diagnosis(findings, recommendations, summary, notes)
+
+
+SIDE_BY_SIDE_MIN_SAMPLES = 50_000
+"""GPU samples below which every detector runs in this process: the groups then take a few
+tens of milliseconds, about what forking a child costs."""
+
+
+def _apply(stall: Stall, ctx: AnalysisContext, th: Thresholds, findings: list, notes: list) -> None:
+    """One detector: its finding (when it reaches ``th.min_share``) into ``findings`` and
+    ``ctx.found``, or a note when it fails."""
+    try:
+        finding = stall.detect(ctx, th)
+    except Exception as exc:  # one broken detector must not hide the others' findings
+        notes.append(f"{stall.kind} analysis failed: {type(exc).__name__}: {exc}")
+        return
+    if finding is not None and finding.share >= th.min_share:
+        findings.append(finding)
+        ctx.found.append(finding)
+
+
+def _apply_stalls(
+    ctx: AnalysisContext, th: Thresholds, findings: list, notes: list, workers: int
+) -> None:
+    """Every detector of `STALLS` in its declared order (earlier stalls claim GPU-time
+    first), the two `SIDE_BY_SIDE` groups at once when ``workers`` > 1 and the run is large
+    enough: findings, notes and ``ctx.found`` come out as from one process."""
+    at = [s.kind for s in STALLS].index(SIDE_BY_SIDE[0][0])
+    mid, end = at + len(SIDE_BY_SIDE[0]), at + len(SIDE_BY_SIDE[0]) + len(SIDE_BY_SIDE[1])
+    before, one, two, after = STALLS[:at], STALLS[at:mid], STALLS[mid:end], STALLS[end:]
+    for stall in before:
+        _apply(stall, ctx, th, findings, notes)
+    lane = None
+    if workers > 1 and len(ctx.run.gpu) >= SIDE_BY_SIDE_MIN_SAMPLES:
+        kept = _memo_keys(ctx)
+        lane = lanes.start(lambda: _side_lane(ctx, th, one, kept))
+    if lane is None:
+        for stall in (*one, *two):
+            _apply(stall, ctx, th, findings, notes)
+    else:
+        found = list(ctx.found)
+        found_two, notes_two = [], []
+        for stall in two:
+            _apply(stall, ctx, th, found_two, notes_two)
+        got = lane.result()
+        if got is lanes.FAILED:  # the child sent nothing: its group runs here, as it would have
+            ctx.found[:] = found
+            found_one, notes_one = [], []
+            for stall in one:
+                _apply(stall, ctx, th, found_one, notes_one)
+        else:
+            found_one, notes_one, memos = got
+            _take_memos(ctx, memos)
+        findings.extend([*found_one, *found_two])
+        notes.extend([*notes_one, *notes_two])
+        ctx.found[:] = [*found, *found_one, *found_two]
+    for stall in after:
+        _apply(stall, ctx, th, findings, notes)
+
+
+_NOT_SENT = ("_found", "_per_frame_cache")
+"""Context entries a lane's child never sends back: the findings (sent as its result) and
+figures kept per frame object (the parent's frames are other objects)."""
+
+
+def _memo_keys(ctx: AnalysisContext) -> dict[str, frozenset | None]:
+    """The context's figures before a lane starts: name → the keys of a dict of figures
+    (``_stalls_phase_cache``…), or None for one figure."""
+    return {
+        name: frozenset(value) if isinstance(value, dict) else None
+        for name, value in ctx.__dict__.items()
+    }
+
+
+def _side_lane(
+    ctx: AnalysisContext, th: Thresholds, stalls: tuple[Stall, ...], kept: dict
+) -> tuple[list, list, list]:
+    """In a lane's child: the group's findings and notes, and every figure it added to the
+    context (pickled one by one; one that does not pickle stays behind), so the parent does
+    not compute them again."""
+    findings: list[Finding] = []
+    notes: list[str] = []
+    for stall in stalls:
+        _apply(stall, ctx, th, findings, notes)
+    memos = []
+    for name, value in ctx.__dict__.items():
+        if name in _NOT_SENT:
+            continue
+        if name not in kept:
+            items = [(name, None, value)]
+        elif isinstance(value, dict) and kept[name] is not None:
+            items = [(name, key, v) for key, v in value.items() if key not in kept[name]]
+        else:
+            continue
+        for name_, key, v in items:
+            try:
+                memos.append((name_, key, pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)))
+            except Exception:  # the parent computes it again if it needs it
+                continue
+    return findings, notes, memos
+
+
+def _take_memos(ctx: AnalysisContext, memos: list) -> None:
+    """A lane's figures into the context, where it has none of its own."""
+    for name, key, blob in memos:
+        try:
+            value = pickle.loads(blob)
+        except Exception:  # a figure the parent can compute again
+            continue
+        if key is None:
+            ctx.__dict__.setdefault(name, value)
+        else:
+            target = ctx.__dict__.setdefault(name, {})
+            if isinstance(target, dict):
+                target.setdefault(key, value)
 
 
 def _recorded_gpus(ctx: AnalysisContext) -> tuple[int, list[Any]] | None:

@@ -111,7 +111,20 @@ STALLS: tuple[Stall, ...] = (
 )  # fmt: skip
 """Every stall kind, in the order `diagnose` applies them."""
 
+SIDE_BY_SIDE: tuple[tuple[str, ...], tuple[str, ...]] = (
+    ("reshard_idle", "reward_bound", "dataloader_starvation", "periodic_stall",
+     "generation_tail", "pipeline_bubble", "idle_unattributed"),
+    ("offload_thrash", "comm_bound", "power_cap", "hot_gpu", "throttling", "host_bound",
+     "memory_headroom", "imbalance"),
+)  # fmt: skip
+"""Two consecutive runs of `STALLS` that may run at once, in two processes (`lanes`): none of
+their detectors claims GPU-time, and none reads a finding of the other run (``throttling``
+reads ``power_cap``'s and ``hot_gpu``'s, in its own run; ``rollout_bound`` and
+``update_bound``, which read every earlier finding, come after both). The two take about the
+same time (the idle partition of the first; offload, collectives, clocks, host and spread in
+the second)."""
+
 DETECTORS: dict[str, Detector] = {s.kind: s.detect for s in STALLS}
 """Stall kind → detector."""
 
-__all__ = ["DETECTORS", "STALLS", "Detector", "Stall"]
+__all__ = ["DETECTORS", "SIDE_BY_SIDE", "STALLS", "Detector", "Stall"]
