@@ -65,8 +65,8 @@ Workers = Annotated[
     typer.Option(
         "--workers",
         min=1,
-        help="Processes that read a long run (default: every core; GPUPROF_WORKERS). The "
-        "diagnosis does not depend on it.",
+        help="Processes that read a long run and diagnose a large one (default: every core; "
+        "GPUPROF_WORKERS; 1: this process alone). The diagnosis does not depend on it.",
     ),
 ]
 RayAddress = Annotated[

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpuprof.analyzers.grouping import _factorize, asof_backward
+from gpuprof.analyzers import resample
+from gpuprof.analyzers.grouping import _factorize, appearance_codes, asof_backward
 from gpuprof.analyzers.ownership import _first_rows
 from gpuprof.analyzers.stalls._resource import _first_of_each, _inside, _runs
 from gpuprof.analyzers.stalls.phantom_util import _with_process
@@ -237,3 +238,77 @@ def test_asof_backward_is_merge_asof(seed):
         found = m["pos"].notna().to_numpy()
         want[m["row"].to_numpy()[found]] = m["pos"].to_numpy()[found].astype(np.int64)
     assert (asof_backward(lt, rt, tol) == want).all()
+
+
+def ref_typical_interval_ns(table: str, frame: pd.DataFrame) -> int:
+    keys, _ = resample._TABLE_RULES[table]
+    ordered = frame.sort_values([*keys, "t_ns"], kind="stable")
+    t = ordered["t_ns"].to_numpy(np.int64)
+    same = np.ones(len(t) - 1, dtype=bool)
+    for key in keys:
+        k = pd.factorize(ordered[key])[0]
+        same &= k[1:] == k[:-1]
+    gaps = np.diff(t)[same]
+    return int(resample.typical_gap(gaps[gaps > 0]))
+
+
+def _sample_table(rng, table: str, n: int, in_time_order: bool) -> pd.DataFrame:
+    hosts = np.array(["node10", "node2", "a", "b-1"], dtype=object)
+    t = rng.integers(0, 60_000_000_000, n)
+    if in_time_order:
+        t = np.sort(t)
+    frame = {"host": hosts[rng.integers(0, 4, n)], "t_ns": t}
+    if table in ("procs", "gpu_procs"):
+        frame["pid"] = rng.choice([7, 123, 9999, 40], n)
+    if table == "gpu_procs":
+        frame["gpu"] = rng.integers(0, 3, n)
+        frame["gpu_mem_bytes"] = rng.integers(0, 10**9, n)
+        frame["sm_util_pct"] = np.where(rng.random(n) < 0.1, np.nan, rng.random(n) * 100)
+        frame["watched"] = rng.random(n) < 0.5
+    elif table == "procs":
+        frame["ppid"] = 1
+        frame["role"] = rng.choice(np.array(["trainer", "main", None], dtype=object), n)
+        frame["name"] = rng.choice(np.array(["python", "ray::W"], dtype=object), n)
+        frame["cpu_pct"] = np.where(rng.random(n) < 0.1, np.nan, rng.random(n) * 300)
+        frame["rss_bytes"] = rng.integers(0, 10**10, n)
+        frame["io_read_bytes_s"] = rng.random(n)
+        frame["io_write_bytes_s"] = rng.random(n)
+        frame["num_threads"] = rng.integers(1, 90, n)
+    else:
+        frame["cpu_pct"] = rng.random(n) * 100
+        frame["mem_used_bytes"] = rng.integers(0, 10**11, n)
+        frame["mem_total_bytes"] = 10**11
+        frame["n_cpus"] = 2
+    out = pd.DataFrame(frame)
+    for name in ("host", "role", "name"):
+        if name in out:
+            out[name] = pd.Series(out[name].to_numpy(object), dtype=object)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(45))
+def test_typical_interval_takes_the_series_in_sorted_order(seed):
+    rng = np.random.default_rng(seed)
+    table = ("procs", "gpu_procs", "host")[seed % 3]
+    frame = _sample_table(rng, table, int(rng.integers(2, 3000)), in_time_order=seed % 5 != 4)
+    if seed % 9 == 8:  # a missing key: the frame's own sort
+        frame.loc[frame.index[:3], "host"] = None
+    assert resample.typical_interval_ns(table, frame) == ref_typical_interval_ns(table, frame)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_appearance_codes_number_groups_as_the_group_by(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 500))
+    frame = pd.DataFrame(
+        {"h": pd.Series(rng.choice(np.array(["a", "b", None], dtype=object), n), dtype=object),
+         "z": rng.choice([0.5, 1.5, np.nan], n),
+         # eight columns of up to 400 values: the combined key outgrows int64 on the way
+         **{f"x{i}": rng.integers(0, 400 if seed % 2 else 3, n) * 10**12 for i in range(8)}}
+    )  # fmt: skip
+    wide = [f"x{i}" for i in range(8)]
+    for names in (["x0", "x1"], ["h", "x0", "z"], [*wide, "h"], ["z", *wide]):
+        want = frame.groupby(names, sort=False, dropna=True).ngroup().to_numpy()
+        want = np.where(np.isnan(want.astype(float)), -1, want).astype(np.int64)
+        got = appearance_codes([frame[c] for c in names])
+        assert (got == want).all(), names

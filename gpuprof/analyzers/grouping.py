@@ -48,16 +48,19 @@ def appearance_codes(
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     key = np.zeros(n, dtype=np.int64)
+    span = 1  # the combined key is below this
     valid = np.ones(n, dtype=bool)
     for column in columns:
         codes = _codes(column)
         if missing_is_value:
             codes = np.where(codes < 0, int(codes.max(initial=-1)) + 1, codes)
         valid &= codes >= 0
-        width = int(codes.max()) + 1 if len(codes) else 0
-        key = key * max(width, 1) + np.maximum(codes, 0)
-        if len(columns) > 2:  # keep the combined key small: renumber after each column
+        width = max(int(codes.max()) + 1 if len(codes) else 0, 1)
+        if span * width >= 2**62:  # renumber the key so far before it could overflow
             key = pd.factorize(key)[0].astype(np.int64)
+            span = int(key.max()) + 1
+        key = key * width + np.maximum(codes, 0)
+        span *= width
     out = np.full(n, -1, dtype=np.int64)
     out[valid] = _factorize(key[valid])
     return out
