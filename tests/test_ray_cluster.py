@@ -735,7 +735,8 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str
 
 
 def _stacks_of_tree(pid: int) -> str:
-    """py-spy's dump of a process and its children's Python stacks (for a hang's report)."""
+    """py-spy's dump of a process, its children's and the Ray workers' Python stacks (for a
+    hang's report)."""
     if PYSPY is None:
         return "(py-spy not found: no stacks)"
     import psutil
@@ -744,6 +745,11 @@ def _stacks_of_tree(pid: int) -> str:
         tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         return "(the process is gone)"
+    # and the cluster's Ray workers (the job's actors, the samplers), children of raylets
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info["cmdline"] or []
+        if cmdline and cmdline[0].startswith("ray::") and p not in tree:
+            tree.append(p)
     dumps = []
     for p in tree:
         try:
