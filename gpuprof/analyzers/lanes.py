@@ -15,6 +15,7 @@ locks (a watcher while it samples) must not fork, and calls `diagnose` with one 
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 from collections.abc import Callable
@@ -42,6 +43,7 @@ class Lane:
             _, status = os.waitpid(self.pid, 0)
         except ChildProcessError:
             status = -1
+        gc.unfreeze()
         if status != 0 or not data:
             return _FAILED
         try:
@@ -63,15 +65,21 @@ def start(compute: Callable[[], Any]) -> Lane | None:
         read_fd, write_fd = os.pipe()
     except OSError:
         return None
+    # The objects that exist now are left out of the garbage collector's passes until the
+    # child is done (`Lane.result`): a pass writes to every object it visits, and each page
+    # written then has to be copied, in the child and in the parent.
+    gc.freeze()
     try:
         pid = os.fork()
     except OSError:
+        gc.unfreeze()
         os.close(read_fd)
         os.close(write_fd)
         return None
     if pid == 0:  # the child: compute, send, and leave without the parent's exit handlers
         code = 1
         try:
+            gc.disable()  # a short life: what it leaves goes with the process
             os.close(read_fd)
             data = pickle.dumps(compute(), protocol=pickle.HIGHEST_PROTOCOL)
             with os.fdopen(write_fd, "wb") as pipe:
