@@ -14,8 +14,9 @@ small spawner (`measure.run`):
 - ``analyze``: ``python -m gpuprof analyze RUN --json --workers N``, the whole command.
 
 Reported per number of workers: the medians of wall time and of CPU (user + system of the
-process and the workers it waited for), and the peak total RSS of the whole process tree
-(polled every 0.1 s, the workers included). The JSON documents of every run must be
+process and the workers it waited for), and the peak total RSS and PSS of the whole process
+tree (polled every 0.1 s, the workers included; RSS counts a page that forked processes
+share in each of them, PSS once over all). The JSON documents of every run must be
 byte-identical whatever the workers (the diagnosis does not depend on them).
 """
 
@@ -79,12 +80,14 @@ def main() -> None:
             digests.add(hashlib.sha256(whole["stdout"]).hexdigest())
             figures.setdefault(("load", workers), []).append(load)
             figures.setdefault(("analyze", workers), []).append(whole)
-    print("part     workers  median wall s  median CPU s  peak tree RSS MB")
+    print("part     workers  median wall s  median CPU s  peak tree RSS MB  peak tree PSS MB")
     for (part, workers), runs in sorted(figures.items()):
         wall = statistics.median(r["wall_s"] for r in runs)
         cpu = statistics.median(r["user_s"] + r["sys_s"] for r in runs)
         peak = max(max(r["peak_rss_bytes"], r.get("tree_rss_bytes") or 0) for r in runs)
-        print(f"{part:8} {workers:7d}  {wall:13.2f}  {cpu:12.2f}  {peak / 2**20:16.0f}")
+        pss = max(r.get("tree_pss_bytes") or 0 for r in runs)
+        print(f"{part:8} {workers:7d}  {wall:13.2f}  {cpu:12.2f}  {peak / 2**20:16.0f}  "
+              f"{pss / 2**20:16.0f}")  # fmt: skip
     print("JSON identical for every number of workers:", len(digests) == 1)
 
 

@@ -60,8 +60,9 @@ def run(
     Returns ``wall_s``, ``user_s``, ``sys_s``, ``peak_rss_bytes`` (the command's own
     high-water mark; see the module docstring), ``returncode``, ``stdout`` and ``stderr``
     (bytes), and with ``poll`` ``tree_rss_bytes``: the largest total RSS of the command and
-    its descendants seen at 0.1 s intervals. ``check``: raise `RuntimeError` (with the end of
-    stderr) when the command fails.
+    its descendants seen at 0.1 s intervals, and ``tree_pss_bytes``: the largest total PSS
+    (each page shared by forked processes counted once over all of them, not once in each).
+    ``check``: raise `RuntimeError` (with the end of stderr) when the command fails.
     """
     with tempfile.TemporaryDirectory(prefix="gpuprof-measure-") as tmp:
         report = Path(tmp) / "figures.json"
@@ -69,7 +70,7 @@ def run(
         proc = subprocess.Popen(
             spawner, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env
         )
-        peak, done = [0], threading.Event()
+        peak, done = [0, 0], threading.Event()
         poller = None
         if poll:
             poller = threading.Thread(target=_poll_tree, args=(proc.pid, peak, done), daemon=True)
@@ -88,7 +89,7 @@ def run(
         figures = json.loads(report.read_text())
     figures.update(stdout=out, stderr=err)
     if poll:
-        figures["tree_rss_bytes"] = peak[0]
+        figures["tree_rss_bytes"], figures["tree_pss_bytes"] = peak
     if check and figures["returncode"] != 0:
         raise RuntimeError(
             f"{' '.join(map(str, argv[:4]))} failed ({figures['returncode']}): "
@@ -98,17 +99,20 @@ def run(
 
 
 def _poll_tree(spawner_pid: int, peak: list[int], done: threading.Event) -> None:
-    """The largest total RSS of the spawner's descendants (not the spawner), every 0.1 s."""
+    """The largest total RSS and PSS of the spawner's descendants (not the spawner), every
+    0.1 s, into ``peak``."""
     import psutil
 
     with contextlib.suppress(psutil.Error):
         root = psutil.Process(spawner_pid)
         while not done.wait(0.1):
-            total = 0
+            rss = pss = 0
             for proc in root.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    total += proc.memory_info().rss
-            peak[0] = max(peak[0], total)
+                    full = proc.memory_full_info()  # smaps_rollup: cheap on Linux
+                    rss += full.rss
+                    pss += full.pss
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
 
 
 def _status_kb(field: str) -> int:
