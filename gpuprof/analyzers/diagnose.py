@@ -8,6 +8,7 @@ reported in ``notes`` and the others go on.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -93,7 +94,15 @@ def diagnose(
     except Exception as exc:
         startup = None
         notes.append(f"start-up analysis failed: {type(exc).__name__}: {exc}")
-    _apply_stalls(ctx, th, findings, notes, workers)
+    nodes: list = []  # node_summary's value or failure, when made while a lane runs
+
+    def per_node() -> None:
+        try:
+            nodes.append(node_summary(ctx, th))
+        except Exception as exc:  # the per-node figures must not cost the diagnosis
+            nodes.append(exc)
+
+    _apply_stalls(ctx, th, findings, notes, workers, while_waiting=per_node)
     if not any(f.kind == "hot_gpu" for f in findings) and len(run.gpu):
         from gpuprof.analyzers.stalls.hot_gpu import warnings as hot_warnings
 
@@ -107,11 +116,13 @@ def diagnose(
         notes.append(f"stack analysis failed: {type(exc).__name__}: {exc}")
     recommendations = _recommend(findings, run, notes)
     summary["bound"] = bound_summary(ctx, th)
-    try:
-        summary["nodes"] = node_summary(ctx, th)
-    except Exception as exc:  # the per-node figures must not cost the diagnosis
+    if not nodes:
+        per_node()
+    if isinstance(nodes[0], Exception):
         summary["nodes"] = None
-        notes.append(f"per-node analysis failed: {type(exc).__name__}: {exc}")
+        notes.append(f"per-node analysis failed: {type(nodes[0]).__name__}: {nodes[0]}")
+    else:
+        summary["nodes"] = nodes[0]
     return Diagnosis(findings, recommendations, summary, notes)
 
 
@@ -134,11 +145,18 @@ def _apply(stall: Stall, ctx: AnalysisContext, th: Thresholds, findings: list, n
 
 
 def _apply_stalls(
-    ctx: AnalysisContext, th: Thresholds, findings: list, notes: list, workers: int
+    ctx: AnalysisContext,
+    th: Thresholds,
+    findings: list,
+    notes: list,
+    workers: int,
+    while_waiting: Callable[[], None] | None = None,
 ) -> None:
     """Every detector of `STALLS` in its declared order (earlier stalls claim GPU-time
     first), the two `SIDE_BY_SIDE` groups at once when ``workers`` > 1 and the run is large
-    enough: findings, notes and ``ctx.found`` come out as from one process."""
+    enough: findings, notes and ``ctx.found`` come out as from one process.
+    ``while_waiting``: work that needs no finding (the per-node figures), done here once
+    this process's group is through, while the child may still run."""
     at = [s.kind for s in STALLS].index(SIDE_BY_SIDE[0][0])
     mid, end = at + len(SIDE_BY_SIDE[0]), at + len(SIDE_BY_SIDE[0]) + len(SIDE_BY_SIDE[1])
     before, one, two, after = STALLS[:at], STALLS[at:mid], STALLS[mid:end], STALLS[end:]
@@ -156,6 +174,8 @@ def _apply_stalls(
         found_two, notes_two = [], []
         for stall in two:
             _apply(stall, ctx, th, found_two, notes_two)
+        if while_waiting is not None:
+            while_waiting()
         got = lane.result()
         if got is lanes.FAILED:  # the child sent nothing: its group runs here, as it would have
             ctx.found[:] = found
