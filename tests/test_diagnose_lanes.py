@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import SHARED_FIXTURES
 
 from gpuprof import api
 from gpuprof.analyzers import diagnose as diagnose_module
@@ -105,3 +106,19 @@ def test_small_runs_stay_in_one_process(monkeypatch):
     assert len(run.gpu) < diagnose_module.SIDE_BY_SIDE_MIN_SAMPLES
     monkeypatch.setattr(lanes, "start", lambda fn: pytest.fail("forked for a small run"))
     api.analyze(run, workers=2)
+
+
+REAL = sorted(p for p in SHARED_FIXTURES.rglob("*") if p.is_file() and p.name != "README.md")
+
+
+@pytest.mark.skipif(not REAL, reason="no shared fixtures")
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.name)
+def test_real_third_party_files_diagnose_the_same_in_two_lanes(path, tmp_path, always_fork):
+    """Files users have (nvidia-smi, DCGM, profiler traces, verl logs), not the simulator's:
+    forced into two lanes whatever their size, the document is one process's."""
+    try:
+        run_dir = api.import_files([path], tmp_path / "run")
+    except Exception as exc:  # a file the importer refuses has nothing to diagnose here
+        pytest.skip(f"not importable alone: {exc}")
+    run = api.load_for_analysis(run_dir)
+    assert _doc(run, 2) == _doc(run, 1)

@@ -85,8 +85,8 @@ def start(compute: Callable[[], Any]) -> Lane | None:
             with os.fdopen(write_fd, "wb") as pipe:
                 pipe.write(data)
             code = 0
-        except BaseException:  # whatever happens, the parent carries on
-            pass
+        except BaseException:  # whatever happens, the parent carries on (it sees code 1)
+            code = 1
         finally:
             os._exit(code)
     os.close(write_fd)
