@@ -7,23 +7,32 @@
 A run directory as `watch` leaves it (made like `bench_analyze_scale.py`'s: a simulated hour
 of GRPO on the GPUs, repeated back to back), or one given with ``--run``. For each number of
 workers, interleaved with the others in every round, two fresh processes, each started from a
-small spawner (`measure.run`):
+small spawner (`measure.run`), from bytecode compiled on a first, untimed run (kept under
+``--dir``/pycache), as an installed package runs:
 
 - ``load``: `gpuprof.loader.load_for_analysis` alone, the part that reads and merges the run
   (what the workers share out);
 - ``analyze``: ``python -m gpuprof analyze RUN --json --workers N``, the whole command.
 
+Both with keeping the merged form turned off (``GPUPROF_MERGED_CACHE=0``): they merge the run
+each time. With ``--kept``, two more per round and number of workers, the whole command with
+keeping on: ``first`` with nothing kept (it merges and keeps the merged form, as the first
+`analyze` or `watch`'s own summary of a long run does), then ``kept``, which reads it.
+
 Reported per number of workers: the medians of wall time and of CPU (user + system of the
 process and the workers it waited for), and the peak total RSS and PSS of the whole process
 tree (polled every 0.1 s, the workers included; RSS counts a page that forked processes
 share in each of them, PSS once over all). The JSON documents of every run must be
-byte-identical whatever the workers (the diagnosis does not depend on them).
+byte-identical whatever the workers and whether the merged form was kept (the diagnosis
+depends on neither).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -38,6 +47,14 @@ LOAD = (
     "run = load_for_analysis(sys.argv[1], workers=int(sys.argv[2])); "
     "print(len(run.gpu))"
 )
+
+
+WARM = (
+    "import pandas, numpy, pyarrow, pyarrow.compute, pyarrow.ipc, pyarrow.parquet, "
+    "concurrent.futures, multiprocessing; import gpuprof.cli, gpuprof.api, gpuprof.loader, "
+    "gpuprof.analyzers.diagnose, gpuprof.reports.fmt"
+)
+"""Imports compiled into the bytecode cache before anything is timed."""
 
 
 def make_run(gpus: int, hours: int, base_dir: Path) -> Path:
@@ -66,20 +83,47 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/gpuprof-par"))
+    parser.add_argument("--kept", action="store_true",
+                        help="also analyze keeping the merged form, then reading it")  # fmt: skip
     args = parser.parse_args()
     run_dir = args.run or make_run(args.gpus, args.hours, args.dir)
     print(f"run: {run_dir}")
+    from gpuprof import merged_cache
+
+    # the children run from bytecode compiled once (as an installed package does), kept
+    # outside the checkout
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    base["PYTHONPYCACHEPREFIX"] = str(args.dir / "pycache")
+    on = {k: v for k, v in base.items() if k != merged_cache.ENV_CACHE}
+    off = {**base, merged_cache.ENV_CACHE: "0"}
+    measure.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "gpuprof")], env=off)
+    measure.run([sys.executable, "-c", WARM], env=off)
+    kept_dir = run_dir / merged_cache.DIRNAME
     figures: dict[tuple[str, int], list[dict]] = {}
     digests: set[str] = set()
     for _ in range(args.repeats):
         for workers in args.workers:
+            analyze = [sys.executable, "-m", "gpuprof", "analyze", str(run_dir), "--json",
+                       "--workers", str(workers)]  # fmt: skip
             load = measure.run([sys.executable, "-c", LOAD, str(run_dir), str(workers)],
-                               poll=True)  # fmt: skip
-            whole = measure.run([sys.executable, "-m", "gpuprof", "analyze", str(run_dir),
-                                 "--json", "--workers", str(workers)], poll=True)  # fmt: skip
+                               poll=True, env=off)  # fmt: skip
+            whole = measure.run(analyze, poll=True, env=off)
             digests.add(hashlib.sha256(whole["stdout"]).hexdigest())
             figures.setdefault(("load", workers), []).append(load)
             figures.setdefault(("analyze", workers), []).append(whole)
+            if args.kept:
+                shutil.rmtree(kept_dir, ignore_errors=True)
+                first = measure.run(analyze, poll=True, env=on)
+                if not (kept_dir / "run.json").exists():
+                    raise SystemExit("the first analyze kept no merged form")
+                kept = measure.run(analyze, poll=True, env=on)
+                for done in (first, kept):
+                    digests.add(hashlib.sha256(done["stdout"]).hexdigest())
+                figures.setdefault(("first", workers), []).append(first)
+                figures.setdefault(("kept", workers), []).append(kept)
+    if args.kept:
+        size = sum(p.stat().st_size for p in kept_dir.iterdir())
+        print(f"merged form kept: {size / 2**20:.0f} MB in {kept_dir}")
     print("part     workers  median wall s  median CPU s  peak tree RSS MB  peak tree PSS MB")
     for (part, workers), runs in sorted(figures.items()):
         wall = statistics.median(r["wall_s"] for r in runs)
@@ -88,7 +132,7 @@ def main() -> None:
         pss = max(r.get("tree_pss_bytes") or 0 for r in runs)
         print(f"{part:8} {workers:7d}  {wall:13.2f}  {cpu:12.2f}  {peak / 2**20:16.0f}  "
               f"{pss / 2**20:16.0f}")  # fmt: skip
-    print("JSON identical for every number of workers:", len(digests) == 1)
+    print("JSON identical for every number of workers (and kept or not):", len(digests) == 1)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof import store
+from gpuprof import merged_cache, store
 from gpuprof.analyzers import resample
 from gpuprof.analyzers.ownership import gpu_owner
 from gpuprof.analyzers.spans import valid_spans
@@ -89,18 +89,24 @@ def _load(
     run_dir: str | os.PathLike, max_gpu_samples: int | None, merge: int | None,
     workers: int | None, ray: str | None = None,
 ) -> Run:  # fmt: skip
-    if merge is not None and merge > 1:
-        total = store.count_rows(run_dir, "gpu")
-        return _load_merged(run_dir, total, None, set(), {}, merge, workers, ray)
-    if max_gpu_samples is None:
+    merge = merge if merge is not None and merge > 1 else None
+    if merge is None and max_gpu_samples is None:
         return store.load_run(run_dir)
+    # a run merged before under the same settings is read as it was kept
+    settings = {"max_gpu_samples": max_gpu_samples, "merge": merge, "host_rows": MAX_HOST_ROWS}
+    made_under = merged_cache.key(run_dir, settings)
+    if made_under is not None and (kept := merged_cache.read(run_dir, made_under)) is not None:
+        return kept
+    if merge is not None:
+        total = store.count_rows(run_dir, "gpu")
+        return _load_merged(run_dir, total, None, set(), {}, merge, workers, ray, made_under)
     total = store.count_rows(run_dir, "gpu")
     rows = {table: store.count_rows(run_dir, table) for table in MAX_HOST_ROWS}
     big = {t for t, n in rows.items() if n > MAX_HOST_ROWS[t]}
     if total <= max_gpu_samples and not big:
         return store.load_run(run_dir)
 
-    return _load_merged(run_dir, total, max_gpu_samples, big, rows, None, workers, ray)
+    return _load_merged(run_dir, total, max_gpu_samples, big, rows, None, workers, ray, made_under)
 
 
 @dataclasses.dataclass
@@ -264,7 +270,10 @@ def _load_merged(
     merge: int | None,
     workers: int | None = None,
     ray: str | None = None,
+    made_under: dict[str, Any] | None = None,
 ) -> Run:
+    """The run merged; kept beside it (`merged_cache`) when ``made_under`` is its key and the
+    run is finished and did not change while it was read."""
     factor = 1
     interval_ns = 0
     if merge is not None or (max_gpu_samples is not None and total > max_gpu_samples):
@@ -292,7 +301,7 @@ def _load_merged(
         run = store.load_run(run_dir, read=read)
         if factor > 1:
             run.gpu = _reduced_gpu(run_dir, run, total, max_gpu_samples, merge, pool)
-    notices = list(pool.notices)
+    notices = []
     if factor > 1:
         notices.append(
             f"long run: {total:,} GPU samples analysed as {len(run.gpu):,} (up to "
@@ -301,6 +310,13 @@ def _load_merged(
     for table, window in sorted(windows.items()):
         notices.append(f"{rows[table]:,} {table} samples merged into {window / 1e9:g} s buckets")
     run.meta.notices = [*run.meta.notices, *notices]
+    finished = run.meta.end_ns is not None
+    if made_under is not None and finished and made_under == merged_cache.key(
+        run_dir, made_under["settings"]
+    ):  # fmt: skip
+        merged_cache.write(run_dir, made_under, run)
+    # how this reading went (a pool that broke) is this reading's, not the run's to keep
+    run.meta.notices = [*run.meta.notices, *pool.notices]
     return run
 
 
@@ -341,9 +357,12 @@ def _reduced_gpu(
     for part in parts:  # one category set per column, so the concatenation keeps codes
         for name in ("host", "uuid"):
             part[name] = part[name].astype(object)
-    gpu = pd.concat(parts, ignore_index=True)
+    if not parts:  # a run with no GPU samples (a framework's log alone) has none to merge
+        gpu = run.gpu.copy()
+    else:
+        gpu = pd.concat(parts, ignore_index=True)
+        gpu = gpu.sort_values("t_ns", kind="stable", ignore_index=True)
     del parts
-    gpu = gpu.sort_values("t_ns", kind="stable", ignore_index=True)
     gpu.attrs["factor"] = factor
     return gpu
 

@@ -247,3 +247,13 @@ def test_counters_match_the_loop(seed):
     )
     attrs = [*spans.loc[spans["phase"] == "step", "attrs"], {"perf/x": 1, "tokens": True}]
     assert _counters(spans, events) == ref_counters(attrs)
+
+
+def test_values_reads_dicts_and_anything_else_from_any_iterable():
+    rows = [{"k": 1}, {}, {"k": "2"}, None, float("nan"), {"k": None}, {"j": 3}]
+    want = [1, None, "2", None, None, None, None]
+    assert attr_columns.values(rows, "k") == want
+    assert attr_columns.values(iter(rows), "k") == want  # one pass: the fallback still sees all
+    assert attr_columns.values(pd.Series(rows, dtype=object), "k") == want
+    dicts = [r for r in rows if isinstance(r, dict)]
+    assert attr_columns.values((d for d in dicts), "k") == [1, None, "2", None, None]

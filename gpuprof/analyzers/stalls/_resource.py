@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.evidence import Evidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.grouping import appearance_codes, first_rows, label_codes, per_frame
@@ -113,7 +114,7 @@ def _usable_spans(ctx: AnalysisContext) -> pd.DataFrame:
     phase = kept["phase"].astype(object).fillna("(unnamed)") if "phase" in kept else None
     name = kept["name"].astype(object).fillna("") if "name" in kept else None
     attrs = kept["attrs"] if "attrs" in kept else pd.Series([{}] * len(kept), dtype=object)
-    wait = np.array([bool(a.get("wait")) if isinstance(a, dict) else False for a in attrs])
+    wait = np.fromiter(map(bool, attr_columns.values(attrs, "wait")), bool, len(attrs))
     out = pd.DataFrame(
         {
             "host": kept["host"].astype(str).to_numpy(object),

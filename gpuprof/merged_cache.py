@@ -1,0 +1,237 @@
+"""The merged form of a long run, kept beside it so that a run is merged once.
+
+`loader.load_for_analysis` merges a run too long to analyse as recorded: a cluster-day is
+tens of millions of GPU samples, minutes of CPU to decode and merge. What it makes (the `Run`
+as merged) is kept in the run directory, in ``.gpuprof-merged/``: one Arrow IPC file per
+table (LZ4) and ``run.json`` with the run's metadata and the key the files were made under.
+A later load with the same key reads those instead of the run files; `gpuprof watch`'s own
+summary makes them as the run ends, so the first ``analyze`` of a long run is already fast.
+
+The key is the run files' names, sizes and modification times (the SQLite files and their
+columnar side files), the merge settings and this format's version: any change to the run,
+or to how it is merged, misses. Nothing is kept for a run still being written (no end
+time, or a write-ahead log not yet folded in), for a read-only directory (silently: the
+load costs what it did), or when ``GPUPROF_MERGED_CACHE=0``. The files hold data only
+(Arrow and JSON, no pickle): reading a run directory from someone else runs no code of
+theirs. A file that does not read is ignored and rewritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof import store
+from gpuprof.model import RECORD_TYPES, Run, RunMeta, column_kinds
+
+DIRNAME = ".gpuprof-merged"
+ENV_CACHE = "GPUPROF_MERGED_CACHE"
+"""``0`` (or ``off``, ``no``, ``false``): neither read nor write the merged form."""
+VERSION = 1
+"""Bump when what `loader` makes of a run changes (merging, bucketing, the tables): older
+kept files then miss."""
+_DATA_SUFFIXES = (".sqlite", ".parquet")
+_WAL = ".sqlite-wal"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_CACHE, "").strip().lower() not in ("0", "off", "no", "false")
+
+
+def key(run_dir: str | os.PathLike, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """What a kept merged form must have been made under to stand for ``run_dir`` merged with
+    ``settings`` (JSON values), or None: nothing is kept for this run (not a directory,
+    turned off, or a write-ahead log still holds rows)."""
+    run_dir = Path(run_dir)
+    if not enabled() or not run_dir.is_dir():
+        return None
+    files = []
+    try:
+        for entry in sorted(os.scandir(run_dir), key=lambda e: e.name):
+            if entry.name.startswith(".") or not entry.is_file():
+                continue
+            if entry.name.endswith(_WAL):
+                if entry.stat().st_size > 0:
+                    return None  # being written, or its rows not folded in yet
+                continue  # an empty log: touched by every reader, says nothing
+            if entry.name.endswith(_DATA_SUFFIXES):
+                stat = entry.stat()
+                files.append([entry.name, stat.st_size, stat.st_mtime_ns])
+    except OSError:
+        return None
+    if not files:
+        return None
+    return {"version": VERSION, "settings": settings, "files": files}
+
+
+def read(run_dir: str | os.PathLike, want: dict[str, Any]) -> Run | None:
+    """The kept merged form of ``run_dir`` when it was made under ``want``, else None."""
+    import pyarrow as pa
+
+    where = Path(run_dir) / DIRNAME
+    try:
+        with open(where / "run.json", encoding="utf-8") as handle:
+            kept = json.load(handle)
+        if kept.get("key") != want:
+            return None
+        meta = RunMeta.from_dict(kept["meta"])
+        tables = {}
+        for table, spec in kept["tables"].items():
+            if table not in RECORD_TYPES:
+                return None
+            with pa.memory_map(str(where / f"{table}.arrow")) as source:
+                tables[table] = _frame(pa.ipc.open_file(source).read_all(), spec)
+    except Exception:  # missing, half-copied, from another version: made again
+        return None
+    return Run(meta=meta, **tables)
+
+
+def write(run_dir: str | os.PathLike, made_under: dict[str, Any], run: Run) -> bool:
+    """Keep ``run`` (``run_dir`` merged under ``made_under``) beside it; False when it could
+    not be (read-only, disk full, a column Arrow cannot hold): nothing half-written stays."""
+    import pyarrow as pa
+
+    run_dir = Path(run_dir)
+    final = run_dir / DIRNAME
+    tmp = run_dir / f"{DIRNAME}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        specs = {}
+        options = pa.ipc.IpcWriteOptions(compression="lz4")
+        for table in RECORD_TYPES:
+            frame = getattr(run, table)
+            data, specs[table] = _arrow(table, frame)
+            with (
+                pa.OSFile(str(tmp / f"{table}.arrow"), "wb") as sink,
+                pa.ipc.new_file(sink, data.schema, options=options) as writer,
+            ):
+                writer.write_table(data)
+        kept = {"key": made_under, "meta": run.meta.to_dict(), "tables": specs}
+        with open(tmp / "run.json", "w", encoding="utf-8") as handle:
+            json.dump(kept, handle)
+        # the old form goes first: a reader in between finds none and reads the run files
+        old = run_dir / f"{DIRNAME}.old-{uuid.uuid4().hex[:8]}"
+        with contextlib.suppress(FileNotFoundError):
+            final.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        tmp.rename(final)
+        return True
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+
+
+def _arrow(table: str, frame: pd.DataFrame) -> tuple[Any, dict[str, Any]]:
+    """``frame`` as an Arrow table, and what `_frame` needs to make it again as it was:
+    each column's dtype and how it is held; ``frame.attrs`` (JSON values)."""
+    import pyarrow as pa
+
+    if not frame.index.equals(pd.RangeIndex(len(frame))):
+        raise TypeError(f"{table}: an index other than 0..n-1 is not kept")
+    kinds = column_kinds(RECORD_TYPES[table])
+    arrays, columns = [], []
+    for name in frame.columns:
+        col = frame[name]
+        dtype = col.dtype
+        text = dtype == np.dtype(object)
+        if isinstance(dtype, pd.CategoricalDtype):
+            arrays.append(pa.array(col))
+            how = "category"
+        elif text and kinds.get(name) == "json":
+            arrays.append(pa.array(_json_texts(col), type=pa.string()).dictionary_encode())
+            how = "json"
+        elif text:
+            values = col.to_numpy()
+            # text, and None or NaN where there is none (whichever the reading gave)
+            arrays.append(pa.array(values, type=pa.string(), from_pandas=True).dictionary_encode())
+            gaps = values[pd.isna(values)]
+            nones = sum(v is None for v in gaps)
+            if 0 < nones < len(gaps):
+                raise TypeError(f"{table}.{name} mixes None and NaN")
+            how = "text" if nones or not len(gaps) else "text-nan"
+        elif isinstance(dtype, np.dtype) and dtype.kind in "iufb":
+            arrays.append(pa.array(col.to_numpy()))  # NaN stays NaN (no from_pandas)
+            how = "numpy"
+        elif dtype.kind in "iufb":  # pandas' nullable numbers (Int64…): a mask of gaps
+            arrays.append(pa.array(col))
+            how = "nullable"
+        else:
+            raise TypeError(f"{table}.{name}: {dtype} is not kept")
+        columns.append({"name": str(name), "how": how, "dtype": str(dtype)})
+    data = pa.Table.from_arrays(arrays, names=[c["name"] for c in columns])
+    return data, {"columns": columns, "rows": len(frame), "attrs": frame.attrs}
+
+
+def _frame(data: Any, spec: dict[str, Any]) -> pd.DataFrame:
+    """The frame `_arrow` made ``data`` of (``data`` is consumed: its buffers are let go as
+    the columns are converted)."""
+    columns = spec["columns"]
+    rows = spec["rows"]
+    held = {c["name"]: (i, c["how"], data.column(c["name"])) for i, c in enumerate(columns)
+            if c["how"] in _OBJECT_HOWS}  # fmt: skip
+    rest = data.drop_columns(list(held)) if held else data
+    del data
+    if rest.num_columns:
+        # numbers and categories in one conversion, a block per column (no copy to stack them)
+        frame = rest.to_pandas(split_blocks=True, self_destruct=True)
+    else:
+        frame = pd.DataFrame(index=pd.RangeIndex(rows))
+    del rest
+    for column in columns:
+        if column["how"] == "nullable":
+            frame[column["name"]] = frame[column["name"]].astype(
+                pd.api.types.pandas_dtype(column["dtype"])
+            )
+    for name, (position, how, values) in sorted(held.items(), key=lambda item: item[1][0]):
+        objects = pd.Series(_objects(values, how), index=frame.index, dtype=object, copy=False)
+        frame.insert(position, name, objects)
+    frame.attrs.update(spec.get("attrs") or {})
+    return frame
+
+
+_OBJECT_HOWS = ("json", "text", "text-nan")
+
+
+def _objects(values: Any, how: str) -> np.ndarray:
+    """A dictionary-encoded text column as Python objects: each distinct text made once (and
+    each distinct JSON text parsed once, as `store` reads JSON columns); a gap is None, or NaN
+    for ``text-nan``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    uniques = array.dictionary.to_numpy(zero_copy_only=False)
+    made = np.empty(len(uniques) + 1, dtype=object)
+    if how == "json":
+        for i, text in enumerate(uniques):
+            made[i] = store._json_or_empty(text)
+    else:
+        made[:-1] = uniques
+    made[-1] = np.nan if how == "text-nan" else None
+    codes = pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False)
+    return made[codes]
+
+
+def _json_texts(col: pd.Series) -> np.ndarray:
+    """Each dict of a JSON column as text, each distinct object encoded once."""
+    texts = np.empty(len(col), dtype=object)
+    seen: dict[int, str] = {}
+    for i, value in enumerate(col.to_numpy()):
+        if value is None:
+            texts[i] = None
+            continue
+        text = seen.get(id(value))
+        if text is None:
+            text = seen[id(value)] = json.dumps(value, allow_nan=True)
+        texts[i] = text
+    return texts
