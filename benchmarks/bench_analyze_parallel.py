@@ -14,7 +14,7 @@ small spawner (`measure.run`), from bytecode compiled on a first, untimed run (k
   (what the workers share out);
 - ``analyze``: ``python -m gpuprof analyze RUN --json --workers N``, the whole command.
 
-Both with keeping the merged form turned off (``GPUPROF_MERGED_CACHE=0``): they merge the run
+Both with keeping the merged form turned off (``GPUPROF_LOAD_CACHE=0``): they merge the run
 each time. With ``--kept``, two more per round and number of workers, the whole command with
 keeping on: ``first`` with nothing kept (it merges and keeps the merged form, as the first
 `analyze` or `watch`'s own summary of a long run does), then ``kept``, which reads it.
@@ -88,17 +88,17 @@ def main() -> None:
     args = parser.parse_args()
     run_dir = args.run or make_run(args.gpus, args.hours, args.dir)
     print(f"run: {run_dir}")
-    from gpuprof import merged_cache
+    from gpuprof import load_cache
 
     # the children run from bytecode compiled once (as an installed package does), kept
     # outside the checkout
     base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     base["PYTHONPYCACHEPREFIX"] = str(args.dir / "pycache")
-    on = {k: v for k, v in base.items() if k != merged_cache.ENV_CACHE}
-    off = {**base, merged_cache.ENV_CACHE: "0"}
+    on = {k: v for k, v in base.items() if k != load_cache.ENV_CACHE}
+    off = {**base, load_cache.ENV_CACHE: "0"}
     measure.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "gpuprof")], env=off)
     measure.run([sys.executable, "-c", WARM], env=off)
-    kept_dir = run_dir / merged_cache.DIRNAME
+    kept_dir = run_dir / load_cache.DIRNAME
     figures: dict[tuple[str, int], list[dict]] = {}
     digests: set[str] = set()
     for _ in range(args.repeats):

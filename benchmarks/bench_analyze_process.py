@@ -19,7 +19,10 @@ other checkouts of the project on the same run, interleaved with this one (e.g. 
 of the previous commit, for a before/after on the same machine state). The machine's load
 average is printed before and after: on a shared machine, compare only figures taken under
 similar load, and prefer CPU time (user + sys) to wall time there. ``--report`` times
-``python -m gpuprof report DIR -o FILE`` the same way (target: 2 s).
+``python -m gpuprof report DIR -o FILE`` the same way (target: 2 s). The untimed first run
+leaves the form the loader keeps beside a finished run (`gpuprof.load_cache`), which the
+timed runs read, as an ``analyze`` after ``watch`` does; ``--not-kept`` also times ``analyze``
+with ``GPUPROF_LOAD_CACHE=0`` (the run files read every time).
 
 ``--bytecode cached`` (default) runs the children as an installed package runs, from
 bytecode compiled on a first, untimed run (kept under DIR/pycache, not in the checkout);
@@ -171,6 +174,11 @@ def main() -> None:
         "--report", action="store_true",
         help="also time `gpuprof report DIR -o FILE` (the HTML report) the same way",
     )  # fmt: skip
+    parser.add_argument(
+        "--not-kept", action="store_true",
+        help="also time `analyze` with GPUPROF_LOAD_CACHE=0 (reading the run files, not the "
+             "form the loader kept beside them)",
+    )  # fmt: skip
     parser.add_argument("--write", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -195,11 +203,16 @@ def main() -> None:
         html = args.dir / "bench_analyze_process_report.html"
         commands["report"] = [sys.executable, "-m", "gpuprof", "report", str(run_dir), "-o",
                               str(html)]  # fmt: skip
+    if args.not_kept:
+        commands["not-kept"] = analyze
     results: dict[Path, dict[str, list[dict]]] = {r: {k: [] for k in commands} for r in roots}
     for _ in range(args.repeats):
         for r in roots:
             for what, argv in commands.items():
-                results[r][what].append(timed(argv, r, envs[r]))
+                env = envs[r]
+                if what == "not-kept":
+                    env = {**env, "GPUPROF_LOAD_CACHE": "0"}
+                results[r][what].append(timed(argv, r, env))
     print(f"load average after: {load()}")
     print(f"{'checkout':24s} {'command':8s} {'wall s: median   min    max':>27s} "
           f"{'user s':>7s} {'sys s':>6s} {'peak RSS MB':>12s}")  # fmt: skip
@@ -214,9 +227,10 @@ def main() -> None:
     for r, doc in docs.items():
         findings = ", ".join(f"{f['kind']} ({f['share']:.3f})" for f in doc["findings"])
         print(f"findings ({r.name}): {findings}")
-    outputs = {results[r]["analyze"][0]["out"] for r in roots}
-    if len(roots) > 1:
-        print("JSON documents identical across checkouts:", len(outputs) == 1)
+    outputs = {x["out"] for r in roots for what in ("analyze", "not-kept")
+               for x in results[r].get(what, [])}  # fmt: skip
+    if len(roots) > 1 or args.not_kept:
+        print("JSON documents identical across checkouts and runs:", len(outputs) == 1)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof import merged_cache, store
+from gpuprof import load_cache, store
 from gpuprof.analyzers import resample
 from gpuprof.analyzers.ownership import gpu_owner
 from gpuprof.analyzers.spans import valid_spans
@@ -92,10 +92,10 @@ def _load(
     merge = merge if merge is not None and merge > 1 else None
     if merge is None and max_gpu_samples is None:
         return store.load_run(run_dir)
-    # a run merged before under the same settings is read as it was kept
+    # a finished run loaded before under the same settings is read as it was kept
     settings = {"max_gpu_samples": max_gpu_samples, "merge": merge, "host_rows": MAX_HOST_ROWS}
-    made_under = merged_cache.key(run_dir, settings)
-    if made_under is not None and (kept := merged_cache.read(run_dir, made_under)) is not None:
+    made_under = load_cache.key(run_dir, settings)
+    if made_under is not None and (kept := load_cache.read(run_dir, made_under)) is not None:
         return kept
     if merge is not None:
         total = store.count_rows(run_dir, "gpu")
@@ -104,7 +104,9 @@ def _load(
     rows = {table: store.count_rows(run_dir, table) for table in MAX_HOST_ROWS}
     big = {t for t, n in rows.items() if n > MAX_HOST_ROWS[t]}
     if total <= max_gpu_samples and not big:
-        return store.load_run(run_dir)
+        run = store.load_run(run_dir)
+        _keep(run_dir, made_under, run)
+        return run
 
     return _load_merged(run_dir, total, max_gpu_samples, big, rows, None, workers, ray, made_under)
 
@@ -272,7 +274,7 @@ def _load_merged(
     ray: str | None = None,
     made_under: dict[str, Any] | None = None,
 ) -> Run:
-    """The run merged; kept beside it (`merged_cache`) when ``made_under`` is its key and the
+    """The run merged; kept beside it (`load_cache`) when ``made_under`` is its key and the
     run is finished and did not change while it was read."""
     factor = 1
     interval_ns = 0
@@ -310,14 +312,19 @@ def _load_merged(
     for table, window in sorted(windows.items()):
         notices.append(f"{rows[table]:,} {table} samples merged into {window / 1e9:g} s buckets")
     run.meta.notices = [*run.meta.notices, *notices]
-    finished = run.meta.end_ns is not None
-    if made_under is not None and finished and made_under == merged_cache.key(
-        run_dir, made_under["settings"]
-    ):  # fmt: skip
-        merged_cache.write(run_dir, made_under, run)
+    _keep(run_dir, made_under, run)
     # how this reading went (a pool that broke) is this reading's, not the run's to keep
     run.meta.notices = [*run.meta.notices, *pool.notices]
     return run
+
+
+def _keep(run_dir: str | os.PathLike, made_under: dict[str, Any] | None, run: Run) -> None:
+    """Keep ``run`` as `load_for_analysis` made it of ``run_dir`` (`load_cache`) when it is
+    finished and its files did not change while they were read."""
+    if made_under is None or run.meta.end_ns is None:
+        return
+    if made_under == load_cache.key(run_dir, made_under["settings"]):
+        load_cache.write(run_dir, made_under, run)
 
 
 def _reduced_gpu(

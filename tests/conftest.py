@@ -54,5 +54,5 @@ def _no_inherited_run(monkeypatch):
         if name.startswith("GPUPROF_") and name != "GPUPROF_SIMNVML_SCENARIO":
             monkeypatch.delenv(name, raising=False)
     # a merged run read in this process is merged afresh (tests compare ways of merging the
-    # same directory); tests/test_merged_cache.py turns keeping it back on
-    monkeypatch.setenv("GPUPROF_MERGED_CACHE", "0")
+    # same directory); tests/test_load_cache.py turns keeping it back on
+    monkeypatch.setenv("GPUPROF_LOAD_CACHE", "0")

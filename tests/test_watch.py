@@ -200,7 +200,9 @@ def test_command_is_redacted_and_environment_never_stored(tmp_path):
     )  # fmt: skip
     assert result2.returncode == 0
     for directory in (run_dir, tmp_path / "run2"):
-        blob = b"".join(p.read_bytes() for p in directory.iterdir())
+        # every file, the form the loader kept beside the run included
+        blob = b"".join(p.read_bytes() for p in directory.rglob("*") if p.is_file())
+        assert (directory / ".gpuprof-loaded" / "run.json").exists()
         for secret in (b"zq-env-value-981", b"sk-zq-arg-value-277", b"hf-zq-value-314"):
             assert secret not in blob
     command = store.load_run(tmp_path / "run2").meta.command

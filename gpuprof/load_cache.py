@@ -1,17 +1,18 @@
-"""The merged form of a long run, kept beside it so that a run is merged once.
+"""What the loader made of a finished run, kept beside it so that a run is read once.
 
-`loader.load_for_analysis` merges a run too long to analyse as recorded: a cluster-day is
-tens of millions of GPU samples, minutes of CPU to decode and merge. What it makes (the `Run`
-as merged) is kept in the run directory, in ``.gpuprof-merged/``: one Arrow IPC file per
-table (LZ4) and ``run.json`` with the run's metadata and the key the files were made under.
-A later load with the same key reads those instead of the run files; `gpuprof watch`'s own
-summary makes them as the run ends, so the first ``analyze`` of a long run is already fast.
+`loader.load_for_analysis` reads a run's files (decoding, types, clocks, order, span depths)
+and merges a run too long to analyse as recorded (a cluster-day is tens of millions of GPU
+samples, minutes of CPU to decode and merge). What it makes (the `Run` as loaded) is kept in
+the run directory, in ``.gpuprof-loaded/``: one Arrow IPC file per table (LZ4; text
+dictionary-encoded) and ``run.json`` with the run's metadata and the key the files were made
+under. A later load with the same key reads those instead of the run files; `gpuprof watch`'s
+own summary makes them as the run ends, so the first ``analyze`` after it is already fast.
 
 The key is the run files' names, sizes and modification times (the SQLite files and their
-columnar side files), the merge settings and this format's version: any change to the run,
-or to how it is merged, misses. Nothing is kept for a run still being written (no end
+columnar side files), the load settings and this format's version: any change to the run,
+or to how it is loaded, misses. Nothing is kept for a run still being written (no end
 time, or a write-ahead log not yet folded in), for a read-only directory (silently: the
-load costs what it did), or when ``GPUPROF_MERGED_CACHE=0``. The files hold data only
+load costs what it did), or when ``GPUPROF_LOAD_CACHE=0``. The files hold data only
 (Arrow and JSON, no pickle): reading a run directory from someone else runs no code of
 theirs. A file that does not read is ignored and rewritten.
 """
@@ -32,12 +33,12 @@ import pandas as pd
 from gpuprof import store
 from gpuprof.model import RECORD_TYPES, Run, RunMeta, column_kinds
 
-DIRNAME = ".gpuprof-merged"
-ENV_CACHE = "GPUPROF_MERGED_CACHE"
+DIRNAME = ".gpuprof-loaded"
+ENV_CACHE = "GPUPROF_LOAD_CACHE"
 """``0`` (or ``off``, ``no``, ``false``): neither read nor write the merged form."""
 VERSION = 1
-"""Bump when what `loader` makes of a run changes (merging, bucketing, the tables): older
-kept files then miss."""
+"""Bump when what `loader` makes of a run changes (reading, merging, bucketing, the tables):
+older kept files then miss."""
 _DATA_SUFFIXES = (".sqlite", ".parquet")
 _WAL = ".sqlite-wal"
 
