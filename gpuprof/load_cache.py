@@ -39,6 +39,8 @@ ENV_CACHE = "GPUPROF_LOAD_CACHE"
 VERSION = 1
 """Bump when what `loader` makes of a run changes (reading, merging, bucketing, the tables):
 older kept files then miss."""
+_MADE = b"gpuprof.made"
+"""Schema metadata of each kept table: the writing it belongs to (``run.json``'s ``made``)."""
 _DATA_SUFFIXES = (".sqlite", ".parquet")
 _WAL = ".sqlite-wal"
 
@@ -74,7 +76,7 @@ def key(run_dir: str | os.PathLike, settings: dict[str, Any]) -> dict[str, Any] 
 
 
 def read(run_dir: str | os.PathLike, want: dict[str, Any]) -> Run | None:
-    """The kept merged form of ``run_dir`` when it was made under ``want``, else None."""
+    """The kept form of ``run_dir`` when it was made under ``want``, else None."""
     import pyarrow as pa
 
     where = Path(run_dir) / DIRNAME
@@ -84,19 +86,26 @@ def read(run_dir: str | os.PathLike, want: dict[str, Any]) -> Run | None:
         if kept.get("key") != want:
             return None
         meta = RunMeta.from_dict(kept["meta"])
+        made = kept["made"].encode()
         tables = {}
         for table, spec in kept["tables"].items():
             if table not in RECORD_TYPES:
                 return None
             with pa.memory_map(str(where / f"{table}.arrow")) as source:
-                tables[table] = _frame(pa.ipc.open_file(source).read_all(), spec)
+                data = pa.ipc.open_file(source).read_all()
+            # a file of another writing (two loads keeping at once, under different settings,
+            # swapped the directory while this one read it)
+            if (data.schema.metadata or {}).get(_MADE) != made or data.num_rows != spec["rows"]:
+                return None
+            tables[table] = _frame(data, spec)
+            del data
     except Exception:  # missing, half-copied, from another version: made again
         return None
     return Run(meta=meta, **tables)
 
 
 def write(run_dir: str | os.PathLike, made_under: dict[str, Any], run: Run) -> bool:
-    """Keep ``run`` (``run_dir`` merged under ``made_under``) beside it; False when it could
+    """Keep ``run`` (``run_dir`` loaded under ``made_under``) beside it; False when it could
     not be (read-only, disk full, a column Arrow cannot hold): nothing half-written stays."""
     import pyarrow as pa
 
@@ -106,16 +115,18 @@ def write(run_dir: str | os.PathLike, made_under: dict[str, Any], run: Run) -> b
     try:
         tmp.mkdir()
         specs = {}
+        made = uuid.uuid4().hex
         options = pa.ipc.IpcWriteOptions(compression="lz4")
         for table in RECORD_TYPES:
             frame = getattr(run, table)
             data, specs[table] = _arrow(table, frame)
+            data = data.replace_schema_metadata({_MADE: made})
             with (
                 pa.OSFile(str(tmp / f"{table}.arrow"), "wb") as sink,
                 pa.ipc.new_file(sink, data.schema, options=options) as writer,
             ):
                 writer.write_table(data)
-        kept = {"key": made_under, "meta": run.meta.to_dict(), "tables": specs}
+        kept = {"key": made_under, "made": made, "meta": run.meta.to_dict(), "tables": specs}
         with open(tmp / "run.json", "w", encoding="utf-8") as handle:
             json.dump(kept, handle)
         # the old form goes first: a reader in between finds none and reads the run files

@@ -138,6 +138,20 @@ def test_a_kept_form_that_does_not_read_is_made_again(long_run):
     _same(made, loader.load_for_analysis(long_run, budget, workers=1))
 
 
+def test_files_of_two_writings_are_never_read_as_one(long_run):
+    # two loads under different settings keeping at once: one swaps the directory while the
+    # other reads it. A table from the other writing (same columns, other rows) is refused
+    budget = _budget(long_run)
+    loader.load_for_analysis(long_run, budget, workers=1)
+    kept_dir = long_run / load_cache.DIRNAME
+    first = kept_dir.rename(long_run / "first")
+    loader.load_for_analysis(long_run, budget // 2, workers=1)
+    second_key = json.loads((kept_dir / "run.json").read_text())["key"]
+    (kept_dir / "gpu.arrow").replace(long_run / "gpu-second.arrow")
+    (first / "gpu.arrow").rename(kept_dir / "gpu.arrow")  # the other writing's table
+    assert load_cache.read(long_run, second_key) is None
+
+
 def test_a_directory_that_cannot_be_written_costs_time_only(long_run, monkeypatch):
     # as root, a read-only directory still takes files: the refusal is made at the boundary
     real_mkdir = type(long_run).mkdir
