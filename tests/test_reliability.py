@@ -37,7 +37,9 @@ def test_kill_9_of_the_watcher_loses_under_a_second_of_samples_and_no_span(tmp_p
 def test_kill_9_of_the_training_loses_under_half_a_second_of_spans(tmp_path, env):
     lost = bench.kill_training(tmp_path, env, 0, 1)
     assert lost["spans_lost_s"] <= 0.5, lost
-    assert lost["samples_lost_s"] == 0, lost  # the watcher records on until the end
+    # the watcher records on until the end: no sample period goes by without its sample (a
+    # tick a few ms late on a busy machine is not a lost sample; CI once saw one 3.6 ms late)
+    assert lost["samples_lost_s"] < bench.SAMPLE_PERIOD_S / 2, lost
 
 
 @pytest.mark.parametrize("kind", ["thread", "proc"])
