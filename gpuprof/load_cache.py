@@ -35,7 +35,7 @@ from gpuprof.model import RECORD_TYPES, Run, RunMeta, column_kinds
 
 DIRNAME = ".gpuprof-loaded"
 ENV_CACHE = "GPUPROF_LOAD_CACHE"
-"""``0`` (or ``off``, ``no``, ``false``): neither read nor write the merged form."""
+"""``0`` (or ``off``, ``no``, ``false``): neither read nor write the kept form."""
 VERSION = 1
 """Bump when what `loader` makes of a run changes (reading, merging, bucketing, the tables):
 older kept files then miss."""
@@ -50,7 +50,7 @@ def enabled() -> bool:
 
 
 def key(run_dir: str | os.PathLike, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """What a kept merged form must have been made under to stand for ``run_dir`` merged with
+    """What a kept form must have been made under to stand for ``run_dir`` loaded with
     ``settings`` (JSON values), or None: nothing is kept for this run (not a directory,
     turned off, or a write-ahead log still holds rows)."""
     run_dir = Path(run_dir)
