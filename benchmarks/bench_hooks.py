@@ -2,6 +2,7 @@
 
     python benchmarks/bench_hooks.py [--n 20000] [--repeats 41]
     python benchmarks/bench_hooks.py --roots OLD_CHECKOUT NEW_CHECKOUT [--rounds 5]
+    python benchmarks/bench_hooks.py --implementations [--rounds 5]
 
 Each variant is timed as the statement a user writes (``with gpuprof.phase("rollout"): pass``,
 compiled into a loop by `timeit`, so no helper call is counted for one variant and not for
@@ -15,6 +16,9 @@ reported separately (it runs in the same interpreter, off the hot path).
 ``--roots`` runs this benchmark in fresh processes with each checkout's ``gpuprof`` first on
 the path, alternating checkouts ``--rounds`` times, and prints the median of each variant's
 per-round medians per checkout: before/after figures measured side by side.
+``--implementations`` does the same within this checkout for the two implementations of
+`phase`: the C hot path (`gpuprof._cphase`, built by the install) and the pure-Python fallback
+(``GPUPROF_PURE_PYTHON_HOOKS=1``).
 """
 
 from __future__ import annotations
@@ -93,20 +97,21 @@ def _print(medians: dict[str, float], title: str = "variant") -> None:
         print(f"{name:34s} {value:15.0f} {diff}")
 
 
-def compare(roots: list[str], rounds: int, n: int, repeats: int) -> None:
-    per_root: dict[str, list[dict[str, float]]] = {root: [] for root in roots}
+def compare(setups: dict[str, dict[str, str]], rounds: int, n: int, repeats: int) -> None:
+    """Each setup (a title and the environment it adds) in a fresh process, alternately."""
+    per_setup: dict[str, list[dict[str, float]]] = {title: [] for title in setups}
     for _ in range(rounds):
-        for root in roots:
-            env = {**os.environ, "PYTHONPATH": os.path.abspath(root)}
+        for title, extra in setups.items():
+            env = {**os.environ, **extra}
             env.pop("GPUPROF_RUN_DIR", None)
             out = subprocess.run(
                 [sys.executable, __file__, "--json", "--n", str(n), "--repeats", str(repeats)],
                 env=env, capture_output=True, text=True, check=True, cwd=tempfile.gettempdir(),
             )  # fmt: skip
-            per_root[root].append(json.loads(out.stdout))
-    for root, runs in per_root.items():
+            per_setup[title].append(json.loads(out.stdout))
+    for title, runs in per_setup.items():
         medians = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
-        _print(medians, title=os.path.basename(os.path.abspath(root)) or root)
+        _print(medians, title=title)
         print()
 
 
@@ -115,11 +120,27 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=41)
     parser.add_argument("--roots", nargs="+", help="checkouts to compare, side by side")
+    parser.add_argument(
+        "--implementations", action="store_true",
+        help="compare the C hot path of `phase` with the pure-Python fallback",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.roots:
-        compare(args.roots, args.rounds, args.n, args.repeats)
+        setups = {
+            os.path.basename(os.path.abspath(root)) or root: {"PYTHONPATH": os.path.abspath(root)}
+            for root in args.roots
+        }
+        compare(setups, args.rounds, args.n, args.repeats)
+        return
+    if args.implementations:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        setups = {
+            "pure Python": {"PYTHONPATH": here, "GPUPROF_PURE_PYTHON_HOOKS": "1"},
+            "C hot path": {"PYTHONPATH": here, "GPUPROF_PURE_PYTHON_HOOKS": ""},
+        }
+        compare(setups, args.rounds, args.n, args.repeats)
         return
     medians = measure(args.n, args.repeats)
     if args.json:

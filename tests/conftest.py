@@ -20,7 +20,12 @@ def gpuprof_cmd(*args: str) -> list[str]:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment for a child: no inherited gpuprof run, the repo importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROF_")}
+    # the hooks' implementation switch is a property of the test, not a run: it passes
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("GPUPROF_") or k == "GPUPROF_PURE_PYTHON_HOOKS"
+    }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(extra)
     return env

@@ -17,6 +17,23 @@ import gpuprof
 from gpuprof import hooks, store
 
 
+@pytest.fixture(autouse=True, params=["c", "python"])
+def implementation(request, monkeypatch):
+    """Every test here runs on both implementations of `phase`: the C hot path
+    (`gpuprof._cphase`, what an install compiles) and the pure-Python fallback (a platform
+    without a compiler), in this process and in the children tests start."""
+    monkeypatch.setattr(hooks, "_warned", set())  # each run of a test sees its own warnings
+    if request.param == "python":
+        monkeypatch.setenv(hooks.ENV_PURE_PYTHON, "1")
+        monkeypatch.setattr(hooks, "phase", hooks._PyPhase)
+        monkeypatch.setattr(gpuprof, "phase", hooks._PyPhase)
+    elif hooks._cphase is None:
+        if os.environ.get(hooks.ENV_PURE_PYTHON):
+            pytest.skip(f"{hooks.ENV_PURE_PYTHON} is set")
+        pytest.fail("gpuprof._cphase did not build: `pip install -e .` needs a C compiler")
+    return request.param
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     assert gpuprof.init(tmp_path)
@@ -381,3 +398,77 @@ def test_queue_is_bounded_and_drops_are_counted(tmp_path, monkeypatch):
     assert stored == 1000
     assert dropped_spans(run) == 24_000
     assert any("24000 spans were dropped" in n for n in data_notes(run))
+
+
+def test_children_use_the_implementation_they_are_given(implementation):
+    code = "from gpuprof import hooks; print(hooks.phase is hooks._PyPhase)"
+    out = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True,
+                         text=True, check=True, timeout=120)  # fmt: skip
+    assert out.stdout.strip() == str(implementation == "python")
+
+
+def test_a_phase_holds_no_reference_after_its_span_is_written(run_dir):
+    # the C path counts references by hand: a leaked name, attribute dict or step number
+    # would grow without bound over a long run
+    name, value = "rollout-" + str(os.getpid()), object()
+    with gpuprof.phase(name):  # the writer's cache of phase names keeps one for good
+        pass
+    gpuprof.flush()
+    before = sys.getrefcount(name), sys.getrefcount(value)
+    for _ in range(10_000):
+        with gpuprof.phase(name, obj=value):
+            pass
+        with gpuprof.phase(name):
+            pass
+    gpuprof.flush()
+    assert (sys.getrefcount(name), sys.getrefcount(value)) == before
+    spans = _load(run_dir).spans
+    assert (spans["name"] == name).sum() == 20_001
+
+
+def test_a_phase_in_a_reference_cycle_is_collected(run_dir):
+    import gc
+
+    collected = threading.Event()
+
+    class Finalised:
+        def __del__(self):
+            collected.set()
+
+    span = gpuprof.phase("reward", holder=None)
+    span.attrs["holder"] = [span, Finalised()]  # span → attrs → list → span
+    del span
+    gc.collect()
+    assert collected.is_set()
+
+
+def test_phase_arguments_are_checked_alike():
+    assert gpuprof.phase(name="rollout", tokens=3).name == "rollout"
+    assert gpuprof.phase(name="rollout", tokens=3).attrs == {"tokens": 3}
+    assert gpuprof.phase("rollout").attrs is None
+    attrs = {"tokens": 3}
+    assert gpuprof.phase("rollout", **attrs).attrs is not attrs  # a dict of its own
+    with pytest.raises(TypeError):
+        gpuprof.phase()
+    with pytest.raises(TypeError):
+        gpuprof.phase("a", "b")
+    with pytest.raises(TypeError):
+        gpuprof.phase("a", name="b")
+
+
+def test_an_error_on_the_recording_path_disables_the_hooks_without_raising(run_dir, capsys):
+    recorder = hooks._recorder
+
+    def broken():
+        raise RuntimeError("queue broke")
+
+    recorder.tick = broken
+    hooks._set_recorder(recorder)  # the hot path picks up the broken counter
+    with gpuprof.phase("rollout"):
+        pass
+    with gpuprof.phase("reward"):  # now a no-op
+        pass
+    assert not gpuprof.enabled() or hooks._recorder is None
+    err = capsys.readouterr().err
+    assert err.count("hooks disabled after an internal error") == 1
+    assert "queue broke" in err
