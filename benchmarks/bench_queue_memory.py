@@ -1,6 +1,7 @@
 """Memory of a process whose hooks record faster than their writer commits.
 
     python benchmarks/bench_queue_memory.py [--seconds 20]
+    GPUPROF_PURE_PYTHON_HOOKS=1 python benchmarks/bench_queue_memory.py   # without the C part
 
 A Python process records empty phases in a tight loop (over a million a second on one core,
 about five times what one SQLite writer commits) for ``--seconds``, recording into a run of its
@@ -54,7 +55,12 @@ def rss_mb(pid: int) -> float:
 
 
 def run(tmp: Path, name: str, seconds: float, pace: float, bound: int | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROF_")}
+    # GPUPROF_PURE_PYTHON_HOOKS passes: the same figures for the hooks' pure-Python fallback
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("GPUPROF_") or k == "GPUPROF_PURE_PYTHON_HOOKS"
+    }
     env["PYTHONPATH"] = str(ROOT)
     env["GPUPROF_RUN_DIR"] = str(tmp / name)
     if bound:
