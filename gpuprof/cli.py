@@ -28,12 +28,27 @@ def _err(message: str) -> None:
     print(f"gpuprof: error: {message}", file=sys.stderr)
 
 
-def _load_or_exit(run_dir: Path, workers: int | None = None, ray: str | None = None):
+def _load_or_exit(
+    run_dir: Path, workers: int | None = None, ray: str | None = None, steps: Any = None
+):
     from gpuprof import api
 
     try:
-        return api.load_for_analysis(run_dir, workers=workers, ray=ray)
+        return api.load_for_analysis(run_dir, workers=workers, ray=ray, steps=steps)
     except api.RunError as exc:
+        _err(str(exc))
+        raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def _window_or_exit(run_dir: Path, steps: str | None):
+    """The stretch ``--steps`` selects (None without it); a run without it: one line, exit 2."""
+    if steps is None:
+        return None
+    from gpuprof import api, step_window
+
+    try:
+        return step_window.resolve(run_dir, steps)
+    except (api.RunError, ValueError) as exc:
         _err(str(exc))
         raise SystemExit(EXIT_BAD_INPUT) from None
 
@@ -55,11 +70,12 @@ def analyze_command(
     gpu: str | None = None,
     workers: int | None = None,
     ray: str | None = None,
+    steps: str | None = None,
 ) -> None:
     """``gpuprof analyze``: the diagnosis as text, or as one JSON document (no rich)."""
     from gpuprof import api
 
-    run = _load_or_exit(run_dir, workers, ray)
+    run = _load_or_exit(run_dir, workers, ray, _window_or_exit(run_dir, steps))
     diagnosis = api.analyze(
         run,
         gpu_hour_price=gpu_hour_price,
@@ -87,11 +103,16 @@ def report_command(
     gpu: str | None = None,
     workers: int | None = None,
     ray: str | None = None,
+    steps: str | None = None,
 ) -> None:
-    """``gpuprof report``: write the HTML report and print its path."""
+    """``gpuprof report``: write the HTML report and print its path (a stretch of steps:
+    ``report-steps-A-B.html`` by default, beside the whole run's)."""
     from gpuprof import api
 
-    run = _load_or_exit(run_dir, workers, ray)
+    window = _window_or_exit(run_dir, steps)
+    run = _load_or_exit(run_dir, workers, ray, window)
+    if output is None and window is not None:
+        output = Path(run_dir) / f"report-steps-{window.first}-{window.last}.html"
     try:
         path = api.report(
             run_dir,
@@ -133,6 +154,13 @@ def _address(value: str) -> str:  # --ray: a Ray address, ``auto`` or ``local``
     return value
 
 
+def _steps(value: str) -> str:  # --steps: A:B
+    from gpuprof.step_window import parse
+
+    parse(value)  # raises ValueError: typer then says why
+    return value
+
+
 def _path(value: str) -> Path:
     if not value:
         raise ValueError(value)
@@ -160,6 +188,7 @@ _FIGURES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--gpu": ("gpu", _gpu),
     "--workers": ("workers", _count),
     "--ray": ("ray", _address),
+    "--steps": ("steps", _steps),
 }
 _Options = dict[str, tuple[str, Callable[[str], Any] | None]]
 _PLAIN: dict[str, tuple[Callable[..., None], _Options]] = {

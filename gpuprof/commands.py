@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from gpuprof import api
+from gpuprof import api, cli
 from gpuprof.cli import EXIT_BAD_INPUT, _err, _load_or_exit, analyze_command, report_command
 
 app = typer.Typer(
@@ -26,16 +27,24 @@ app = typer.Typer(
 )
 
 
-def _model_params(value: str | None) -> str | None:
-    if value is None:
-        return None
-    from gpuprof.analyzers.model_size import parse_param_count
+def _checked(check: Callable[[str], Any]) -> Callable[[str | None], str | None]:
+    """A typer callback that passes an option's value on as given once ``check`` (the plain
+    path's parser, `gpuprof.cli`) accepts it; its ValueError is typer's bad-parameter
+    message."""
 
-    try:
-        parse_param_count(value)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    return value
+    def callback(value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            check(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        return value
+
+    return callback
+
+
+_model_params = _checked(cli._model_params)
 
 
 GpuHourPrice = Annotated[
@@ -76,6 +85,15 @@ RayAddress = Annotated[
         help="Read a long run with the tasks of this Ray cluster (auto: the one this machine "
         "is in; local: a Ray of its own) instead of local processes. Its nodes must see the "
         "run directory at the same path.",
+    ),
+]
+Steps = Annotated[
+    str | None,
+    typer.Option(
+        "--steps",
+        callback=_checked(cli._steps),
+        help="Only this stretch of the run's steps, read and diagnosed alone: A:B as a Python "
+        "slice of step numbers (-100: the last hundred). Memory and time follow its length.",
     ),
 ]
 GpuName = Annotated[
@@ -375,8 +393,9 @@ def analyze(
     gpu: GpuName = None,
     workers: Workers = None,
     ray: RayAddress = None,
+    steps: Steps = None,
 ) -> None:
-    analyze_command(run_dir, json_out, top, gpu_hour_price, model_params, gpu, workers, ray)
+    analyze_command(run_dir, json_out, top, gpu_hour_price, model_params, gpu, workers, ray, steps)
 
 
 @app.command(help="Compare two runs: before/after table of utilization, step time, phases.")
@@ -455,8 +474,9 @@ def report(
     gpu: GpuName = None,
     workers: Workers = None,
     ray: RayAddress = None,
+    steps: Steps = None,
 ) -> None:
-    report_command(run_dir, output, gpu_hour_price, model_params, gpu, workers, ray)
+    report_command(run_dir, output, gpu_hour_price, model_params, gpu, workers, ray, steps)
 
 
 @app.command(

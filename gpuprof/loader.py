@@ -31,18 +31,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof import load_cache, store
+from gpuprof import load_cache, step_window, store
 from gpuprof.analyzers import resample
 from gpuprof.analyzers.ownership import gpu_owner
 from gpuprof.analyzers.spans import valid_spans
 from gpuprof.errors import RunError
 from gpuprof.integrations.recorded import merge_run_events
 from gpuprof.model import Run
+from gpuprof.step_window import ReadFilter, StepWindow
 
 MAX_GPU_SAMPLES = 1_500_000
 """GPU samples analysed at full resolution; beyond it they are merged (see module doc)."""
 MAX_HOST_ROWS: dict[str, int] = {"host": 100_000, "procs": 400_000, "gpu_procs": 200_000}
 """Rows of each host-side sample table kept at full resolution."""
+MANY_SPANS = 4_000_000
+"""Spans past which loading a whole run says how to read less: spans are not merged (about
+130 B each in memory), so a run with millions of them (a thousand ranks for a day) is best
+looked at a stretch of steps at a time (``--steps``, `step_window`)."""
 ENV_WORKERS = "GPUPROF_WORKERS"
 """Processes that read a long run (default: the cores this process may use)."""
 
@@ -68,6 +73,7 @@ def load_for_analysis(
     merge: int | None = None,
     workers: int | None = None,
     ray: str | None = None,
+    steps: str | StepWindow | None = None,
 ) -> Run:
     """The run in ``run_dir``, with about ``max_gpu_samples`` GPU samples at most.
 
@@ -77,38 +83,59 @@ def load_for_analysis(
     `default_workers`; 1: this process alone); ``ray``: the address of a Ray cluster whose
     tasks do that work instead (`_RayWorkers`); the result depends on neither. Framework
     knobs that adapters recorded as events join the run's metadata (a watcher does this when
-    the run ends; processes that called ``gpuprof.init`` themselves have none). Raises
-    `store.RunError` (one line) for an unreadable run.
+    the run ends; processes that called ``gpuprof.init`` themselves have none). ``steps``:
+    only that stretch of the run's steps (``"A:B"`` or a resolved `step_window.StepWindow`),
+    read alone: memory and time follow its length. Raises `store.RunError` (one line) for an
+    unreadable run or a stretch with no recorded step, `ValueError` for a malformed
+    ``steps``.
     """
-    run = _load(run_dir, max_gpu_samples, merge, workers, ray)
+    if steps is not None:
+        window = step_window.resolve(run_dir, steps) if isinstance(steps, str) else steps
+        run = _load(run_dir, max_gpu_samples, merge, workers, ray, window)
+        step_window.cut(run, window)
+    else:
+        run = _load(run_dir, max_gpu_samples, merge, workers, ray)
+        if len(run.spans) > MANY_SPANS:
+            run.meta.notices = [
+                *run.meta.notices,
+                f"{len(run.spans):,} spans held in memory (they are not merged): --steps A:B "
+                "reads one stretch of the run's steps, in memory that follows its length",
+            ]
     merge_run_events(run)
     return run
 
 
 def _load(
     run_dir: str | os.PathLike, max_gpu_samples: int | None, merge: int | None,
-    workers: int | None, ray: str | None = None,
+    workers: int | None, ray: str | None = None, window: StepWindow | None = None,
 ) -> Run:  # fmt: skip
     merge = merge if merge is not None and merge > 1 else None
+    within = step_window.read_filter(window) if window is not None else None
     if merge is None and max_gpu_samples is None:
-        return store.load_run(run_dir)
-    # a finished run loaded before under the same settings is read as it was kept
+        return store.load_run(run_dir, reduce=within)
+    # a finished run loaded before under the same settings is read as it was kept (a stretch
+    # of its steps is read from its files: the kept form is the whole run's)
     settings = {"max_gpu_samples": max_gpu_samples, "merge": merge, "host_rows": MAX_HOST_ROWS}
-    made_under = load_cache.key(run_dir, settings)
+    made_under = load_cache.key(run_dir, settings) if window is None else None
     if made_under is not None and (kept := load_cache.read(run_dir, made_under)) is not None:
         return kept
+    # within a stretch, the rows it holds: about its share of the run's time
+    share = window.fraction if window is not None else 1.0
+    total = math.ceil(store.count_rows(run_dir, "gpu") * share)
     if merge is not None:
-        total = store.count_rows(run_dir, "gpu")
-        return _load_merged(run_dir, total, None, set(), {}, merge, workers, ray, made_under)
-    total = store.count_rows(run_dir, "gpu")
-    rows = {table: store.count_rows(run_dir, table) for table in MAX_HOST_ROWS}
+        return _load_merged(
+            run_dir, total, None, set(), {}, merge, workers, ray, made_under, window
+        )  # fmt: skip
+    rows = {table: math.ceil(store.count_rows(run_dir, table) * share) for table in MAX_HOST_ROWS}
     big = {t for t, n in rows.items() if n > MAX_HOST_ROWS[t]}
     if total <= max_gpu_samples and not big:
-        run = store.load_run(run_dir)
+        run = store.load_run(run_dir, reduce=within)
         _keep(run_dir, made_under, run)
         return run
 
-    return _load_merged(run_dir, total, max_gpu_samples, big, rows, None, workers, ray, made_under)
+    return _load_merged(
+        run_dir, total, max_gpu_samples, big, rows, None, workers, ray, made_under, window
+    )  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -120,9 +147,13 @@ class _TableReducer:
     rows: dict[str, int]
     gpu_window_ns: int
     windows: dict[str, int] = dataclasses.field(default_factory=dict)
+    within: ReadFilter | None = None
+    """A stretch of the run's steps: what lies outside it goes first."""
 
     def __call__(self, table: str, frame: pd.DataFrame) -> pd.DataFrame:
-        if table not in self.big:
+        if self.within is not None:
+            frame = self.within(table, frame)
+        if table not in self.big or frame.empty:
             return frame
         step = math.ceil(self.rows[table] / MAX_HOST_ROWS[table])
         window = max(self.gpu_window_ns, step * resample.typical_interval_ns(table, frame))
@@ -273,9 +304,11 @@ def _load_merged(
     workers: int | None = None,
     ray: str | None = None,
     made_under: dict[str, Any] | None = None,
+    window: StepWindow | None = None,
 ) -> Run:
     """The run merged; kept beside it (`load_cache`) when ``made_under`` is its key and the
-    run is finished and did not change while it was read."""
+    run is finished and did not change while it was read. With ``window``, only that stretch
+    of its steps is read (give or take `step_window.READ_MARGIN_NS`)."""
     factor = 1
     interval_ns = 0
     if merge is not None or (max_gpu_samples is not None and total > max_gpu_samples):
@@ -283,7 +316,8 @@ def _load_merged(
         interval_ns = _interval_ns(next(stream, None))
         stream.close()
         factor = merge or math.ceil(total / max(1, max_gpu_samples or 1))
-    reducer = _TableReducer(big, rows, factor * interval_ns)
+    within = step_window.read_filter(window) if window is not None else None
+    reducer = _TableReducer(big, rows, factor * interval_ns, within=within)
     windows: dict[str, int] = {}
     skip = ("gpu",) if factor > 1 else ()
 
@@ -302,7 +336,8 @@ def _load_merged(
 
         run = store.load_run(run_dir, read=read)
         if factor > 1:
-            run.gpu = _reduced_gpu(run_dir, run, total, max_gpu_samples, merge, pool)
+            span = (window.start_ns, window.end_ns) if window is not None else None
+            run.gpu = _reduced_gpu(run_dir, run, total, max_gpu_samples, merge, pool, span)
     notices = []
     if factor > 1:
         notices.append(
@@ -334,9 +369,11 @@ def _reduced_gpu(
     budget: int | None,
     merge: int | None,
     pool: _Workers | _RayWorkers,
+    span: tuple[int, int] | None = None,
 ) -> pd.DataFrame:
     """The run's GPU samples merged to about ``budget`` rows (or by exactly ``merge``), one
-    GPU at a time, in ``pool``'s workers (a part of the GPUs each)."""
+    GPU at a time, in ``pool``'s workers (a part of the GPUs each); with ``span``
+    (start, end epoch ns on the run's clock), only the samples taken within it."""
     keys = store.gpu_keys(run_dir)
     inventory = pd.DataFrame(
         {"host": keys["host"].astype(object), "gpu": keys["gpu"].astype(np.int64),
@@ -356,7 +393,7 @@ def _reduced_gpu(
     # table (`store.load_run`), before they are cut at the spans' boundaries
     offsets = {node: int(c.get("offset_ns") or 0) for node, c in run.meta.clocks.items()}
     n = pool.workers
-    calls = [(run_dir, part, n, bounds, factor, offsets) for part in range(n)]
+    calls = [(run_dir, part, n, bounds, factor, offsets, span) for part in range(n)]
     ordered = sorted((item for got in pool.map(_reduce_gpu_part, calls) for item in got),
                      key=lambda item: item[0])  # fmt: skip
     parts = [frame for _, frame in ordered]
@@ -376,16 +413,21 @@ def _reduced_gpu(
 
 def _reduce_gpu_part(
     run_dir: str | os.PathLike, part: int, parts: int, bounds: dict[tuple, np.ndarray],
-    factor: int, offsets: dict[str, int],
+    factor: int, offsets: dict[str, int], span: tuple[int, int] | None = None,
 ) -> list[tuple[tuple[int, int, int], pd.DataFrame]]:  # fmt: skip
     """Part ``part`` of ``parts`` of the run's GPU samples (`store.iter_gpu_parts`), each GPU
-    put on the run's clock and merged by ``factor`` within ``bounds``, with its place in the
-    stream."""
+    put on the run's clock, cut to ``span`` when given and merged by ``factor`` within
+    ``bounds``, with its place in the stream."""
     out = []
     for place, frame in store.iter_gpu_parts(run_dir, True, part, parts):
         key = (frame["host"].iloc[0], int(frame["gpu"].iloc[0]))
         if offsets.get(key[0]):
             frame["t_ns"] = frame["t_ns"].to_numpy(np.int64) + offsets[key[0]]
+        if span is not None:
+            t = frame["t_ns"].to_numpy(np.int64)
+            frame = frame[(t >= span[0]) & (t < span[1])].reset_index(drop=True)
+            if frame.empty:
+                continue
         out.append((place, resample.reduce_gpu(frame, bounds.get(key), factor)))
     return out
 

@@ -109,7 +109,9 @@ from gpuprof.runfile import (
 )
 
 Reducer = Callable[[str, pd.DataFrame], pd.DataFrame]
-"""``reduce(table, frame) -> frame`` applied to each file's table as a run is loaded."""
+"""``reduce(table, frame) -> frame`` applied to each file's table as a run is loaded. It gets
+a side file's strings as categoricals, in the file's own order, unless it has a false
+``categorical`` attribute (a reducer that only drops rows)."""
 
 
 def run_files(run_dir: str | os.PathLike) -> list[Path]:
@@ -163,10 +165,12 @@ def read_file(
                          if len(frame) else chunked)  # fmt: skip
             if table in sides:
                 # in the order the merged table gets below (a stable sort by time), unless
-                # ``reduce`` reads the file's own order
-                order = (None if reduce is not None or table in INTERNED_TABLES
+                # ``reduce`` reads the file's own order, with strings as categoricals (a
+                # reducer that only drops rows says so: it reads what a plain load reads)
+                coded = reduce is not None and getattr(reduce, "categorical", True)
+                order = (None if coded or table in INTERNED_TABLES
                          else _SORT_KEY.get(table, "t_ns"))  # fmt: skip
-                side = columnar.read(sides[table], table, reduce is not None, order)
+                side = columnar.read(sides[table], table, coded, order)
                 for name in _JSON_NAMES[table]:
                     side[name] = _json_column(side[name])
                 if len(frame):

@@ -35,6 +35,8 @@ def run_dir(tmp_path_factory) -> Path:
         (["analyze", "--", "R"], {}),
         (["analyze", "R", "--workers", "2"], {"workers": 2}),
         (["report", "R", "--ray", "auto"], {"ray": "auto"}),
+        (["analyze", "R", "--steps", "10:20"], {"steps": "10:20"}),
+        (["report", "R", "--steps=-5:"], {"steps": "-5:"}),
         (["report", "R", "-o", "out.html"], {"output": Path("out.html")}),
         (["report", "R", "--output=out.html", "--gpu-hour-price", "0"],
          {"output": Path("out.html"), "gpu_hour_price": 0.0}),
@@ -56,7 +58,8 @@ def test_plain_arguments_are_parsed_here(argv, kwargs):
         ["analyze", "R", "--gpu-hour-price", "-1"], ["analyze", "R", "--gpu-hour-price", "1e3"],
         ["analyze", "R", "--gpu", "no such gpu"], ["analyze", "R", "--model-params", "lots"],
         ["analyze", "R", "--unknown"], ["analyze", ""], ["report", "R", "-oX"],
-        ["analyze", "R", "--workers", "0"],
+        ["analyze", "R", "--workers", "0"], ["analyze", "R", "--steps", "x"],
+        ["analyze", "R", "--steps", "-5:"],  # a value like an option: typer's rules decide
     ],
 )  # fmt: skip
 def test_anything_unusual_goes_to_typer(argv):

@@ -1,0 +1,75 @@
+"""`gpuprof analyze RUN --steps A:B --json`: a stretch of a long run's steps read and diagnosed
+alone, against the whole run, each as a fresh process.
+
+    python benchmarks/bench_analyze_steps.py [--dir /tmp/gpuprof-scale256/4h]
+                                             [--steps 0:12 0:72 0:144] [--repeats 3]
+                                             [--workers 2]
+
+``--dir`` is a finished run directory as `watch` leaves it (host files with Parquet side files;
+`bench_analyze_parallel.py` writes 256 GPUs x 4 h there, ~290 steps). The whole run is
+analysed from the form the loader keeps beside it (written by an untimed first run, as after
+`watch`); a stretch is read from the run files, everything outside it dropped as each file is
+read. Variants are interleaved repeat by repeat; each runs from a fresh spawner
+(`measure.run`), which gives the command's own peak RSS, and its process tree is polled for
+total PSS (the loader's worker processes share pages with it). The table gives medians: wall
+seconds, CPU seconds (user + system), peak RSS of the command and peak PSS of its tree, with
+the stretch the diagnosis says it read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import measure
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _argv(run_dir: str, steps: str | None, workers: int) -> list[str]:
+    argv = [sys.executable, "-m", "gpuprof", "analyze", run_dir, "--json"]
+    argv += ["--workers", str(workers)]
+    return argv + ([f"--steps={steps}"] if steps else [])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default="/tmp/gpuprof-scale256/4h")
+    parser.add_argument("--steps", nargs="+", default=["0:12", "0:72", "0:144"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    if not Path(args.dir).is_dir():
+        sys.exit(f"{args.dir}: no run; python benchmarks/bench_analyze_parallel.py writes one")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    variants: dict[str, str | None] = {"whole run (kept form)": None}
+    variants.update({f"--steps {s}": s for s in args.steps})
+    measure.run(_argv(args.dir, None, args.workers), env=env)  # leaves the kept form
+    print(f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    results: dict[str, list[dict]] = {name: [] for name in variants}
+    for _ in range(args.repeats):
+        for name, steps in variants.items():
+            got = measure.run(_argv(args.dir, steps, args.workers), env=env, poll=True)
+            got["notes"] = json.loads(got["stdout"]).get("notes", [])
+            results[name].append(got)
+    print(f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    head = f"{'variant':24s} {'wall s':>7s} {'CPU s':>7s} {'RSS MB':>7s} {'tree PSS MB':>11s}"
+    print(head + "  notes")
+    for name, runs in results.items():
+        wall = statistics.median(r["wall_s"] for r in runs)
+        cpu = statistics.median(r["user_s"] + r["sys_s"] for r in runs)
+        rss = statistics.median(r["peak_rss_bytes"] for r in runs)
+        pss = statistics.median(r["tree_pss_bytes"] for r in runs)
+        notes = [n for n in runs[0]["notes"] if "alone" in n]
+        print(f"{name:24s} {wall:7.2f} {cpu:7.2f} {measure.mb(rss):>7s} {measure.mb(pss):>11s}  "
+              + "; ".join(notes))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

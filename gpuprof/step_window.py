@@ -1,0 +1,240 @@
+"""A stretch of a run's steps, read and diagnosed alone: ``analyze RUN --steps A:B``.
+
+A long run (a cluster-day) can be looked at a stretch of steps at a time, and one stretch is
+read file by file with everything outside it dropped as each file is read: memory follows the
+stretch's length, not the run's. ``A:B`` selects step numbers as a Python slice does (``B``
+excluded; either side may be left out); a negative number counts from the end of the recorded
+steps, so ``-100:`` is the last hundred and ``:-1`` all but the last. The stretch's time runs
+from the earliest start of its first step's spans to the latest end of its last step's, over
+every rank (`gpuprof.step()` or a framework adapter records them).
+
+Within that time: samples, events and log lines are kept; spans that overlap it are kept
+clipped to it, except those of a step outside the stretch (a rank finishing the step before,
+a moment late). The run then reads as one that started at the stretch's start and ended at its
+end, and every analyzer works on it as it is.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gpuprof import clocks, store
+from gpuprof.model import INTERNED_TABLES, RECORD_TYPES, Run, span_depths
+from gpuprof.store import RunError
+
+READ_MARGIN_NS = 60 * 10**9
+"""Kept on either side of the stretch while files are read: each file's rows are on its
+node's clock until the run's nodes are aligned, which can move them (by much less than this
+on any cluster whose clocks are kept); the exact cut is made once they are aligned."""
+
+_SLICE = re.compile(r"\s*(-?\d+)?\s*:\s*(-?\d+)?\s*")
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """The stretch of steps ``first``..``last`` (both recorded step numbers, inclusive) and
+    its time, ``start_ns``..``end_ns`` (epoch ns, on the run's clock); ``steps`` recorded
+    steps in it, of ``run_steps`` in the run, numbered ``run_first``..``run_last``."""
+
+    first: int
+    last: int
+    start_ns: int
+    end_ns: int
+    steps: int
+    run_steps: int
+    run_first: int
+    run_last: int
+    run_start_ns: int
+    run_end_ns: int
+
+    @property
+    def fraction(self) -> float:
+        """The stretch's share of the time the run's steps took (0–1)."""
+        whole = self.run_end_ns - self.run_start_ns
+        return 1.0 if whole <= 0 else min(1.0, (self.end_ns - self.start_ns) / whole)
+
+    def describe(self) -> str:
+        seconds = (self.end_ns - self.start_ns) / 1e9
+        return (
+            f"steps {self.first}–{self.last} alone ({self.steps} of the {self.run_steps} "
+            f"recorded steps, {self.run_first}–{self.run_last}; {seconds:,.1f} s)"
+        )
+
+
+def parse(text: str) -> tuple[int | None, int | None]:
+    """``"A:B"`` as its two bounds (None where left out); ValueError for anything else."""
+    match = _SLICE.fullmatch(text or "")
+    if match is None:
+        raise ValueError(
+            f"--steps {text!r}: expected A:B, A: or :B (step numbers; negative counts from "
+            "the last recorded step)"
+        )
+    first, end = (None if group is None else int(group) for group in match.groups())
+    return first, end
+
+
+def resolve(run_dir: str | Path, text: str) -> StepWindow:
+    """The stretch ``text`` (`parse`) selects in the run at ``run_dir``, from its step spans
+    (read one file at a time). Raises `ValueError` for a malformed ``text`` and `RunError`
+    (one line) for a run without recorded steps or a stretch with none of them."""
+    lo, hi = parse(text)
+    steps = _step_times(run_dir)
+    if steps.empty:
+        raise RunError(
+            f"{run_dir}: --steps needs the steps a run recorded (gpuprof.step() or a "
+            "framework adapter); this run has none"
+        )
+    numbers = steps.index.to_numpy()
+    lo_n = _bound(numbers, lo, numbers[0])
+    hi_n = _bound(numbers, hi, numbers[-1] + 1)
+    chosen = steps[(numbers >= lo_n) & (numbers < hi_n)]
+    if chosen.empty:
+        raise RunError(
+            f"{run_dir}: --steps {text.strip()} selects no recorded step (the run's steps are "
+            f"{numbers[0]}–{numbers[-1]}, {len(numbers)} of them)"
+        )
+    return StepWindow(
+        first=int(chosen.index[0]),
+        last=int(chosen.index[-1]),
+        start_ns=int(chosen["start_ns"].min()),
+        end_ns=int(chosen["end_ns"].max()),
+        steps=len(chosen),
+        run_steps=len(steps),
+        run_first=int(numbers[0]),
+        run_last=int(numbers[-1]),
+        run_start_ns=int(steps["start_ns"].min()),
+        run_end_ns=int(steps["end_ns"].max()),
+    )
+
+
+def _bound(numbers: np.ndarray, value: int | None, default: int) -> int:
+    """A slice bound as a step number: negative ones count back from the recorded steps' end
+    (``-k`` is the k-th last recorded step, the first one when there are fewer)."""
+    if value is None:
+        return int(default)
+    if value >= 0:
+        return value
+    return int(numbers[max(0, len(numbers) + value)])
+
+
+def _step_times(run_dir: str | Path) -> pd.DataFrame:
+    """Each recorded step number's earliest span start and latest span end over every rank
+    (index: step number, ascending), on the run's clock as far as the files say it."""
+    skip = tuple(table for table in RECORD_TYPES if table != "spans")
+    parts = []
+    for path in store.run_files(Path(run_dir)):
+        meta, frames = store.read_file(path, skip)
+        spans = frames["spans"]
+        steps = spans.loc[
+            (spans["phase"] == "step")
+            & spans["step"].notna()
+            & (spans["end_ns"] >= spans["start_ns"]),
+            ["step", "start_ns", "end_ns"],
+        ]
+        if steps.empty:
+            continue
+        stored = clocks.stored_offset(path.name.split(".")[0], meta.get("clock"))
+        shift = stored.offset_ns if stored is not None else 0
+        parts.append(
+            pd.DataFrame({
+                "step": steps["step"].to_numpy(np.int64),
+                "start_ns": steps["start_ns"].to_numpy(np.int64) + shift,
+                "end_ns": steps["end_ns"].to_numpy(np.int64) + shift,
+            })
+        )  # fmt: skip
+    if not parts:
+        return pd.DataFrame({"start_ns": [], "end_ns": []}, index=pd.Index([], dtype=np.int64))
+    frame = pd.concat(parts, ignore_index=True)
+    frame = frame[frame["step"] >= 0]
+    return frame.groupby("step").agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+
+
+@dataclass(frozen=True)
+class ReadFilter:
+    """A `store.load_run` ``reduce`` that keeps what lies within ``start_ns``..``end_ns``, as
+    each file's table is read (picklable: the loader's worker processes apply it too)."""
+
+    start_ns: int
+    end_ns: int
+    categorical = False
+    """Read each file as a plain load does (strings as strings, in time order): what is kept
+    is what a whole-run load would have."""
+
+    def __call__(self, table: str, frame: pd.DataFrame) -> pd.DataFrame:
+        return _within(table, frame, self.start_ns, self.end_ns, None)
+
+
+def read_filter(window: StepWindow) -> ReadFilter:
+    """What to keep of each file as it is read: ``window`` give or take `READ_MARGIN_NS`
+    (the exact cut is `cut`'s, once the nodes' clocks are aligned)."""
+    return ReadFilter(window.start_ns - READ_MARGIN_NS, window.end_ns + READ_MARGIN_NS)
+
+
+def cut(run: Run, window: StepWindow) -> Run:
+    """``run`` (loaded with `read_filter`, on the run's clock) cut to ``window`` exactly: the
+    run's start and end become the stretch's, and a notice says which stretch it is."""
+    for table in RECORD_TYPES:
+        frame = getattr(run, table)
+        if len(frame):
+            setattr(run, table, _within(table, frame, window.start_ns, window.end_ns, window))
+    run.meta.start_ns, run.meta.end_ns = window.start_ns, window.end_ns
+    run.meta.notices = [*run.meta.notices, window.describe()]
+    return run
+
+
+def _within(
+    table: str, frame: pd.DataFrame, start: int, end: int, window: StepWindow | None
+) -> pd.DataFrame:
+    """The rows of ``table`` within ``[start, end)``: by ``t_ns`` (events up to ``end``
+    included: a step's event is stamped at its end), spans by overlap and clipped to it
+    (and, with ``window``, not of a step outside it)."""
+    if table in INTERNED_TABLES or frame.empty:
+        return frame
+    if table == "spans":
+        begin = frame["start_ns"].to_numpy(np.int64)
+        finish = frame["end_ns"].to_numpy(np.int64)
+        keep = (begin < end) & (finish > start)
+        if window is not None:
+            step = frame["step"].to_numpy(np.float64)
+            keep &= np.isnan(step) | (step < 0) | ((step >= window.first) & (step <= window.last))
+        out = frame[keep].reset_index(drop=True)
+        if window is not None and len(out):
+            out["start_ns"] = np.maximum(out["start_ns"].to_numpy(np.int64), start)
+            out["end_ns"] = np.minimum(out["end_ns"].to_numpy(np.int64), end)
+            out["depth"] = span_depths(out)  # nesting among what is kept
+        return out
+    if "t_ns" not in frame:
+        return frame
+    t = frame["t_ns"].to_numpy(np.int64)
+    if table != "events":
+        keep = (t >= start) & (t < end)
+    elif window is None:
+        keep = (t >= start) & (t <= end)
+    else:  # a step's event is stamped at its end: the one ending at the start is the step before
+        number = _step_numbers(frame)
+        other_step = (frame["kind"] == "step").to_numpy() & (
+            (number < window.first) | (number > window.last)
+        )
+        keep = (t >= start) & (t <= end) & ~other_step
+    if keep.all():
+        return frame
+    return frame[keep].reset_index(drop=True)
+
+
+def _step_numbers(events: pd.DataFrame) -> np.ndarray:
+    """The step number of each event (NaN when it names none): the name, as the hooks write
+    it, else the ``step`` attribute (simulated runs and imported logs)."""
+    number = pd.to_numeric(events["name"], errors="coerce").to_numpy(np.float64, copy=True)
+    missing = np.isnan(number)
+    if missing.any():
+        attrs = events["attrs"].to_numpy()[missing]
+        number[missing] = pd.to_numeric(
+            pd.Series([a.get("step") if isinstance(a, dict) else None for a in attrs]),
+            errors="coerce",
+        ).to_numpy(np.float64)
+    return number

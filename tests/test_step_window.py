@@ -1,0 +1,149 @@
+"""`--steps A:B`: a stretch of a run's steps read and diagnosed alone, with the whole run's
+figures for those steps."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import clean_env
+
+from gpuprof import api, step_window, store
+from gpuprof.analyzers.breakdown import phase_breakdown
+from gpuprof.loader import load_for_analysis
+from gpuprof.sim import SimConfig, simulate
+
+FIGURES = ["gpu_s", "busy_gpu_s", "idle_gpu_s", "wall_s", "samples"]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """12 steps of 16 GPUs on two nodes, one file each; the second copy compacted into
+    Parquet side files as `watch` leaves a finished run; then 8 GPUs on one node, compacted
+    (one file: its frames are not put together with another's)."""
+    root = tmp_path_factory.mktemp("steps")
+    run = simulate(SimConfig(gpus=16, steps=12, seed=3)).run
+    sqlite_dir, parquet_dir, one_node = root / "sqlite", root / "parquet", root / "one"
+    store.save_run(run, sqlite_dir)
+    store.save_run(run, parquet_dir)
+    store.save_run(simulate(SimConfig(gpus=8, steps=12, seed=4)).run, one_node)
+    for compacted in (parquet_dir, one_node):
+        api.compact(compacted)
+        assert list(compacted.glob("*.gpu.parquet"))
+    return sqlite_dir, parquet_dir, one_node
+
+
+def _by_step(run) -> pd.DataFrame:
+    return phase_breakdown(run, by=("step", "phase")).set_index(["step", "phase"])[FIGURES]
+
+
+@pytest.mark.parametrize("form", ["sqlite", "parquet", "one file"])
+def test_a_stretch_has_the_whole_runs_figures_for_its_steps(two_nodes, form):
+    run_dir = two_nodes[["sqlite", "parquet", "one file"].index(form)]
+    whole = load_for_analysis(run_dir, max_gpu_samples=None)
+    part = load_for_analysis(run_dir, max_gpu_samples=None, steps="4:8")
+    for table in ("gpu", "spans", "procs", "events", "host"):  # read as a whole run is
+        pd.testing.assert_series_equal(getattr(part, table).dtypes, getattr(whole, table).dtypes)
+    steps = sorted(part.spans["step"].unique())
+    assert steps == [4, 5, 6, 7]
+    expected = _by_step(whole)
+    expected = expected[expected.index.get_level_values("step").isin(steps)]
+    pd.testing.assert_frame_equal(_by_step(part), expected, check_exact=False, rtol=1e-9)
+    # the run reads as one that ran the stretch alone
+    window = step_window.resolve(run_dir, "4:8")
+    assert (part.meta.start_ns, part.meta.end_ns) == (window.start_ns, window.end_ns)
+    for table in ("gpu", "procs", "host"):
+        t = getattr(part, table)["t_ns"]
+        assert len(t) and t.min() >= window.start_ns and t.max() < window.end_ns
+    assert len(part.gpu) < 0.5 * len(whole.gpu)
+    assert part.meta.notices[-1].startswith("steps 4–7 alone (4 of the 12 recorded steps")
+    step_events = part.events[part.events["kind"] == "step"]
+    assert sorted(set(step_window._step_numbers(step_events))) == steps
+
+
+def test_the_bounds_read_as_a_python_slice_of_step_numbers(two_nodes):
+    run_dir = two_nodes[0]
+    cases = {"-3:": (9, 11, 3), ":2": (0, 1, 2), "10:": (10, 11, 2), ":-10": (0, 1, 2),
+             ":": (0, 11, 12), "-100:": (0, 11, 12)}  # fmt: skip
+    for text, (first, last, n) in cases.items():
+        window = step_window.resolve(run_dir, text)
+        assert (window.first, window.last, window.steps, window.run_steps) == (first, last, n, 12)
+
+
+def test_a_stretch_merged_on_workers_keeps_its_gpu_time(two_nodes):
+    """Past the sample budget the stretch is merged within phases by the loader's worker
+    processes (the read filter travels to them): the GPU-time per step and phase stays."""
+    run_dir = two_nodes[1]
+    exact = load_for_analysis(run_dir, max_gpu_samples=None, steps="2:6")
+    merged = load_for_analysis(run_dir, max_gpu_samples=4_000, steps="2:6", workers=2)
+    assert len(merged.gpu) < 0.5 * len(exact.gpu)
+    assert merged.gpu["t_ns"].min() >= exact.meta.start_ns
+    assert merged.gpu["t_ns"].max() < exact.meta.end_ns
+    a, b = _by_step(exact), _by_step(merged)
+    assert list(a.index) == list(b.index)
+    np.testing.assert_allclose(b["gpu_s"], a["gpu_s"], rtol=0.05, atol=1.0)
+
+
+def test_the_whole_run_is_still_kept_and_read_as_before(two_nodes, tmp_path):
+    run_dir = two_nodes[1]
+    whole = load_for_analysis(run_dir)
+    load_for_analysis(run_dir, steps="0:3")  # a stretch neither uses nor replaces the kept form
+    again = load_for_analysis(run_dir)
+    pd.testing.assert_frame_equal(whole.gpu, again.gpu)
+    assert not any("alone" in n for n in again.meta.notices)
+
+
+def _gpuprof(*args):
+    return subprocess.run([sys.executable, "-m", "gpuprof", *map(str, args)], env=clean_env(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_the_command_line_says_what_is_wrong_in_one_line(two_nodes, tmp_path):
+    run_dir = two_nodes[0]
+    for args in (["--steps", "40:50"], ["--steps=7:2"]):  # the plain path
+        out = _gpuprof("analyze", run_dir, *args)
+        assert out.returncode == 2
+        assert out.stderr.strip().splitlines() == [
+            f"gpuprof: error: {run_dir}: --steps {args[-1].split('=')[-1]} selects no recorded "
+            "step (the run's steps are 0–11, 12 of them)"
+        ]
+    out = _gpuprof("analyze", run_dir, "--steps", "seven")  # typer's message for a bad value
+    assert out.returncode == 2 and "expected A:B" in out.stderr and "Traceback" not in out.stderr
+    # a run that recorded GPU samples but no steps
+    bare = simulate(SimConfig(gpus=2, steps=3, seed=1)).run
+    bare.spans = bare.spans.iloc[0:0]
+    bare.events = bare.events.iloc[0:0]
+    store.save_run(bare, tmp_path / "bare")
+    out = _gpuprof("analyze", tmp_path / "bare", "--steps", "0:1")
+    assert out.returncode == 2
+    assert "--steps needs the steps a run recorded" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_analyze_and_report_of_a_stretch(two_nodes, tmp_path):
+    run_dir = tmp_path / "run"
+    store.save_run(simulate(SimConfig(gpus=8, steps=6, seed=2)).run, run_dir)
+    out = _gpuprof("analyze", run_dir, "--steps", "-2:", "--json")
+    assert out.returncode == 0, out.stderr
+    document = json.loads(out.stdout)
+    assert any(n.startswith("steps 4–5 alone") for n in document["notes"])
+    out = _gpuprof("report", run_dir, "--steps", "1:3")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(run_dir / "report-steps-1-2.html")
+    assert "steps 1–2 alone" in (run_dir / "report-steps-1-2.html").read_text()
+    assert not (run_dir / "report.html").exists()
+
+
+def test_a_run_with_very_many_spans_says_how_to_read_less(two_nodes, monkeypatch):
+    from gpuprof import loader
+
+    monkeypatch.setattr(loader, "MANY_SPANS", 100)
+    whole = load_for_analysis(two_nodes[0], max_gpu_samples=None)
+    hint = [n for n in whole.meta.notices if "spans held in memory" in n]
+    assert len(hint) == 1 and hint[0].startswith(f"{len(whole.spans):,} spans")
+    part = load_for_analysis(two_nodes[0], max_gpu_samples=None, steps="0:2")
+    assert not any("spans held in memory" in n for n in part.meta.notices)
