@@ -7,6 +7,8 @@ the run directory, in ``.gpuprof-loaded/``: one Arrow IPC file per table (LZ4; t
 dictionary-encoded) and ``run.json`` with the run's metadata and the key the files were made
 under. A later load with the same key reads those instead of the run files; `gpuprof watch`'s
 own summary makes them as the run ends, so the first ``analyze`` after it is already fast.
+Each table is kept in batches whose times ``run.json`` records, so that a stretch of the run
+(``--steps``, `step_window`) decodes only the batches that reach into it.
 
 The key is the run files' names, sizes and modification times (the SQLite files and their
 columnar side files), the load settings and this format's version: any change to the run,
@@ -36,9 +38,13 @@ from gpuprof.model import RECORD_TYPES, Run, RunMeta, column_kinds
 DIRNAME = ".gpuprof-loaded"
 ENV_CACHE = "GPUPROF_LOAD_CACHE"
 """``0`` (or ``off``, ``no``, ``false``): neither read nor write the kept form."""
-VERSION = 1
-"""Bump when what `loader` makes of a run changes (reading, merging, bucketing, the tables):
-older kept files then miss."""
+VERSION = 2
+"""Bump when what `loader` makes of a run changes (reading, merging, bucketing, the tables)
+or how it is kept: older kept files then miss. 2: tables kept in batches with their times."""
+BATCH_ROWS = 262_144
+"""Rows per record batch of a kept table. Each batch's time range is kept with it, so a
+stretch of a run (`read` with ``span``) decodes only the batches that reach into it, one at
+a time: memory follows the stretch, not the run."""
 _MADE = b"gpuprof.made"
 """Schema metadata of each kept table: the writing it belongs to (``run.json``'s ``made``)."""
 _DATA_SUFFIXES = (".sqlite", ".parquet")
@@ -75,8 +81,13 @@ def key(run_dir: str | os.PathLike, settings: dict[str, Any]) -> dict[str, Any] 
     return {"version": VERSION, "settings": settings, "files": files}
 
 
-def read(run_dir: str | os.PathLike, want: dict[str, Any]) -> Run | None:
-    """The kept form of ``run_dir`` when it was made under ``want``, else None."""
+def read(
+    run_dir: str | os.PathLike, want: dict[str, Any], span: tuple[int, int] | None = None
+) -> Run | None:
+    """The kept form of ``run_dir`` when it was made under ``want``, else None. With ``span``
+    (start, end epoch ns), only the rows of each table that may lie within it: the batches
+    whose times reach into it, less the rows of those outside it (spans: those that do not
+    overlap it); `step_window.cut` makes the exact cut."""
     import pyarrow as pa
 
     where = Path(run_dir) / DIRNAME
@@ -92,16 +103,68 @@ def read(run_dir: str | os.PathLike, want: dict[str, Any]) -> Run | None:
             if table not in RECORD_TYPES:
                 return None
             with pa.memory_map(str(where / f"{table}.arrow")) as source:
-                data = pa.ipc.open_file(source).read_all()
-            # a file of another writing (two loads keeping at once, under different settings,
-            # swapped the directory while this one read it)
-            if (data.schema.metadata or {}).get(_MADE) != made or data.num_rows != spec["rows"]:
+                reader = pa.ipc.open_file(source)
+                # a file of another writing (two loads keeping at once, under different
+                # settings, swapped the directory while this one read it)
+                if (reader.schema.metadata or {}).get(_MADE) != made:
+                    return None
+                data = _batches(reader, spec, span)
+            if span is None and data.num_rows != spec["rows"]:
                 return None
-            tables[table] = _frame(data, spec)
+            tables[table] = _frame(data, {**spec, "rows": data.num_rows})
             del data
     except Exception:  # missing, half-copied, from another version: made again
         return None
     return Run(meta=meta, **tables)
+
+
+def _batches(reader: Any, spec: dict[str, Any], span: tuple[int, int] | None) -> Any:
+    """The kept table ``reader`` reads, whole, or with ``span`` its batches that reach into
+    it (by the times kept in ``spec``), each less its rows outside it, decoded one at a
+    time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if span is None or "times" not in spec:  # a table without times: whole
+        return reader.read_all()
+    times = spec["times"]
+    if len(times) != reader.num_record_batches:
+        raise ValueError("batch times do not match the batches")
+    start, end = span
+    parts = []
+    for i, (first, last) in enumerate(times):
+        if first is None or last < start or first > end:  # `end` itself: a step's event
+            continue
+        batch = reader.get_batch(i)
+        if spec.get("overlap"):  # spans: kept when they overlap the stretch
+            keep = pc.and_(pc.less(batch["start_ns"], end), pc.greater(batch["end_ns"], start))
+        else:
+            t = batch[spec["time"]]
+            keep = pc.and_(pc.greater_equal(t, start), pc.less_equal(t, end))
+        parts.append(batch.filter(keep))
+        del batch
+    if not parts:
+        return reader.schema.empty_table()
+    return pa.Table.from_batches(parts, schema=reader.schema)
+
+
+def _times(table: str, frame: pd.DataFrame) -> dict[str, Any]:
+    """How a stretch of ``table`` is found by time: the column it is cut by and, per batch of
+    `BATCH_ROWS` rows, the earliest and latest time in it (spans: earliest start, latest
+    end; None for a batch without times); a table without times has none."""
+    if table == "spans":
+        begin, finish = frame["start_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64)
+        spec = {"time": "start_ns", "overlap": True}
+    elif "t_ns" in frame:
+        begin = finish = frame["t_ns"].to_numpy(np.int64)
+        spec = {"time": "t_ns"}
+    else:
+        return {}
+    ranges = []
+    for at in range(0, len(frame), BATCH_ROWS):
+        first, last = begin[at : at + BATCH_ROWS], finish[at : at + BATCH_ROWS]
+        ranges.append([int(first.min()), int(last.max())] if len(first) else [None, None])
+    return {**spec, "times": ranges}
 
 
 def write(run_dir: str | os.PathLike, made_under: dict[str, Any], run: Run) -> bool:
@@ -120,12 +183,15 @@ def write(run_dir: str | os.PathLike, made_under: dict[str, Any], run: Run) -> b
         for table in RECORD_TYPES:
             frame = getattr(run, table)
             data, specs[table] = _arrow(table, frame)
+            specs[table].update(_times(table, frame))
             data = data.replace_schema_metadata({_MADE: made})
             with (
                 pa.OSFile(str(tmp / f"{table}.arrow"), "wb") as sink,
                 pa.ipc.new_file(sink, data.schema, options=options) as writer,
             ):
-                writer.write_table(data)
+                # batches of BATCH_ROWS, as `_times` describes them (none for no rows)
+                for batch in data.combine_chunks().to_batches(max_chunksize=BATCH_ROWS):
+                    writer.write_batch(batch)
         kept = {"key": made_under, "made": made, "meta": run.meta.to_dict(), "tables": specs}
         with open(tmp / "run.json", "w", encoding="utf-8") as handle:
             json.dump(kept, handle)

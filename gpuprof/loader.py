@@ -113,12 +113,17 @@ def _load(
     within = step_window.read_filter(window) if window is not None else None
     if merge is None and max_gpu_samples is None:
         return store.load_run(run_dir, reduce=within)
-    # a finished run loaded before under the same settings is read as it was kept (a stretch
-    # of its steps is read from its files: the kept form is the whole run's)
+    # a finished run loaded before under the same settings is read as it was kept; a
+    # stretch of its steps, from the kept batches that reach into it (merged as the whole
+    # run was, so its steps read as they do in the whole run's diagnosis)
     settings = {"max_gpu_samples": max_gpu_samples, "merge": merge, "host_rows": MAX_HOST_ROWS}
-    made_under = load_cache.key(run_dir, settings) if window is None else None
-    if made_under is not None and (kept := load_cache.read(run_dir, made_under)) is not None:
+    made_under = load_cache.key(run_dir, settings)
+    span = (window.start_ns, window.end_ns) if window is not None else None
+    kept = load_cache.read(run_dir, made_under, span) if made_under is not None else None
+    if kept is not None:
         return kept
+    if window is not None:
+        made_under = None  # a stretch read from the files is not the whole run's to keep
     # within a stretch, the rows it holds: about its share of the run's time
     share = window.fraction if window is not None else 1.0
     total = math.ceil(store.count_rows(run_dir, "gpu") * share)

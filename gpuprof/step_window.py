@@ -177,11 +177,16 @@ def read_filter(window: StepWindow) -> ReadFilter:
 
 def cut(run: Run, window: StepWindow) -> Run:
     """``run`` (loaded with `read_filter`, on the run's clock) cut to ``window`` exactly: the
-    run's start and end become the stretch's, and a notice says which stretch it is."""
+    run's start and end become the stretch's, and a notice says which stretch it is. A GPU
+    whose owner recorded the stretch's steps keeps the samples of its owner's own steps
+    (ranks start and end a step at slightly different times: what a GPU did before its
+    owner's first step of the stretch belongs to the step before, outside it)."""
     for table in RECORD_TYPES:
         frame = getattr(run, table)
         if len(frame):
             setattr(run, table, _within(table, frame, window.start_ns, window.end_ns, window))
+    if len(run.gpu) and len(run.spans):
+        run.gpu = _owners_steps(run)
     run.meta.start_ns, run.meta.end_ns = window.start_ns, window.end_ns
     run.meta.notices = [*run.meta.notices, window.describe()]
     return run
@@ -238,3 +243,32 @@ def _step_numbers(events: pd.DataFrame) -> np.ndarray:
             errors="coerce",
         ).to_numpy(np.float64)
     return number
+
+
+def _owners_steps(run: Run) -> pd.DataFrame:
+    """``run.gpu`` less the samples outside their owner's steps (the run's spans are the
+    stretch's); a GPU without an owner, or whose owner recorded no step, keeps its own."""
+    from gpuprof.analyzers.ownership import gpu_owner
+
+    spans = run.spans
+    steps = spans[(spans["phase"] == "step") & (spans["end_ns"] > spans["start_ns"])]
+    if steps.empty:
+        return run.gpu
+    own = steps.groupby(["host", "pid"], sort=False).agg(
+        first_ns=("start_ns", "min"), last_ns=("end_ns", "max")
+    )
+    owners = gpu_owner(run).dropna(subset=["pid"])
+    owners = owners.assign(pid=owners["pid"].astype(np.int64)).join(
+        own, on=["owner_host", "pid"], how="inner"
+    )
+    if owners.empty:
+        return run.gpu
+    gpu = run.gpu
+    keys = pd.MultiIndex.from_arrays([gpu["host"].astype(object), gpu["gpu"].astype(np.int64)])
+    where = owners.set_index(["host", "gpu"])[["first_ns", "last_ns"]]
+    # in int64 throughout: epoch ns lose their last digits in a float
+    first = where["first_ns"].reindex(keys, fill_value=np.iinfo(np.int64).min).to_numpy(np.int64)
+    last = where["last_ns"].reindex(keys, fill_value=np.iinfo(np.int64).max).to_numpy(np.int64)
+    t = gpu["t_ns"].to_numpy(np.int64)
+    keep = (t >= first) & (t < last)
+    return gpu if keep.all() else gpu[keep].reset_index(drop=True)

@@ -88,12 +88,21 @@ def test_a_stretch_merged_on_workers_keeps_its_gpu_time(two_nodes):
     np.testing.assert_allclose(b["gpu_s"], a["gpu_s"], rtol=0.05, atol=1.0)
 
 
-def test_the_whole_run_is_still_kept_and_read_as_before(two_nodes, tmp_path):
-    run_dir = two_nodes[1]
+def test_the_whole_run_is_still_kept_and_read_as_before(two_nodes, tmp_path, monkeypatch):
+    import shutil
+
+    from gpuprof import load_cache
+
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)  # the tests' default turns it off
+    run_dir = tmp_path / "run"
+    shutil.copytree(two_nodes[1], run_dir)
     whole = load_for_analysis(run_dir)
-    load_for_analysis(run_dir, steps="0:3")  # a stretch neither uses nor replaces the kept form
+    kept = (run_dir / load_cache.DIRNAME / "run.json").read_text()
+    load_for_analysis(run_dir, steps="0:3")  # reads the kept form, leaves it as it was
+    assert (run_dir / load_cache.DIRNAME / "run.json").read_text() == kept
     again = load_for_analysis(run_dir)
     pd.testing.assert_frame_equal(whole.gpu, again.gpu)
+    pd.testing.assert_frame_equal(whole.spans, again.spans)
     assert not any("alone" in n for n in again.meta.notices)
 
 
@@ -147,3 +156,62 @@ def test_a_run_with_very_many_spans_says_how_to_read_less(two_nodes, monkeypatch
     assert len(hint) == 1 and hint[0].startswith(f"{len(whole.spans):,} spans")
     part = load_for_analysis(two_nodes[0], max_gpu_samples=None, steps="0:2")
     assert not any("spans held in memory" in n for n in part.meta.notices)
+
+
+def test_each_gpu_keeps_the_samples_of_its_owners_own_steps(tmp_path):
+    """Ranks cross a step boundary at slightly different times: a GPU whose rank starts the
+    stretch's first step a second late keeps nothing of that second (its rank was still in
+    the step before), the other GPUs keep theirs from the stretch's start."""
+    from gpuprof.analyzers.ownership import gpu_owner
+
+    run = simulate(SimConfig(gpus=8, steps=8, seed=5)).run
+    owners = gpu_owner(run).dropna(subset=["pid"])
+    late, other = owners.iloc[1], owners.iloc[2]
+    spans = run.spans
+    mine = (spans["phase"] == "step") & (spans["pid"] == late["pid"])
+    lag = 10**9
+    spans.loc[mine & (spans["step"] >= 1), "start_ns"] += lag  # its boundaries a second late
+    spans.loc[mine & (spans["step"] < spans["step"].max()), "end_ns"] += lag
+    store.save_run(run, tmp_path / "run")
+    window = step_window.resolve(tmp_path / "run", "3:6")
+    part = load_for_analysis(tmp_path / "run", max_gpu_samples=None, steps=window)
+
+    def first_sample(row):
+        gpu = part.gpu[(part.gpu["host"] == row["host"]) & (part.gpu["gpu"] == row["gpu"])]
+        return int(gpu["t_ns"].min())
+
+    interval = int(run.meta.interval_s * 1e9)
+    assert window.start_ns <= first_sample(other) < window.start_ns + interval
+    assert window.start_ns + lag <= first_sample(late) < window.start_ns + lag + interval
+    assert set(part.spans["step"]) == {3, 4, 5}
+
+
+@pytest.mark.parametrize("batch_rows", [50, 262_144])
+def test_a_stretch_reads_the_same_from_the_kept_form(two_nodes, tmp_path, monkeypatch, batch_rows):
+    """After a whole-run load has kept its form, a stretch is read from the kept batches
+    that reach into it; what it gets is what reading the files gives."""
+    import shutil
+
+    from gpuprof import load_cache
+
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)  # the tests' default turns it off
+    monkeypatch.setattr(load_cache, "BATCH_ROWS", batch_rows)  # many batches: most skipped
+    run_dir = tmp_path / "run"
+    shutil.copytree(two_nodes[1], run_dir)
+    load_for_analysis(run_dir)  # keeps the whole run's form
+    assert (run_dir / load_cache.DIRNAME / "run.json").exists()
+    decoded = []
+    real_batches = load_cache._batches
+    monkeypatch.setattr(load_cache, "_batches", lambda r, spec, span: decoded.append(
+        sum(1 for f, last in spec.get("times", []) if f is not None and last >= span[0]
+            and f <= span[1])) or real_batches(r, spec, span))  # fmt: skip
+    kept = load_for_analysis(run_dir, steps="5:7")
+    assert decoded  # read from the kept form
+    monkeypatch.setenv(load_cache.ENV_CACHE, "0")
+    files = load_for_analysis(run_dir, steps="5:7")
+    for table in ("gpu", "spans", "procs", "events", "host", "gpu_procs"):
+        pd.testing.assert_frame_equal(getattr(kept, table), getattr(files, table))
+    assert kept.meta.notices[-1] == files.meta.notices[-1]
+    if batch_rows == 50:  # the gpu table (read first): a few of its batches decoded
+        kept_tables = json.loads((run_dir / load_cache.DIRNAME / "run.json").read_text())
+        assert 0 < decoded[0] < len(kept_tables["tables"]["gpu"]["times"]) / 3
