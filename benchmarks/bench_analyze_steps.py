@@ -3,7 +3,7 @@ alone, against the whole run, each as a fresh process.
 
     python benchmarks/bench_analyze_steps.py [--dir /tmp/gpuprof-scale256/4h]
                                              [--steps 0:12 0:72 0:144] [--repeats 3]
-                                             [--workers 2]
+                                             [--workers 2] [--before OLD_CHECKOUT]
 
 ``--dir`` is a finished run directory as `watch` leaves it (host files with Parquet side files;
 `bench_analyze_parallel.py` writes 256 GPUs x 4 h there, ~290 steps). The whole run is
@@ -32,6 +32,18 @@ import measure
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _linked_copy(run_dir: str, name: str) -> str:
+    """A copy of ``run_dir`` whose run files are hard links (no data copied) and whose kept
+    form is its own: two checkouts that keep different formats do not replace each other's."""
+    copy = f"{run_dir.rstrip('/')}.{name}"
+    if not Path(copy).is_dir():
+        Path(copy).mkdir()
+        for entry in Path(run_dir).iterdir():
+            if entry.is_file():
+                os.link(entry, Path(copy) / entry.name)
+    return copy
+
+
 def _argv(run_dir: str, steps: str | None, workers: int) -> list[str]:
     argv = [sys.executable, "-m", "gpuprof", "analyze", run_dir, "--json"]
     argv += ["--workers", str(workers)]
@@ -44,18 +56,29 @@ def main() -> None:
     parser.add_argument("--steps", nargs="+", default=["0:12", "0:72", "0:144"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--before", help="another checkout whose whole-run analysis is timed alongside, on a "
+        "copy of the run (hard links) with a kept form of its own",
+    )  # fmt: skip
     args = parser.parse_args()
     if not Path(args.dir).is_dir():
         sys.exit(f"{args.dir}: no run; python benchmarks/bench_analyze_parallel.py writes one")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    variants: dict[str, str | None] = {"whole run (kept form)": None}
-    variants.update({f"--steps {s}": s for s in args.steps})
-    measure.run(_argv(args.dir, None, args.workers), env=env)  # leaves the kept form
+    here = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # variant → (run directory, stretch, environment)
+    variants: dict[str, tuple[str, str | None, dict]] = {}
+    if args.before:
+        before = {**os.environ, "PYTHONPATH": str(Path(args.before).resolve())}
+        variants["before: whole run (kept)"] = (_linked_copy(args.dir, "before"), None, before)
+    variants["whole run (kept form)"] = (args.dir, None, here)
+    variants.update({f"--steps {s}": (args.dir, s, here) for s in args.steps})
+    for run_dir, steps, env in variants.values():
+        if steps is None:  # leaves the kept form
+            measure.run(_argv(run_dir, None, args.workers), env=env)
     print(f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
     results: dict[str, list[dict]] = {name: [] for name in variants}
     for _ in range(args.repeats):
-        for name, steps in variants.items():
-            got = measure.run(_argv(args.dir, steps, args.workers), env=env, poll=True)
+        for name, (run_dir, steps, env) in variants.items():
+            got = measure.run(_argv(run_dir, steps, args.workers), env=env, poll=True)
             got["notes"] = json.loads(got["stdout"]).get("notes", [])
             results[name].append(got)
     print(f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
