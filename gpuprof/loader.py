@@ -23,6 +23,7 @@ import dataclasses
 import math
 import multiprocessing
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -121,6 +122,10 @@ def _load(
     span = (window.start_ns, window.end_ns) if window is not None else None
     kept = load_cache.read(run_dir, made_under, span) if made_under is not None else None
     if kept is not None:
+        if window is not None:  # how the whole run was merged: its counts are the run's
+            kept.meta.notices = [
+                f"the whole run: {n}" if _merge_notice(n) else n for n in kept.meta.notices
+            ]
         return kept
     if window is not None:
         made_under = None  # a stretch read from the files is not the whole run's to keep
@@ -344,18 +349,30 @@ def _load_merged(
             span = (window.start_ns, window.end_ns) if window is not None else None
             run.gpu = _reduced_gpu(run_dir, run, total, max_gpu_samples, merge, pool, span)
     notices = []
+    about = "about " if window is not None else ""  # a stretch's counts are estimated
     if factor > 1:
         notices.append(
-            f"long run: {total:,} GPU samples analysed as {len(run.gpu):,} (up to "
+            f"{_LONG_RUN}{about}{total:,} GPU samples analysed as {len(run.gpu):,} (up to "
             f"{run.gpu.attrs.get('factor', factor)} consecutive samples merged within each phase)"
         )
-    for table, window in sorted(windows.items()):
-        notices.append(f"{rows[table]:,} {table} samples merged into {window / 1e9:g} s buckets")
+    for table, width in sorted(windows.items()):
+        notices.append(
+            f"{about}{rows[table]:,} {table} samples merged into {width / 1e9:g} s buckets"
+        )
     run.meta.notices = [*run.meta.notices, *notices]
     _keep(run_dir, made_under, run)
     # how this reading went (a pool that broke) is this reading's, not the run's to keep
     run.meta.notices = [*run.meta.notices, *pool.notices]
     return run
+
+
+_LONG_RUN = "long run: "
+_BUCKETS = re.compile(r"(about )?[\d,]+ \w+ samples merged into ")
+
+
+def _merge_notice(text: str) -> bool:
+    """Whether ``text`` is one of the notices `_load_merged` gives of its merging."""
+    return text.startswith(_LONG_RUN) or _BUCKETS.match(text) is not None
 
 
 def _keep(run_dir: str | os.PathLike, made_under: dict[str, Any] | None, run: Run) -> None:

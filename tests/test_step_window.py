@@ -215,3 +215,23 @@ def test_a_stretch_reads_the_same_from_the_kept_form(two_nodes, tmp_path, monkey
     if batch_rows == 50:  # the gpu table (read first): a few of its batches decoded
         kept_tables = json.loads((run_dir / load_cache.DIRNAME / "run.json").read_text())
         assert 0 < decoded[0] < len(kept_tables["tables"]["gpu"]["times"]) / 3
+
+
+def test_a_stretchs_notes_say_whose_counts_they_give(two_nodes, tmp_path, monkeypatch):
+    """Merging notes of a stretch: the whole run's counts when it was read from the whole
+    run's kept form, estimates of its own when it was read from the files."""
+    import shutil
+
+    from gpuprof import load_cache
+
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
+    run_dir = tmp_path / "run"
+    shutil.copytree(two_nodes[1], run_dir)
+    whole = load_for_analysis(run_dir, max_gpu_samples=5_000)
+    merged = [n for n in whole.meta.notices if n.startswith("long run: ")]
+    assert len(merged) == 1
+    kept = load_for_analysis(run_dir, max_gpu_samples=5_000, steps="2:4")
+    assert f"the whole run: {merged[0]}" in kept.meta.notices
+    monkeypatch.setenv(load_cache.ENV_CACHE, "0")
+    files = load_for_analysis(run_dir, max_gpu_samples=2_000, steps="2:4")
+    assert any(n.startswith("long run: about ") for n in files.meta.notices)
