@@ -326,6 +326,7 @@ _META_TYPES: dict[str, Any] = {
     "clocks": lambda v: isinstance(v, dict),
     "nodes": lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),
     "stacks": lambda v: isinstance(v, dict),
+    "steps": lambda v: isinstance(v, dict),
 }
 """The type each stored metadata field must have (None is allowed except where required)."""
 _META_REQUIRED = frozenset({"run_id", "command", "hosts", "gpus", "knobs", "notices",
@@ -376,6 +377,10 @@ class RunMeta:
     (``recorded``, ``lost`` or ``never_recorded``), ``asked_ns`` (its sampler asked for),
     ``from_ns`` (its first sample), ``lost_ns``, ``why``, ``notice`` (the run's notice
     saying it) and ``address`` (the node's IP in Ray's node table), times on the run's clock."""
+    steps: dict[str, Any] | None = None
+    """The stretch of steps the run was cut to when read (``analyze --steps``,
+    `gpuprof.step_window`): ``first``, ``last``, ``steps``, ``run_steps``, ``run_first``,
+    ``run_last``; None: the whole run."""
     stacks: dict[str, Any] | None = None
     """How the watcher samples Python stacks (``rate_hz`` while the GPUs work,
     ``idle_rate_hz`` while they idle; samples per second per process), which a Ray driver

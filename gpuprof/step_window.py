@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -58,12 +59,25 @@ class StepWindow:
         whole = self.run_end_ns - self.run_start_ns
         return 1.0 if whole <= 0 else min(1.0, (self.end_ns - self.start_ns) / whole)
 
+    def label(self) -> str:
+        """``steps 5–9`` (``step 5`` for one)."""
+        if self.first == self.last:
+            return f"step {self.first}"
+        return f"steps {self.first}–{self.last}"
+
     def describe(self) -> str:
         seconds = (self.end_ns - self.start_ns) / 1e9
         return (
-            f"steps {self.first}–{self.last} alone ({self.steps} of the {self.run_steps} "
-            f"recorded steps, {self.run_first}–{self.run_last}; {seconds:,.1f} s)"
+            f"{self.label()} alone ({self.steps} of the {self.run_steps} recorded steps, "
+            f"{self.run_first}–{self.run_last}; {seconds:,.1f} s)"
         )
+
+    def summary(self) -> dict[str, Any]:
+        """What `RunMeta.steps` keeps of it (JSON values)."""
+        return {
+            "first": self.first, "last": self.last, "steps": self.steps,
+            "run_steps": self.run_steps, "run_first": self.run_first, "run_last": self.run_last,
+        }  # fmt: skip
 
 
 def parse(text: str) -> tuple[int | None, int | None]:
@@ -188,6 +202,7 @@ def cut(run: Run, window: StepWindow) -> Run:
     if len(run.gpu) and len(run.spans):
         run.gpu = _owners_steps(run)
     run.meta.start_ns, run.meta.end_ns = window.start_ns, window.end_ns
+    run.meta.steps = window.summary()
     run.meta.notices = [*run.meta.notices, window.describe()]
     return run
 

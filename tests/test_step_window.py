@@ -140,10 +140,19 @@ def test_analyze_and_report_of_a_stretch(two_nodes, tmp_path):
     assert out.returncode == 0, out.stderr
     document = json.loads(out.stdout)
     assert any(n.startswith("steps 4–5 alone") for n in document["notes"])
+    assert document["summary"]["stretch"] == {
+        "first": 4, "last": 5, "steps": 2, "run_steps": 6, "run_first": 0, "run_last": 5
+    }  # fmt: skip
+    out = _gpuprof("analyze", run_dir, "--steps", "3:4")  # the text's second line says so
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1:3].count(
+        "step 3 of 0–5 alone (1 of the 6 recorded steps; --steps)"
+    ) == 1  # fmt: skip
     out = _gpuprof("report", run_dir, "--steps", "1:3")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(run_dir / "report-steps-1-2.html")
-    assert "steps 1–2 alone" in (run_dir / "report-steps-1-2.html").read_text()
+    page = (run_dir / "report-steps-1-2.html").read_text()
+    assert "<strong>steps 1–2 of 0–5 alone (2 of the 6 recorded steps; --steps)</strong>" in page
     assert not (run_dir / "report.html").exists()
 
 

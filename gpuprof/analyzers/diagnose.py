@@ -359,6 +359,7 @@ def summarize(
         ]  # fmt: skip
     return {
         "run_id": run.meta.run_id,
+        "stretch": dict(run.meta.steps) if run.meta.steps else None,
         "basis": basis,
         "framework": run.meta.framework,
         "duration_s": run.duration_s,

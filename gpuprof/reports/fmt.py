@@ -104,3 +104,14 @@ def node_recorded(recorded: dict[str, Any] | None) -> str:
     if recorded.get("state") == "never_recorded":
         return "never"
     return since_text or "yes"
+
+
+def stretch(steps: dict[str, Any]) -> str:
+    """What a diagnosis of a stretch of steps (`RunMeta.steps`, ``--steps``) read: ``steps
+    5–9 of 0–22 alone (5 of the 23 recorded steps; --steps)``."""
+    first, last = steps.get("first"), steps.get("last")
+    which = f"step {first}" if first == last else f"steps {first}–{last}"
+    return (
+        f"{which} of {steps.get('run_first')}–{steps.get('run_last')} alone "
+        f"({steps.get('steps')} of the {steps.get('run_steps')} recorded steps; --steps)"
+    )

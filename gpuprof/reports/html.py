@@ -176,6 +176,8 @@ def _header(run: Run, diagnosis: Diagnosis) -> str:
         ("duration", _e(fmt.seconds(run.duration_s))),
         ("exit status", _e(status)),
     ]
+    if s.get("stretch"):
+        rows.insert(0, ("read", f"<strong>{_e(fmt.stretch(s['stretch']))}</strong>"))
     table = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="meta">{table}</table>{_headline(s, diagnosis)}'
 

@@ -42,6 +42,8 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
     if s.get("idle_gpu_s") is not None:
         head.append(f"idle {fmt.gpu_seconds(s['idle_gpu_s'])}")
     parts.append(head)
+    if s.get("stretch"):
+        parts.append(Text(fmt.stretch(s["stretch"]), style="bold"))
     if s.get("steps"):
         line = f"steps {s['steps']}  step time p50 {_fmt(s.get('step_time_p50_s'), 2)} s"
         line += f"  p95 {_fmt(s.get('step_time_p95_s'), 2)} s"
