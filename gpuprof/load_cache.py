@@ -118,6 +118,24 @@ def read(
     return Run(meta=meta, **tables)
 
 
+def step_times(run_dir: str | os.PathLike) -> pd.DataFrame | None:
+    """The step times (`step_window.step_times`, on the run's clock) the kept form recorded,
+    when it stands for the run's files as they are now (whatever the load settings it was
+    made under), else None."""
+    try:
+        with open(Path(run_dir) / DIRNAME / "run.json", encoding="utf-8") as handle:
+            kept = json.load(handle)
+        now = key(run_dir, {})
+        made = kept["key"]
+        if now is None or made["version"] != VERSION or made["files"] != now["files"]:
+            return None
+        rows = np.asarray(kept["steps"], dtype=np.int64).reshape(-1, 3)
+    except Exception:  # none kept, another version, cut short: the files say
+        return None
+    index = pd.Index(rows[:, 0], dtype=np.int64, name="step")
+    return pd.DataFrame({"start_ns": rows[:, 1], "end_ns": rows[:, 2]}, index=index)
+
+
 def _batches(reader: Any, spec: dict[str, Any], span: tuple[int, int] | None) -> Any:
     """The kept table ``reader`` reads, whole, or with ``span`` its batches that reach into
     it (by the times kept in ``spec``), each less its rows outside it, decoded one at a
@@ -192,7 +210,15 @@ def write(run_dir: str | os.PathLike, made_under: dict[str, Any], run: Run) -> b
                 # batches of BATCH_ROWS, as `_times` describes them (none for no rows)
                 for batch in data.combine_chunks().to_batches(max_chunksize=BATCH_ROWS):
                     writer.write_batch(batch)
-        kept = {"key": made_under, "made": made, "meta": run.meta.to_dict(), "tables": specs}
+        from gpuprof.step_window import step_times  # the loader's own reading of steps
+
+        steps = step_times(run.spans) if len(run.spans) else None
+        kept = {
+            "key": made_under, "made": made, "meta": run.meta.to_dict(), "tables": specs,
+            # each step's earliest start and latest end: what a stretch (--steps) is cut by
+            "steps": [] if steps is None else [[int(n), int(a), int(b)] for n, a, b in
+                                                steps.itertuples()],
+        }  # fmt: skip
         with open(tmp / "run.json", "w", encoding="utf-8") as handle:
             json.dump(kept, handle)
         # the old form goes first: a reader in between finds none and reads the run files

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof import clocks, store
+from gpuprof import clocks, load_cache, store
 from gpuprof.model import INTERNED_TABLES, RECORD_TYPES, Run, span_depths
 from gpuprof.store import RunError
 
@@ -136,36 +136,46 @@ def _bound(numbers: np.ndarray, value: int | None, default: int) -> int:
     return int(numbers[max(0, len(numbers) + value)])
 
 
+def step_times(spans: pd.DataFrame) -> pd.DataFrame:
+    """Each recorded step number's earliest span start and latest span end in ``spans`` (over
+    every rank; index: step number, ascending; columns ``start_ns``, ``end_ns``)."""
+    valid = (
+        (spans["phase"] == "step")
+        & spans["step"].notna()
+        & (spans["step"] >= 0)
+        & (spans["end_ns"] >= spans["start_ns"])
+    )
+    steps = spans.loc[valid, ["step", "start_ns", "end_ns"]]
+    frame = pd.DataFrame({
+        "step": steps["step"].to_numpy(np.int64),
+        "start_ns": steps["start_ns"].to_numpy(np.int64),
+        "end_ns": steps["end_ns"].to_numpy(np.int64),
+    })  # fmt: skip
+    return frame.groupby("step").agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+
+
 def _step_times(run_dir: str | Path) -> pd.DataFrame:
-    """Each recorded step number's earliest span start and latest span end over every rank
-    (index: step number, ascending), on the run's clock as far as the files say it."""
+    """`step_times` of the whole run: from the kept form's record of them when it stands
+    for the run's files as they are, else from the step spans of every file (read one at a
+    time, each put on the run's clock as far as its own file says)."""
+    kept = load_cache.step_times(run_dir)
+    if kept is not None:
+        return kept
     skip = tuple(table for table in RECORD_TYPES if table != "spans")
     parts = []
     for path in store.run_files(Path(run_dir)):
         meta, frames = store.read_file(path, skip)
-        spans = frames["spans"]
-        steps = spans.loc[
-            (spans["phase"] == "step")
-            & spans["step"].notna()
-            & (spans["end_ns"] >= spans["start_ns"]),
-            ["step", "start_ns", "end_ns"],
-        ]
+        steps = step_times(frames["spans"])
         if steps.empty:
             continue
         stored = clocks.stored_offset(path.name.split(".")[0], meta.get("clock"))
-        shift = stored.offset_ns if stored is not None else 0
-        parts.append(
-            pd.DataFrame({
-                "step": steps["step"].to_numpy(np.int64),
-                "start_ns": steps["start_ns"].to_numpy(np.int64) + shift,
-                "end_ns": steps["end_ns"].to_numpy(np.int64) + shift,
-            })
-        )  # fmt: skip
+        parts.append(steps + (stored.offset_ns if stored is not None else 0))
     if not parts:
-        return pd.DataFrame({"start_ns": [], "end_ns": []}, index=pd.Index([], dtype=np.int64))
-    frame = pd.concat(parts, ignore_index=True)
-    frame = frame[frame["step"] >= 0]
-    return frame.groupby("step").agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+        return pd.DataFrame(
+            {"start_ns": [], "end_ns": []}, index=pd.Index([], dtype=np.int64, name="step")
+        )
+    frame = pd.concat(parts)
+    return frame.groupby(level=0).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
 
 
 @dataclass(frozen=True)

@@ -244,3 +244,28 @@ def test_a_stretchs_notes_say_whose_counts_they_give(two_nodes, tmp_path, monkey
     monkeypatch.setenv(load_cache.ENV_CACHE, "0")
     files = load_for_analysis(run_dir, max_gpu_samples=2_000, steps="2:4")
     assert any(n.startswith("long run: about ") for n in files.meta.notices)
+
+
+def test_the_kept_form_records_the_step_times_while_it_stands_for_the_files(
+    two_nodes, tmp_path, monkeypatch
+):
+    """A stretch of a kept run is found without reading every file's spans: the kept form
+    records each step's times; once a run file changes, the files are read again."""
+    import os
+    import shutil
+
+    from gpuprof import load_cache
+
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
+    run_dir = tmp_path / "run"
+    shutil.copytree(two_nodes[2], run_dir)  # one node: the files' clock is the run's
+    assert load_cache.step_times(run_dir) is None  # nothing kept yet
+    from_files = step_window._step_times(run_dir)
+    whole = load_for_analysis(run_dir)
+    kept = load_cache.step_times(run_dir)
+    pd.testing.assert_frame_equal(kept, step_window.step_times(whole.spans))
+    pd.testing.assert_frame_equal(kept, from_files, check_dtype=False)
+    assert step_window.resolve(run_dir, "3:5") == step_window.resolve(two_nodes[2], "3:5")
+    sqlite = next(run_dir.glob("*.sqlite"))
+    os.utime(sqlite, ns=(sqlite.stat().st_atime_ns, sqlite.stat().st_mtime_ns + 10**9))
+    assert load_cache.step_times(run_dir) is None  # the run changed: its files say
