@@ -1,10 +1,12 @@
 """A stretch of a run's steps, read and diagnosed alone: ``analyze RUN --steps A:B``.
 
 A long run (a cluster-day) can be looked at a stretch of steps at a time, and one stretch is
-read file by file with everything outside it dropped as each file is read: memory follows the
-stretch's length, not the run's. ``A:B`` selects step numbers as a Python slice does (``B``
-excluded; either side may be left out); a negative number counts from the end of the recorded
-steps, so ``-100:`` is the last hundred and ``:-1`` all but the last. The stretch's time runs
+read without the rest: from the run's kept form (`load_cache`), only the batches that reach
+into it; from the run files, each file's rows outside it dropped as the file is read. Memory
+follows the stretch's length, not the run's. ``A:B`` selects step numbers as a Python slice
+does (``B`` excluded; either side may be left out); a negative number counts from the end of
+the recorded steps, so ``-100:`` is the last hundred and ``:-1`` all but the last. The
+stretch's time runs
 from the earliest start of its first step's spans to the latest end of its last step's, over
 every rank (`gpuprof.step()` or a framework adapter records them).
 
@@ -66,6 +68,7 @@ class StepWindow:
         return f"steps {self.first}–{self.last}"
 
     def describe(self) -> str:
+        """The run's notice of the stretch: which steps, of how many, how long."""
         seconds = (self.end_ns - self.start_ns) / 1e9
         return (
             f"{self.label()} alone ({self.steps} of the {self.run_steps} recorded steps, "
