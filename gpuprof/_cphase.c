@@ -178,15 +178,13 @@ Phase_exit(PhaseObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *step = PyObject_GetAttr(recorder, str_step);
         if (step == NULL)
             goto fail;
-        res = PyObject_CallNoArgs(tick);
-        if (res == NULL)
-            goto fail;
-        Py_DECREF(res);
         item = PyTuple_New(6);
         if (item == NULL)
             goto fail;
-        Py_INCREF(self->name);
-        PyTuple_SET_ITEM(item, 0, self->name);
+        /* a name deleted by hand (`del p.name`) reads as None, as the member does */
+        PyObject *name = self->name != NULL ? self->name : Py_None;
+        Py_INCREF(name);
+        PyTuple_SET_ITEM(item, 0, name);
         PyObject *attrs = self->attrs != NULL ? self->attrs : Py_None;
         Py_INCREF(attrs);
         PyTuple_SET_ITEM(item, 1, attrs);
@@ -202,6 +200,11 @@ Phase_exit(PhaseObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyTuple_SET_ITEM(item, 4, v);
         PyTuple_SET_ITEM(item, 5, step); /* the reference moves into the tuple */
         step = NULL;
+        /* ticked once the span is made: a failure to make it is not a span let go */
+        res = PyObject_CallNoArgs(tick);
+        if (res == NULL)
+            goto fail;
+        Py_DECREF(res);
         res = PyObject_CallOneArg(append, item);
         if (res == NULL)
             goto fail;

@@ -650,8 +650,10 @@ class _PyPhase(_PhaseMethods):
             # The whole hot path: a tick and one tuple into a bounded deque; depth is worked
             # out on load, the thread's kernel id by the writer.
             try:
+                # the span is made first: a failure to make it is not a span let go
+                item = (self.name, self.attrs, start, end, _get_ident(), recorder.step)
                 _fast_tick()
-                _fast_append((self.name, self.attrs, start, end, _get_ident(), recorder.step))
+                _fast_append(item)
             except Exception as err:
                 _disable(err)
             return False

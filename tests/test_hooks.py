@@ -472,3 +472,16 @@ def test_an_error_on_the_recording_path_disables_the_hooks_without_raising(run_d
     err = capsys.readouterr().err
     assert err.count("hooks disabled after an internal error") == 1
     assert "queue broke" in err
+
+
+def test_a_phase_whose_name_was_deleted_never_crashes_or_raises(run_dir, capsys):
+    recorder = hooks._recorder
+    span = gpuprof.phase("rollout")
+    del span.name  # by hand: the C hot path must not read a missing reference
+    with span:
+        pass
+    with gpuprof.phase("reward"):
+        pass
+    recorder.flush()
+    # a span that could not be made is not one the queue let go
+    assert "dropped" not in capsys.readouterr().err
