@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import clean_env
+from conftest import SHARED_FIXTURES, clean_env, run_gpuprof
 
 from gpuprof import api, step_window, store
 from gpuprof.analyzers.breakdown import phase_breakdown
@@ -269,3 +269,27 @@ def test_the_kept_form_records_the_step_times_while_it_stands_for_the_files(
     sqlite = next(run_dir.glob("*.sqlite"))
     os.utime(sqlite, ns=(sqlite.stat().st_atime_ns, sqlite.stat().st_mtime_ns + 10**9))
     assert load_cache.step_times(run_dir) is None  # the run changed: its files say
+
+
+def test_a_stretch_of_a_real_verl_log(tmp_path):
+    """A run the project did not make: verl's console log of a 2-GPU PPO run (106 steps of
+    phase timings, no GPU samples), imported; a stretch holds exactly those steps' spans."""
+    log = SHARED_FIXTURES / "verl" / "gemma2b_ppo_2gpu_old_format.log"
+    run_dir = tmp_path / "verl"
+    assert run_gpuprof("import", str(log), "-o", str(run_dir)).returncode == 0
+    whole = load_for_analysis(run_dir)
+    part = load_for_analysis(run_dir, steps="10:20")
+    columns = ["phase", "step", "start_ns", "end_ns"]
+
+    def rows(spans):
+        return spans[columns].sort_values(columns).reset_index(drop=True)
+
+    expected = whole.spans[whole.spans["step"].between(10, 19)]
+    pd.testing.assert_frame_equal(rows(part.spans), rows(expected))
+    out = _gpuprof("analyze", run_dir, "--steps", "10:20", "--json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)["summary"]
+    assert summary["stretch"] == {
+        "first": 10, "last": 19, "steps": 10, "run_steps": 106, "run_first": 0, "run_last": 105
+    }  # fmt: skip
+    assert summary["data_basis"]["phase_timing"]["steps"] == 10
