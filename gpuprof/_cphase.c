@@ -261,39 +261,25 @@ Phase_set_start(PhaseObject *self, PyObject *value, void *Py_UNUSED(closure))
     return 0;
 }
 
+/* `attrs` and `_gpu`: an object field that reads None when unset and is unset by None;
+   the closure is the field's offset in PhaseObject */
 static PyObject *
-Phase_get_attrs(PhaseObject *self, void *Py_UNUSED(closure))
+Phase_get_optional(PhaseObject *self, void *closure)
 {
-    PyObject *attrs = self->attrs != NULL ? self->attrs : Py_None;
-    Py_INCREF(attrs);
-    return attrs;
+    PyObject *value = *(PyObject **)((char *)self + (Py_ssize_t)closure);
+    value = value != NULL ? value : Py_None;
+    Py_INCREF(value);
+    return value;
 }
 
 static int
-Phase_set_attrs(PhaseObject *self, PyObject *value, void *Py_UNUSED(closure))
+Phase_set_optional(PhaseObject *self, PyObject *value, void *closure)
 {
+    PyObject **field = (PyObject **)((char *)self + (Py_ssize_t)closure);
     if (value == Py_None)
         value = NULL;
     Py_XINCREF(value);
-    Py_XSETREF(self->attrs, value);
-    return 0;
-}
-
-static PyObject *
-Phase_get_gpu(PhaseObject *self, void *Py_UNUSED(closure))
-{
-    PyObject *gpu = self->gpu != NULL ? self->gpu : Py_None;
-    Py_INCREF(gpu);
-    return gpu;
-}
-
-static int
-Phase_set_gpu(PhaseObject *self, PyObject *value, void *Py_UNUSED(closure))
-{
-    if (value == Py_None)
-        value = NULL;
-    Py_XINCREF(value);
-    Py_XSETREF(self->gpu, value);
+    Py_XSETREF(*field, value);
     return 0;
 }
 
@@ -305,10 +291,10 @@ static PyMemberDef Phase_members[] = {
 static PyGetSetDef Phase_getset[] = {
     {"_start", (getter)Phase_get_start, (setter)Phase_set_start,
      "Monotonic ns when entered; None when not recording.", NULL},
-    {"attrs", (getter)Phase_get_attrs, (setter)Phase_set_attrs,
-     "The span's attributes (None: none).", NULL},
-    {"_gpu", (getter)Phase_get_gpu, (setter)Phase_set_gpu,
-     "The CUDA event pair of a CUDA-timed span, or None.", NULL},
+    {"attrs", (getter)Phase_get_optional, (setter)Phase_set_optional,
+     "The span's attributes (None: none).", (void *)offsetof(PhaseObject, attrs)},
+    {"_gpu", (getter)Phase_get_optional, (setter)Phase_set_optional,
+     "The CUDA event pair of a CUDA-timed span, or None.", (void *)offsetof(PhaseObject, gpu)},
     {NULL},
 };
 
