@@ -71,10 +71,16 @@ def analyze_command(
     workers: int | None = None,
     ray: str | None = None,
     steps: str | None = None,
+    by_steps: int | None = None,
 ) -> None:
-    """``gpuprof analyze``: the diagnosis as text, or as one JSON document (no rich)."""
+    """``gpuprof analyze``: the diagnosis as text, or as one JSON document (no rich);
+    ``by_steps``: stretch by stretch (`by_steps`)."""
     from gpuprof import api
 
+    if by_steps is not None:
+        _by_steps_command(run_dir, by_steps, json_out, top, gpu_hour_price, model_params, gpu,
+                          workers, ray, steps)  # fmt: skip
+        return
     run = _load_or_exit(run_dir, workers, ray, _window_or_exit(run_dir, steps))
     diagnosis = api.analyze(
         run,
@@ -93,6 +99,38 @@ def analyze_command(
         from gpuprof.reports.terminal import diagnosis_renderable
 
         Console().print(diagnosis_renderable(diagnosis, top=top))
+
+
+def _by_steps_command(
+    run_dir: Path, per: int, json_out: bool, top: int | None, gpu_hour_price: float | None,
+    model_params: str | None, gpu: str | None, workers: int | None, ray: str | None,
+    steps: str | None,
+) -> None:  # fmt: skip
+    from gpuprof import api, by_steps
+
+    if steps is not None or ray is not None:
+        other = "--steps" if steps is not None else "--ray"
+        _err(f"--by-steps cuts the whole run into stretches on local processes: {other} does "
+             "not go with it")  # fmt: skip
+        raise SystemExit(EXIT_BAD_INPUT)
+    try:
+        doc = by_steps.diagnose(
+            run_dir, per, workers=workers, gpu_hour_price=gpu_hour_price,
+            model_params=model_params, gpu=gpu,
+        )  # fmt: skip
+    except (api.RunError, ValueError) as exc:
+        _err(str(exc))
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    if json_out:
+        from gpuprof.reports.fmt import render_json
+
+        print(render_json(by_steps.trimmed(doc, top)))
+    else:
+        from rich.console import Console
+
+        from gpuprof.reports.terminal import by_steps_renderable
+
+        Console().print(by_steps_renderable(doc, top=top))
 
 
 def report_command(
@@ -193,7 +231,7 @@ _FIGURES: dict[str, tuple[str, Callable[[str], Any]]] = {
 _Options = dict[str, tuple[str, Callable[[str], Any] | None]]
 _PLAIN: dict[str, tuple[Callable[..., None], _Options]] = {
     "analyze": (analyze_command, {"--json": ("json_out", None), "--top": ("top", _count),
-                                  **_FIGURES}),
+                                  "--by-steps": ("by_steps", _count), **_FIGURES}),
     "report": (report_command, {"-o": ("output", _path), "--output": ("output", _path),
                                 **_FIGURES}),
 }  # fmt: skip

@@ -96,6 +96,16 @@ Steps = Annotated[
         "slice of step numbers (-100: the last hundred). Memory and time follow its length.",
     ),
 ]
+BySteps = Annotated[
+    int | None,
+    typer.Option(
+        "--by-steps",
+        min=1,
+        help="Diagnose the run N steps at a time, each stretch alone and several at once "
+        "(--workers), and show the stretches side by side with their sums: where each stall "
+        "grew or went, in memory that follows one stretch.",
+    ),
+]
 GpuName = Annotated[
     str | None,
     typer.Option(
@@ -394,8 +404,11 @@ def analyze(
     workers: Workers = None,
     ray: RayAddress = None,
     steps: Steps = None,
+    by_steps: BySteps = None,
 ) -> None:
-    analyze_command(run_dir, json_out, top, gpu_hour_price, model_params, gpu, workers, ray, steps)
+    analyze_command(
+        run_dir, json_out, top, gpu_hour_price, model_params, gpu, workers, ray, steps, by_steps
+    )  # fmt: skip
 
 
 @app.command(help="Compare two runs: before/after table of utilization, step time, phases.")

@@ -129,6 +129,41 @@ def resolve(run_dir: str | Path, text: str) -> StepWindow:
     )
 
 
+def consecutive(run_dir: str | Path, per: int) -> list[StepWindow]:
+    """The run's recorded steps as consecutive stretches of ``per`` steps each (the last may
+    hold fewer), in order: each the `StepWindow` that `resolve` gives for its ``A:B``, from
+    one reading of the step times. Raises `RunError` (one line) for a run without recorded
+    steps, `ValueError` for ``per`` < 1."""
+    if per < 1:
+        raise ValueError(f"--by-steps {per}: expected a number of steps, 1 or more")
+    steps = _step_times(run_dir)
+    if steps.empty:
+        raise RunError(
+            f"{run_dir}: --by-steps needs the steps a run recorded (gpuprof.step() or a "
+            "framework adapter); this run has none"
+        )
+    numbers = steps.index.to_numpy()
+    first_ns, last_ns = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    run = {
+        "run_steps": len(steps), "run_first": int(numbers[0]), "run_last": int(numbers[-1]),
+        "run_start_ns": int(first_ns.min()), "run_end_ns": int(last_ns.max()),
+    }  # fmt: skip
+    out = []
+    for at in range(0, len(numbers), per):
+        chosen = slice(at, at + per)
+        out.append(
+            StepWindow(
+                first=int(numbers[chosen][0]),
+                last=int(numbers[chosen][-1]),
+                start_ns=int(first_ns[chosen].min()),
+                end_ns=int(last_ns[chosen].max()),
+                steps=len(numbers[chosen]),
+                **run,
+            )
+        )
+    return out
+
+
 def _bound(numbers: np.ndarray, value: int | None, default: int) -> int:
     """A slice bound as a step number: negative ones count back from the recorded steps' end
     (``-k`` is the k-th last recorded step, the first one when there are fewer)."""

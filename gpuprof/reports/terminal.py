@@ -374,6 +374,105 @@ class HeadLine:
         yield _indented(self.detail.copy())
 
 
+_BARS = " ▁▂▃▄▅▆▇█"
+
+
+def _bars(values: list[float]) -> str:
+    """One character per value, its height against the largest (a blank for nothing)."""
+    top = max(values, default=0.0)
+    if top <= 0:
+        return " " * len(values)
+    return "".join(_BARS[0 if v <= 0 else max(1, round(8 * v / top))] for v in values)
+
+
+_STRETCH_COLUMNS = (("steps", "left"), ("wall", "right"), ("GPU-h", "right"),
+                    ("step p50 s", "right"), ("util", "right"), ("idle", "right"),
+                    ("largest findings", "left"))  # fmt: skip
+
+
+def by_steps_renderable(doc: dict[str, Any], top: int | None = None) -> Group:
+    """A run diagnosed stretch by stretch (`gpuprof.by_steps`): the sums, each kind's
+    GPU-time per stretch, the stretches, the merged recommendations and the notes."""
+    s, how = doc["summary"], doc["by_steps"]
+    parts: list[Any] = []
+    head = Text()
+    head.append("gpuprof ", style="bold")
+    head.append(f"{s.get('run_id')}  ")
+    if s.get("framework"):
+        head.append(f"{s['framework']}  ")
+    head.append(f"{s.get('gpus', 0)} GPUs  {_fmt(s.get('gpu_hours'), 2)} GPU-h  ")
+    if s.get("mean_util_gpu_pct") is not None:
+        head.append(f"mean util {s['mean_util_gpu_pct']:.0f}%  ")
+    if s.get("idle_gpu_s") is not None:
+        head.append(f"idle {fmt.gpu_seconds(s['idle_gpu_s'])}")
+    parts.append(head)
+    parts.append(
+        Text(
+            f"steps {how['run_first']}–{how['run_last']} ({how['run_steps']} recorded) in "
+            f"{how['stretches']} stretches of {how['steps_per_stretch']}, each diagnosed alone "
+            "(--by-steps); figures are the stretches' sums",
+            style="bold",
+        )
+    )
+    kinds = doc["kinds"][:top] if top else doc["kinds"]
+    if kinds:
+        parts.append(Text("Findings over the stretches, by GPU-time lost", style="bold"))
+        table = Table(box=None, pad_edge=False, show_edge=False)
+        for name, justify in (("kind", "left"), ("lost", "right"), ("share", "right"),
+                              ("found in", "right"), ("steps", "left"),
+                              ("per stretch", "left")):  # fmt: skip
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for k in kinds:
+            share = k.get("share")
+            table.add_row(
+                k["kind"],
+                fmt.gpu_seconds(k["gpu_seconds_lost"]),
+                "–" if share is None else f"{100 * share:.1f}%",
+                f"{k['stretches_found']}/{how['stretches']}",
+                f"{k['first_step']}–{k['last_step']}",
+                _bars(k["per_stretch_gpu_s"]),
+            )
+        parts.append(table)
+    else:
+        parts.append(Text("No finding in any stretch (each stretch's own sentence: --json).",
+                          style="yellow"))  # fmt: skip
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for name, justify in _STRETCH_COLUMNS:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in doc["stretches"]:
+        found = ", ".join(
+            f"{f['kind']} {100 * f['share']:.0f}%" for f in row["findings"][: top or 3]
+        )
+        util = row.get("mean_util_gpu_pct")
+        table.add_row(
+            str(row["first"]) if row["first"] == row["last"] else f"{row['first']}–{row['last']}",
+            "–" if row.get("duration_s") is None else f"{row['duration_s']:,.0f} s",
+            _fmt(row.get("gpu_hours"), 2),
+            _fmt(row.get("step_time_p50_s"), 1),
+            "–" if util is None else f"{util:.0f}%",
+            fmt.gpu_seconds(row.get("idle_gpu_s")),
+            found or "–",
+        )
+    parts.append(Text("Stretches", style="bold"))
+    parts.append(table)
+    recs = doc["recommendations"][:top] if top else doc["recommendations"]
+    if recs:
+        parts.append(Text("Recommendations, by expected gain over the stretches", style="bold"))
+        for i, r in enumerate(recs, 1):
+            line = Text(f"{i:2d}. ")
+            line.append(str(r.get("knob")), style="bold cyan")
+            line.append(f": {fmt.knob_value(r.get('current'), r.get('default'))} → ")
+            line.append(fmt.knob_value(r.get("suggested")), style="bold")
+            line.append(
+                f"  ~{fmt.gpu_seconds(r.get('expected_gain_gpu_s'))} over "
+                f"{r.get('stretches_given')} stretch(es)  [{r.get('kind')}]"
+            )
+            parts.append(line)
+    for note in doc.get("notes", []):
+        parts.append(Text(f"note: {note}", style="yellow"))
+    return Group(*parts)
+
+
 def compare_renderable(table: pd.DataFrame, before: str, after: str) -> Group:
     """The before/after table with deltas."""
     out = Table(title=f"{before} → {after}", title_justify="left", box=None, pad_edge=False)

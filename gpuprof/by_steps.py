@@ -1,0 +1,117 @@
+"""A run diagnosed a stretch of steps at a time, on every core: ``analyze RUN --by-steps N``.
+
+The run's recorded steps are cut into consecutive stretches of N steps
+(`step_window.consecutive`). Each stretch is read and diagnosed alone, exactly as
+``analyze --steps A:B`` would (`loader.load_for_analysis` with the stretch, then
+`api.analyze`), in a forked worker process, so that several stretches are diagnosed at once
+and each worker's memory follows one stretch, not the run. `analyzers.over_steps.combine`
+then puts the stretches' diagnoses together in step order. The result does not depend on
+the number of workers.
+
+A run whose form is not kept yet (`load_cache`) is read whole once first, in a child
+process, when it is small enough for that (`KEEP_WHOLE_MAX_SPANS`): every stretch then reads
+only its own batches of the kept form instead of decoding every run file. A larger run's
+stretches each read the run files (their rows outside the stretch dropped as they are read).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+from pathlib import Path
+from typing import Any
+
+from gpuprof import load_cache, loader, step_window, store
+from gpuprof.analyzers.over_steps import combine
+from gpuprof.step_window import StepWindow
+
+KEEP_WHOLE_MAX_SPANS = 2_500_000
+"""Spans up to which a run not kept yet is read whole once, in a child process, to keep its
+form before its stretches are read (a whole read holds every span and the merged samples:
+about 0.7 KB per span at 256 GPUs × 4 h, so ~1.8 GB here)."""
+
+
+def diagnose(
+    run_dir: str | os.PathLike,
+    per: int,
+    *,
+    workers: int | None = None,
+    gpu_hour_price: float | None = None,
+    model_params: str | None = None,
+    gpu: str | None = None,
+) -> dict[str, Any]:
+    """The stretch-by-stretch document (`over_steps.combine`) of the run at ``run_dir``,
+    ``per`` steps a stretch, diagnosed on ``workers`` processes (default: every core this
+    process may use). Raises `store.RunError` (one line) for an unreadable run or one without
+    recorded steps, `ValueError` for ``per`` < 1 or a ``model_params`` that is no count."""
+    windows = step_window.consecutive(run_dir, per)
+    n = min(workers or loader.default_workers(), len(windows))
+    if (
+        load_cache.enabled()
+        and load_cache.step_times(run_dir) is None
+        and _spans(run_dir) <= KEEP_WHOLE_MAX_SPANS
+    ):
+        _in_child(_keep_whole, run_dir)
+        windows = step_window.consecutive(run_dir, per)  # on the aligned clock the kept form has
+    options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
+    calls = [(run_dir, window, options) for window in windows]
+    with loader._Workers(n) as pool:
+        diagnoses = pool.map(_diagnose_stretch, calls)
+    doc = combine(diagnoses, per)
+    doc["notes"] = [*doc["notes"], *pool.notices]
+    return doc
+
+
+def _spans(run_dir: str | os.PathLike) -> int:
+    try:
+        return store.count_rows(run_dir, "spans")
+    except Exception:  # a count the files cannot give: read each stretch from them
+        return KEEP_WHOLE_MAX_SPANS + 1
+
+
+def _keep_whole(run_dir: str | os.PathLike) -> None:
+    """Read the run whole as `analyze` does, which keeps its form beside it."""
+    loader.load_for_analysis(run_dir)
+
+
+def _in_child(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a forked child process (its memory goes back when it ends), or here
+    where forking is not available; a child that fails leaves the work to the stretches."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return fn(*args)
+    try:
+        with concurrent.futures.ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("fork")
+        ) as pool:
+            return pool.submit(fn, *args).result()
+    except Exception:  # the stretches then read the run files themselves
+        return None
+
+
+def _diagnose_stretch(
+    run_dir: str | os.PathLike, window: StepWindow, options: dict[str, Any]
+) -> dict[str, Any]:
+    """One stretch's diagnosis document, as ``analyze --steps A:B --json`` makes it."""
+    from gpuprof import api
+
+    run = loader.load_for_analysis(Path(run_dir), workers=1, steps=window)
+    return api.analyze(run, **options).to_dict()
+
+
+def trimmed(doc: dict[str, Any], top: int | None) -> dict[str, Any]:
+    """``doc`` with only the ``top`` largest kinds and recommendations, over the run and in
+    each stretch (``--top``); the sums are those of every finding."""
+    if not top:
+        return doc
+    stretches = []
+    for row in doc["stretches"]:
+        d = row["diagnosis"]
+        d = {**d, "findings": d["findings"][:top], "recommendations": d["recommendations"][:top]}
+        stretches.append({**row, "findings": row["findings"][:top], "diagnosis": d})
+    return {
+        **doc,
+        "kinds": doc["kinds"][:top],
+        "recommendations": doc["recommendations"][:top],
+        "stretches": stretches,
+    }
