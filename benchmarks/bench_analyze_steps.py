@@ -4,6 +4,7 @@ alone, against the whole run, each as a fresh process.
     python benchmarks/bench_analyze_steps.py [--dir /tmp/gpuprof-scale256/4h]
                                              [--steps 0:12 0:72 0:144] [--repeats 3]
                                              [--workers 2] [--before OLD_CHECKOUT]
+                                             [--by-steps 24 48]
 
 ``--dir`` is a finished run directory as `watch` leaves it (host files with Parquet side files;
 `bench_analyze_parallel.py` writes 256 GPUs x 4 h there, ~290 steps). The whole run is
@@ -13,7 +14,8 @@ read. Variants are interleaved repeat by repeat; each runs from a fresh spawner
 (`measure.run`), which gives the command's own peak RSS, and its process tree is polled for
 total PSS (the loader's worker processes share pages with it). The table gives medians: wall
 seconds, CPU seconds (user + system), peak RSS of the command and peak PSS of its tree, with
-the stretch the diagnosis says it read.
+the stretch the diagnosis says it read. ``--by-steps N``: the whole run diagnosed N steps at a
+time (`gpuprof.by_steps`), its stretches on ``--workers`` processes.
 """
 
 from __future__ import annotations
@@ -45,9 +47,20 @@ def _linked_copy(run_dir: str, name: str) -> str:
 
 
 def _argv(run_dir: str, steps: str | None, workers: int) -> list[str]:
+    """``steps``: ``A:B`` for --steps, ``by N`` for --by-steps N, None for the whole run."""
     argv = [sys.executable, "-m", "gpuprof", "analyze", run_dir, "--json"]
     argv += ["--workers", str(workers)]
+    if steps and steps.startswith("by "):
+        return [*argv, f"--by-steps={steps.split()[1]}"]
     return argv + ([f"--steps={steps}"] if steps else [])
+
+
+def _said(document: dict) -> list[str]:
+    """What the document says it read: the stretch, or how many stretches."""
+    if "by_steps" in document:
+        how = document["by_steps"]
+        return [f"{how['stretches']} stretches of {how['steps_per_stretch']} steps"]
+    return [n for n in document.get("notes", []) if "alone" in n]
 
 
 def main() -> None:
@@ -56,6 +69,7 @@ def main() -> None:
     parser.add_argument("--steps", nargs="+", default=["0:12", "0:72", "0:144"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--by-steps", nargs="*", type=int, default=[])
     parser.add_argument(
         "--before", help="another checkout whose whole-run analysis is timed alongside, on a "
         "copy of the run (hard links) with a kept form of its own",
@@ -71,6 +85,7 @@ def main() -> None:
         variants["before: whole run (kept)"] = (_linked_copy(args.dir, "before"), None, before)
     variants["whole run (kept form)"] = (args.dir, None, here)
     variants.update({f"--steps {s}": (args.dir, s, here) for s in args.steps})
+    variants.update({f"--by-steps {n}": (args.dir, f"by {n}", here) for n in args.by_steps})
     for run_dir, steps, env in variants.values():
         if steps is None:  # leaves the kept form
             measure.run(_argv(run_dir, None, args.workers), env=env)
@@ -79,7 +94,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, (run_dir, steps, env) in variants.items():
             got = measure.run(_argv(run_dir, steps, args.workers), env=env, poll=True)
-            got["notes"] = json.loads(got["stdout"]).get("notes", [])
+            got["notes"] = _said(json.loads(got["stdout"]))
             results[name].append(got)
     print(f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
     head = f"{'variant':24s} {'wall s':>7s} {'CPU s':>7s} {'RSS MB':>7s} {'tree PSS MB':>11s}"
@@ -89,7 +104,7 @@ def main() -> None:
         cpu = statistics.median(r["user_s"] + r["sys_s"] for r in runs)
         rss = statistics.median(r["peak_rss_bytes"] for r in runs)
         pss = statistics.median(r["tree_pss_bytes"] for r in runs)
-        notes = [n for n in runs[0]["notes"] if "alone" in n]
+        notes = runs[0]["notes"]
         print(f"{name:24s} {wall:7.2f} {cpu:7.2f} {measure.mb(rss):>7s} {measure.mb(pss):>11s}  "
               + "; ".join(notes))  # fmt: skip
 

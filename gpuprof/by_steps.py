@@ -9,9 +9,13 @@ then puts the stretches' diagnoses together in step order. The result does not d
 the number of workers.
 
 A run whose form is not kept yet (`load_cache`) is read whole once first, in a child
-process, when it is small enough for that (`KEEP_WHOLE_MAX_SPANS`): every stretch then reads
-only its own batches of the kept form instead of decoding every run file. A larger run's
-stretches each read the run files (their rows outside the stretch dropped as they are read).
+process, when that fits in memory (`KEEP_SPAN_BYTES` a span, within `MEMORY_BUDGET_BYTES` or
+half the memory free): every stretch then reads only its own batches of the kept form
+instead of decoding every run file. A larger run's stretches each read the run files (their
+rows outside the stretch dropped as they are read), which a note says.
+
+Memory: each worker holds one stretch at a time (`stretch_bytes`); without ``--workers``,
+no more of them run at once than hold `MEMORY_BUDGET_BYTES` together.
 """
 
 from __future__ import annotations
@@ -26,10 +30,17 @@ from gpuprof import load_cache, loader, step_window, store
 from gpuprof.analyzers.over_steps import combine
 from gpuprof.step_window import StepWindow
 
-KEEP_WHOLE_MAX_SPANS = 2_500_000
-"""Spans up to which a run not kept yet is read whole once, in a child process, to keep its
-form before its stretches are read (a whole read holds every span and the merged samples:
-about 0.7 KB per span at 256 GPUs × 4 h, so ~1.8 GB here)."""
+MEMORY_BUDGET_BYTES = 2 * 1024**3
+"""What the stretches' worker processes may hold together, when ``--workers`` is not given:
+fewer workers diagnose at once when a stretch is large (`stretch_bytes`)."""
+STRETCH_BASE_BYTES = 200 * 2**20
+"""A worker's memory before its stretch: the interpreter, pandas, the kept form's index."""
+STRETCH_GPU_STEP_BYTES = 24 * 1024
+"""A worker's memory per GPU and step of its stretch (`bench_analyze_steps.py`: 256 GPUs ×
+24 steps of the 256 × 4 h run peak at 272 MB, ~110 MB of it the interpreter)."""
+KEEP_SPAN_BYTES = 700
+"""Memory of reading a run whole to keep its form, per span (spans and the merged samples
+both grow with ranks × steps: 1.1 GB for the 722 k spans of 256 GPUs × 4 h)."""
 
 
 def diagnose(
@@ -43,31 +54,62 @@ def diagnose(
 ) -> dict[str, Any]:
     """The stretch-by-stretch document (`over_steps.combine`) of the run at ``run_dir``,
     ``per`` steps a stretch, diagnosed on ``workers`` processes (default: every core this
-    process may use). Raises `store.RunError` (one line) for an unreadable run or one without
+    process may use, fewer when their stretches would hold more than `MEMORY_BUDGET_BYTES`
+    together). Raises `store.RunError` (one line) for an unreadable run or one without
     recorded steps, `ValueError` for ``per`` < 1 or a ``model_params`` that is no count."""
     windows = step_window.consecutive(run_dir, per)
+    notes = []
+    if load_cache.enabled() and load_cache.step_times(run_dir) is None:
+        spans = _spans(run_dir)
+        if spans * KEEP_SPAN_BYTES <= max(MEMORY_BUDGET_BYTES, _available_bytes() // 2):
+            _in_child(_keep_whole, run_dir)
+            windows = step_window.consecutive(run_dir, per)  # on the kept form's aligned clock
+        if load_cache.step_times(run_dir) is None:
+            notes.append(
+                f"the run was not read whole first ({spans:,} spans, ~"
+                f"{spans * KEEP_SPAN_BYTES / 2**30:.1f} GB to read whole): each stretch read "
+                "the run files, all of them"
+            )
     n = min(workers or loader.default_workers(), len(windows))
-    if (
-        load_cache.enabled()
-        and load_cache.step_times(run_dir) is None
-        and _spans(run_dir) <= KEEP_WHOLE_MAX_SPANS
-    ):
-        _in_child(_keep_whole, run_dir)
-        windows = step_window.consecutive(run_dir, per)  # on the aligned clock the kept form has
+    if not workers and n > 1:
+        each = stretch_bytes(len(store.gpu_keys(run_dir)), max(w.steps for w in windows))
+        fits = max(1, MEMORY_BUDGET_BYTES // each)
+        if fits < n:
+            notes.append(
+                f"stretches diagnosed {fits} at a time (of {n} cores), ~{each / 2**20:,.0f} MB "
+                f"each, to hold under {MEMORY_BUDGET_BYTES / 2**30:g} GB together (--workers "
+                "sets it)"
+            )
+            n = fits
     options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
     calls = [(run_dir, window, options) for window in windows]
     with loader._Workers(n) as pool:
         diagnoses = pool.map(_diagnose_stretch, calls)
     doc = combine(diagnoses, per)
-    doc["notes"] = [*doc["notes"], *pool.notices]
+    doc["notes"] = [*doc["notes"], *notes, *pool.notices]
     return doc
+
+
+def stretch_bytes(gpus: int, steps: int) -> int:
+    """About what one worker holds to diagnose a stretch of ``steps`` steps of ``gpus``
+    GPUs (bytes)."""
+    return STRETCH_BASE_BYTES + STRETCH_GPU_STEP_BYTES * max(1, gpus) * max(1, steps)
+
+
+def _available_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # unknown: the budget alone decides
+        return 0
 
 
 def _spans(run_dir: str | os.PathLike) -> int:
     try:
         return store.count_rows(run_dir, "spans")
     except Exception:  # a count the files cannot give: read each stretch from them
-        return KEEP_WHOLE_MAX_SPANS + 1
+        return 2**62
 
 
 def _keep_whole(run_dir: str | os.PathLike) -> None:

@@ -194,3 +194,26 @@ def test_a_real_verl_log_stretch_by_stretch(tmp_path, capsys):
     assert last["diagnosis"] == _steps_json(run_dir, "100:106", capsys)
     wall = {p["phase"]: p["wall_s"] for p in doc["summary"]["phases"]}
     assert wall and all(v > 0 for v in wall.values())
+
+
+def test_memory_decides_how_many_stretches_at_once_and_whether_to_read_whole(
+    run_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("GPUPROF_WORKERS", "2")
+    both = _json(by_steps.diagnose(run_dir, 4))
+    monkeypatch.setattr(by_steps, "MEMORY_BUDGET_BYTES", by_steps.stretch_bytes(8, 4) + 1)
+    one = _json(by_steps.diagnose(run_dir, 4))
+    assert one["notes"][:-1] == both["notes"]
+    assert one["notes"][-1].startswith("stretches diagnosed 1 at a time (of 2 cores), ~")
+    assert one["stretches"] == both["stretches"]
+    assert _json(by_steps.diagnose(run_dir, 4, workers=2))["notes"] == both["notes"]  # as told
+    # too large to read whole here: every stretch reads the run files, and the notes say so
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
+    monkeypatch.setattr(by_steps, "_available_bytes", lambda: 0)
+    monkeypatch.setattr(by_steps, "KEEP_SPAN_BYTES", by_steps.MEMORY_BUDGET_BYTES)
+    copy = tmp_path / "run"
+    store.save_run(store.load_run(run_dir), copy)
+    files = _json(by_steps.diagnose(copy, 4, workers=2))
+    assert load_cache.step_times(copy) is None
+    assert any(n.startswith("the run was not read whole first (") for n in files["notes"])
+    assert files["stretches"] == both["stretches"]
