@@ -101,11 +101,11 @@ def analyze_command(
         Console().print(diagnosis_renderable(diagnosis, top=top))
 
 
-def _by_steps_command(
-    run_dir: Path, per: int, json_out: bool, top: int | None, gpu_hour_price: float | None,
-    model_params: str | None, gpu: str | None, workers: int | None, ray: str | None,
-    steps: str | None,
-) -> None:  # fmt: skip
+def _by_steps_or_exit(
+    run_dir: Path, per: int, gpu_hour_price: float | None, model_params: str | None,
+    gpu: str | None, workers: int | None, ray: str | None, steps: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The stretch-by-stretch document (`by_steps.diagnose`); bad input: one line, exit 2."""
     from gpuprof import api, by_steps
 
     if steps is not None or ray is not None:
@@ -114,13 +114,21 @@ def _by_steps_command(
              "not go with it")  # fmt: skip
         raise SystemExit(EXIT_BAD_INPUT)
     try:
-        doc = by_steps.diagnose(
+        return by_steps.diagnose(
             run_dir, per, workers=workers, gpu_hour_price=gpu_hour_price,
             model_params=model_params, gpu=gpu,
         )  # fmt: skip
     except (api.RunError, ValueError) as exc:
         _err(str(exc))
         raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def _by_steps_command(
+    run_dir: Path, per: int, json_out: bool, top: int | None, *figures: Any
+) -> None:  # fmt: skip
+    from gpuprof import by_steps
+
+    doc = _by_steps_or_exit(run_dir, per, *figures)
     if json_out:
         from gpuprof.reports.fmt import render_json
 
@@ -142,11 +150,25 @@ def report_command(
     workers: int | None = None,
     ray: str | None = None,
     steps: str | None = None,
+    by_steps: int | None = None,
 ) -> None:
     """``gpuprof report``: write the HTML report and print its path (a stretch of steps:
-    ``report-steps-A-B.html`` by default, beside the whole run's)."""
+    ``report-steps-A-B.html`` by default, beside the whole run's; stretch by stretch:
+    ``report-by-steps-N.html``)."""
     from gpuprof import api
 
+    if by_steps is not None:
+        doc = _by_steps_or_exit(run_dir, by_steps, gpu_hour_price, model_params, gpu, workers,
+                                ray, steps)  # fmt: skip
+        from gpuprof.reports.html_by_steps import write_by_steps_html
+
+        try:
+            path = write_by_steps_html(doc, output or run_dir / f"report-by-steps-{by_steps}.html")
+        except OSError as exc:
+            _err(f"cannot write the report: {exc}")
+            raise SystemExit(EXIT_BAD_INPUT) from None
+        print(path)
+        return
     window = _window_or_exit(run_dir, steps)
     run = _load_or_exit(run_dir, workers, ray, window)
     if output is None and window is not None:
@@ -233,7 +255,7 @@ _PLAIN: dict[str, tuple[Callable[..., None], _Options]] = {
     "analyze": (analyze_command, {"--json": ("json_out", None), "--top": ("top", _count),
                                   "--by-steps": ("by_steps", _count), **_FIGURES}),
     "report": (report_command, {"-o": ("output", _path), "--output": ("output", _path),
-                                **_FIGURES}),
+                                "--by-steps": ("by_steps", _count), **_FIGURES}),
 }  # fmt: skip
 """Command → its body and its options (name → keyword, value parser; None: a flag)."""
 

@@ -488,8 +488,11 @@ def report(
     workers: Workers = None,
     ray: RayAddress = None,
     steps: Steps = None,
+    by_steps: BySteps = None,
 ) -> None:
-    report_command(run_dir, output, gpu_hour_price, model_params, gpu, workers, ray, steps)
+    report_command(
+        run_dir, output, gpu_hour_price, model_params, gpu, workers, ray, steps, by_steps
+    )  # fmt: skip
 
 
 @app.command(

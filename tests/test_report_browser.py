@@ -225,3 +225,35 @@ def test_report_without_stacks_has_no_flame_section(demo):
     _, page = demo
     assert page.evaluate("document.getElementById('gp-stacks-section')") is None
     assert page.evaluate("document.querySelectorAll('.flame').length") == 0
+
+
+def test_the_report_stretch_by_stretch_draws_offline_and_escapes(tmp_path, browser):
+    """``report --by-steps N``: the stacked bars per stretch and kind, drawn offline, with
+    the run's strings shown as text."""
+    run = simulate(SimConfig(gpus=4, steps=6, seed=2,
+                             pathologies=[Pathology("reward_bound", 0.8)])).run  # fmt: skip
+    payload_img = "<img src=x onerror=window.__pwned=2>"
+    run.meta.run_id = payload_img
+    run.meta.knobs = {**run.meta.knobs, "reward_model.reward_manager": payload_img}
+    run_dir = tmp_path / "run"
+    store.save_run(run, run_dir)
+    result = run_gpuprof("report", str(run_dir), "--by-steps", "2")
+    assert result.returncode == 0, result.stderr
+    path = run_dir / "report-by-steps-2.html"
+    assert result.stdout.strip() == str(path)
+    page = open_report(browser, path)
+    assert page.evaluate("window.__pwned === undefined")
+    assert page.evaluate("document.querySelectorAll('img').length") == 0
+    assert payload_img in page.evaluate("document.querySelector('h1').textContent")
+    bars = page.evaluate(
+        "document.getElementById('gp-by-steps').data.filter(t => t.type === 'bar')"
+        ".map(t => [t.name, t.x])"
+    )
+    assert ["reward_bound", ["0–1", "2–3", "4–5"]] in bars
+    drawn = dict(page.evaluate(FIGURES_DRAWN))
+    assert set(drawn) == {"gp-by-steps"} and drawn["gp-by-steps"] >= 1
+    assert page.requests and all(
+        u.split(":")[0] in ("file", "data", "about") for u in page.requests
+    )
+    assert page.errors == []
+    page.screenshot(ARTIFACTS / "report-by-steps.png")

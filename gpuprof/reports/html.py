@@ -107,7 +107,12 @@ def render_html(
 def write_html(run: Run, path: Path, diagnosis: Diagnosis | None = None, **kwargs: Any) -> Path:
     """Render and write atomically (temp file in the same directory, then ``os.replace``):
     a failure leaves no half-written report. Returns ``path``."""
-    text = render_html(run, diagnosis, **kwargs)
+    return write_text(render_html(run, diagnosis, **kwargs), path)
+
+
+def write_text(text: str, path: Path) -> Path:
+    """``text`` written to ``path`` atomically (temp file in the same directory, then
+    ``os.replace``), readable as the umask allows; returns ``path``."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
