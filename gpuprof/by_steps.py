@@ -51,12 +51,16 @@ def diagnose(
     gpu_hour_price: float | None = None,
     model_params: str | None = None,
     gpu: str | None = None,
+    ray: str | None = None,
 ) -> dict[str, Any]:
     """The stretch-by-stretch document (`over_steps.combine`) of the run at ``run_dir``,
     ``per`` steps a stretch, diagnosed on ``workers`` processes (default: every core this
     process may use, fewer when their stretches would hold more than `MEMORY_BUDGET_BYTES`
-    together). Raises `store.RunError` (one line) for an unreadable run or one without
-    recorded steps, `ValueError` for ``per`` < 1 or a ``model_params`` that is no count."""
+    together), or as tasks of the Ray cluster at ``ray`` (`loader._RayWorkers`: one CPU
+    each, placed by Ray; its nodes must see the run directory at the same path). Raises
+    `store.RunError` (one line) for an unreadable run, one without recorded steps or a Ray
+    cluster that cannot be used, `ValueError` for ``per`` < 1 or a ``model_params`` that is
+    no count."""
     windows = step_window.consecutive(run_dir, per)
     notes = []
     if load_cache.enabled() and load_cache.step_times(run_dir) is None:
@@ -71,7 +75,7 @@ def diagnose(
                 "the run files, all of them"
             )
     n = min(workers or loader.default_workers(), len(windows))
-    if not workers and n > 1:
+    if not workers and n > 1 and ray is None:
         each = stretch_bytes(len(store.gpu_keys(run_dir)), max(w.steps for w in windows))
         fits = max(1, MEMORY_BUDGET_BYTES // each)
         if fits < n:
@@ -83,7 +87,8 @@ def diagnose(
             n = fits
     options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
     calls = [(run_dir, window, options) for window in windows]
-    with loader._Workers(n) as pool:
+    pool_of = (lambda: loader._RayWorkers(ray)) if ray else (lambda: loader._Workers(n))
+    with pool_of() as pool:
         diagnoses = pool.map(_diagnose_stretch, calls)
     doc = combine(diagnoses, per)
     doc["notes"] = [*doc["notes"], *notes, *pool.notices]

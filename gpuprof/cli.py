@@ -108,15 +108,13 @@ def _by_steps_or_exit(
     """The stretch-by-stretch document (`by_steps.diagnose`); bad input: one line, exit 2."""
     from gpuprof import api, by_steps
 
-    if steps is not None or ray is not None:
-        other = "--steps" if steps is not None else "--ray"
-        _err(f"--by-steps cuts the whole run into stretches on local processes: {other} does "
-             "not go with it")  # fmt: skip
+    if steps is not None:
+        _err("--by-steps cuts the whole run into stretches: --steps does not go with it")
         raise SystemExit(EXIT_BAD_INPUT)
     try:
         return by_steps.diagnose(
             run_dir, per, workers=workers, gpu_hour_price=gpu_hour_price,
-            model_params=model_params, gpu=gpu,
+            model_params=model_params, gpu=gpu, ray=ray,
         )  # fmt: skip
     except (api.RunError, ValueError) as exc:
         _err(str(exc))

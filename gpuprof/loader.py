@@ -100,7 +100,8 @@ def load_for_analysis(
             run.meta.notices = [
                 *run.meta.notices,
                 f"{len(run.spans):,} spans held in memory (they are not merged): --steps A:B "
-                "reads one stretch of the run's steps, in memory that follows its length",
+                "reads one stretch of the run's steps, in memory that follows its length; "
+                "--by-steps N the whole run N steps at a time, on every core",
             ]
     merge_run_events(run)
     return run

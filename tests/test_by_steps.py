@@ -82,6 +82,14 @@ def test_the_document_does_not_depend_on_the_workers(run_dir):
     )
 
 
+def test_stretches_as_ray_tasks_give_the_same_document(run_dir, monkeypatch):
+    ray = pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    tasks = _json(by_steps.diagnose(run_dir, 4, ray="local"))
+    assert not ray.is_initialized()  # the Ray it started is shut down
+    assert tasks == _json(by_steps.diagnose(run_dir, 4, workers=1))
+
+
 def test_a_run_not_kept_yet_is_kept_first_and_stretches_read_from_it(
     run_dir, tmp_path, monkeypatch, capsys
 ):
@@ -163,6 +171,7 @@ def test_the_command_line(run_dir, tmp_path):
     assert "steps 0–10 (11 recorded) in 2 stretches of 6" in out.stdout.replace("\n", " ")
     for args, why in (
         (["--by-steps", "3", "--steps", "0:4"], "--steps does not go with it"),
+        (["--by-steps", "3", "--ray", "127.0.0.1:1"], "--ray 127.0.0.1:1: cannot use the Ray"),
         (["--by-steps", "0"], "--by-steps"),  # typer's message for a bad value
     ):
         out = _gpuprof("analyze", run_dir, *args)

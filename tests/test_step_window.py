@@ -163,6 +163,7 @@ def test_a_run_with_very_many_spans_says_how_to_read_less(two_nodes, monkeypatch
     whole = load_for_analysis(two_nodes[0], max_gpu_samples=None)
     hint = [n for n in whole.meta.notices if "spans held in memory" in n]
     assert len(hint) == 1 and hint[0].startswith(f"{len(whole.spans):,} spans")
+    assert "--by-steps N the whole run N steps at a time" in hint[0]
     part = load_for_analysis(two_nodes[0], max_gpu_samples=None, steps="0:2")
     assert not any("spans held in memory" in n for n in part.meta.notices)
 
