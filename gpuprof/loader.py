@@ -48,7 +48,8 @@ MAX_HOST_ROWS: dict[str, int] = {"host": 100_000, "procs": 400_000, "gpu_procs":
 MANY_SPANS = 4_000_000
 """Spans past which loading a whole run says how to read less: spans are not merged (about
 130 B each in memory), so a run with millions of them (a thousand ranks for a day) is best
-looked at a stretch of steps at a time (``--steps``, `step_window`)."""
+looked at a stretch of steps at a time (``--steps``, `step_window`), or N steps at a time
+(``--by-steps``, `by_steps`)."""
 ENV_WORKERS = "GPUPROF_WORKERS"
 """Processes that read a long run (default: the cores this process may use)."""
 
