@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof import store
-from gpuprof.model import RECORD_TYPES, Run, RunMeta, column_kinds
+from gpuprof.model import INTERNED_TABLES, RECORD_TYPES, Run, RunMeta, column_kinds
 
 DIRNAME = ".gpuprof-loaded"
 ENV_CACHE = "GPUPROF_LOAD_CACHE"
@@ -102,17 +102,23 @@ def read(
         for table, spec in kept["tables"].items():
             if table not in RECORD_TYPES:
                 return None
-            with pa.memory_map(str(where / f"{table}.arrow")) as source:
-                reader = pa.ipc.open_file(source)
-                # a file of another writing (two loads keeping at once, under different
-                # settings, swapped the directory while this one read it)
-                if (reader.schema.metadata or {}).get(_MADE) != made:
-                    return None
-                data = _batches(reader, spec, span)
+            pieces = []
+            for part in spec.get("parts") or [{"file": f"{table}.arrow", **spec}]:
+                with pa.memory_map(str(where / part["file"])) as source:
+                    reader = pa.ipc.open_file(source)
+                    # a file of another writing (two loads keeping at once, under different
+                    # settings, swapped the directory while this one read it)
+                    if (reader.schema.metadata or {}).get(_MADE) != made:
+                        return None
+                    times = {"times": part["times"]} if part.get("times") is not None else {}
+                    pieces.append(_batches(reader, {**spec, **times}, span))
+            data = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+            del pieces
             if span is None and data.num_rows != spec["rows"]:
                 return None
-            tables[table] = _frame(data, {**spec, "rows": data.num_rows})
+            frame = _frame(data, {**spec, "rows": data.num_rows})
             del data
+            tables[table] = _in_order(table, frame) if "parts" in spec else frame
     except Exception:  # missing, half-copied, from another version: made again
         return None
     return Run(meta=meta, **tables)
@@ -164,6 +170,27 @@ def _batches(reader: Any, spec: dict[str, Any], span: tuple[int, int] | None) ->
     if not parts:
         return reader.schema.empty_table()
     return pa.Table.from_batches(parts, schema=reader.schema)
+
+
+def _in_order(table: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """A table kept in parts (`keep_by_file`), its parts' rows one after the other, in the
+    order of the whole run's table: stably by time, GPU samples at the same instant in their
+    stream's order (their kept place, then dropped)."""
+    from gpuprof.keep_by_file import PLACE
+
+    if table in INTERNED_TABLES or frame.empty:
+        return frame.drop(columns=[PLACE]) if PLACE in frame else frame
+    key = store._SORT_KEY.get(table, "t_ns")
+    if PLACE in frame:
+        order = np.lexsort((frame[PLACE].to_numpy(), frame[key].to_numpy()))
+        frame = frame.drop(columns=[PLACE])
+    elif frame[key].is_monotonic_increasing:
+        return frame
+    else:
+        order = np.argsort(frame[key].to_numpy(), kind="stable")
+    if (order[1:] > order[:-1]).all():
+        return frame
+    return frame.take(order).reset_index(drop=True)
 
 
 def _times(table: str, frame: pd.DataFrame) -> dict[str, Any]:
@@ -233,6 +260,80 @@ def write(run_dir: str | os.PathLike, made_under: dict[str, Any], run: Run) -> b
         return False
 
 
+def write_part(into: tuple[Path, str], table: str, index: int, frame: pd.DataFrame) -> dict:
+    """One part of a kept table made file by file (`keep_by_file`): ``frame`` written into
+    the directory of ``into`` (with the writing's id) in batches of `BATCH_ROWS`, and what
+    `place` needs of it: its file, rows, columns (`_arrow`), attrs and batch times."""
+    import pyarrow as pa
+
+    where, made = into
+    data, spec = _arrow(table, frame)
+    spec.update(_times(table, frame))
+    name = f"{table}.{index:05d}.arrow"
+    data = data.replace_schema_metadata({_MADE: made})
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    with (
+        pa.OSFile(str(Path(where) / name), "wb") as sink,
+        pa.ipc.new_file(sink, data.schema, options=options) as writer,
+    ):
+        for batch in data.combine_chunks().to_batches(max_chunksize=BATCH_ROWS):
+            writer.write_batch(batch)
+    return {**spec, "file": name}
+
+
+def place(
+    run_dir: str | os.PathLike, tmp: Path, made_under: dict[str, Any], made: str,
+    meta: RunMeta, parts: dict[str, list[dict[str, Any]]], steps: pd.DataFrame | None,
+) -> bool:  # fmt: skip
+    """Put the kept form whose parts (`write_part`) are in ``tmp`` in place, as `write` does
+    with a whole one; ValueError when the parts of a table disagree on its columns."""
+    specs = {table: _joined(table, got) for table, got in parts.items()}
+    kept = {
+        "key": made_under, "made": made, "meta": meta.to_dict(), "tables": specs,
+        "steps": [] if steps is None else [[int(n), int(a), int(b)] for n, a, b in
+                                            steps.itertuples()],
+    }  # fmt: skip
+    with open(tmp / "run.json", "w", encoding="utf-8") as handle:
+        json.dump(kept, handle)
+    final = Path(run_dir) / DIRNAME
+    old = Path(run_dir) / f"{DIRNAME}.old-{uuid.uuid4().hex[:8]}"
+    with contextlib.suppress(FileNotFoundError):
+        final.rename(old)
+        shutil.rmtree(old, ignore_errors=True)
+    tmp.rename(final)
+    return True
+
+
+def _joined(table: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One table's spec from its parts': the columns they share (text with NaN gaps where a
+    part has them), the rows they hold, and each part's file and batch times."""
+    first = parts[0]
+    names = [c["name"] for c in first["columns"]]
+    columns = []
+    for i, name in enumerate(names):
+        got = [p["columns"][i] for p in parts]
+        if any(c["name"] != name for c in got) or len({c["dtype"] for c in got}) != 1:
+            raise ValueError(f"{table}.{name}: the parts disagree on the column")
+        hows = {c["how"] for c in got}
+        if hows == {"text", "text-nan"}:
+            if any(c["how"] == "text" and c.get("gaps") for c in got):
+                raise ValueError(f"{table}.{name} mixes None and NaN")
+            hows = {"text-nan"}
+        if len(hows) != 1:
+            raise ValueError(f"{table}.{name}: the parts disagree on the column")
+        columns.append({"name": name, "how": hows.pop(), "dtype": got[0]["dtype"]})
+    spec: dict[str, Any] = {
+        "columns": columns,
+        "rows": sum(p["rows"] for p in parts),
+        "attrs": first.get("attrs") or {},
+        "parts": [{"file": p["file"], "rows": p["rows"], "times": p.get("times")} for p in parts],
+    }
+    for key in ("time", "overlap"):
+        if key in first:
+            spec[key] = first[key]
+    return spec
+
+
 def _arrow(table: str, frame: pd.DataFrame) -> tuple[Any, dict[str, Any]]:
     """``frame`` as an Arrow table, and what `_frame` needs to make it again as it was:
     each column's dtype and how it is held; ``frame.attrs`` (JSON values)."""
@@ -261,6 +362,9 @@ def _arrow(table: str, frame: pd.DataFrame) -> tuple[Any, dict[str, Any]]:
             if 0 < nones < len(gaps):
                 raise TypeError(f"{table}.{name} mixes None and NaN")
             how = "text" if nones or not len(gaps) else "text-nan"
+            columns.append({"name": str(name), "how": how, "dtype": str(dtype),
+                            "gaps": bool(len(gaps))})  # fmt: skip
+            continue
         elif isinstance(dtype, np.dtype) and dtype.kind in "iufb":
             arrays.append(pa.array(col.to_numpy()))  # NaN stays NaN (no from_pandas)
             how = "numpy"
