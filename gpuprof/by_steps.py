@@ -8,11 +8,13 @@ and each worker's memory follows one stretch, not the run. `analyzers.over_steps
 then puts the stretches' diagnoses together in step order. The result does not depend on
 the number of workers.
 
-A run whose form is not kept yet (`load_cache`) is read whole once first, in a child
-process, when that fits in memory (`KEEP_SPAN_BYTES` a span, within `MEMORY_BUDGET_BYTES` or
-half the memory free): every stretch then reads only its own batches of the kept form
-instead of decoding every run file. A larger run's stretches each read the run files (their
-rows outside the stretch dropped as they are read), which a note says.
+A run whose form is not kept yet (`load_cache`) has it made first, in a child process: a
+long run's file by file (`keep_by_file`, in the memory of one file or part of the GPUs per
+worker), a shorter one's by reading it whole when that fits in memory (`KEEP_SPAN_BYTES` a
+span, within `MEMORY_BUDGET_BYTES` or half the memory free). Every stretch then reads only
+its own batches of the kept form instead of decoding every run file. Where no form could be
+kept (a run still being written, a read-only directory), each stretch reads the run files
+(their rows outside the stretch dropped as they are read), which a note says.
 
 Memory: each worker holds one stretch at a time (`stretch_bytes`); without ``--workers``,
 no more of them run at once than hold `MEMORY_BUDGET_BYTES` together.
@@ -26,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpuprof import load_cache, loader, step_window, store
+from gpuprof import keep_by_file, load_cache, loader, step_window, store
 from gpuprof.analyzers.over_steps import combine
 from gpuprof.step_window import StepWindow
 
@@ -65,14 +67,18 @@ def diagnose(
     notes = []
     if load_cache.enabled() and load_cache.step_times(run_dir) is None:
         spans = _spans(run_dir)
-        if spans * KEEP_SPAN_BYTES <= max(MEMORY_BUDGET_BYTES, _available_bytes() // 2):
+        # a long run: kept file by file; a short one (not merged) read whole when it fits
+        if not _in_child(keep_by_file.build, run_dir, workers) and (
+            spans * KEEP_SPAN_BYTES <= max(MEMORY_BUDGET_BYTES, _available_bytes() // 2)
+        ):
             _in_child(_keep_whole, run_dir)
+        if load_cache.step_times(run_dir) is not None:
             windows = step_window.consecutive(run_dir, per)  # on the kept form's aligned clock
-        if load_cache.step_times(run_dir) is None:
+        else:
             notes.append(
-                f"the run was not read whole first ({spans:,} spans, ~"
-                f"{spans * KEEP_SPAN_BYTES / 2**30:.1f} GB to read whole): each stretch read "
-                "the run files, all of them"
+                f"no form of the run could be kept first ({spans:,} spans; read whole: ~"
+                f"{spans * KEEP_SPAN_BYTES / 2**30:.1f} GB): each stretch read the run files, "
+                "all of them"
             )
     n = min(workers or loader.default_workers(), len(windows))
     if not workers and n > 1 and ray is None:
@@ -119,7 +125,7 @@ def _spans(run_dir: str | os.PathLike) -> int:
 
 def _keep_whole(run_dir: str | os.PathLike) -> None:
     """Read the run whole as `analyze` does, which keeps its form beside it."""
-    loader.load_for_analysis(run_dir)
+    loader.load_for_analysis(run_dir, loader.MAX_GPU_SAMPLES)
 
 
 def _in_child(fn: Any, *args: Any) -> Any:
@@ -142,7 +148,7 @@ def _diagnose_stretch(
     """One stretch's diagnosis document, as ``analyze --steps A:B --json`` makes it."""
     from gpuprof import api
 
-    run = loader.load_for_analysis(Path(run_dir), workers=1, steps=window)
+    run = loader.load_for_analysis(Path(run_dir), loader.MAX_GPU_SAMPLES, workers=1, steps=window)
     return api.analyze(run, **options).to_dict()
 
 

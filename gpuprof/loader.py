@@ -123,6 +123,16 @@ def _load(
     made_under = load_cache.key(run_dir, settings)
     span = (window.start_ns, window.end_ns) if window is not None else None
     kept = load_cache.read(run_dir, made_under, span) if made_under is not None else None
+    if (
+        kept is None and window is not None and made_under is not None and ray is None
+        and merge is None and max_gpu_samples == MAX_GPU_SAMPLES
+    ):  # fmt: skip
+        # a stretch of a long run whose form is not kept yet: kept first, file by file (in
+        # the memory of one file or part of the GPUs per worker), then read as any other
+        from gpuprof import keep_by_file
+
+        if keep_by_file.build(run_dir, workers):
+            kept = load_cache.read(run_dir, made_under, span)
     if kept is not None:
         if window is not None:  # how the whole run was merged: its counts are the run's
             kept.meta.notices = [

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import SHARED_FIXTURES, clean_env, run_gpuprof
 
-from gpuprof import by_steps, cli, load_cache, step_window, store
+from gpuprof import api, by_steps, cli, load_cache, step_window, store
 from gpuprof.analyzers.over_steps import combine
 from gpuprof.reports.fmt import render_json
 from gpuprof.reports.terminal import by_steps_renderable, render_text
@@ -103,6 +103,22 @@ def test_a_run_not_kept_yet_is_kept_first_and_stretches_read_from_it(
     for stretch in doc["stretches"]:
         alone = _steps_json(copy, f"{stretch['first']}:{stretch['last'] + 1}", capsys)
         assert stretch["diagnosis"] == alone
+
+
+def test_a_long_run_is_kept_file_by_file_first(run_dir, tmp_path, monkeypatch):
+    from gpuprof import loader
+
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
+    copy = tmp_path / "run"
+    store.save_run(store.load_run(run_dir), copy)
+    budget = store.count_rows(copy, "gpu") // 10  # merged, as a long run is
+    monkeypatch.setattr(loader, "MAX_GPU_SAMPLES", budget)
+    doc = _json(by_steps.diagnose(copy, 4, workers=2))
+    assert (copy / load_cache.DIRNAME / "gpu.00001.arrow").exists()  # kept in parts
+    assert any(n.startswith("the whole run: long run: ") for n in doc["notes"])
+    alone = loader.load_for_analysis(copy, budget, steps=step_window.resolve(copy, "8:11"))
+    assert _json(api.analyze(alone).to_dict()) == doc["stretches"][-1]["diagnosis"]
+    assert alone.gpu.attrs["factor"] > 1
 
 
 def test_consecutive_windows_are_those_of_their_slices(run_dir):
@@ -224,5 +240,5 @@ def test_memory_decides_how_many_stretches_at_once_and_whether_to_read_whole(
     store.save_run(store.load_run(run_dir), copy)
     files = _json(by_steps.diagnose(copy, 4, workers=2))
     assert load_cache.step_times(copy) is None
-    assert any(n.startswith("the run was not read whole first (") for n in files["notes"])
+    assert any(n.startswith("no form of the run could be kept first (") for n in files["notes"])
     assert files["stretches"] == both["stretches"]

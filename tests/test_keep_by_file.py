@@ -114,3 +114,23 @@ def test_nothing_half_made_stays_when_the_parts_disagree(runs, tmp_path, long_ru
     monkeypatch.setattr(load_cache, "_joined", disagree)
     assert not keep_by_file.build(by_file_dir, workers=2)
     assert [p.name for p in by_file_dir.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_stretch_of_a_long_run_not_kept_yet_keeps_it_file_by_file(runs, tmp_path, long_runs,
+                                                                      monkeypatch):  # fmt: skip
+    """``--steps`` on a long run read for the first time: its form is kept file by file,
+    then the stretch is read from it, as it would be from the files (one node: a stretch
+    read from the files of several aligns their clocks on its own collectives)."""
+    _, run_dir = _copies(runs["one node"], tmp_path)
+    budget = store.count_rows(run_dir, "gpu") // 10
+    monkeypatch.setattr(loader, "MAX_GPU_SAMPLES", budget)
+    kept = loader.load_for_analysis(run_dir, budget, steps="3:7")
+    assert (run_dir / load_cache.DIRNAME / "gpu.00000.arrow").exists()
+    assert any(n.startswith("the whole run: long run: ") for n in kept.meta.notices)
+    monkeypatch.setenv(load_cache.ENV_CACHE, "0")
+    files = loader.load_for_analysis(run_dir, budget, steps="3:7")
+    for table in ("spans", "events"):
+        pd.testing.assert_frame_equal(getattr(kept, table), getattr(files, table))
+    # samples: merged as the whole run was, against the stretch's own estimate
+    assert kept.gpu["t_ns"].min() >= files.gpu["t_ns"].min() - 10**9
+    assert abs(len(kept.gpu) - len(files.gpu)) < 0.5 * len(files.gpu)
