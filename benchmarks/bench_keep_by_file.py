@@ -2,7 +2,7 @@
 made file by file (`gpuprof.keep_by_file`), each as a fresh process.
 
     python benchmarks/bench_keep_by_file.py [--dir /tmp/gpuprof-scale256/4h] [--repeats 3]
-                                            [--workers 2] [--check]
+                                            [--workers 2] [--check] [--commands]
 
 ``--dir`` is a finished run directory (`bench_analyze_parallel.py` writes 256 GPUs x 4 h
 there). Each variant works on its own copy of the run (hard links, no data copied) whose
@@ -10,7 +10,9 @@ kept form is removed before every repeat; variants are interleaved repeat by rep
 from a fresh spawner (`measure.run`), which gives the command's own peak RSS, and its
 process tree is polled for total PSS (the worker processes share pages with it). The table
 gives medians: wall seconds, CPU seconds (user + system), peak RSS of the command and peak
-PSS of its tree. ``--check`` then reads both kept forms and compares them table for table.
+PSS of its tree. ``--check`` then reads both kept forms and compares them table for table;
+``--commands`` adds the first ``analyze --steps 0:24`` and ``--by-steps 24`` of the run (each
+keeps its form file by file first).
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ CODE = {
     "whole load": "from gpuprof import loader; loader.load_for_analysis({dir!r}, workers={w})",
     "file by file": "from gpuprof import keep_by_file; "
     "assert keep_by_file.build({dir!r}, workers={w})",
+}
+COMMANDS = {  # the first analysis of a stretch, or stretch by stretch, of a run not kept yet
+    "--steps 0:24": ["--steps=0:24"],
+    "--by-steps 24": ["--by-steps=24"],
 }
 
 
@@ -61,18 +67,29 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument(
+        "--commands", action="store_true",
+        help="also time `analyze --steps 0:24` and `--by-steps 24` on the run not kept yet",
+    )  # fmt: skip
     args = parser.parse_args()
     if not Path(args.dir).is_dir():
         sys.exit(f"{args.dir}: no run; python benchmarks/bench_analyze_parallel.py writes one")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("GPUPROF_LOAD_CACHE", None)
-    dirs = {name: _linked_copy(args.dir, name.replace(" ", "-")) for name in CODE}
+    names = [*CODE, *(COMMANDS if args.commands else ())]
+    dirs = {name: _linked_copy(args.dir, name.strip("-").replace(" ", "-").replace(":", "-"))
+            for name in names}  # fmt: skip
     print(f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
-    results: dict[str, list[dict]] = {name: [] for name in CODE}
+    results: dict[str, list[dict]] = {name: [] for name in names}
     for _ in range(args.repeats):
-        for name, code in CODE.items():
+        for name in names:
             shutil.rmtree(Path(dirs[name]) / KEPT, ignore_errors=True)
-            argv = [sys.executable, "-c", code.format(dir=dirs[name], w=args.workers)]
+            if name in CODE:
+                code = CODE[name].format(dir=dirs[name], w=args.workers)
+                argv = [sys.executable, "-c", code]
+            else:
+                argv = [sys.executable, "-m", "gpuprof", "analyze", dirs[name], "--json",
+                        f"--workers={args.workers}", *COMMANDS[name]]  # fmt: skip
             got = measure.run(argv, env=env, poll=True)
             if got.get("returncode"):
                 sys.exit(f"{name} failed: {got.get('stderr', '')[-2000:]}")
