@@ -46,6 +46,9 @@ from gpuprof.step_window import step_times
 
 _SIDE = ("procs", "gpu_procs")
 """Host-side tables the owners of the GPUs are found from (bounded by the loader's budgets)."""
+PART_ROWS = 500_000
+"""Merged GPU samples a part of the GPUs holds, about, at most: the GPUs are merged in
+enough parts that each worker's part stays near this, whatever the run's size."""
 PLACE = "_place"
 """Column of a kept GPU part: each row's place in the samples' stream (`store.iter_gpu_parts`)
 as one int64, what orders samples taken at the same instant."""
@@ -139,7 +142,9 @@ def _made(
     budget = loader.MAX_GPU_SAMPLES
     factor = math.ceil(total / max(budget - n_bounds, budget // 4, 1))
     clock = {node: int(c.get("offset_ns") or 0) for node, c in meta.clocks.items()}
-    n = pool.workers
+    # parts small enough that a worker holds little of the merged samples at a time, and at
+    # least one per worker
+    n = max(pool.workers, math.ceil((min(total, budget) + n_bounds) / PART_ROWS))
     pool.close()  # the GPU parts' workers are forked with the boundaries in their memory
     _BOUNDS.update(bounds)
     del bounds
