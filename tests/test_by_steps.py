@@ -242,3 +242,20 @@ def test_memory_decides_how_many_stretches_at_once_and_whether_to_read_whole(
     assert load_cache.step_times(copy) is None
     assert any(n.startswith("no form of the run could be kept first (") for n in files["notes"])
     assert files["stretches"] == both["stretches"]
+
+
+def test_real_profiler_traces_with_too_few_steps_say_so(tmp_path):
+    """Two ranks' PyTorch-profiler traces (HTA's sample, two steps): one stretch, and no
+    "no stall" where two steps cannot rule one out."""
+    traces = [SHARED_FIXTURES / "kineto" / f"hta_sampled_rank-{r}.json.gz" for r in (0, 1)]
+    run_dir = tmp_path / "kineto"
+    assert run_gpuprof("import", *map(str, traces), "-o", str(run_dir)).returncode == 0
+    doc = _json(by_steps.diagnose(run_dir, 2, workers=1))
+    assert doc["by_steps"]["stretches"] == 1 and doc["kinds"] == []
+    [row] = doc["stretches"]
+    assert row["no_finding"].startswith("No stall above the noise threshold in 2 steps — too few")
+    assert not any("alone (" in n for n in doc["notes"])
+    out = _gpuprof("analyze", run_dir, "--by-steps", "2")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "in 1 stretch of 2," in text and "No finding in any stretch: No stall" in text

@@ -74,8 +74,13 @@ def _weighted(values: Sequence[Any], weights: Sequence[Any]) -> float | None:
 
 
 def _stretch_row(diagnosis: dict[str, Any]) -> dict[str, Any]:
+    from gpuprof.analyzers.diagnose import Diagnosis, no_finding_sentence
+
     s = diagnosis["summary"]
     stretch = s.get("stretch") or {}
+    findings = diagnosis.get("findings", [])
+    # without a finding, what the stretch's data could show (`no_finding_sentence`)
+    sentence = None if findings else no_finding_sentence(Diagnosis([], [], s))[0]
     return {
         "first": stretch.get("first"),
         "last": stretch.get("last"),
@@ -87,8 +92,9 @@ def _stretch_row(diagnosis: dict[str, Any]) -> dict[str, Any]:
         "step_time_p50_s": _number(s.get("step_time_p50_s")),
         "findings": [
             {"kind": f["kind"], "gpu_seconds_lost": f["gpu_seconds_lost"], "share": f["share"]}
-            for f in diagnosis.get("findings", [])
+            for f in findings
         ],
+        "no_finding": sentence,
     }
 
 
@@ -222,17 +228,16 @@ def _recommendations(
 def _notes(diagnoses: Sequence[dict[str, Any]]) -> list[str]:
     """Notes every stretch gave, once; then the others with their stretch, up to
     `MAX_NOTES` (each stretch's own "steps A–B alone" notice left out: the table says it)."""
-    per = [list(dict.fromkeys(d.get("notes", []))) for d in diagnoses]
+    labels = [_label(d["summary"].get("stretch") or {}) for d in diagnoses]
+    per = [[n for n in dict.fromkeys(d.get("notes", [])) if not n.startswith(f"{label} alone")]
+           for d, label in zip(diagnoses, labels, strict=True)]  # fmt: skip
     shared = [n for n in per[0] if all(n in notes for notes in per[1:])]
     out = list(shared)
     rest = []
-    for d, notes in zip(diagnoses, per, strict=True):
-        stretch = d["summary"].get("stretch") or {}
-        label = _label(stretch)
+    for label, notes in zip(labels, per, strict=True):
         for n in notes:
-            if n in shared or n.startswith(f"{label} alone"):
-                continue
-            rest.append(f"{label}: {n}")
+            if n not in shared:
+                rest.append(f"{label}: {n}")
     out.extend(rest[:MAX_NOTES])
     if len(rest) > MAX_NOTES:
         out.append(f"… and {len(rest) - MAX_NOTES} more notes of single stretches (--json)")

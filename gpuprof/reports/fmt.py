@@ -106,6 +106,11 @@ def node_recorded(recorded: dict[str, Any] | None) -> str:
     return since_text or "yes"
 
 
+def stretches(count: int, per: int) -> str:
+    """``12 stretches of 24`` (``1 stretch of 24``)."""
+    return f"{count} stretch{'es' if count != 1 else ''} of {per}"
+
+
 def stretch(steps: dict[str, Any]) -> str:
     """What a diagnosis of a stretch of steps (`RunMeta.steps`, ``--steps``) read: ``steps
     5–9 of 0–22 alone (5 of the 23 recorded steps; --steps)``."""

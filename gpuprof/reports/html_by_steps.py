@@ -94,8 +94,9 @@ def _header(doc: dict[str, Any]) -> str:
     s, how = doc["summary"], doc["by_steps"]
     rows = [
         ("read", f"<strong>steps {_e(how['run_first'])}–{_e(how['run_last'])} "
-                 f"({_e(how['run_steps'])} recorded) in {_e(how['stretches'])} stretches of "
-                 f"{_e(how['steps_per_stretch'])}, each diagnosed alone (--by-steps)</strong>"),
+                 f"({_e(how['run_steps'])} recorded) in "
+                 f"{_e(fmt.stretches(how['stretches'], how['steps_per_stretch']))}, each "
+                 "diagnosed alone (--by-steps)</strong>"),
         ("framework", _e(s.get("framework") or "not detected")),
         ("GPUs", _e(s.get("gpus"))),
         ("GPU-time", _e(fmt.gpu_seconds((s.get("gpu_hours") or 0.0) * 3600.0))),
@@ -115,7 +116,8 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 
 def _kinds(doc: dict[str, Any]) -> str:
     if not doc["kinds"]:
-        return "<p>No finding in any stretch.</p>"
+        said = dict.fromkeys(r["no_finding"] for r in doc["stretches"] if r.get("no_finding"))
+        return f"<p>No finding in any stretch: {_e(' / '.join(list(said)[:3]))}</p>"
     n = doc["by_steps"]["stretches"]
     rows = [
         [

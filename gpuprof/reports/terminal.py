@@ -409,8 +409,8 @@ def by_steps_renderable(doc: dict[str, Any], top: int | None = None) -> Group:
     parts.append(
         Text(
             f"steps {how['run_first']}–{how['run_last']} ({how['run_steps']} recorded) in "
-            f"{how['stretches']} stretches of {how['steps_per_stretch']}, each diagnosed alone "
-            "(--by-steps); figures are the stretches' sums",
+            f"{fmt.stretches(how['stretches'], how['steps_per_stretch'])}, each diagnosed "
+            "alone (--by-steps); figures are the stretches' sums",
             style="bold",
         )
     )
@@ -434,7 +434,8 @@ def by_steps_renderable(doc: dict[str, Any], top: int | None = None) -> Group:
             )
         parts.append(table)
     else:
-        parts.append(Text("No finding in any stretch (each stretch's own sentence: --json).",
+        said = dict.fromkeys(r["no_finding"] for r in doc["stretches"] if r.get("no_finding"))
+        parts.append(Text("No finding in any stretch: " + " / ".join(list(said)[:3]),
                           style="yellow"))  # fmt: skip
     table = Table(box=None, pad_edge=False, show_edge=False)
     for name, justify in _STRETCH_COLUMNS:
