@@ -99,6 +99,9 @@ def build(run_dir: str | Path, workers: int | None = None) -> bool:
     except (_Abandon, ValueError, TypeError, OSError):
         shutil.rmtree(tmp, ignore_errors=True)
         return False
+    except BaseException:  # a damaged run file (RunError), an interrupt: nothing half-made
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _made(

@@ -3,7 +3,9 @@ row, as loading the run whole keeps, and the same stretches read from it."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import sqlite3
 
 import pandas as pd
 import pytest
@@ -43,6 +45,17 @@ def runs(tmp_path_factory):
         if compact:
             api.compact(path)
         out[name] = path
+    # a node whose clock the driver measured 300 ms off (Ray's round trips), kept in its file
+    path = root / "stored_clock"
+    store.save_run(_run(16), path)
+    clock = {"node": "node1", "offset_ns": 300_000_000, "error_ns": 1_000, "method": "ray-rtt",
+             "reference": "node0"}  # fmt: skip
+    conn = sqlite3.connect(store.host_file(path, "node1"))
+    with conn:
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('clock', ?)",
+                     (json.dumps(clock),))  # fmt: skip
+    conn.close()
+    out["stored clock"] = path
     return out
 
 
@@ -61,7 +74,7 @@ def _copies(src, tmp_path):
     return whole, by_file
 
 
-@pytest.mark.parametrize("form", ["sqlite", "parquet", "one node"])
+@pytest.mark.parametrize("form", ["sqlite", "parquet", "one node", "stored clock"])
 def test_the_kept_form_made_file_by_file_is_the_whole_loads(runs, form, tmp_path, long_runs,
                                                              monkeypatch):  # fmt: skip
     whole_dir, by_file_dir = _copies(runs[form], tmp_path)
@@ -79,8 +92,10 @@ def test_the_kept_form_made_file_by_file_is_the_whole_loads(runs, form, tmp_path
         pd.testing.assert_frame_equal(getattr(kept, table), getattr(whole, table))
     assert kept.gpu.attrs["factor"] == whole.gpu.attrs["factor"] > 1
     assert kept.meta.to_dict() == whole.meta.to_dict()
-    if form != "one node":
+    if form in ("sqlite", "parquet"):
         assert whole.meta.clocks["node1"]["method"] == "collectives"
+    if form == "stored clock":
+        assert whole.meta.clocks["node1"]["offset_ns"] == 300_000_000
     assert any(n.startswith("long run: ") for n in kept.meta.notices)
     assert load_cache.step_times(by_file_dir).equals(load_cache.step_times(whole_dir))
     # the load reads it as its own, and a stretch of steps reads the same from either
@@ -137,3 +152,20 @@ def test_a_stretch_of_a_long_run_not_kept_yet_keeps_it_file_by_file(runs, tmp_pa
         assert sorted(set(read.gpu["gpu"])) == list(range(8))
         assert abs(read.gpu["t_ns"].min() - files.gpu["t_ns"].min()) < 10**9
         assert abs(read.gpu["t_ns"].max() - files.gpu["t_ns"].max()) < 10**10
+
+
+def test_a_damaged_run_file_is_one_line_and_leaves_nothing(runs, tmp_path, long_runs,
+                                                           monkeypatch):  # fmt: skip
+    _, run_dir = _copies(runs["sqlite"], tmp_path)
+    monkeypatch.setattr(loader, "MAX_GPU_SAMPLES", store.count_rows(run_dir, "gpu") // 10)
+    read = loader._read_reduced
+
+    def damaged(path, skip, reducer):  # found only once the file is read
+        if "node1" in path.name:
+            raise store.RunError(f"{path}: damaged or not a gpuprof run file")
+        return read(path, skip, reducer)
+
+    monkeypatch.setattr(loader, "_read_reduced", damaged)
+    with pytest.raises(store.RunError, match="node1"):
+        keep_by_file.build(run_dir, workers=2)
+    assert [p.name for p in run_dir.iterdir() if p.name.startswith(".gpuprof")] == []
