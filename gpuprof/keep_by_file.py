@@ -28,6 +28,7 @@ the ranks' collectives.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import uuid
 from collections.abc import Sequence
@@ -68,7 +69,7 @@ def build(run_dir: str | Path, workers: int | None = None) -> bool:
     settings = {"max_gpu_samples": loader.MAX_GPU_SAMPLES, "merge": None,
                 "host_rows": loader.MAX_HOST_ROWS}  # fmt: skip
     made_under = load_cache.key(run_dir, settings)
-    if made_under is None:
+    if made_under is None or not os.access(run_dir, os.W_OK):  # nothing to keep, or nowhere
         return False
     total = store.count_rows(run_dir, "gpu")
     if total <= loader.MAX_GPU_SAMPLES:
@@ -82,6 +83,8 @@ def build(run_dir: str | Path, workers: int | None = None) -> bool:
         big, rows, math.ceil(total / loader.MAX_GPU_SAMPLES) * interval_ns
     )
     paths = store.run_files(run_dir)
+    if not _finished(run_dir, paths):  # found from the files' metadata alone, before reading
+        return False
     tmp = run_dir / f"{load_cache.DIRNAME}.tmp-{uuid.uuid4().hex[:8]}"
     made = uuid.uuid4().hex
     try:
@@ -102,6 +105,15 @@ def build(run_dir: str | Path, workers: int | None = None) -> bool:
     except BaseException:  # a damaged run file (RunError), an interrupt: nothing half-made
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _finished(run_dir: Path, paths: list[Path]) -> bool:
+    """Whether the run's metadata, put together as a load does, says it ended."""
+    metas = []
+    for path in paths:
+        meta, _ = store.read_file(path, tuple(RECORD_TYPES))
+        metas.extend(v for k, v in meta.items() if k == "run" or k.startswith("run."))
+    return store.merge_meta(metas, run_dir).end_ns is not None
 
 
 def _made(
