@@ -56,8 +56,8 @@ as one int64, what orders samples taken at the same instant."""
 
 
 class _Abandon(Exception):
-    """The parts cannot be one table as the whole run's (their columns disagree): nothing is
-    kept and the run is loaded whole when it is next read."""
+    """What was made cannot stand for the run (it did not end, or its files changed while
+    they were read): nothing is kept."""
 
 
 def build(run_dir: str | Path, workers: int | None = None) -> bool:

@@ -8,7 +8,10 @@ dictionary-encoded) and ``run.json`` with the run's metadata and the key the fil
 under. A later load with the same key reads those instead of the run files; `gpuprof watch`'s
 own summary makes them as the run ends, so the first ``analyze`` after it is already fast.
 Each table is kept in batches whose times ``run.json`` records, so that a stretch of the run
-(``--steps``, `step_window`) decodes only the batches that reach into it.
+(``--steps``, `step_window`) decodes only the batches that reach into it. A long run's kept
+form may also be made file by file (`keep_by_file`): each table is then a list of part files
+(`write_part`, put in place by `place`), read one after the other and sorted as the whole
+run's table is (`_in_order`); what is read is the same.
 
 The key is the run files' names, sizes and modification times (the SQLite files and their
 columnar side files), the load settings and this format's version: any change to the run,
@@ -218,7 +221,6 @@ def write(run_dir: str | os.PathLike, made_under: dict[str, Any], run: Run) -> b
     import pyarrow as pa
 
     run_dir = Path(run_dir)
-    final = run_dir / DIRNAME
     tmp = run_dir / f"{DIRNAME}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
@@ -248,12 +250,7 @@ def write(run_dir: str | os.PathLike, made_under: dict[str, Any], run: Run) -> b
         }  # fmt: skip
         with open(tmp / "run.json", "w", encoding="utf-8") as handle:
             json.dump(kept, handle)
-        # the old form goes first: a reader in between finds none and reads the run files
-        old = run_dir / f"{DIRNAME}.old-{uuid.uuid4().hex[:8]}"
-        with contextlib.suppress(FileNotFoundError):
-            final.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
-        tmp.rename(final)
+        _swap_in(run_dir, tmp)
         return True
     except Exception:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -295,13 +292,19 @@ def place(
     }  # fmt: skip
     with open(tmp / "run.json", "w", encoding="utf-8") as handle:
         json.dump(kept, handle)
-    final = Path(run_dir) / DIRNAME
-    old = Path(run_dir) / f"{DIRNAME}.old-{uuid.uuid4().hex[:8]}"
+    _swap_in(Path(run_dir), tmp)
+    return True
+
+
+def _swap_in(run_dir: Path, tmp: Path) -> None:
+    """``tmp`` becomes the kept form; the old form goes first, so that a reader in between
+    finds none and reads the run files."""
+    final = run_dir / DIRNAME
+    old = run_dir / f"{DIRNAME}.old-{uuid.uuid4().hex[:8]}"
     with contextlib.suppress(FileNotFoundError):
         final.rename(old)
         shutil.rmtree(old, ignore_errors=True)
     tmp.rename(final)
-    return True
 
 
 def _joined(table: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -309,6 +312,8 @@ def _joined(table: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
     part has them), the rows they hold, and each part's file and batch times."""
     first = parts[0]
     names = [c["name"] for c in first["columns"]]
+    if any(len(p["columns"]) != len(names) for p in parts):
+        raise ValueError(f"{table}: the parts disagree on the columns")
     columns = []
     for i, name in enumerate(names):
         got = [p["columns"][i] for p in parts]
