@@ -11,9 +11,11 @@ row, while holding one run file's host-side tables, or one part of the GPUs, per
    process and GPU-process samples;
 2. the run's clock offsets and the GPUs' owners are found from those summaries, as
    `store.load_run` and `ownership.gpu_owner` find them from the whole run;
-3. each file is read again, put on the run's clock, typed and sorted as the whole run's
-   tables would be, and written as parts of the kept tables; the instants its processes'
-   spans start and end (where the GPUs they own may not be merged across) come back;
+3. each file's tables, as step 1 read them (kept aside as Arrow, faster to read back than
+   the file is to decode again), are put on the run's clock, typed and sorted as the whole
+   run's tables would be, and written as parts of the kept tables; the instants its
+   processes' spans start and end (where the GPUs they own may not be merged across) come
+   back;
 4. the GPU samples are merged a part of the GPUs per worker (`loader._reduce_gpu_part`) and
    written as parts, each row with its place in the samples' stream.
 
@@ -45,6 +47,8 @@ from gpuprof.analyzers.spans import valid_spans
 from gpuprof.model import INTERNED_TABLES, RECORD_TYPES, Run, RunMeta, span_depths
 from gpuprof.step_window import step_times
 
+_READ = "read"
+"""Where, inside the kept form being made, step 1 keeps each file's tables for step 3."""
 _SIDE = ("procs", "gpu_procs")
 """Host-side tables the owners of the GPUs are found from (bounded by the loader's budgets)."""
 PART_ROWS = 500_000
@@ -92,8 +96,10 @@ def build(run_dir: str | Path, workers: int | None = None) -> bool:
     except OSError:
         return False
     try:
+        (tmp / _READ).mkdir()
         with loader._Workers(workers or loader.default_workers()) as pool:
             meta, parts, steps = _made(run_dir, paths, reducer, total, rows, pool, (tmp, made))
+        shutil.rmtree(tmp / _READ)
         if meta.end_ns is None:
             raise _Abandon("not finished")
         if made_under != load_cache.key(run_dir, settings):
@@ -123,7 +129,7 @@ def _made(
     """Steps 1–4: the parts written into ``into`` (directory, the writing's id), and the
     run's metadata, the parts of each table (`load_cache.write_part`) and its step times."""
     skip = ("gpu",)
-    scans = pool.map(_scan, [(p, skip, reducer) for p in paths])
+    scans = pool.map(_scan, [(p, i, skip, reducer, into) for i, p in enumerate(paths)])
     metas = [m for scan in scans for m in scan["metas"]]
     meta = store.merge_meta(metas, run_dir if run_dir.is_dir() else run_dir.parent)
     offsets = {s["stored"].node: s["stored"] for s in scans if s["stored"] is not None}
@@ -145,8 +151,8 @@ def _made(
         meta.hosts = sorted(set().union(*(s["hosts"] for s in scans)))
     owners = _owners(run_dir, meta, side, scans)
     estimated = {node: o.offset_ns for node, o in found.items()}
-    calls = [(p, i, skip, reducer, estimated, holders, dtypes, owners, into)
-             for i, p in enumerate(paths)]  # fmt: skip
+    calls = [(p, i, s["read"], s["stored"], estimated, holders, dtypes, owners, into)
+             for i, (p, s) in enumerate(zip(paths, scans, strict=True))]  # fmt: skip
     written = pool.map(_write_file, calls)
     bounds = {key: b for got in written for key, b in got["bounds"].items()}
     windows: dict[str, int] = {}
@@ -204,9 +210,15 @@ def _made(
     return meta, parts, steps
 
 
-def _scan(path: Path, skip: tuple[str, ...], reducer: Any) -> dict[str, Any]:
-    """Step 1 for one file: what the run's clocks and the GPUs' owners are found from."""
+def _scan(
+    path: Path, index: int, skip: tuple[str, ...], reducer: Any, into: tuple[Path, str]
+) -> dict[str, Any]:
+    """Step 1 for one file: what the run's clocks and the GPUs' owners are found from; the
+    file's tables as read, kept aside for step 3 (``read``: `_READ` parts, Arrow IPC, which
+    reads back far faster than decoding and bucketing the file again)."""
     meta, frames, windows = loader._read_reduced(path, skip, reducer)
+    scratch = (into[0] / _READ, into[1])
+    read = {t: load_cache.write_part(scratch, t, index, f) for t, f in frames.items() if len(f)}
     stored = clocks.stored_offset(path.name.split(".")[0], meta.get("clock"))
     if stored is not None:
         clocks.shift(frames, stored.offset_ns)
@@ -227,6 +239,7 @@ def _scan(path: Path, skip: tuple[str, ...], reducer: Any) -> dict[str, Any]:
             hosts.update(frame["host"].dropna().unique().tolist())
     return {
         "metas": [v for k, v in meta.items() if k == "run" or k.startswith("run.")],
+        "read": read,
         "stored": stored,
         "windows": windows,
         "filled": {t for t, f in frames.items() if not f.empty},
@@ -359,14 +372,14 @@ def _owners(
 
 
 def _write_file(
-    path: Path, index: int, skip: tuple[str, ...], reducer: Any, estimated: dict[str, int],
-    holders: dict[str, int], dtypes: dict[str, dict[str, str]], owners: pd.DataFrame,
-    into: tuple[Path, str],
+    path: Path, index: int, read: dict[str, dict[str, Any]], stored: Any,
+    estimated: dict[str, int], holders: dict[str, int], dtypes: dict[str, dict[str, str]],
+    owners: pd.DataFrame, into: tuple[Path, str],
 ) -> dict[str, Any]:  # fmt: skip
-    """Step 3 for one file: its tables on the run's clock, typed and sorted as the whole
-    run's, written as parts; the span boundaries of the GPUs its processes own; its steps."""
-    meta, frames, _ = loader._read_reduced(path, skip, reducer)
-    stored = clocks.stored_offset(path.name.split(".")[0], meta.get("clock"))
+    """Step 3 for one file (its tables as step 1 read them, ``read``): on the run's clock,
+    typed and sorted as the whole run's, written as parts; the span boundaries of the GPUs
+    its processes own; its steps."""
+    frames = {t: load_cache.read_part(into[0] / _READ, into[1], spec) for t, spec in read.items()}
     if stored is not None:
         clocks.shift(frames, stored.offset_ns)
     for node, offset in estimated.items():

@@ -278,6 +278,18 @@ def write_part(into: tuple[Path, str], table: str, index: int, frame: pd.DataFra
     return {**spec, "file": name}
 
 
+def read_part(where: Path, made: str, spec: dict[str, Any]) -> pd.DataFrame:
+    """The frame `write_part` wrote (``spec`` is what it returned), as it was."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(Path(where) / spec["file"])) as source:
+        reader = pa.ipc.open_file(source)
+        if (reader.schema.metadata or {}).get(_MADE) != made.encode():
+            raise ValueError(f"{spec['file']}: written by another making")
+        data = reader.read_all()
+    return _frame(data, spec)
+
+
 def place(
     run_dir: str | os.PathLike, tmp: Path, made_under: dict[str, Any], made: str,
     meta: RunMeta, parts: dict[str, list[dict[str, Any]]], steps: pd.DataFrame | None,

@@ -85,6 +85,7 @@ def test_the_kept_form_made_file_by_file_is_the_whole_loads(runs, form, tmp_path
     assert not list(by_file_dir.glob(".gpuprof-loaded.tmp-*"))
     parts = sorted(p.name for p in (by_file_dir / load_cache.DIRNAME).glob("*.arrow"))
     assert {"gpu.00000.arrow", "gpu.00002.arrow"} <= set(parts)  # one per part of the GPUs
+    assert [p.name for p in (by_file_dir / load_cache.DIRNAME).iterdir() if p.is_dir()] == []
     settings = {"max_gpu_samples": budget, "merge": None, "host_rows": HOST_ROWS}
     kept = load_cache.read(by_file_dir, load_cache.key(by_file_dir, settings))
     assert kept is not None
