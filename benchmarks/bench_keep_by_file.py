@@ -3,6 +3,7 @@ made file by file (`gpuprof.keep_by_file`), each as a fresh process.
 
     python benchmarks/bench_keep_by_file.py [--dir /tmp/gpuprof-scale256/4h] [--repeats 3]
                                             [--workers 2] [--check] [--commands]
+                                            [--tile-from /tmp/gpuprof-scale256/base-1h --hours 8]
 
 ``--dir`` is a finished run directory (`bench_analyze_parallel.py` writes 256 GPUs x 4 h
 there). Each variant works on its own copy of the run (hard links, no data copied) whose
@@ -68,10 +69,20 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--check", action="store_true")
     parser.add_argument(
+        "--tile-from", help="a one-hour run directory to tile into --dir when it is missing "
+        "(bench_analyze_scale.write_tiled_dir), --hours long",
+    )  # fmt: skip
+    parser.add_argument("--hours", type=float, default=8)
+    parser.add_argument(
         "--commands", action="store_true",
         help="also time `analyze --steps 0:24` and `--by-steps 24` on the run not kept yet",
     )  # fmt: skip
     args = parser.parse_args()
+    if not Path(args.dir).is_dir() and args.tile_from:
+        from bench_analyze_scale import write_tiled_dir
+
+        write_tiled_dir(Path(args.tile_from), args.hours, Path(args.dir))
+        print(f"{args.dir}: {args.hours} h tiled from {args.tile_from}", file=sys.stderr)
     if not Path(args.dir).is_dir():
         sys.exit(f"{args.dir}: no run; python benchmarks/bench_analyze_parallel.py writes one")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
