@@ -54,9 +54,6 @@ _SIDE = ("procs", "gpu_procs")
 PART_ROWS = 500_000
 """Merged GPU samples a part of the GPUs holds, about, at most: the GPUs are merged in
 enough parts that each worker's part stays near this, whatever the run's size."""
-PLACE = "_place"
-"""Column of a kept GPU part: each row's place in the samples' stream (`store.iter_gpu_parts`)
-as one int64, what orders samples taken at the same instant."""
 
 
 class _Abandon(Exception):
@@ -142,7 +139,7 @@ def _made(
     tables = {"spans": _together([s["collectives"] for s in scans], "spans", holders["spans"]),
               **side}  # fmt: skip
     span_hosts = set().union(*(s["span_hosts"] for s in scans))
-    found = _align(meta, tables, set(offsets), span_hosts)
+    found = store._align_nodes(meta, tables, set(offsets), span_hosts)
     offsets.update(found)
     meta.clocks = {node: offset.to_dict() for node, offset in sorted(offsets.items())}
     for name in side:  # as the whole run's, on the run's clock and in its order
@@ -335,25 +332,6 @@ def _ordered(table: str, frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(key, kind="stable", ignore_index=True)
 
 
-def _align(
-    meta: RunMeta, tables: dict[str, pd.DataFrame], measured: set[str], span_hosts: set[str]
-) -> dict[str, clocks.ClockOffset]:
-    """`store._align_nodes` on the ranks' collectives alone (all it reads of the spans)."""
-    nodes = sorted(set(meta.hosts) | span_hosts)
-    if len(nodes) < 2:
-        return {}
-    reference = meta.reference_node or (meta.hosts[0] if meta.hosts else nodes[0])
-    todo = [n for n in nodes if n not in measured and n != reference]
-    if not todo:
-        return {}
-    found = clocks.estimate_from_collectives(tables["spans"], reference, todo)
-    for node, offset in found.items():
-        clocks.shift_node(tables, node, offset.offset_ns)
-    if found:
-        found[reference] = clocks.ClockOffset(reference, 0, 0, "reference", reference)
-    return found
-
-
 def _owners(
     run_dir: Path, meta: RunMeta, side: dict[str, pd.DataFrame], scans: list[dict]
 ) -> pd.DataFrame:
@@ -432,7 +410,7 @@ def _write_gpu_part(
     for (index, kind, group), frame in got:
         for name in ("host", "uuid"):
             frame[name] = frame[name].astype(object)
-        frame[PLACE] = np.int64((index << 34) | (kind << 32) | group)
+        frame[load_cache.PLACE] = np.int64((index << 34) | (kind << 32) | group)
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True)
     frame = frame.sort_values("t_ns", kind="stable", ignore_index=True)

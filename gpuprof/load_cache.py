@@ -48,6 +48,10 @@ BATCH_ROWS = 262_144
 """Rows per record batch of a kept table. Each batch's time range is kept with it, so a
 stretch of a run (`read` with ``span``) decodes only the batches that reach into it, one at
 a time: memory follows the stretch, not the run."""
+PLACE = "_place"
+"""Column of a GPU part kept file by file (`keep_by_file`): each row's place in the samples'
+stream (`store.iter_gpu_parts`) as one int64, what orders samples taken at the same instant;
+dropped on reading."""
 _MADE = b"gpuprof.made"
 """Schema metadata of each kept table: the writing it belongs to (``run.json``'s ``made``)."""
 _DATA_SUFFIXES = (".sqlite", ".parquet")
@@ -179,8 +183,6 @@ def _in_order(table: str, frame: pd.DataFrame) -> pd.DataFrame:
     """A table kept in parts (`keep_by_file`), its parts' rows one after the other, in the
     order of the whole run's table: stably by time, GPU samples at the same instant in their
     stream's order (their kept place, then dropped)."""
-    from gpuprof.keep_by_file import PLACE
-
     if table in INTERNED_TABLES or frame.empty:
         return frame.drop(columns=[PLACE]) if PLACE in frame else frame
     key = store._SORT_KEY.get(table, "t_ns")

@@ -100,12 +100,7 @@ def resolve(run_dir: str | Path, text: str) -> StepWindow:
     (read one file at a time). Raises `ValueError` for a malformed ``text`` and `RunError`
     (one line) for a run without recorded steps or a stretch with none of them."""
     lo, hi = parse(text)
-    steps = _step_times(run_dir)
-    if steps.empty:
-        raise RunError(
-            f"{run_dir}: --steps needs the steps a run recorded (gpuprof.step() or a "
-            "framework adapter); this run has none"
-        )
+    steps = _recorded_steps(run_dir, "--steps")
     numbers = steps.index.to_numpy()
     lo_n = _bound(numbers, lo, numbers[0])
     hi_n = _bound(numbers, hi, numbers[-1] + 1)
@@ -136,12 +131,7 @@ def consecutive(run_dir: str | Path, per: int) -> list[StepWindow]:
     steps, `ValueError` for ``per`` < 1."""
     if per < 1:
         raise ValueError(f"--by-steps {per}: expected a number of steps, 1 or more")
-    steps = _step_times(run_dir)
-    if steps.empty:
-        raise RunError(
-            f"{run_dir}: --by-steps needs the steps a run recorded (gpuprof.step() or a "
-            "framework adapter); this run has none"
-        )
+    steps = _recorded_steps(run_dir, "--by-steps")
     numbers = steps.index.to_numpy()
     first_ns, last_ns = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
     run = {
@@ -162,6 +152,17 @@ def consecutive(run_dir: str | Path, per: int) -> list[StepWindow]:
             )
         )
     return out
+
+
+def _recorded_steps(run_dir: str | Path, option: str) -> pd.DataFrame:
+    """`_step_times`, or `RunError` (one line naming ``option``) for a run without steps."""
+    steps = _step_times(run_dir)
+    if steps.empty:
+        raise RunError(
+            f"{run_dir}: {option} needs the steps a run recorded (gpuprof.step() or a "
+            "framework adapter); this run has none"
+        )
+    return steps
 
 
 def _bound(numbers: np.ndarray, value: int | None, default: int) -> int:

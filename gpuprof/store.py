@@ -437,11 +437,16 @@ def merge_meta(metas: list[dict[str, Any]], run_dir: Path) -> RunMeta:
 
 
 def _align_nodes(
-    meta: RunMeta, tables: dict[str, pd.DataFrame], measured: set[str]
-) -> dict[str, clocks.ClockOffset]:
+    meta: RunMeta, tables: dict[str, pd.DataFrame], measured: set[str],
+    span_hosts: set[str] | None = None,
+) -> dict[str, clocks.ClockOffset]:  # fmt: skip
     """Put nodes without a measured offset on the reference node's clock, estimated from the
-    collectives their ranks took part in (in place); the offsets applied."""
-    nodes = sorted(set(meta.hosts) | set(tables["spans"]["host"].dropna().unique().tolist()))
+    collectives their ranks took part in (in place); the offsets applied. ``span_hosts``:
+    the hosts of the run's spans, when ``tables["spans"]`` holds only their collectives
+    (`keep_by_file`)."""
+    if span_hosts is None:
+        span_hosts = set(tables["spans"]["host"].dropna().unique().tolist())
+    nodes = sorted(set(meta.hosts) | span_hosts)
     if len(nodes) < 2:
         return {}
     reference = meta.reference_node or (meta.hosts[0] if meta.hosts else nodes[0])

@@ -28,20 +28,7 @@ def _fmt(value: Any, digits: int = 1) -> str:
 def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
     """Headline, findings, recommendations and notes as one rich renderable."""
     s = diagnosis.summary
-    parts: list[Any] = []
-    head = Text()
-    head.append("gpuprof ", style="bold")
-    head.append(f"{s.get('run_id')}  ")
-    if s.get("framework"):
-        head.append(f"{s['framework']}  ")
-    head.append(f"{s.get('gpus', 0)} GPUs  {_fmt(s.get('gpu_hours'), 2)} GPU-h  ")
-    if s.get("mean_util_gpu_pct") is not None:
-        head.append(f"mean util {s['mean_util_gpu_pct']:.0f}%  ")
-    if s.get("mean_sm_active_pct") is not None:
-        head.append(f"SM active {s['mean_sm_active_pct']:.0f}%  ")
-    if s.get("idle_gpu_s") is not None:
-        head.append(f"idle {fmt.gpu_seconds(s['idle_gpu_s'])}")
-    parts.append(head)
+    parts: list[Any] = [_headline(s)]
     if s.get("stretch"):
         parts.append(Text(fmt.stretch(s["stretch"]), style="bold"))
     if s.get("steps"):
@@ -63,6 +50,23 @@ def diagnosis_renderable(diagnosis: Diagnosis, top: int | None = None) -> Group:
     for note in diagnosis.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     return Group(*parts)
+
+
+def _headline(s: dict[str, Any]) -> Text:
+    """``gpuprof RUN  framework  GPUs  GPU-h  mean util  SM active  idle`` of a summary."""
+    head = Text()
+    head.append("gpuprof ", style="bold")
+    head.append(f"{s.get('run_id')}  ")
+    if s.get("framework"):
+        head.append(f"{s['framework']}  ")
+    head.append(f"{s.get('gpus', 0)} GPUs  {_fmt(s.get('gpu_hours'), 2)} GPU-h  ")
+    if s.get("mean_util_gpu_pct") is not None:
+        head.append(f"mean util {s['mean_util_gpu_pct']:.0f}%  ")
+    if s.get("mean_sm_active_pct") is not None:
+        head.append(f"SM active {s['mean_sm_active_pct']:.0f}%  ")
+    if s.get("idle_gpu_s") is not None:
+        head.append(f"idle {fmt.gpu_seconds(s['idle_gpu_s'])}")
+    return head
 
 
 def basis_parts(summary: dict[str, Any]) -> list[Any]:
@@ -394,18 +398,7 @@ def by_steps_renderable(doc: dict[str, Any], top: int | None = None) -> Group:
     """A run diagnosed stretch by stretch (`gpuprof.by_steps`): the sums, each kind's
     GPU-time per stretch, the stretches, the merged recommendations and the notes."""
     s, how = doc["summary"], doc["by_steps"]
-    parts: list[Any] = []
-    head = Text()
-    head.append("gpuprof ", style="bold")
-    head.append(f"{s.get('run_id')}  ")
-    if s.get("framework"):
-        head.append(f"{s['framework']}  ")
-    head.append(f"{s.get('gpus', 0)} GPUs  {_fmt(s.get('gpu_hours'), 2)} GPU-h  ")
-    if s.get("mean_util_gpu_pct") is not None:
-        head.append(f"mean util {s['mean_util_gpu_pct']:.0f}%  ")
-    if s.get("idle_gpu_s") is not None:
-        head.append(f"idle {fmt.gpu_seconds(s['idle_gpu_s'])}")
-    parts.append(head)
+    parts: list[Any] = [_headline(s)]
     parts.append(
         Text(
             f"steps {how['run_first']}–{how['run_last']} ({how['run_steps']} recorded) in "
