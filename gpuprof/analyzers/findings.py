@@ -467,8 +467,18 @@ class AnalysisContext:
         return cached[1]
 
     @property
+    def facts(self) -> Any:
+        """The run-wide `parts.Facts` when this context is one part of a run analysed part by
+        part (`parts.Parts`); None for a whole run not yet seen as parts."""
+        return self.__dict__.get("_facts")
+
+    @property
     def total_gpu_s(self) -> float:
-        """Total GPU-seconds of the run (sum of sample durations over all GPUs)."""
+        """Total GPU-seconds of the run (sum of sample durations over all GPUs; of every part
+        when this context is one part of a run)."""
+        facts = self.facts
+        if facts is not None:
+            return float(facts.gpu_s)
         value = self.totals.get("gpu_s") or 0.0
         return float(value) if value == value else 0.0
 

@@ -467,11 +467,7 @@ def _waiting_on(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds, phases: l
 
 def _sample_intervals(s: pd.DataFrame, mask: np.ndarray, idle: np.ndarray) -> list[list[int]]:
     """The worst contiguous stretches of masked samples, as ``[start_ns, end_ns]``."""
-    if not mask.any():
-        return []
-    t = s["t_ns"].to_numpy(np.int64)[mask]
-    e = t + (s["dt_s"].to_numpy(np.float64)[mask] * 1e9).astype(np.int64)
-    a, b = union(t, e + 1)  # touching samples join
-    where = np.searchsorted(a, t, side="right") - 1
-    weight = pd.Series(idle[mask]).groupby(where).sum().reindex(range(len(a))).fillna(0.0)
-    return top_intervals(a, b, weight.to_numpy())
+    from gpuprof.analyzers.parts import stretches, top_stretches
+
+    t = s["t_ns"].to_numpy(np.int64)
+    return top_stretches([stretches(t, s["dt_s"].to_numpy(np.float64), mask, idle)])

@@ -13,6 +13,9 @@ reported as start-up and never counted as a stall: `claim_startup` claims its GP
   `WARMUP_RATIO` × the median step of the rest (a run of at least `MIN_STEPS` steps);
 - **wind-down**: every GPU sample after the last step ends (the final save, teardown, or a
   profiler window that stops inside a step that never ends in the trace).
+
+The steps are the whole run's (`parts.Facts`): a run analysed node by node claims the same
+samples on every node.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpuprof.analyzers.findings import AnalysisContext
+from gpuprof.analyzers.parts import Parts
 
 __all__ = ["claim_startup", "startup_window"]
 
@@ -34,18 +38,16 @@ WARMUP_RATIO = 1.5
 CUDA-graph capture and cache filling take seconds to minutes on the first step)."""
 
 
-def startup_window(ctx: AnalysisContext) -> tuple[int, list[int], int | None] | None:
+def startup_window(ctx: AnalysisContext | Parts) -> tuple[int, list[int], int | None] | None:
     """``(end_ns, warm-up steps, wind-down start_ns)``: start-up lasts until ``end_ns`` (the
     end of the warm-up steps, else the first step's start), wind-down from the last step's end
     (None without steps); None when the run has no spans."""
-    spans = ctx.spans
-    if spans is None or spans.empty:
+    facts = (ctx if isinstance(ctx, Parts) else Parts.of(ctx)).facts
+    if facts.first_span_ns is None:
         return None
-    steps = spans[spans["phase"] == "step"]
-    if steps.empty:
-        return int(spans["start_ns"].min()), [], None
-    per = steps.groupby("step").agg(start=("start_ns", "min"), end=("end_ns", "max"))
-    per = per.sort_values("start")
+    per = facts.steps
+    if per.empty:
+        return facts.first_span_ns, [], None
     end = int(per["start"].iloc[0])
     warmup: list[int] = []
     if len(per) >= MIN_STEPS:
@@ -60,16 +62,41 @@ def startup_window(ctx: AnalysisContext) -> tuple[int, list[int], int | None] | 
     return end, warmup, int(per["end"].max())
 
 
-def claim_startup(ctx: AnalysisContext) -> dict[str, Any] | None:
-    """Claim the GPU samples of start-up, warm-up and wind-down (see the module docstring) and
-    return the ``startup`` entry of the summary: ``until_ns``, ``seconds`` (from the first GPU
-    sample), ``gpu_s``, ``idle_gpu_s``, ``warmup_steps``, ``wind_down_s``,
-    ``wind_down_idle_gpu_s``; None when there is none."""
-    window = startup_window(ctx)
-    s = ctx.samples
-    if window is None or s is None or s.empty:
+def claim_startup(ctx: AnalysisContext | Parts) -> dict[str, Any] | None:
+    """Claim the GPU samples of start-up, warm-up and wind-down (see the module docstring) on
+    every part and return the ``startup`` entry of the summary: ``until_ns``, ``seconds``
+    (from the first GPU sample), ``gpu_s``, ``idle_gpu_s``, ``warmup_steps``,
+    ``wind_down_s``, ``wind_down_idle_gpu_s``; None when there is none."""
+    parts = ctx if isinstance(ctx, Parts) else Parts.of(ctx)
+    window = startup_window(parts)
+    if window is None or parts.facts.t_min_ns is None:
         return None
     end, warmup, last = window
+    got = parts.map(_claim, end, last)
+    if not any(g is not None for g in got):
+        return None
+    got = [g for g in got if g is not None]
+    t_min, t_max = parts.facts.t_min_ns, parts.facts.t_max_ns
+    return {
+        "until_ns": end,
+        "seconds": round(max(0, end - t_min) / 1e9, 3),
+        "gpu_s": round(sum(g[0] for g in got), 3),
+        "idle_gpu_s": round(sum(g[1] for g in got), 3),
+        "warmup_steps": warmup,
+        "wind_down_s": round(max(0, t_max - last) / 1e9, 3) if any(g[3] for g in got) else 0.0,
+        "wind_down_idle_gpu_s": round(sum(g[2] for g in got), 3),
+    }
+
+
+def _claim(
+    ctx: AnalysisContext, end: int, last: int | None
+) -> tuple[float, float, float, bool] | None:
+    """One part's samples of start-up (before ``end``) and wind-down (from ``last``) claimed:
+    their GPU-seconds and idle GPU-seconds of start-up, idle GPU-seconds of wind-down, and
+    whether any sample is in the wind-down; None when none is in either."""
+    s = ctx.samples
+    if s is None or s.empty:
+        return None
     t = s["t_ns"].to_numpy(np.int64)
     before = t < end
     after = t >= last if last is not None else np.zeros(len(t), dtype=bool)
@@ -78,12 +105,5 @@ def claim_startup(ctx: AnalysisContext) -> dict[str, Any] | None:
     ctx.claim(before | after)
     idle = s["idle_gpu_s"].to_numpy(np.float64)
     dt = s["dt_s"].to_numpy(np.float64)
-    return {
-        "until_ns": end,
-        "seconds": round(max(0, end - int(t.min())) / 1e9, 3),
-        "gpu_s": round(float(dt[before].sum()), 3),
-        "idle_gpu_s": round(float(np.nansum(idle[before])), 3),
-        "warmup_steps": warmup,
-        "wind_down_s": round(max(0, int(t.max()) - last) / 1e9, 3) if after.any() else 0.0,
-        "wind_down_idle_gpu_s": round(float(np.nansum(idle[after])), 3),
-    }
+    return (float(dt[before].sum()), float(np.nansum(idle[before])),
+            float(np.nansum(idle[after])), bool(after.any()))  # fmt: skip

@@ -24,53 +24,39 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import PhantomUtilEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.stalls._phase import _conf, _minutes, _num, _sample_intervals
+from gpuprof.analyzers.parts import Parts, stretches, top_stretches
+from gpuprof.analyzers.stalls._phase import _conf, _minutes, _num
 from gpuprof.analyzers.stalls._resource import _gpu_codes, _gpu_columns_of
 from gpuprof.analyzers.stalls._resource import _num as _column
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """GPUs reading busy with no memory, no process and little power (see the module doc)."""
-    s = ctx.unclaimed_samples
-    if s is None or s.empty or ctx.total_gpu_s <= 0:
+    parts = ctx if isinstance(ctx, Parts) else Parts.of(ctx)
+    if parts.total_gpu_s <= 0:
         return None
-    util = s["util_gpu_pct"].to_numpy(np.float64)
-    busy = np.nan_to_num(util, nan=-1.0) >= th.phantom_util_pct
-    if not busy.any():
+    tolerance = _tolerance_ns(parts.map(_dt_counts))
+    got = [g for g in parts.map(_measure, th, tolerance) if g is not None]
+    if not any(g["phantom"].any() for g in got):
         return None
-    g = _gpu_columns_of(ctx, s)
-    rows = s["row"].to_numpy(np.int64)
-    mem = s["mem_used_bytes"].to_numpy(np.float64)
-    mem_util = _column(ctx.run.gpu, "util_mem_pct")[rows]
-    measured = np.isfinite(mem)
-    quiet = np.nan_to_num(mem_util, nan=np.inf) <= th.phantom_mem_util_pct
-    empty = np.where(measured, mem <= th.phantom_mem_bytes, quiet)
-    power = g["power_w"].to_numpy(np.float64)
-    limit = _limits(ctx, s)
-    over = np.isfinite(power) & np.isfinite(limit) & (power > th.phantom_power_frac * limit)
-    procs = _with_process(ctx, s)
-    phantom = busy & empty & ~over & ~procs
-    if not phantom.any():
-        return None
-    dt = s["dt_s"].to_numpy(np.float64)
-    lost = float(np.nansum(dt[phantom]))
-    share = ctx.share(lost)
+    found = [g for g in got if g["phantom"].any()]
+    # the phantom samples of every part, in the whole run's sample order
+    hit = {k: np.concatenate([g["hit"][k] for g in found]) for k in found[0]["hit"]}
+    util, mem, dt, measured = hit["util"], hit["mem"], hit["dt"], hit["measured"]
+    lost = float(np.nansum(dt))
+    share = parts.share(lost)
     if share < th.min_share:
         return None
-    claim = np.zeros(len(ctx.samples), dtype=bool)
-    claim[ctx.samples.index.get_indexer(s.index[phantom])] = True
-    ctx.claim(claim)
-    hit = s[phantom]
-    keys = hit[["host", "gpu"]].drop_duplicates().sort_values(["host", "gpu"])
-    labels = [f"{h}:{int(gg)}" for h, gg in zip(keys["host"], keys["gpu"])]
-    n_all = int(s[["host", "gpu"]].drop_duplicates().shape[0])
-    longest = _longest_stretch(s, phantom)
-    mem_max = float(np.nanmax(mem[phantom])) if measured[phantom].any() else np.nan
-    power_mean = float(np.nanmean(power[phantom])) if np.isfinite(power[phantom]).any() else np.nan
-    limit_mean = float(np.nanmean(limit[phantom])) if np.isfinite(limit[phantom]).any() else np.nan
-    clock = g["sm_clock_mhz"].to_numpy(np.float64)[phantom]
-    has_procs = len(ctx.run.gpu_procs) > 0
-    all_measured = bool(measured[phantom].all())
+    parts.each(_claim, th, tolerance)
+    labels = [f"{h}:{int(gg)}" for h, gg in sorted(p for g in found for p in g["gpus"])]
+    n_all = sum(g["n_gpus"] for g in got)
+    longest = max(g["longest"] for g in found)
+    mem_max = float(np.nanmax(mem)) if measured.any() else np.nan
+    power, limit, clock, mem_util = hit["power"], hit["limit"], hit["clock"], hit["mem_util"]
+    power_mean = float(np.nanmean(power)) if np.isfinite(power).any() else np.nan
+    limit_mean = float(np.nanmean(limit)) if np.isfinite(limit).any() else np.nan
+    has_procs = any(g["has_procs"] for g in got)
+    all_measured = bool(measured.all())
     # memory below a CUDA context is decisive; memory activity alone is a weaker sign, and a
     # snapshot can't show the state persists (stuck GPUs stay so for hours)
     confidence = (0.7 if all_measured else 0.45) + 0.15 * min(1.0, longest / 900.0)
@@ -79,7 +65,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     power_txt = f" at {power_mean:.0f} W" if np.isfinite(power_mean) else ""
     proc_txt = ", no process on them" if has_procs else ""
     summary = (
-        f"{len(labels)} of {n_all} GPU(s) read {np.nanmean(util[phantom]):.0f}% utilization "
+        f"{len(labels)} of {n_all} GPU(s) read {np.nanmean(util):.0f}% utilization "
         f"with {mem_txt}{proc_txt}{power_txt}: stuck GPUs to reset (nvidia-smi -r, or reboot "
         f"the node), not work — {_minutes(lost)} ({share:.0%}) of GPU-time"
     )
@@ -90,14 +76,14 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         confidence=_conf(confidence),
         summary=summary,
         evidence=PhantomUtilEvidence(
-            intervals=_sample_intervals(s, phantom, dt),
+            intervals=top_stretches([g["stretches"] for g in found]),
             gpus=labels,
             phases=[],
             phantom_gpu_s=_num(lost),
             longest_stretch_s=_num(longest),
-            util_gpu_pct_mean=_num(float(np.nanmean(util[phantom]))),
-            util_mem_pct_mean=_num(float(np.nanmean(mem_util[phantom])))
-            if np.isfinite(mem_util[phantom]).any()
+            util_gpu_pct_mean=_num(float(np.nanmean(util))),
+            util_mem_pct_mean=_num(float(np.nanmean(mem_util)))
+            if np.isfinite(mem_util).any()
             else None,
             mem_used_bytes_max=_num(mem_max, ".0f"),
             memory_measured=all_measured,
@@ -108,6 +94,91 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             working_gpus=n_all - len(labels),
         ),
     )
+
+
+def _dt_counts(ctx: AnalysisContext) -> tuple[np.ndarray, np.ndarray]:
+    """One part's sampling intervals (s) of the samples left unclaimed, as distinct values
+    and their counts (what an exact median over every part needs)."""
+    s = ctx.unclaimed_samples
+    dt = s["dt_s"].to_numpy(np.float64) if s is not None else np.zeros(0)
+    return np.unique(dt[np.isfinite(dt)], return_counts=True)
+
+
+def _tolerance_ns(counts: list[tuple[np.ndarray, np.ndarray]]) -> int:
+    """Two sampling periods (the median interval of every unclaimed sample, at least 1 s) in
+    ns: how near a per-process reading must be to vouch for a sample."""
+    values = np.concatenate([c[0] for c in counts]) if counts else np.zeros(0)
+    if not len(values):
+        return int(2e9)
+    n = np.concatenate([c[1] for c in counts])
+    order = np.argsort(values, kind="stable")
+    values, cum = values[order], np.cumsum(n[order])
+    total = int(cum[-1])
+    lo = values[np.searchsorted(cum, (total - 1) // 2, side="right")]
+    hi = values[np.searchsorted(cum, total // 2, side="right")]
+    median = lo if lo == hi else (lo + hi) / 2  # what np.nanmedian gives
+    return int(max(1.0, float(median)) * 2e9)
+
+
+def _phantom(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds, tolerance: int) -> dict:
+    """Per sample of ``s``: phantom or not, and the columns the finding reads."""
+    util = s["util_gpu_pct"].to_numpy(np.float64)
+    busy = np.nan_to_num(util, nan=-1.0) >= th.phantom_util_pct
+    if not busy.any():
+        return {"phantom": busy}
+    g = _gpu_columns_of(ctx, s)
+    rows = s["row"].to_numpy(np.int64)
+    mem = s["mem_used_bytes"].to_numpy(np.float64)
+    mem_util = _column(ctx.run.gpu, "util_mem_pct")[rows]
+    measured = np.isfinite(mem)
+    quiet = np.nan_to_num(mem_util, nan=np.inf) <= th.phantom_mem_util_pct
+    empty = np.where(measured, mem <= th.phantom_mem_bytes, quiet)
+    power = g["power_w"].to_numpy(np.float64)
+    limit = _limits(ctx, s)
+    over = np.isfinite(power) & np.isfinite(limit) & (power > th.phantom_power_frac * limit)
+    procs = _with_process(ctx, s, tolerance)
+    phantom = busy & empty & ~over & ~procs
+    return {"phantom": phantom, "util": util, "mem": mem, "mem_util": mem_util,
+            "measured": measured, "power": power, "limit": limit,
+            "clock": g["sm_clock_mhz"].to_numpy(np.float64)}  # fmt: skip
+
+
+def _measure(ctx: AnalysisContext, th: Thresholds, tolerance: int) -> dict | None:
+    """One part's phantom samples: their columns (in sample order), GPUs, the part's GPU
+    count, longest phantom stretch and stretches; None without samples."""
+    s = ctx.unclaimed_samples
+    if s is None or s.empty:
+        return None
+    got = _phantom(ctx, s, th, tolerance)
+    phantom = got["phantom"]
+    n_gpus = int(s[["host", "gpu"]].drop_duplicates().shape[0])
+    has_procs = len(ctx.run.gpu_procs) > 0
+    if not phantom.any():
+        return {"phantom": phantom, "n_gpus": n_gpus, "has_procs": has_procs}
+    dt = s["dt_s"].to_numpy(np.float64)
+    hit = {k: got[k][phantom] for k in ("util", "mem", "mem_util", "measured", "power",
+                                        "limit", "clock")}  # fmt: skip
+    hit["dt"] = dt[phantom]
+    keys = s.loc[phantom, ["host", "gpu"]].drop_duplicates()
+    return {
+        "phantom": phantom,
+        "hit": hit,
+        "gpus": [(str(h), int(n)) for h, n in zip(keys["host"], keys["gpu"])],
+        "n_gpus": n_gpus,
+        "longest": _longest_stretch(s, phantom),
+        "stretches": stretches(s["t_ns"].to_numpy(np.int64), dt, phantom, dt),
+        "has_procs": has_procs,
+    }
+
+
+def _claim(ctx: AnalysisContext, th: Thresholds, tolerance: int) -> None:
+    s = ctx.unclaimed_samples
+    if s is None or s.empty:
+        return
+    phantom = _phantom(ctx, s, th, tolerance)["phantom"]
+    claim = np.zeros(len(ctx.samples), dtype=bool)
+    claim[ctx.samples.index.get_indexer(s.index[phantom])] = True
+    ctx.claim(claim)
 
 
 def _limits(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
@@ -125,9 +196,9 @@ def _limits(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
     return np.array([*per_gpu, np.nan], dtype=np.float64)[code]
 
 
-def _with_process(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
+def _with_process(ctx: AnalysisContext, s: pd.DataFrame, tolerance: int) -> np.ndarray:
     """Per sample: a process held memory on its GPU at about that time (per-process data):
-    a reading of the same GPU within two sampling periods (at least 2 s), looked up one GPU
+    a reading of the same GPU within ``tolerance`` ns (`_tolerance_ns`), looked up one GPU
     at a time (a ``merge_asof`` to the nearest reading, with that tolerance)."""
     procs = ctx.run.gpu_procs
     out = np.zeros(len(s), dtype=bool)
@@ -146,8 +217,6 @@ def _with_process(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
     for (host, gpu), rows in keys.groupby(["host", "gpu"], sort=False).indices.items():
         key = (str(host), int(gpu))
         readings[key] = np.concatenate([readings[key], rows]) if key in readings else rows
-    dt = s["dt_s"].to_numpy(np.float64)
-    tolerance = int(max(1.0, float(np.nanmedian(dt)) if np.isfinite(dt).any() else 1.0) * 2e9)
     t = s["t_ns"].to_numpy(np.int64)
     code, gpus = _gpu_codes(ctx, s)
     order = np.argsort(code, kind="stable")

@@ -6,6 +6,9 @@ string hard-coded to ``cuda:0``), or a job on a GPU node whose PyTorch never saw
 Such a GPU reads ~0% for the whole run with little or no memory used (a CUDA context alone is a
 few hundred MiB). Every sample of it is lost and is claimed here, so that later stalls (bubbles,
 unattributed idle, memory headroom, imbalance) don't explain it again.
+
+Whether a GPU is unused is decided on its own samples, in the part that holds them
+(`parts.Parts`); whether the run lost enough to say so, on every GPU's figures together.
 """
 
 from __future__ import annotations
@@ -15,15 +18,73 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import UnusedGpuEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.stalls._phase import _conf, _minutes, _num, _sample_intervals
+from gpuprof.analyzers.parts import Parts, stretches, top_stretches
+from gpuprof.analyzers.stalls._phase import _conf, _minutes, _num
 from gpuprof.analyzers.stalls._resource import _gpu_codes, _on_gpus
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """GPUs whose busy measure stayed at ~0% (``th.unused_util_pct``) for the whole run, at
     least ``th.unused_min_s`` of samples, with at most ``th.unused_mem_bytes`` used."""
+    parts = ctx if isinstance(ctx, Parts) else Parts.of(ctx)
+    if parts.total_gpu_s <= 0:
+        return None
+    got = [g for g in parts.map(_measure, th) if g is not None]
+    if not got:
+        return None
+    per = pd.concat([g[0] for g in got]).sort_index()
+    unused = _unused(per, th)
+    if not unused.any():
+        return None
+    idle = per[unused]
+    lost = float(idle["gpu_s"].sum())
+    share = parts.share(lost)
+    if share < th.min_share:
+        return None
+    parts.each(_claim, list(idle.index))
+    labels = [f"{h}:{int(g)}" for h, g in idle.index]
+    n_all = len(per)
+    used = n_all - len(idle)
+    mem = float(idle["mem_max"].max()) if np.isfinite(idle["mem_max"]).any() else np.nan
+    mem_txt = f", at most {mem / 2**20:.0f} MiB used" if np.isfinite(mem) else ""
+    if used:
+        what = f"{len(idle)} of {n_all} GPUs never ran work ({', '.join(labels[:8])}){mem_txt}"
+    else:
+        what = f"the job never ran work on its GPU{'s' if n_all > 1 else ''}{mem_txt}"
+    summary = f"{what}: {_minutes(lost)} ({share:.0%}) of the allocation unused"
+    return Finding(
+        kind="unused_gpu",
+        gpu_seconds_lost=lost,
+        share=share,
+        confidence=_conf(0.8 + 0.2 * share),
+        summary=summary,
+        evidence=UnusedGpuEvidence(
+            intervals=top_stretches([g[1] for g in got]),
+            gpus=labels,
+            phases=[],
+            util_gpu_pct_max=_num(float(idle["busy_max"].max())),
+            mem_used_bytes_max=_num(mem, ".0f"),
+            unused_gpu_s=_num(lost),
+            used_gpus=int(used),
+        ),
+    )
+
+
+def _unused(per: pd.DataFrame, th: Thresholds) -> pd.Series:
+    return (
+        (per["measured"] > 0)
+        & (per["busy_max"] <= th.unused_util_pct)
+        & (per["gpu_s"] >= th.unused_min_s)
+        & ~(per["mem_max"] > th.unused_mem_bytes)  # NaN memory (not reported) passes
+    )
+
+
+def _measure(ctx: AnalysisContext, th: Thresholds) -> tuple[pd.DataFrame, tuple] | None:
+    """One part's GPUs: per GPU (indexed by host and GPU, sorted) the highest busy reading,
+    measured samples, GPU-seconds and most memory used; and the stretches of the samples of
+    the GPUs that look unused (`parts.stretches`). None without a busy reading."""
     s = ctx.samples
-    if s is None or s.empty or ctx.total_gpu_s <= 0:
+    if s is None or s.empty:
         return None
     util = s["util_gpu_pct"].to_numpy(np.float64)
     sm = s["sm_active_pct"].to_numpy(np.float64)
@@ -33,9 +94,9 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     # per GPU, sorted by host and GPU (group numbers, not strings, for the 10⁵–10⁶ samples)
     code, gpus = _gpu_codes(ctx, s)
     ok = code >= 0
+    dt = s["dt_s"].to_numpy(np.float64)
     grouped = pd.DataFrame(
-        {"busy": busy[ok], "measured": np.isfinite(busy)[ok],
-         "dt": s["dt_s"].to_numpy(np.float64)[ok],
+        {"busy": busy[ok], "measured": np.isfinite(busy)[ok], "dt": dt[ok],
          "mem": s["mem_used_bytes"].to_numpy(np.float64)[ok]},
         copy=False,
     ).groupby(code[ok], sort=True)  # fmt: skip
@@ -48,46 +109,18 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         names=["host", "gpu"],
     )
     per = per.sort_index()
-    unused = (
-        (per["measured"] > 0)
-        & (per["busy_max"] <= th.unused_util_pct)
-        & (per["gpu_s"] >= th.unused_min_s)
-        & ~(per["mem_max"] > th.unused_mem_bytes)  # NaN memory (not reported) passes
-    )
-    if not unused.any():
-        return None
-    idle = per[unused]
-    lost = float(idle["gpu_s"].sum())
-    share = ctx.share(lost)
-    if share < th.min_share:
-        return None
-    hosts, numbers = zip(*idle.index)
-    mask = _on_gpus(ctx, s, hosts, numbers)
-    ctx.claim(mask)
-    labels = [f"{h}:{int(g)}" for h, g in idle.index]
-    n_all = len(per)
-    used = n_all - len(idle)
-    mem = float(idle["mem_max"].max()) if np.isfinite(idle["mem_max"]).any() else np.nan
-    mem_txt = f", at most {mem / 2**20:.0f} MiB used" if np.isfinite(mem) else ""
-    if used:
-        what = f"{len(idle)} of {n_all} GPUs never ran work ({', '.join(labels[:8])}){mem_txt}"
+    unused = per[_unused(per, th)]
+    if len(unused):
+        hosts, numbers = zip(*unused.index)
+        mask = _on_gpus(ctx, s, hosts, numbers)
     else:
-        what = f"the job never ran work on its GPU{'s' if n_all > 1 else ''}{mem_txt}"
-    summary = f"{what}: {_minutes(lost)} ({share:.0%}) of the allocation unused"
-    idle_s = s["dt_s"].to_numpy(np.float64)
-    return Finding(
-        kind="unused_gpu",
-        gpu_seconds_lost=lost,
-        share=share,
-        confidence=_conf(0.8 + 0.2 * share),
-        summary=summary,
-        evidence=UnusedGpuEvidence(
-            intervals=_sample_intervals(s, mask, idle_s),
-            gpus=labels,
-            phases=[],
-            util_gpu_pct_max=_num(float(idle["busy_max"].max())),
-            mem_used_bytes_max=_num(mem, ".0f"),
-            unused_gpu_s=_num(lost),
-            used_gpus=int(used),
-        ),
-    )
+        mask = np.zeros(len(s), dtype=bool)
+    return per, stretches(s["t_ns"].to_numpy(np.int64), dt, mask, dt)
+
+
+def _claim(ctx: AnalysisContext, gpus: list[tuple]) -> None:
+    s = ctx.samples
+    if s is None or s.empty:
+        return
+    hosts, numbers = zip(*gpus)
+    ctx.claim(_on_gpus(ctx, s, hosts, numbers))

@@ -1,0 +1,252 @@
+"""A run analysed as parts — one node's share of it each — with one result, the whole run's.
+
+A detector written against `Parts` says where it needs every part (``parts.map(fn, …)``: ``fn``
+runs on each part's `AnalysisContext` and returns a small partial figure) and combines the
+partials itself, so that a decision that depends on the whole run (a share of the run's
+GPU-time, the run's first step, stretches in which *every* GPU idled) is taken once, on the
+combined figures, and applied back to each part (``parts.each``). The same code run on one
+part — the whole run's context, `Parts.of` — is the single-process diagnosis: there is one
+code path, and a diagnosis made node by node equals it (up to the order floating-point sums
+are added in, see `tests/test_parts.py`).
+
+A node's share (`by_node`) holds its GPUs' samples, the spans, process samples and events
+its processes recorded, and its host samples: everything the labelling of its GPU samples
+reads (a GPU's owner runs on the GPU's node), so each part's samples are exactly the whole
+run's samples of its GPUs.
+
+The run-wide figures every part needs (`Facts`: GPU-seconds, duration, the first and last
+step) are combined once, when the parts are made, and set on every part's context
+(`AnalysisContext.facts`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.findings import AnalysisContext, Finding
+from gpuprof.model import Run
+
+__all__ = ["Facts", "Parts", "by_node", "facts_of", "stretches", "top_stretches"]
+
+T = TypeVar("T")
+
+_BY_HOST = ("gpu", "host", "procs", "gpu_procs", "spans", "events", "logs", "threads",
+            "stack_samples")  # fmt: skip
+"""The run's tables whose rows belong to one node (a ``host`` column); the others (stack
+frames and stacks, looked up by id) are shared by every part."""
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Figures of the whole run that every part needs.
+
+    ``gpu_s``: GPU-seconds of every GPU sample (`AnalysisContext.total_gpu_s`);
+    ``duration_s``: `Run.duration_s` of the whole run (None when nothing is timed);
+    ``steps``: per recorded step, the earliest start and latest end of its ``step`` spans
+    over every node (``step``, ``start``, ``end``; ns), sorted by start; ``first_span_ns``:
+    the earliest start of any span (None without spans); ``t_min_ns``/``t_max_ns``: the
+    first and last GPU sample (None without samples)."""
+
+    gpu_s: float
+    duration_s: float | None
+    steps: pd.DataFrame
+    first_span_ns: int | None
+    t_min_ns: int | None
+    t_max_ns: int | None
+
+
+def _partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
+    """One part's share of `Facts`."""
+    run = ctx.run
+    spans = ctx.spans
+    step_spans = spans[spans["phase"] == "step"] if len(spans) else spans
+    steps = (
+        step_spans.groupby("step").agg(start=("start_ns", "min"), end=("end_ns", "max"))
+        if len(step_spans)
+        else pd.DataFrame({"start": [], "end": []})
+    )
+    s = ctx.samples if len(run.gpu) else None
+    t = s["t_ns"].to_numpy(np.int64) if s is not None and len(s) else None
+    times = _extent(run)
+    return {
+        "gpu_s": ctx.total_gpu_s if s is not None else 0.0,
+        "steps": steps,
+        "first_span_ns": int(spans["start_ns"].min()) if len(spans) else None,
+        "t_min_ns": int(t.min()) if t is not None else None,
+        "t_max_ns": int(t.max()) if t is not None else None,
+        "extent": times,
+    }
+
+
+def _extent(run: Run) -> tuple[int | None, int | None]:
+    """The first and last instant `Run.duration_s` reads off this part's frames."""
+    starts = [int(f["t_ns"].min()) for f in (run.gpu, run.host) if len(f)]
+    ends = [int(f["t_ns"].max()) for f in (run.gpu, run.host) if len(f)]
+    if len(run.spans):
+        starts.append(int(run.spans["start_ns"].min()))
+        ends.append(int(run.spans["end_ns"].max()))
+    return (min(starts) if starts else None, max(ends) if ends else None)
+
+
+def _combined_facts(meta: Any, partials: Sequence[dict[str, Any]]) -> Facts:
+    steps = [p["steps"] for p in partials if len(p["steps"])]
+    if steps:
+        per = pd.concat(steps).groupby(level=0).agg(start=("start", "min"), end=("end", "max"))
+        per = per.sort_values("start")
+    else:
+        per = pd.DataFrame({"start": [], "end": []})
+
+    def pick(key: str, how: Callable) -> int | None:
+        values = [p[key] for p in partials if p[key] is not None]
+        return how(values) if values else None
+
+    start, end = meta.start_ns, meta.end_ns
+    starts = [p["extent"][0] for p in partials if p["extent"][0] is not None]
+    ends = [p["extent"][1] for p in partials if p["extent"][1] is not None]
+    start = start if start is not None else (min(starts) if starts else None)
+    end = end if end is not None else (max(ends) if ends else None)
+    duration = None if start is None or end is None else max(0.0, (int(end) - int(start)) / 1e9)
+    return Facts(
+        gpu_s=float(sum(p["gpu_s"] for p in partials)),
+        duration_s=duration,
+        steps=per,
+        first_span_ns=pick("first_span_ns", min),
+        t_min_ns=pick("t_min_ns", min),
+        t_max_ns=pick("t_max_ns", max),
+    )
+
+
+def facts_of(contexts: Sequence[AnalysisContext]) -> Facts:
+    """The run-wide `Facts` of ``contexts`` (the parts of one run)."""
+    return _combined_facts(contexts[0].run.meta, [_partial_facts(c) for c in contexts])
+
+
+class Parts:
+    """The parts of one run, each an `AnalysisContext`, with the run-wide `Facts` set on
+    each. ``found`` is the run's findings so far, in `diagnose`'s order (shared by the
+    parts' contexts)."""
+
+    def __init__(self, contexts: Sequence[AnalysisContext], facts: Facts | None = None):
+        if not contexts:
+            raise ValueError("a run has at least one part")
+        self.contexts = list(contexts)
+        self.facts = facts if facts is not None else facts_of(self.contexts)
+        found = self.contexts[0].found
+        for ctx in self.contexts:
+            ctx.__dict__["_facts"] = self.facts
+            ctx.__dict__["_found"] = found  # one list: a finding is the run's, not a part's
+
+    @classmethod
+    def of(cls, ctx: AnalysisContext) -> Parts:
+        """The parts ``ctx`` belongs to, as seen from it: the whole run as its one part (the
+        single-process diagnosis), or one part of a run analysed part by part, alone — for
+        figures of its own (a claim), never for a decision on the run."""
+        return cls([ctx], ctx.facts)
+
+    @property
+    def lead(self) -> AnalysisContext:
+        """The first part's context: what every part shares (metadata, facts, findings)."""
+        return self.contexts[0]
+
+    @property
+    def meta(self) -> Any:
+        return self.lead.run.meta
+
+    @property
+    def found(self) -> list[Finding]:
+        return self.lead.found
+
+    @property
+    def total_gpu_s(self) -> float:
+        return self.facts.gpu_s
+
+    def share(self, gpu_seconds: float) -> float:
+        """``gpu_seconds`` as a share (0–1) of the run's GPU-time."""
+        total = self.facts.gpu_s
+        return float(min(1.0, max(0.0, gpu_seconds / total))) if total > 0 else 0.0
+
+    def map(self, fn: Callable[..., T], *args: Any) -> list[T]:
+        """``fn(ctx, *args)`` on every part, in part order."""
+        return [fn(ctx, *args) for ctx in self.contexts]
+
+    def each(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(ctx, *args)`` on every part, for its effect (a claim)."""
+        for ctx in self.contexts:
+            fn(ctx, *args)
+
+
+def by_node(run: Run) -> list[Run]:
+    """``run`` cut into one run per node (host), in order of the hosts' names: each with the
+    rows of its node in every per-node table, its GPUs of the metadata's inventory, and the
+    rest of the whole run's metadata and shared tables.
+    A run of one node (or none named) is its own only part."""
+    listed = [g for g in run.meta.gpus or [] if isinstance(g, dict) and g.get("host") is not None]
+    hosts = {str(h) for h in run.gpu["host"].dropna().unique()} if len(run.gpu) else set()
+    hosts = sorted(hosts | {str(g["host"]) for g in listed})
+    if len(hosts) <= 1:
+        return [run]
+    out = []
+    for host in hosts:
+        # its GPUs of the inventory (the owners of a part are its GPUs' owners)
+        gpus = [
+            g for g in run.meta.gpus or [] if not isinstance(g, dict) or str(g.get("host")) == host
+        ]
+        tables: dict[str, Any] = {"meta": dataclasses.replace(run.meta, gpus=gpus)}
+        for name in _BY_HOST:
+            frame = getattr(run, name)
+            if frame is None or "host" not in frame or not len(frame):
+                continue
+            keep = frame["host"].astype(object).to_numpy() == host
+            tables[name] = frame[keep].reset_index(drop=True)
+        out.append(dataclasses.replace(run, **tables))
+    return out
+
+
+def stretches(
+    t: np.ndarray, dt_s: np.ndarray, mask: np.ndarray, weight: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One part's contiguous stretches of masked samples (sample ``i`` covers ``[t_i, t_i +
+    dt_s_i]``; touching samples join, as `_phase._sample_intervals` joins them): their
+    starts, ends (exclusive, one past the last sample's end) and summed ``weight``."""
+    from gpuprof.intervals import union
+
+    if not mask.any():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    t = t[mask]
+    e = t + (dt_s[mask] * 1e9).astype(np.int64)
+    a, b = union(t, e + 1)
+    where = np.searchsorted(a, t, side="right") - 1
+    w = np.bincount(where, weights=np.nan_to_num(weight[mask]), minlength=len(a))
+    return a, b, w
+
+
+def top_stretches(
+    partials: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int = 20
+) -> list[list[int]]:
+    """The heaviest ``n`` stretches of the parts' `stretches` joined (a stretch of one part
+    that overlaps or touches another's is one stretch, weighing both), in time order, as
+    `intervals.top_intervals` lists them."""
+    from gpuprof.intervals import top_intervals, union
+
+    parts = [p for p in partials if len(p[0])]
+    if not parts:
+        return []
+    a = np.concatenate([p[0] for p in parts])
+    b = np.concatenate([p[1] for p in parts])
+    w = np.concatenate([p[2] for p in parts])
+    ua, ub = union(a, b)
+    where = np.searchsorted(ua, a, side="right") - 1
+    weight = np.bincount(where, weights=w, minlength=len(ua))
+    return top_intervals(ua, ub, _tie_safe(weight), n=n)
+
+
+def _tie_safe(weight: np.ndarray) -> np.ndarray:
+    """Weights rounded to a microsecond of GPU-time: sums of the same samples added in
+    another order (part by part) rank the same."""
+    return np.round(np.asarray(weight, dtype=np.float64), 6)

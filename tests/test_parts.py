@@ -1,0 +1,153 @@
+"""A run analysed node by node (`analyzers.parts`) gives the whole run's figures.
+
+Each node's part must label its GPU samples exactly as the whole run labels them, and every
+detector written against `Parts` must find, claim and describe the same as on the whole run
+(floating-point sums may be added in another order: figures are compared to 1e-9).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpuprof import loader, store
+from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+from gpuprof.analyzers.parts import Parts, by_node, facts_of, stretches, top_stretches
+from gpuprof.analyzers.stalls import idle_allocation, phantom_util, unused_gpu
+from gpuprof.analyzers.stalls._startup import claim_startup
+from gpuprof.sim import Pathology, SimConfig, simulate
+
+CLAIMERS = (("unused_gpu", unused_gpu.detect), ("phantom_util", phantom_util.detect),
+            ("idle_allocation", idle_allocation.detect))  # fmt: skip
+
+CASES = {
+    # three hosts (8, 8, 4 GPUs), an unused GPU whose process is absent, a straggler
+    "hosts": {"gpus": 20, "pathologies": [Pathology("unused_gpu", 0.5),
+                                          Pathology("imbalance", 0.6)]},  # fmt: skip
+    # two hosts, phantom GPUs (node1's only GPU has no process), a hang, checkpoints
+    "phantom": {"gpus": 9, "algorithm": "ppo",
+                "pathologies": [Pathology("phantom_util", 0.9),
+                                Pathology("idle_allocation", 0.5),
+                                Pathology("periodic_stall", 0.6)]},  # fmt: skip
+    # rollout and training on GPUs of their own, three GPUs a host, a hang
+    "split": {"gpus": 7, "gpus_per_host": 3, "placement": "split",
+              "pathologies": [Pathology("idle_allocation", 0.7),
+                              Pathology("unused_gpu", 0.6)]},  # fmt: skip
+}
+
+
+def _run(case: str, seed: int = 5):
+    cfg = SimConfig(steps=6, time_scale=0.2, seed=seed, **CASES[case])
+    return simulate(cfg).run
+
+
+def _comparable(frame: pd.DataFrame) -> pd.DataFrame:
+    """Sample rows as plain values (categoricals as text), without the row numbers, which
+    count rows of the table the samples came from."""
+    out = frame.drop(columns=["row"]).reset_index(drop=True)
+    for name in out.columns:
+        if isinstance(out[name].dtype, pd.CategoricalDtype):
+            out[name] = out[name].astype(object)
+    return out
+
+
+def _close(a, b, path="") -> None:
+    """``a`` equals ``b``, floats to 1e-9 relative (dicts, lists, numbers, text)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), path
+        for key in a:
+            _close(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and not isinstance(b, bool):
+        assert isinstance(b, int | float), path
+        assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9), (
+            path, a, b)  # fmt: skip
+    else:
+        assert a == b, (path, a, b)
+
+
+def _claims(parts: Parts, th: Thresholds) -> tuple[dict | None, list]:
+    """Start-up and the claiming detectors in `diagnose`'s order: the start-up entry and
+    the findings that reach ``th.min_share``."""
+    startup = claim_startup(parts)
+    found = []
+    for _, detect in CLAIMERS:
+        finding = detect(parts, th)
+        if finding is not None and finding.share >= th.min_share:
+            found.append(finding)
+            parts.found.append(finding)
+    return startup, found
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_node_labels_its_samples_as_the_whole_run(case):
+    run = _run(case)
+    pieces = by_node(run)
+    assert len(pieces) == len({str(h) for h in run.gpu["host"]}) > 1
+    whole = AnalysisContext(run)
+    contexts = [AnalysisContext(p) for p in pieces]
+    joined = pd.concat([_comparable(c.samples) for c in contexts], ignore_index=True)
+    pd.testing.assert_frame_equal(joined, _comparable(whole.samples))
+    owners = pd.concat([c.owners for c in contexts], ignore_index=True)
+    key = ["host", "gpu"]
+    def plain(frame: pd.DataFrame) -> pd.DataFrame:  # a missing owner as NaN, None or NA
+        frame = frame.sort_values(key, ignore_index=True).astype(object)
+        return frame.where(frame.notna(), np.nan)
+
+    pd.testing.assert_frame_equal(plain(owners), plain(whole.owners))
+    mine, theirs = facts_of(contexts), facts_of([whole])
+    pd.testing.assert_frame_equal(mine.steps, theirs.steps)
+    assert (mine.duration_s, mine.first_span_ns, mine.t_min_ns, mine.t_max_ns) == (
+        theirs.duration_s, theirs.first_span_ns, theirs.t_min_ns, theirs.t_max_ns)  # fmt: skip
+    assert mine.gpu_s == pytest.approx(theirs.gpu_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_claims_node_by_node_equal_the_whole_run(case):
+    th = Thresholds()
+    run = _run(case)
+    whole = Parts.of(AnalysisContext(run))
+    parts = Parts([AnalysisContext(p) for p in by_node(run)])
+    startup_w, found_w = _claims(whole, th)
+    startup_p, found_p = _claims(parts, th)
+    expected = {p.kind for p in CASES[case]["pathologies"]} & {k for k, _ in CLAIMERS}
+    assert {f.kind for f in found_w} == expected  # the case shows what it is for
+    _close(startup_p, startup_w)
+    _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])
+    claimed = np.concatenate([c.claimed for c in parts.contexts])
+    assert claimed.any() and (claimed == whole.lead.claimed).all()
+
+
+def test_claims_of_a_stored_run_merged_node_by_node(tmp_path):
+    """Merged samples (a long run as loaded) label and claim alike node by node."""
+    store.save_run(_run("phantom", seed=11), tmp_path / "run")
+    run = loader.load_for_analysis(tmp_path / "run", merge=4)
+    th = Thresholds()
+    whole = Parts.of(AnalysisContext(run))
+    parts = Parts([AnalysisContext(p) for p in by_node(run)])
+    startup_w, found_w = _claims(whole, th)
+    startup_p, found_p = _claims(parts, th)
+    assert [f.kind for f in found_w] == ["phantom_util", "idle_allocation"]
+    _close(startup_p, startup_w)
+    _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])
+
+
+def test_stretches_of_parts_join_where_they_touch():
+    """Stretches of two parts that overlap or touch are one stretch weighing both; the
+    heaviest come first, listed in time order."""
+    t = np.array([0, 10, 100, 200], dtype=np.int64) * 10**9
+    dt = np.full(4, 10.0)
+    one = stretches(t[:2], dt[:2], np.array([True, True]), np.array([1.0, 1.0]))
+    two = stretches(t[2:], dt[2:], np.array([True, True]), np.array([5.0, 0.5]))
+    assert [list(x) for x in one[:2]] == [[0], [20 * 10**9 + 1]]
+    across = stretches(np.array([20 * 10**9]), np.array([5.0]), np.array([True]),
+                       np.array([3.0]))  # fmt: skip
+    got = top_stretches([one, two, across], n=2)
+    assert got == [[0, 25 * 10**9 + 1], [100 * 10**9, 110 * 10**9 + 1]]
+    assert top_stretches([]) == []
