@@ -25,17 +25,27 @@ CLAIMERS = (("unused_gpu", unused_gpu.detect), ("phantom_util", phantom_util.det
 
 CASES = {
     # three hosts (8, 8, 4 GPUs), an unused GPU whose process is absent, a straggler
-    "hosts": {"gpus": 20, "pathologies": [Pathology("unused_gpu", 0.5),
-                                          Pathology("imbalance", 0.6)]},  # fmt: skip
+    "hosts": {
+        "gpus": 20,
+        "pathologies": [Pathology("unused_gpu", 0.5), Pathology("imbalance", 0.6)],
+    },
     # two hosts, phantom GPUs (node1's only GPU has no process), a hang, checkpoints
-    "phantom": {"gpus": 9, "algorithm": "ppo",
-                "pathologies": [Pathology("phantom_util", 0.9),
-                                Pathology("idle_allocation", 0.5),
-                                Pathology("periodic_stall", 0.6)]},  # fmt: skip
+    "phantom": {
+        "gpus": 9,
+        "algorithm": "ppo",
+        "pathologies": [
+            Pathology("phantom_util", 0.9),
+            Pathology("idle_allocation", 0.5),
+            Pathology("periodic_stall", 0.6),
+        ],
+    },
     # rollout and training on GPUs of their own, three GPUs a host, a hang
-    "split": {"gpus": 7, "gpus_per_host": 3, "placement": "split",
-              "pathologies": [Pathology("idle_allocation", 0.7),
-                              Pathology("unused_gpu", 0.6)]},  # fmt: skip
+    "split": {
+        "gpus": 7,
+        "gpus_per_host": 3,
+        "placement": "split",
+        "pathologies": [Pathology("idle_allocation", 0.7), Pathology("unused_gpu", 0.6)],
+    },
 }
 
 
@@ -96,6 +106,7 @@ def test_each_node_labels_its_samples_as_the_whole_run(case):
     pd.testing.assert_frame_equal(joined, _comparable(whole.samples))
     owners = pd.concat([c.owners for c in contexts], ignore_index=True)
     key = ["host", "gpu"]
+
     def plain(frame: pd.DataFrame) -> pd.DataFrame:  # a missing owner as NaN, None or NA
         frame = frame.sort_values(key, ignore_index=True).astype(object)
         return frame.where(frame.notna(), np.nan)
