@@ -162,3 +162,15 @@ def test_stretches_of_parts_join_where_they_touch():
     got = top_stretches([one, two, across], n=2)
     assert got == [[0, 25 * 10**9 + 1], [100 * 10**9, 110 * 10**9 + 1]]
     assert top_stretches([]) == []
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_totals_and_phase_breakdowns_node_by_node_equal_the_whole_run(case):
+    run = _run(case)
+    whole = AnalysisContext(run)
+    parts = Parts([AnalysisContext(p) for p in by_node(run)])
+    _close(parts.lead.totals, whole.totals)
+    for name in ("by_phase", "by_phase_step"):
+        mine, theirs = getattr(parts.lead, name), getattr(whole, name)
+        assert list(mine.columns) == list(theirs.columns)
+        _close(mine.astype(object).to_dict("records"), theirs.astype(object).to_dict("records"))

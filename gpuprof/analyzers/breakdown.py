@@ -121,7 +121,30 @@ def phase_breakdown(
              **{c: pd.Series([], dtype=float) for c in _BREAKDOWN_COLUMNS}}
         )  # fmt: skip
 
+    return finish_breakdown(by, [partial_breakdown(by, samples, spans, owners, owner_wall)])
+
+
+_SUMMED = ["ranks", "gpus", "samples", "gpu_s", "unknown_gpu_s", "util_w", "util_dt", "sm_w",
+           "sm_dt"]  # fmt: skip
+_MEASURED = ["busy_gpu_s", "idle_gpu_s", "pcie_bytes", "nvlink_bytes"]
+
+
+def partial_breakdown(
+    by: Sequence[str],
+    samples: pd.DataFrame,
+    spans: pd.DataFrame,
+    owners: pd.DataFrame,
+    owner_wall: pd.DataFrame | None = None,
+) -> dict[str, Any]:
+    """`phase_breakdown` of one part of a run (`parts.Parts`), before its groups meet the
+    other parts': per group of ``by`` its sums (owners and GPUs belong to one part, so their
+    counts add up too), the wall seconds of each owner and, for ``"(none)"``, of each GPU
+    (averaged once every part's are together), and the part's GPU-seconds.
+    `finish_breakdown` puts the parts together."""
+    by = list(by)
     s = samples
+    if s.empty:
+        return {"groups": None, "owners": None, "outside": None, "gpu_s": 0.0}
     dt = s["dt_s"].to_numpy()
     util, sm = s["util_gpu_pct"].to_numpy(), s["sm_active_pct"].to_numpy()
     # the groups as integer codes, in order of first appearance (NaN keys make groups of their
@@ -130,7 +153,6 @@ def phase_breakdown(
     first = first_rows(group)
     n_groups = len(first)
     summed = ["gpu_s", "unknown_gpu_s", "util_w", "util_dt", "sm_w", "sm_dt"]
-    measured = ["busy_gpu_s", "idle_gpu_s", "pcie_bytes", "nvlink_bytes"]
     grouped = pd.DataFrame(
         {
             "gpu_s": dt,
@@ -139,7 +161,7 @@ def phase_breakdown(
             "util_dt": np.where(np.isnan(util), 0.0, dt),
             "sm_w": sm * dt,
             "sm_dt": np.where(np.isnan(sm), 0.0, dt),
-            **{c: s[c].to_numpy() for c in measured},
+            **{c: s[c].to_numpy() for c in _MEASURED},
             "mem_peak_bytes": s["mem_used_bytes"].to_numpy(),
         },
         copy=False,
@@ -155,17 +177,45 @@ def phase_breakdown(
         table[col] = sums[col].to_numpy()
     table["mem_peak_bytes"] = grouped["mem_peak_bytes"].max().to_numpy()
     # NaN, not 0, when no sample of the group measured the quantity
-    sums = grouped[measured].sum(min_count=1)
-    for col in measured:
+    sums = grouped[_MEASURED].sum(min_count=1)
+    for col in _MEASURED:
         table[col] = sums[col].to_numpy()
+    per_owner, outside = _wall_parts(by, spans, owners, s, owner_wall)
+    return {"groups": table, "owners": per_owner, "outside": outside,
+            "gpu_s": float(np.nansum(dt))}  # fmt: skip
+
+
+def finish_breakdown(by: Sequence[str], partials: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """The `phase_breakdown` of a run from its parts' `partial_breakdown` (one part: the
+    whole run's, figure for figure)."""
+    by = list(by)
+    groups = [p["groups"] for p in partials if p["groups"] is not None]
+    if not groups:
+        return pd.DataFrame(
+            {**{k: pd.Series([], dtype=object if k in ("phase", "host") else float) for k in by},
+             **{c: pd.Series([], dtype=float) for c in _BREAKDOWN_COLUMNS}}
+        )  # fmt: skip
+    if len(groups) == 1:
+        table = groups[0].copy()
+    else:
+        joined = pd.concat(groups, ignore_index=True)
+        for k in by:  # one dtype for a key whose parts typed it apart (categories, objects)
+            if isinstance(joined[k].dtype, pd.CategoricalDtype):
+                joined[k] = joined[k].astype(object)
+        grouped = joined.groupby(by, dropna=False, sort=False)
+        table = grouped[_SUMMED].sum().reset_index()
+        table["mem_peak_bytes"] = grouped["mem_peak_bytes"].max().to_numpy()
+        measured = grouped[_MEASURED].sum(min_count=1)
+        for col in _MEASURED:
+            table[col] = measured[col].to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         table["util_gpu_pct"] = np.where(table["util_dt"] > 0, table["util_w"] / table["util_dt"],
                                          np.nan)  # fmt: skip
         table["sm_active_pct"] = np.where(table["sm_dt"] > 0, table["sm_w"] / table["sm_dt"],
                                           np.nan)  # fmt: skip
-    total = float(np.nansum(dt))
+    total = float(sum(p["gpu_s"] for p in partials))
     table["share"] = table["gpu_s"] / total if total > 0 else np.nan
-    table = table.merge(_wall_by(by, spans, owners, s, owner_wall), on=by, how="left")
+    table = table.merge(_wall_finish(by, partials), on=by, how="left")
     table = _sort(table, by)
     return table[[*by, *_BREAKDOWN_COLUMNS]].reset_index(drop=True)
 
@@ -181,34 +231,50 @@ def _distinct_per_group(group: np.ndarray, values: np.ndarray, n_groups: int) ->
     return np.bincount(np.unique(pair) // width, minlength=n_groups)
 
 
-def _wall_by(
+def _wall_parts(
     by: list[str],
     spans: pd.DataFrame,
     owners: pd.DataFrame,
     samples: pd.DataFrame,
     wall: pd.DataFrame | None = None,
-) -> pd.DataFrame:
-    """``wall_s`` per group of ``by`` keys (see `phase_breakdown`); ``wall``: `_owner_wall`."""
+) -> tuple[pd.Series, pd.DataFrame | None]:
+    """One part's wall seconds (see `phase_breakdown`'s ``wall_s``) before averaging: per
+    group of ``by`` keys and owner, and, when ``phase`` is a key, the sampled seconds outside
+    every span per group and GPU (None when there are none); ``wall``: `_owner_wall`."""
     wall = _owner_wall(spans, owners) if wall is None else wall
     per_gpu = owners.dropna(subset=["pid"])[["host", "gpu", "owner_host", "pid", "rank"]].merge(
         wall, on=["owner_host", "pid"], how="inner"
     )
     keys_gpu = list(dict.fromkeys([*by, "owner_host", "pid", "host", "gpu"]))
     keys_owner = list(dict.fromkeys([*by, "owner_host", "pid"]))
-    # one owner may drive several GPUs: sum per GPU, then count each owner once, then average
+    # one owner may drive several GPUs: sum per GPU, then count each owner once
     agg = per_gpu.groupby(keys_gpu, dropna=False, sort=False)["wall_s"].sum()
     agg = agg.groupby(keys_owner, dropna=False, sort=False).first()
-    spans_wall = agg.groupby(by, dropna=False, sort=False).mean().reset_index()
     if "phase" not in by:
-        return spans_wall
+        return agg, None
     keys = list(dict.fromkeys([*by, "host", "gpu"]))
     outside = samples.loc[(samples["phase"] == NO_PHASE).to_numpy(), [*keys, "dt_s"]]
     if outside.empty:
+        return agg, None
+    return agg, outside.groupby(keys, dropna=False, sort=False)["dt_s"].sum().reset_index()
+
+
+def _wall_finish(by: list[str], partials: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """``wall_s`` per group of ``by`` keys: the parts' `_wall_parts` averaged over the owners
+    (over the GPUs for ``"(none)"``)."""
+    owners = [p["owners"] for p in partials if p["owners"] is not None]
+    agg = pd.concat(owners) if len(owners) > 1 else owners[0]
+    spans_wall = agg.groupby(by, dropna=False, sort=False).mean().reset_index()
+    outside = [p["outside"] for p in partials if p["outside"] is not None]
+    if not outside:
         return spans_wall
+    outside = pd.concat(outside, ignore_index=True) if len(outside) > 1 else outside[0]
+    if len(partials) > 1:
+        for k in by:
+            if isinstance(outside[k].dtype, pd.CategoricalDtype):
+                outside[k] = outside[k].astype(object)
     none_wall = (
-        outside.groupby(keys, dropna=False, sort=False)["dt_s"]
-        .sum()
-        .groupby(by, dropna=False, sort=False)
+        outside.groupby(by, dropna=False, sort=False)["dt_s"]
         .mean()
         .reset_index()
         .rename(columns={"dt_s": "wall_s"})
@@ -261,33 +327,69 @@ def run_totals(
         owners = _gpu_owner(run, spans)
     if samples is None:
         samples = _samples(run, spans, owners)
+    return finish_totals([partial_totals(samples, owners, dropped)])
+
+
+def partial_totals(samples: pd.DataFrame, owners: pd.DataFrame, dropped: int) -> dict[str, Any]:
+    """`run_totals` of one part of a run (`parts.Parts`), as sums that add up over the parts
+    (`finish_totals`); ``dropped``: the part's spans that ended before they started."""
     dt = samples["dt_s"].to_numpy(np.float64)
     util = samples["util_gpu_pct"].to_numpy(np.float64)
     sm = samples["sm_active_pct"].to_numpy(np.float64)
     idle = samples["idle_gpu_s"].to_numpy(np.float64)
     in_span = samples["in_span"].to_numpy(bool)
     has_util, has_sm = ~np.isnan(util), ~np.isnan(sm)
-    gpu_s = float(dt.sum())
-    util_dt, sm_dt = float(dt[has_util].sum()), float(dt[has_sm].sum())
     return {
         "gpus": len(owners),
         "samples": len(samples),
-        "gpu_s": gpu_s,
-        "busy_gpu_s": float(np.nansum(samples["busy_gpu_s"].to_numpy())) if util_dt else None,
-        "idle_gpu_s": float(np.nansum(idle)) if util_dt else None,
+        "gpu_s": float(dt.sum()),
+        "util_dt": float(dt[has_util].sum()),
+        "sm_dt": float(dt[has_sm].sum()),
+        "busy_gpu_s": float(np.nansum(samples["busy_gpu_s"].to_numpy())),
+        "idle_gpu_s": float(np.nansum(idle)),
         "unknown_gpu_s": float(dt[~has_util].sum()),
-        "idle_in_spans_gpu_s": float(np.nansum(idle[in_span])) if util_dt else None,
-        "idle_outside_spans_gpu_s": float(np.nansum(idle[~in_span])) if util_dt else None,
-        "util_gpu_pct": float((util[has_util] * dt[has_util]).sum() / util_dt)
-        if util_dt > 0
-        else None,
+        "idle_in_spans_gpu_s": float(np.nansum(idle[in_span])),
+        "idle_outside_spans_gpu_s": float(np.nansum(idle[~in_span])),
+        "util_w": float((util[has_util] * dt[has_util]).sum()),
+        "sm_w": float((sm[has_sm] * dt[has_sm]).sum()),
+        "sm_busy_gpu_s": float(np.nansum(samples["sm_busy_gpu_s"].to_numpy())),
+        "owners": {str(k): int(v) for k, v in owners["how"].value_counts().items()},
+        "unowned_gpus": int((owners["how"] == "none").sum()),
+        "spans_dropped": int(dropped),
+    }
+
+
+def finish_totals(partials: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The `run_totals` of a run from its parts' `partial_totals` (one part: the whole
+    run's)."""
+
+    def total(key: str) -> Any:
+        return partials[0][key] if len(partials) == 1 else sum(p[key] for p in partials)
+
+    gpu_s, util_dt, sm_dt = total("gpu_s"), total("util_dt"), total("sm_dt")
+    owners: dict[str, int] = {}
+    for p in partials:
+        for how, n in p["owners"].items():
+            owners[how] = owners.get(how, 0) + n
+    if len(partials) > 1:  # in the order value_counts gives them: most first, then first seen
+        owners = dict(sorted(owners.items(), key=lambda item: -item[1]))
+    return {
+        "gpus": total("gpus"),
+        "samples": total("samples"),
+        "gpu_s": gpu_s,
+        "busy_gpu_s": total("busy_gpu_s") if util_dt else None,
+        "idle_gpu_s": total("idle_gpu_s") if util_dt else None,
+        "unknown_gpu_s": total("unknown_gpu_s"),
+        "idle_in_spans_gpu_s": total("idle_in_spans_gpu_s") if util_dt else None,
+        "idle_outside_spans_gpu_s": total("idle_outside_spans_gpu_s") if util_dt else None,
+        "util_gpu_pct": total("util_w") / util_dt if util_dt > 0 else None,
         "busy_measure": "util_gpu_pct",
         "busy_measure_note": "share of time a kernel was running (NVML utilization.gpu), "
         "not SM activity; see sm_active_pct where GPM is available",
-        "sm_active_pct": float((sm[has_sm] * dt[has_sm]).sum() / sm_dt) if sm_dt > 0 else None,
-        "sm_busy_gpu_s": float(np.nansum(samples["sm_busy_gpu_s"].to_numpy())) if sm_dt else None,
+        "sm_active_pct": total("sm_w") / sm_dt if sm_dt > 0 else None,
+        "sm_busy_gpu_s": total("sm_busy_gpu_s") if sm_dt else None,
         "sm_active_coverage": sm_dt / gpu_s if gpu_s > 0 else None,
-        "owners": {str(k): int(v) for k, v in owners["how"].value_counts().items()},
-        "unowned_gpus": int((owners["how"] == "none").sum()),
-        "spans_dropped": dropped,
+        "owners": owners,
+        "unowned_gpus": total("unowned_gpus"),
+        "spans_dropped": total("spans_dropped"),
     }

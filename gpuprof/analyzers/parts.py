@@ -141,6 +141,33 @@ class Parts:
         for ctx in self.contexts:
             ctx.__dict__["_facts"] = self.facts
             ctx.__dict__["_found"] = found  # one list: a finding is the run's, not a part's
+        if len(self.contexts) > 1:
+            self._share_tables()
+
+    def _share_tables(self) -> None:
+        """The run's totals and phase breakdowns, from every part's, in place of each part's
+        own (`AnalysisContext.totals`, ``by_phase``, ``by_phase_step``)."""
+        from gpuprof.analyzers.breakdown import (
+            finish_breakdown,
+            finish_totals,
+            partial_breakdown,
+            partial_totals,
+        )
+
+        with_gpu = [c for c in self.contexts if len(c.run.gpu)]
+        shared: dict[str, Any] = {}
+        if with_gpu:
+            shared["totals"] = finish_totals(
+                [partial_totals(c.samples, c.owners, int(c.samples.attrs.get("spans_dropped", 0)))
+                 for c in with_gpu]
+            )  # fmt: skip
+        for name, by in (("by_phase", ("phase",)), ("by_phase_step", ("phase", "step"))):
+            shared[name] = finish_breakdown(
+                by, [partial_breakdown(by, c.samples, c.spans, c.owners, c.owner_wall)
+                     for c in self.contexts]
+            )  # fmt: skip
+        for ctx in self.contexts:
+            ctx.__dict__.update(shared)
 
     @classmethod
     def of(cls, ctx: AnalysisContext) -> Parts:
