@@ -16,12 +16,14 @@ import pytest
 from gpuprof import loader, store
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.parts import Parts, by_node, facts_of, stretches, top_stretches
-from gpuprof.analyzers.stalls import idle_allocation, phantom_util, unused_gpu
+from gpuprof.analyzers.stalls import STALLS
 from gpuprof.analyzers.stalls._startup import claim_startup
 from gpuprof.sim import Pathology, SimConfig, simulate
 
-CLAIMERS = (("unused_gpu", unused_gpu.detect), ("phantom_util", phantom_util.detect),
-            ("idle_allocation", idle_allocation.detect))  # fmt: skip
+IN_PARTS = ("unused_gpu", "phantom_util", "idle_allocation", "reshard_idle", "reward_bound",
+            "dataloader_starvation", "periodic_stall", "generation_tail", "pipeline_bubble",
+            "idle_unattributed")  # fmt: skip
+"""The detectors written against `Parts` so far, in `STALLS` order."""
 
 CASES = {
     # three hosts (8, 8, 4 GPUs), an unused GPU whose process is absent, a straggler
@@ -29,14 +31,36 @@ CASES = {
         "gpus": 20,
         "pathologies": [Pathology("unused_gpu", 0.5), Pathology("imbalance", 0.6)],
     },
-    # two hosts, phantom GPUs (node1's only GPU has no process), a hang, checkpoints
+    # two hosts, phantom GPUs (node1's only GPU has no process), a hang
     "phantom": {
         "gpus": 9,
         "algorithm": "ppo",
+        "pathologies": [Pathology("phantom_util", 0.9), Pathology("idle_allocation", 0.5)],
+    },
+    # checkpoints every few steps, slow reward scoring, two hosts
+    "periodic": {
+        "gpus": 16,
+        "pathologies": [Pathology("reward_bound", 0.7), Pathology("periodic_stall", 0.8)],
+    },
+    # idle in phases: weight sync, reward scoring, the tail of generation, on two hosts
+    "phases": {
+        "gpus": 16,
         "pathologies": [
-            Pathology("phantom_util", 0.9),
-            Pathology("idle_allocation", 0.5),
-            Pathology("periodic_stall", 0.6),
+            Pathology("reward_bound", 0.7),
+            Pathology("reshard_idle", 0.6),
+            Pathology("generation_tail", 0.7),
+        ],
+    },
+    # bubbles of a split placement, slow input, idle no phase explains, four GPUs a host
+    "bubbles": {
+        "gpus": 12,
+        "gpus_per_host": 4,
+        "placement": "split",
+        "framework": "trl",
+        "pathologies": [
+            Pathology("pipeline_bubble", 0.8),
+            Pathology("dataloader_starvation", 0.6),
+            Pathology("idle_unattributed", 0.6),
         ],
     },
     # rollout and training on GPUs of their own, three GPUs a host, a hang
@@ -82,19 +106,6 @@ def _close(a, b, path="") -> None:
         assert a == b, (path, a, b)
 
 
-def _claims(parts: Parts, th: Thresholds) -> tuple[dict | None, list]:
-    """Start-up and the claiming detectors in `diagnose`'s order: the start-up entry and
-    the findings that reach ``th.min_share``."""
-    startup = claim_startup(parts)
-    found = []
-    for _, detect in CLAIMERS:
-        finding = detect(parts, th)
-        if finding is not None and finding.share >= th.min_share:
-            found.append(finding)
-            parts.found.append(finding)
-    return startup, found
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_node_labels_its_samples_as_the_whole_run(case):
     run = _run(case)
@@ -117,36 +128,6 @@ def test_each_node_labels_its_samples_as_the_whole_run(case):
     assert (mine.duration_s, mine.first_span_ns, mine.t_min_ns, mine.t_max_ns) == (
         theirs.duration_s, theirs.first_span_ns, theirs.t_min_ns, theirs.t_max_ns)  # fmt: skip
     assert mine.gpu_s == pytest.approx(theirs.gpu_s, rel=1e-12)
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_claims_node_by_node_equal_the_whole_run(case):
-    th = Thresholds()
-    run = _run(case)
-    whole = Parts.of(AnalysisContext(run))
-    parts = Parts([AnalysisContext(p) for p in by_node(run)])
-    startup_w, found_w = _claims(whole, th)
-    startup_p, found_p = _claims(parts, th)
-    expected = {p.kind for p in CASES[case]["pathologies"]} & {k for k, _ in CLAIMERS}
-    assert {f.kind for f in found_w} == expected  # the case shows what it is for
-    _close(startup_p, startup_w)
-    _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])
-    claimed = np.concatenate([c.claimed for c in parts.contexts])
-    assert claimed.any() and (claimed == whole.lead.claimed).all()
-
-
-def test_claims_of_a_stored_run_merged_node_by_node(tmp_path):
-    """Merged samples (a long run as loaded) label and claim alike node by node."""
-    store.save_run(_run("phantom", seed=11), tmp_path / "run")
-    run = loader.load_for_analysis(tmp_path / "run", merge=4)
-    th = Thresholds()
-    whole = Parts.of(AnalysisContext(run))
-    parts = Parts([AnalysisContext(p) for p in by_node(run)])
-    startup_w, found_w = _claims(whole, th)
-    startup_p, found_p = _claims(parts, th)
-    assert [f.kind for f in found_w] == ["phantom_util", "idle_allocation"]
-    _close(startup_p, startup_w)
-    _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])
 
 
 def test_stretches_of_parts_join_where_they_touch():
@@ -174,3 +155,38 @@ def test_totals_and_phase_breakdowns_node_by_node_equal_the_whole_run(case):
         mine, theirs = getattr(parts.lead, name), getattr(whole, name)
         assert list(mine.columns) == list(theirs.columns)
         _close(mine.astype(object).to_dict("records"), theirs.astype(object).to_dict("records"))
+
+
+def _diagnosed(parts: Parts, th: Thresholds) -> tuple[dict | None, list]:
+    """Start-up, then every detector written against `Parts` in `diagnose`'s order."""
+    startup = claim_startup(parts)
+    found = []
+    for stall in STALLS:
+        if stall.kind not in IN_PARTS:
+            continue
+        finding = stall.detect(parts, th)
+        if finding is not None and finding.share >= th.min_share:
+            found.append(finding)
+            parts.found.append(finding)
+    return startup, found
+
+
+@pytest.mark.parametrize("merge", [1, 5])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_findings_node_by_node_equal_the_whole_run(case, merge, tmp_path):
+    th = Thresholds()
+    run = _run(case)
+    if merge > 1:  # merged samples of unequal length, as a long run is analysed
+        store.save_run(run, tmp_path / "run")
+        run = loader.load_for_analysis(tmp_path / "run", merge=merge)
+    whole = Parts.of(AnalysisContext(run))
+    parts = Parts([AnalysisContext(p) for p in by_node(run)])
+    startup_w, found_w = _diagnosed(whole, th)
+    startup_p, found_p = _diagnosed(parts, th)
+    if merge == 1:  # the case shows what it is for
+        wanted = {p.kind for p in CASES[case]["pathologies"]} & set(IN_PARTS)
+        assert wanted <= {f.kind for f in found_w}, [f.kind for f in found_w]
+    _close(startup_p, startup_w)
+    _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])
+    claimed = np.concatenate([c.claimed for c in parts.contexts])
+    assert (claimed == whole.lead.claimed).all()

@@ -25,6 +25,7 @@ import pandas as pd
 from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.basic import finite_or_none, node_accounts
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+from gpuprof.analyzers.parts import Parts
 from gpuprof.nodes import natural_key
 
 WINDOW_S = 1.0
@@ -169,10 +170,62 @@ def run_ranks_per_node(ctx: AnalysisContext) -> int:
     return _once(ctx, "ranks_per_node", lambda: ranks_per_node(ctx.run.spans))
 
 
-def weight_sync_crosses_nodes(ctx: AnalysisContext) -> bool | None:
-    """`sync_crosses_nodes` of the run's spans, once per context."""
+def weight_sync_crosses_nodes(ctx: AnalysisContext | Parts) -> bool | None:
+    """`sync_crosses_nodes` of the run's spans, once per context; of every part's spans
+    together for a run in parts (`parts.Parts`)."""
+    if isinstance(ctx, Parts):
+        if len(ctx.contexts) > 1:
+            return _once(ctx.lead, "sync_crosses_parts", lambda: _sync_joined(ctx))
+        ctx = ctx.lead
     return _once(ctx, "sync_crosses", lambda: sync_crosses_nodes(
         ctx.run.spans, lambda: run_collectives(ctx), run_ranks_per_node(ctx)))  # fmt: skip
+
+
+def _sync_joined(parts: Parts) -> bool | None:
+    """`sync_crosses_nodes` of every part's spans (each part holds its node's processes,
+    and a collective and the reshard span holding it are one process's)."""
+    got = parts.map(_sync_part)
+    if not any(g["reshard"] for g in got):
+        return None
+    roll = set().union(*(g["roll"] for g in got))
+    upd = set().union(*(g["upd"] for g in got))
+    if roll and upd and roll.isdisjoint(upd):
+        return True  # disaggregated: rollout on some nodes, training on others
+    if len(set().union(*(g["hosts"] for g in got))) < 2:
+        return False
+    ranks = max(g["ranks"] for g in got)
+    sizes = np.concatenate([g["inside"] for g in got])
+    return bool((sizes > ranks).any())
+
+
+def _sync_part(ctx: AnalysisContext) -> dict[str, Any]:
+    spans = ctx.run.spans
+    out: dict[str, Any] = {"reshard": False, "roll": set(), "upd": set(), "hosts": set(),
+                           "ranks": ranks_per_node(spans), "inside": np.zeros(0)}  # fmt: skip
+    if spans is None or spans.empty or "phase" not in spans:
+        return out
+    reshard = spans[spans["phase"] == "reshard"]
+    out["reshard"] = not reshard.empty
+    out["roll"] = set(spans.loc[spans["phase"].isin(_ROLLOUT), "host"])
+    out["upd"] = set(spans.loc[spans["phase"].isin(_UPDATE), "host"])
+    out["hosts"] = set(spans["host"].dropna().unique())
+    coll = run_collectives(ctx)
+    if reshard.empty or coll.empty:
+        return out
+    out["inside"] = _inside_reshard(coll, reshard)["group_size"].to_numpy(np.float64)
+    return out
+
+
+def _inside_reshard(coll: pd.DataFrame, reshard: pd.DataFrame) -> pd.DataFrame:
+    """The collectives that start inside a reshard span of their own process."""
+    keys = ["host", "pid"]
+    inside = pd.merge_asof(
+        coll[[*keys, "start_ns", "group_size"]].sort_values("start_ns", kind="stable"),
+        reshard[[*keys, "start_ns", "end_ns"]].sort_values("start_ns", kind="stable")
+        .rename(columns={"start_ns": "r_start", "end_ns": "r_end"}),
+        left_on="start_ns", right_on="r_start", by=keys, direction="backward",
+    )  # fmt: skip
+    return inside[inside["r_end"].notna() & (inside["start_ns"] <= inside["r_end"])]
 
 
 def ranks_per_node(spans: pd.DataFrame) -> int:
@@ -297,15 +350,7 @@ def sync_crosses_nodes(
     coll = collectives(spans) if coll is None else coll()
     if coll.empty:
         return False
-    # collectives inside a reshard span of the same process
-    keys = ["host", "pid"]
-    inside = pd.merge_asof(
-        coll[[*keys, "start_ns", "group_size"]].sort_values("start_ns", kind="stable"),
-        reshard[[*keys, "start_ns", "end_ns"]].sort_values("start_ns", kind="stable")
-        .rename(columns={"start_ns": "r_start", "end_ns": "r_end"}),
-        left_on="start_ns", right_on="r_start", by=keys, direction="backward",
-    )  # fmt: skip
-    inside = inside[inside["r_end"].notna() & (inside["start_ns"] <= inside["r_end"])]
+    inside = _inside_reshard(coll, reshard)  # collectives inside a reshard span
     return bool(crosses_nodes(inside["group_size"], spans, ranks).any())
 
 

@@ -32,7 +32,15 @@ import pandas as pd
 from gpuprof.analyzers.findings import AnalysisContext, Finding
 from gpuprof.model import Run
 
-__all__ = ["Facts", "Parts", "by_node", "facts_of", "stretches", "top_stretches"]
+__all__ = [
+    "Facts",
+    "Parts",
+    "by_node",
+    "facts_of",
+    "median_of_counts",
+    "stretches",
+    "top_stretches",
+]
 
 T = TypeVar("T")
 
@@ -51,7 +59,7 @@ class Facts:
     ``steps``: per recorded step, the earliest start and latest end of its ``step`` spans
     over every node (``step``, ``start``, ``end``; ns), sorted by start; ``first_span_ns``:
     the earliest start of any span (None without spans); ``t_min_ns``/``t_max_ns``: the
-    first and last GPU sample (None without samples)."""
+    first and last GPU sample (None without samples); ``phases``: the phase of every span."""
 
     gpu_s: float
     duration_s: float | None
@@ -59,6 +67,7 @@ class Facts:
     first_span_ns: int | None
     t_min_ns: int | None
     t_max_ns: int | None
+    phases: frozenset = frozenset()
 
 
 def _partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
@@ -81,6 +90,7 @@ def _partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
         "t_min_ns": int(t.min()) if t is not None else None,
         "t_max_ns": int(t.max()) if t is not None else None,
         "extent": times,
+        "phases": frozenset(str(p) for p in spans["phase"].unique()) if len(spans) else frozenset(),
     }
 
 
@@ -119,6 +129,7 @@ def _combined_facts(meta: Any, partials: Sequence[dict[str, Any]]) -> Facts:
         first_span_ns=pick("first_span_ns", min),
         t_min_ns=pick("t_min_ns", min),
         t_max_ns=pick("t_max_ns", max),
+        phases=frozenset().union(*(p["phases"] for p in partials)),
     )
 
 
@@ -212,9 +223,11 @@ def by_node(run: Run) -> list[Run]:
     """``run`` cut into one run per node (host), in order of the hosts' names: each with the
     rows of its node in every per-node table, its GPUs of the metadata's inventory, and the
     rest of the whole run's metadata and shared tables.
-    A run of one node (or none named) is its own only part."""
+    A run of one node (or none named), or without GPU samples, is its own only part."""
+    if not len(run.gpu):  # phase times alone (a framework's log): read as one
+        return [run]
     listed = [g for g in run.meta.gpus or [] if isinstance(g, dict) and g.get("host") is not None]
-    hosts = {str(h) for h in run.gpu["host"].dropna().unique()} if len(run.gpu) else set()
+    hosts = {str(h) for h in run.gpu["host"].dropna().unique()}
     hosts = sorted(hosts | {str(g["host"]) for g in listed})
     if len(hosts) <= 1:
         return [run]
@@ -277,3 +290,20 @@ def _tie_safe(weight: np.ndarray) -> np.ndarray:
     """Weights rounded to a microsecond of GPU-time: sums of the same samples added in
     another order (part by part) rank the same."""
     return np.round(np.asarray(weight, dtype=np.float64), 6)
+
+
+def median_of_counts(counts: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
+    """The median of values given as the parts' distinct values and their counts
+    (``np.unique(…, return_counts=True)`` of each part), as ``np.median`` of all of them
+    gives it (the mean of the two middle values of an even count); NaN when there are none."""
+    counts = [c for c in counts if len(c[0])]
+    if not counts:
+        return np.nan
+    values = np.concatenate([c[0] for c in counts])
+    n = np.concatenate([c[1] for c in counts])
+    order = np.argsort(values, kind="stable")
+    values, cum = values[order], np.cumsum(n[order])
+    total = int(cum[-1])
+    lo = values[np.searchsorted(cum, (total - 1) // 2, side="right")]
+    hi = values[np.searchsorted(cum, total // 2, side="right")]
+    return float(lo) if lo == hi else float(np.mean([lo, hi]))

@@ -32,11 +32,13 @@ from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.grouping import (
     BinGroups,
     appearance_codes,
+    dense_codes,
     first_rows,
     label_codes,
     per_frame,
     time_bins,
 )
+from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.spans import NO_PHASE, STEP_PHASE
 from gpuprof.intervals import in_union, top_intervals, union
 
@@ -80,6 +82,26 @@ def _memo(ctx: AnalysisContext, key: str, fn: Callable[[], Any]) -> Any:
     return cache[key]
 
 
+def _parts(ctx: AnalysisContext | Parts) -> Parts:
+    """``ctx`` as `Parts` (a context alone: the whole run, its one part)."""
+    return ctx if isinstance(ctx, Parts) else Parts.of(ctx)
+
+
+def _parts_memo(parts: Parts, key: str, fn: Callable[[], Any]) -> Any:
+    """`_memo` for figures of the whole run made from every part (kept on the first part,
+    over the samples each part left unclaimed)."""
+    cache = parts.lead.__dict__.setdefault("_stalls_parts_cache", {})
+    key = f"{[int(c.claimed.sum()) for c in parts.contexts]}:{len(parts.contexts)}:{key}"
+    if key not in cache:
+        cache[key] = fn()
+    return cache[key]
+
+
+def _sampled(parts: Parts) -> list[pd.DataFrame | None]:
+    """`_samples` of every part (None for a part without a utilisation reading)."""
+    return _parts_memo(parts, "samples", lambda: parts.map(_samples))
+
+
 def _samples(ctx: AnalysisContext) -> pd.DataFrame | None:
     """The aligned samples not claimed by an earlier stall (`AnalysisContext.claimed`), or None
     when there is no utilisation reading at all."""
@@ -96,15 +118,33 @@ def _spans(ctx: AnalysisContext) -> pd.DataFrame:
 
 
 def _gpu_labels(frame: pd.DataFrame) -> list[str]:
-    pairs = frame[["host", "gpu"]].drop_duplicates().sort_values(["host", "gpu"])
-    return [f"{h}:{int(g)}" for h, g in zip(pairs["host"], pairs["gpu"])][:_MAX_GPUS]
+    return _joined_labels([_gpu_pairs(frame)])
 
 
-def _phase_intervals(ctx: AnalysisContext, phases: Iterable[str]) -> list[list[int]]:
-    sp = _spans(ctx)
-    sp = sp[sp["phase"].isin(list(phases))]
-    s, e = union(sp["start_ns"].to_numpy(np.int64), sp["end_ns"].to_numpy(np.int64))
+def _gpu_pairs(frame: pd.DataFrame) -> list[tuple[str, int]]:
+    """The distinct (host, GPU) of a frame's samples: one part's share of `_joined_labels`."""
+    pairs = frame[["host", "gpu"]].drop_duplicates()
+    return [(str(h), int(g)) for h, g in zip(pairs["host"], pairs["gpu"])]
+
+
+def _joined_labels(pairs: Iterable[list[tuple[str, int]]]) -> list[str]:
+    """``host:gpu`` of the parts' `_gpu_pairs`, sorted, the first `_MAX_GPUS`."""
+    joined = sorted({pair for part in pairs for pair in part})
+    return [f"{h}:{g}" for h, g in joined][:_MAX_GPUS]
+
+
+def _phase_intervals(ctx: AnalysisContext | Parts, phases: Iterable[str]) -> list[list[int]]:
+    """The longest stretches covered by spans of ``phases`` on any node (`top_intervals`)."""
+    phases = list(phases)
+    got = _parts(ctx).map(_phase_union, phases)
+    s, e = union(np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]))
     return top_intervals(s, e)
+
+
+def _phase_union(ctx: AnalysisContext, phases: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    sp = _spans(ctx)
+    sp = sp[sp["phase"].isin(phases)]
+    return union(sp["start_ns"].to_numpy(np.int64), sp["end_ns"].to_numpy(np.int64))
 
 
 def _phase_gpu_s(ctx: AnalysisContext, s: pd.DataFrame, phase: str) -> float:
@@ -113,12 +153,24 @@ def _phase_gpu_s(ctx: AnalysisContext, s: pd.DataFrame, phase: str) -> float:
     ``by_phase.wall_s`` is the owners' mean wall time in the phase; times the GPUs those
     owners drive, it is exact even for spans shorter than the sampling period.
     """
+    wall = _phase_wall(ctx, phase)
+    if not np.isfinite(wall):
+        return np.nan
+    n = _owned_in_phase(ctx, s, phase)
+    return wall * n if n else np.nan
+
+
+def _phase_wall(ctx: AnalysisContext, phase: str) -> float:
+    """The owners' mean wall seconds in ``phase`` (the run's ``by_phase``); NaN when none."""
     row = ctx.by_phase[ctx.by_phase["phase"] == phase]
     if row.empty:
         return np.nan
     wall = float(row["wall_s"].iloc[0])
-    if not np.isfinite(wall) or wall <= 0:
-        return np.nan
+    return wall if np.isfinite(wall) and wall > 0 else np.nan
+
+
+def _owned_in_phase(ctx: AnalysisContext, s: pd.DataFrame, phase: str) -> int:
+    """How many GPUs of ``s`` have an owner that recorded a ``phase`` span."""
     sp = _spans(ctx)
     owners = sp.loc[sp["phase"] == phase, ["host", "pid"]]
     owners = {(h, float(p)) for h, p in zip(owners["host"], owners["pid"])}
@@ -144,14 +196,27 @@ def _phase_gpu_s(ctx: AnalysisContext, s: pd.DataFrame, phase: str) -> float:
         names = np.array([*host_names, np.nan], dtype=object)  # code -1: no owner host
         return list(zip(names[host_code[rows]], pid[rows]))
 
-    n = sum(key in owners for key in per_frame(ctx, s, "owned_gpus", owned))
-    return wall * n if n else np.nan
+    return sum(key in owners for key in per_frame(ctx, s, "owned_gpus", owned))
 
 
 def _phase_idle(ctx: AnalysisContext, s: pd.DataFrame, phases: Iterable[str]) -> dict | None:
     """Idle figures of the samples in ``phases``: GPU-s (span-exact where possible), idle GPU-s,
     idle share, mean util, PCIe/NVLink bytes and rates; None when nothing was measured."""
     phases = list(phases)
+    return _phase_idle_joined(ctx, phases, [_phase_idle_part(ctx, s, phases)])
+
+
+def phase_idle(parts: Parts, phases: Iterable[str]) -> dict | None:
+    """`_phase_idle` of every part's unclaimed samples together (None when none was
+    measured)."""
+    phases = list(phases)
+    got = [_phase_idle_part(c, s, phases) for c, s in zip(parts.contexts, _sampled(parts))
+           if s is not None]  # fmt: skip
+    return _phase_idle_joined(parts.lead, phases, got)
+
+
+def _phase_idle_part(ctx: AnalysisContext, s: pd.DataFrame, phases: list[str]) -> dict:
+    """One part's sums behind `_phase_idle`."""
     codes, names = label_codes(s["phase"])
     code_of = {name: i for i, name in enumerate(names)}
     in_phases = np.isin(codes, [code_of[p] for p in phases if p in code_of])
@@ -159,40 +224,66 @@ def _phase_idle(ctx: AnalysisContext, s: pd.DataFrame, phases: Iterable[str]) ->
     util = s["util_gpu_pct"].to_numpy(np.float64)[in_phases]
     dt = s["dt_s"].to_numpy(np.float64)[in_phases]
     m = np.isfinite(util)
-    meas_dt = float(dt[m].sum())
-    if meas_dt <= 0:
-        return None
     idle = s["idle_gpu_s"].to_numpy(np.float64)[in_phases]
-    gpu_s = idle_gpu_s = 0.0
+    per_phase = {}
     for phase in phases:
         in_phase = codes == code_of.get(phase, -2)
         p = in_phase & m
-        if not p.any():
-            continue
-        frac = float(idle[p].sum() / dt[p].sum())
-        exact = _phase_gpu_s(ctx, s, phase)
-        sampled = float(dt[in_phase].sum())
-        g = exact if np.isfinite(exact) and exact > 0 else sampled
-        gpu_s += g
-        idle_gpu_s += g * frac
-    pcie = s["pcie_bytes"].to_numpy(np.float64)[in_phases]
-    nvl = s["nvlink_bytes"].to_numpy(np.float64)[in_phases]
+        if p.any():
+            per_phase[phase] = {"idle": idle[p].sum(), "dt": dt[p].sum(),
+                                "sampled": float(dt[in_phase].sum()),
+                                "owned": _owned_in_phase(ctx, s, phase)}  # fmt: skip
+    links = {}
+    for name in ("pcie_bytes", "nvlink_bytes"):
+        nbytes = s[name].to_numpy(np.float64)[in_phases]
+        finite = np.isfinite(nbytes)
+        ok = finite & (dt > 0)
+        links[name] = (float(np.nansum(nbytes)), bool(finite.any()),
+                       nbytes[ok].sum(), dt[ok].sum(), bool(ok.any()))  # fmt: skip
     measured = np.flatnonzero(in_phases)[m]
     # one measured sample per GPU is enough to name the GPUs (all of those without a key)
     gpu = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))[measured]
     one = np.unique(gpu, return_index=True)[1]
     measured = np.union1d(measured[one[gpu[one] >= 0]], measured[gpu < 0])
-    return {
+    return {"meas_dt": dt[m].sum(), "util_w": (util[m] * dt[m]).sum(), "phases": per_phase,
+            "links": links, "gpus": _gpu_pairs(s.iloc[measured][["host", "gpu"]])}  # fmt: skip
+
+
+def _phase_idle_joined(lead: AnalysisContext, phases: list[str], got: list[dict]) -> dict | None:
+    """`_phase_idle` from the parts' `_phase_idle_part` (one part: the whole run's)."""
+
+    def total(values: list) -> Any:
+        return values[0] if len(values) == 1 else sum(values)
+
+    meas_dt = float(total([g["meas_dt"] for g in got])) if got else 0.0
+    if meas_dt <= 0:
+        return None
+    gpu_s = idle_gpu_s = 0.0
+    for phase in phases:
+        mine = [g["phases"][phase] for g in got if phase in g["phases"]]
+        if not mine:
+            continue
+        frac = float(total([m["idle"] for m in mine]) / total([m["dt"] for m in mine]))
+        wall, owned = _phase_wall(lead, phase), sum(m["owned"] for m in mine)
+        exact = wall * owned if np.isfinite(wall) and owned else np.nan
+        sampled = float(total([m["sampled"] for m in mine]))
+        g = exact if np.isfinite(exact) and exact > 0 else sampled
+        gpu_s += g
+        idle_gpu_s += g * frac
+    out = {
         "gpu_s": gpu_s,
         "idle_gpu_s": idle_gpu_s,
         "idle_frac": idle_gpu_s / gpu_s if gpu_s > 0 else np.nan,
-        "util_pct": float((util[m] * dt[m]).sum() / meas_dt),
-        "gpus": _gpu_labels(s.iloc[measured][["host", "gpu"]]),
-        "pcie_bytes": float(np.nansum(pcie)) if np.isfinite(pcie).any() else np.nan,
-        "nvlink_bytes": float(np.nansum(nvl)) if np.isfinite(nvl).any() else np.nan,
-        "pcie_bytes_s": _rate(pcie, dt),
-        "nvlink_bytes_s": _rate(nvl, dt),
+        "util_pct": float(total([g["util_w"] for g in got]) / meas_dt),
+        "gpus": _joined_labels(g["gpus"] for g in got),
     }
+    for name in ("pcie_bytes", "nvlink_bytes"):
+        links = [g["links"][name] for g in got]
+        out[name] = float(total([x[0] for x in links])) if any(x[1] for x in links) else np.nan
+        ok = any(x[4] for x in links)
+        rate = float(total([x[2] for x in links]) / total([x[3] for x in links])) if ok else np.nan
+        out[f"{name}_s"] = rate
+    return out
 
 
 def _rate(nbytes: np.ndarray, dt: np.ndarray) -> float:
@@ -201,7 +292,31 @@ def _rate(nbytes: np.ndarray, dt: np.ndarray) -> float:
     return float(nbytes[ok].sum() / dt[ok].sum()) if ok.any() else np.nan
 
 
-def _excess(ctx: AnalysisContext, th: Thresholds, idle_gpu_s: float, phase: str) -> float:
+def _rates_outside(parts: Parts, phase: str) -> tuple[float, float]:
+    """The mean PCIe and NVLink rates (bytes/s, `_rate`) of every part's unclaimed samples
+    outside ``phase``."""
+    got = [_link_sums(s, phase) for s in _sampled(parts) if s is not None]
+    out = []
+    for k in range(2):
+        mine = [g[k] for g in got if g[k][2]]
+        out.append(float(sum(m[0] for m in mine) / sum(m[1] for m in mine)) if mine else np.nan)
+    return out[0], out[1]
+
+
+def _link_sums(s: pd.DataFrame, phase: str) -> list[tuple[float, float, bool]]:
+    """Per link (PCIe, NVLink): bytes and seconds of the samples outside ``phase`` that
+    measured it, and whether any did."""
+    out = (s["phase"] != phase).to_numpy()
+    dt = s["dt_s"].to_numpy(float)[out]
+    sums = []
+    for name in ("pcie_bytes", "nvlink_bytes"):
+        nbytes = s[name].to_numpy(float)[out]
+        ok = np.isfinite(nbytes) & (dt > 0)
+        sums.append((nbytes[ok].sum(), dt[ok].sum(), bool(ok.any())))
+    return sums
+
+
+def _excess(ctx: AnalysisContext | Parts, th: Thresholds, idle_gpu_s: float, phase: str) -> float:
     """Idle GPU-seconds beyond the healthy allowance of ``phase``."""
     return max(0.0, idle_gpu_s - _allowance(th, phase) * ctx.total_gpu_s)
 
@@ -240,7 +355,19 @@ def _cpu_during(ctx: AnalysisContext, where: pd.DataFrame, roles: set[str] | Non
     system CPU (``host_cpu_pct``, % of all cores) and the busiest watched process among
     ``roles`` (None: all) (``proc_cpu_pct``, % of one core). A key is absent when no sample
     falls inside the intervals."""
-    out: dict[str, float] = {}
+    return _cpu_joined([_cpu_part(ctx, where, roles)])
+
+
+def cpu_during(parts: Parts, wheres: list[pd.DataFrame], roles: set[str] | None) -> dict:
+    """`_cpu_during` over every part, each with its own intervals (``wheres``, in part
+    order): a part holds its node's host and process samples."""
+    return _cpu_joined([_cpu_part(c, w, roles) for c, w in zip(parts.contexts, wheres)])
+
+
+def _cpu_part(ctx: AnalysisContext, where: pd.DataFrame, roles: set[str] | None) -> dict:
+    """One part's CPU readings inside ``where``: the host readings per host (hosts in sorted
+    order) and the process readings (host, pid, cpu)."""
+    out: dict[str, list] = {"host": [], "procs": []}
     host, procs = ctx.run.host, ctx.run.procs
     host_ok = host is not None and len(host) > 0 and {"cpu_pct", "t_ns", "host"} <= set(host)
     procs_ok = (
@@ -254,28 +381,36 @@ def _cpu_during(ctx: AnalysisContext, where: pd.DataFrame, roles: set[str] | Non
     if procs_ok and roles is not None and "role" in procs:
         roles_ok = procs["role"].isin(list(roles)).to_numpy()
     pids = pd.to_numeric(procs["pid"], errors="coerce").to_numpy(np.float64) if procs_ok else None
-    host_cpu, proc_frames = [], []
-    for h, w in where.groupby("host", sort=False):
+    # hosts in sorted order: the readings of a run cut into parts by node come in that order
+    for h, w in where.groupby(where["host"].astype(str), sort=True):
         starts = w["start_ns"].to_numpy(np.int64)
         ends = w["end_ns"].to_numpy(np.int64)
         rows = host_rows.get(str(h))
         if rows is not None:
             cpu = host_cpu_all[rows]
             inside = in_union(host_t[rows], starts, ends) & np.isfinite(cpu)
-            host_cpu.append(cpu[inside])
+            out["host"].append(cpu[inside])
         rows = proc_rows.get(str(h))
         if rows is not None:
             if roles_ok is not None:
                 rows = rows[roles_ok[rows]]
             rows = rows[in_union(proc_t[rows], starts, ends)]
-            proc_frames.append(
+            out["procs"].append(
                 pd.DataFrame({"host": str(h), "pid": pids[rows], "cpu": proc_cpu_all[rows]})
             )
+    return out
+
+
+def _cpu_joined(got: list[dict]) -> dict:
+    """`_cpu_during` from the parts' `_cpu_part`."""
+    out: dict[str, float] = {}
+    host_cpu = [a for g in got for a in g["host"]]
     cpu = np.concatenate(host_cpu) if host_cpu else np.zeros(0)
     if len(cpu):
         out["host_cpu_pct"] = float(cpu.mean())
-    if proc_frames:
-        pf = pd.concat(proc_frames, ignore_index=True).dropna(subset=["cpu"])
+    frames = [f for g in got for f in g["procs"]]
+    if frames:
+        pf = pd.concat(frames, ignore_index=True).dropna(subset=["cpu"])
         if len(pf):
             out["proc_cpu_pct"] = float(pf.groupby(["host", "pid"])["cpu"].mean().max())
     return out
@@ -317,13 +452,18 @@ def _is_idle(s: pd.DataFrame, th: Thresholds) -> np.ndarray:
     return s["busy_frac"].to_numpy(np.float64) < th.idle_util_pct / 100.0
 
 
+def _run_phases(ctx: AnalysisContext) -> frozenset:
+    """The phases of every span of the run (of every part, for a part of a run)."""
+    return _parts(ctx).facts.phases
+
+
 def _step_head(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
     """Samples in the bare ``step`` span before the owner's first phase span of that step
-    (empty when the run times its loading with ``dataload`` spans)."""
+    (none when the run has no spans, or times its loading with ``dataload`` spans)."""
 
     def compute() -> np.ndarray:
-        sp = _spans(ctx)
-        if sp.empty or (sp["phase"] == "dataload").any():
+        phases = _run_phases(ctx)
+        if not phases or "dataload" in phases:
             return np.zeros(len(s), dtype=bool)
         key = s.groupby(["host", "gpu", "step"], sort=False, dropna=False).ngroup().to_numpy()
         in_phase = ~s["phase"].isin(list(_WAIT_PHASES)).to_numpy()
@@ -350,6 +490,23 @@ def _step_head_claim(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> n
     return head
 
 
+def step_head_claims(parts: Parts, th: Thresholds) -> list[np.ndarray | None]:
+    """`_step_head_claim` of every part (None for a part without samples), the loader judged
+    on every part's step heads."""
+
+    def compute() -> list[np.ndarray | None]:
+        ss = _sampled(parts)
+        heads = [None if s is None else _step_head(c, s) for c, s in zip(parts.contexts, ss)]
+        if (
+            not any(h is not None and h.any() for h in heads)
+            or not loader_evidence(parts, th, head=True)["any"]
+        ):
+            return [None if h is None else np.zeros(len(h), dtype=bool) for h in heads]
+        return heads
+
+    return _parts_memo(parts, f"head_claim:{th.process_core_pinned_pct}", compute)
+
+
 def _num_workers(ctx: AnalysisContext) -> int | None:
     """The run's configured DataLoader workers (any ``…num_workers`` knob), None if unknown."""
     workers = None
@@ -369,34 +526,76 @@ def _loader_evidence(
     ``dataload`` spans, or in the idle step heads when ``head``), or 0–1 configured workers."""
 
     def compute() -> dict[str, Any]:
-        out: dict[str, Any] = {}
         where = _head_where(s, _step_head(ctx, s)) if head else _phase_where(ctx, "dataload")
-        cpu = _cpu_during(ctx, where, {"dataloader"})
-        if "proc_cpu_pct" in cpu:
-            out["loader_cpu_pct"] = cpu["proc_cpu_pct"]
-        main = _cpu_during(ctx, where, {"main", "trainer"})
-        if "proc_cpu_pct" in main:
-            out["main_cpu_pct"] = main["proc_cpu_pct"]
-        workers = _num_workers(ctx)
-        out["num_workers"] = workers
-        cpus = (out.get("loader_cpu_pct", 0.0), out.get("main_cpu_pct", 0.0))
-        out["saturated"] = max(cpus) >= th.process_core_pinned_pct
-        out["few_workers"] = workers is not None and workers <= 1
-        out["any"] = out["saturated"] or out["few_workers"]
-        return out
+        return _loader_joined(
+            ctx, th, [_cpu_part(ctx, where, {"dataloader"})],
+            [_cpu_part(ctx, where, {"main", "trainer"})],
+        )  # fmt: skip
 
     return _memo(ctx, f"loader:{head}:{th.process_core_pinned_pct}", compute)
 
 
-def _span_attr(ctx: AnalysisContext, phase: str, keys: tuple[str, ...]) -> float:
-    """Mean of the first numeric attr among ``keys`` over the spans of ``phase`` (NaN)."""
+def loader_evidence(parts: Parts, th: Thresholds, head: bool = False) -> dict[str, Any]:
+    """`_loader_evidence` over every part (each part's step heads or ``dataload`` spans on
+    its own node's CPU readings)."""
+
+    def compute() -> dict[str, Any]:
+        wheres = []
+        for c, s in zip(parts.contexts, _sampled(parts)):
+            if head:
+                wheres.append(_head_where(s, _step_head(c, s)) if s is not None else _NO_WHERE)
+            else:
+                wheres.append(_phase_where(c, "dataload"))
+        loader = [_cpu_part(c, w, {"dataloader"}) for c, w in zip(parts.contexts, wheres)]
+        main = [_cpu_part(c, w, {"main", "trainer"}) for c, w in zip(parts.contexts, wheres)]
+        return _loader_joined(parts.lead, th, loader, main)
+
+    return _parts_memo(parts, f"loader:{head}:{th.process_core_pinned_pct}", compute)
+
+
+_NO_WHERE = pd.DataFrame({"host": pd.Series([], dtype=object), "start_ns": [], "end_ns": []})
+
+
+def _loader_joined(
+    ctx: AnalysisContext, th: Thresholds, loader: list[dict], main: list[dict]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    cpu = _cpu_joined(loader)
+    if "proc_cpu_pct" in cpu:
+        out["loader_cpu_pct"] = cpu["proc_cpu_pct"]
+    cpu = _cpu_joined(main)
+    if "proc_cpu_pct" in cpu:
+        out["main_cpu_pct"] = cpu["proc_cpu_pct"]
+    workers = _num_workers(ctx)
+    out["num_workers"] = workers
+    cpus = (out.get("loader_cpu_pct", 0.0), out.get("main_cpu_pct", 0.0))
+    out["saturated"] = max(cpus) >= th.process_core_pinned_pct
+    out["few_workers"] = workers is not None and workers <= 1
+    out["any"] = out["saturated"] or out["few_workers"]
+    return out
+
+
+def _span_attr(ctx: AnalysisContext | Parts, phase: str, keys: tuple[str, ...]) -> float:
+    """Mean of the first numeric attr among ``keys`` over the spans of ``phase`` on every
+    node (NaN)."""
+    got = _parts(ctx).map(_attr_sums, phase, keys)
+    for key in keys:
+        mine = [g[key] for g in got if key in g]
+        count = sum(m[1] for m in mine)
+        if count:
+            return float(sum(m[0] for m in mine) / count)
+    return np.nan
+
+
+def _attr_sums(ctx: AnalysisContext, phase: str, keys: tuple[str, ...]) -> dict:
+    """One part's sum and count of each numeric attr among ``keys`` of its ``phase`` spans."""
     frame = _attrs(ctx, phase)
+    out = {}
     for key in keys:
         if key in frame:
             v = pd.to_numeric(frame[key], errors="coerce")
-            if v.notna().any():
-                return float(v.mean())
-    return np.nan
+            out[key] = (v.sum(), int(v.count()))
+    return out
 
 
 def _attrs(ctx: AnalysisContext, phase: str) -> pd.DataFrame:
@@ -415,7 +614,58 @@ def _starts_ends(sp: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return sp["start_ns"].to_numpy(np.int64), sp["end_ns"].to_numpy(np.int64)
 
 
-def _wait_split(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> dict[str, Any]:
+def _wait_flags(s: pd.DataFrame, th: Thresholds) -> dict[str, np.ndarray]:
+    """The per-sample flags counted over the other GPUs of each time bin: working, in a
+    phase (not only waiting), and in each phase another detector claims."""
+    codes, names = label_codes(s["phase"])
+    code_of = {name: i for i, name in enumerate(names)}
+    in_wait = np.isin(codes, [code_of[p] for p in _WAIT_PHASES if p in code_of])
+    flags = {"busy": s["busy_frac"].to_numpy(np.float64) >= th.busy_util_pct / 100.0,
+             "active": ~in_wait}  # fmt: skip
+    for p in _CLAIMED_PHASES:
+        flags[p] = codes == code_of.get(p, -2)
+    return flags
+
+
+def _wait_shared(frames: list[pd.DataFrame], th: Thresholds) -> dict[str, Any]:
+    """What the wait split of every part shares: the time grid of every part's samples
+    (`grouping.time_bins`: from the first sample, on the median sampling period) and, per
+    time bin, how many samples of every part have each `_wait_flags` flag."""
+    from gpuprof.analyzers.parts import median_of_counts
+
+    frames = [s for s in frames if len(s)]
+    if not frames:
+        return {"t0": 0, "period_ns": 1e9, "totals": {}}
+    t0 = min(int(s["t_ns"].min()) for s in frames)
+    counts = []
+    for s in frames:
+        dt = s["dt_s"].to_numpy(np.float64)
+        counts.append(np.unique(dt[~np.isnan(dt)], return_counts=True))
+    median = median_of_counts(counts)
+    period_ns = float(median) * 1e9 if np.isfinite(median) else 0.0
+    if not np.isfinite(period_ns) or period_ns <= 0:
+        period_ns = 1e9
+    bins = [_bins(s, t0, period_ns) for s in frames]
+    n_bins = max(int(b.max()) + 1 for b in bins)
+    totals: dict[str, np.ndarray] = {}
+    for s, b in zip(frames, bins):
+        for name, flag in _wait_flags(s, th).items():
+            count = np.bincount(b[flag], minlength=n_bins)
+            totals[name] = totals[name] + count if name in totals else count
+    return {"t0": t0, "period_ns": period_ns, "totals": totals}
+
+
+def _bins(s: pd.DataFrame, t0: int, period_ns: float) -> np.ndarray:
+    return np.round((s["t_ns"].to_numpy(np.int64) - t0) / period_ns).astype(np.int64)
+
+
+def _wait_split(
+    ctx: AnalysisContext,
+    s: pd.DataFrame,
+    th: Thresholds,
+    shared: dict[str, Any] | None = None,
+    head: np.ndarray | None = None,
+) -> dict[str, Any]:
     """Samples whose owner only waits (bare step span or no span), split by what the rest of
     the job did at that instant (samples of all GPUs binned on the sampling period):
 
@@ -424,45 +674,76 @@ def _wait_split(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> dict[s
     - ``claimed[p]``: the others were idle in a phase another detector claims (``reward``,
       ``reshard``, ``dataload``, ``checkpoint``, ``eval``): waiting for it belongs to it;
     - ``alone``: the whole job waited — nothing explains it.
+
+    ``shared`` (`_wait_shared` of every part) and ``head`` (this part's `step_head_claims`)
+    when ``s`` is one part's samples; without them the job is ``s`` alone.
     """
 
     def compute() -> dict[str, Any]:
-        # one grouping by (time bin, GPU) serves every count over the other GPUs
-        bins = time_bins(s["t_ns"].to_numpy(np.int64), s["dt_s"].to_numpy(np.float64))
-        groups = BinGroups(bins, per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s)))
-        others_busy = groups.others(s["busy_frac"].to_numpy(np.float64) >= th.busy_util_pct / 100.0)
-        codes, names = label_codes(s["phase"])
-        code_of = {name: i for i, name in enumerate(names)}
-        in_wait = np.isin(codes, [code_of[p] for p in _WAIT_PHASES if p in code_of])
-        waiting = in_wait & ~_step_head_claim(ctx, s, th)
+        grid = shared if shared is not None else _wait_shared([s], th)
+        claim = head if head is not None else _step_head_claim(ctx, s, th)
+        bins = _bins(s, grid["t0"], grid["period_ns"]) if len(s) else np.zeros(0, np.int64)
+        gpu = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))
+        pair, n_pairs = dense_codes(bins * (int(gpu.max(initial=0)) + 2) + (gpu + 1))
+        flags = _wait_flags(s, th)
+
+        def others(name: str) -> np.ndarray:  # samples of the other GPUs in the bin
+            flag = flags[name]
+            if name not in grid["totals"] or not len(s):
+                return np.zeros(len(s), dtype=np.int64)
+            own = np.bincount(pair[flag], minlength=n_pairs)
+            return grid["totals"][name][bins] - own[pair]
+
+        others_busy = others("busy")
+        in_wait = ~flags["active"]
+        waiting = in_wait & ~claim
         idle = np.nan_to_num(s["idle_gpu_s"].to_numpy(np.float64))
         is_idle = _is_idle(s, th)
-        others_in_phase = groups.others(~in_wait)  # waiting samples aren't counted
+        others_in_phase = others("active")  # waiting samples aren't counted
         bubble = waiting & is_idle & (others_busy > 0)
         rest = waiting & ~bubble
         claimed: dict[str, np.ndarray] = {}
         taken = np.zeros(len(s), dtype=bool)
         for p in _CLAIMED_PHASES:
-            if p in code_of:
-                n_p = groups.others(codes == code_of[p])
-                claimed[p] = rest & ~taken & (n_p > 0)
-            else:  # no sample in the phase: nobody waits for it
-                claimed[p] = np.zeros(len(s), dtype=bool)
+            claimed[p] = rest & ~taken & (others(p) > 0)
             taken |= claimed[p]
         bubble |= rest & ~taken & (others_in_phase > 0) & is_idle
         alone = rest & ~taken & (others_in_phase == 0)
         return {"bubble": bubble, "alone": alone, "claimed": claimed, "idle": idle, "bins": bins}
 
+    if shared is not None:
+        return compute()
     return _memo(ctx, f"wait:{th.busy_util_pct}:{th.process_core_pinned_pct}", compute)
 
 
-def _waiting_on(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds, phases: list[str]):
+def wait_splits(parts: Parts, th: Thresholds) -> list[dict[str, Any] | None]:
+    """`_wait_split` of every part's unclaimed samples, the other GPUs being every part's
+    (None for a part without samples)."""
+
+    def compute() -> list[dict[str, Any] | None]:
+        ss = _sampled(parts)
+        if len(parts.contexts) == 1:
+            s = ss[0]
+            return [None if s is None else _wait_split(parts.lead, s, th)]
+        shared = _wait_shared([s for s in ss if s is not None], th)
+        heads = step_head_claims(parts, th)
+        return [None if s is None else _wait_split(c, s, th, shared, h)
+                for c, s, h in zip(parts.contexts, ss, heads)]  # fmt: skip
+
+    return _parts_memo(parts, f"wait:{th.busy_util_pct}:{th.process_core_pinned_pct}", compute)
+
+
+def _waiting_on(ctx: AnalysisContext | Parts, th: Thresholds, phases: list[str]) -> float:
     """Idle GPU-seconds of GPUs that only waited while the rest of the job was in ``phases``."""
-    split = _wait_split(ctx, s, th)
-    mask = np.zeros(len(s), dtype=bool)
-    for p in phases:
-        mask |= split["claimed"].get(p, mask)
-    return float(split["idle"][mask].sum())
+    total = 0.0
+    for split in wait_splits(_parts(ctx), th):
+        if split is None:
+            continue
+        mask = np.zeros(len(split["idle"]), dtype=bool)
+        for p in phases:
+            mask |= split["claimed"].get(p, mask)
+        total += float(split["idle"][mask].sum())
+    return total
 
 
 def _sample_intervals(s: pd.DataFrame, mask: np.ndarray, idle: np.ndarray) -> list[list[int]]:

@@ -3,58 +3,60 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from gpuprof.analyzers.evidence import PHASE_TIMING, DataloaderStarvationEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.spans import STEP_PHASE
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
     _conf,
     _excess,
-    _gpu_labels,
-    _loader_evidence,
+    _gpu_pairs,
+    _joined_labels,
     _minutes,
     _num,
     _num_workers,
-    _phase_idle,
+    _parts,
     _phase_intervals,
-    _samples,
-    _spans,
-    _step_head_claim,
+    _sampled,
     _waiting_on,
+    loader_evidence,
+    phase_idle,
+    step_head_claims,
 )
 from gpuprof.analyzers.stalls._timing import phase_loss
 from gpuprof.intervals import top_intervals, union
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """GPUs waiting for input: idle in ``dataload`` spans, or at each step's head when no
     dataload span exists and the loader is visibly slow."""
-    s = _samples(ctx)
-    if s is None:
-        return _from_timing(ctx, th)
-    sp = _spans(ctx)
-    if (sp["phase"] == "dataload").any():
-        st = _phase_idle(ctx, s, ["dataload"])
+    parts = _parts(ctx)
+    ss = _sampled(parts)
+    if not any(s is not None for s in ss):
+        return _from_timing(parts.lead, th)
+    if "dataload" in parts.facts.phases:
+        st = phase_idle(parts, ["dataload"])
         if st is None or st["idle_frac"] < th.phase_idle_min_frac:
             return None
-        waiting = _waiting_on(ctx, s, th, ["dataload"])
+        waiting = _waiting_on(parts, th, ["dataload"])
         idle_gpu_s, where = st["idle_gpu_s"] + waiting, "dataload spans"
-        gpus, intervals = st["gpus"], _phase_intervals(ctx, ["dataload"])
-        ev = _loader_evidence(ctx, s, th)
+        gpus, intervals = st["gpus"], _phase_intervals(parts, ["dataload"])
+        ev = loader_evidence(parts, th)
     else:
-        head = _step_head_claim(ctx, s, th)
-        if not head.any():
+        heads = step_head_claims(parts, th)
+        got = [_heads(s, h) for s, h in zip(ss, heads) if h is not None and h.any()]
+        if not got:
             return None
-        sub = s[head]
-        idle_gpu_s, where = float(np.nansum(sub["idle_gpu_s"].to_numpy())), "the head of steps"
-        gpus = _gpu_labels(sub)
-        t = sub["t_ns"].to_numpy(np.int64)
-        a, b = union(t, t + (sub["dt_s"].to_numpy(np.float64) * 1e9).astype(np.int64))
+        idle_gpu_s, where = float(sum(g[0] for g in got)), "the head of steps"
+        gpus = _joined_labels(g[1] for g in got)
+        a, b = union(np.concatenate([g[2] for g in got]), np.concatenate([g[3] for g in got]))
         intervals = top_intervals(a, b)
-        ev = _loader_evidence(ctx, s, th, head=True)
-    lost = _excess(ctx, th, idle_gpu_s, "dataload")
-    share = ctx.share(lost)
+        ev = loader_evidence(parts, th, head=True)
+    lost = _excess(parts, th, idle_gpu_s, "dataload")
+    share = parts.share(lost)
     if share < th.min_share:
         return None
     reasons = []
@@ -85,6 +87,14 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             allowance_share=_allowance(th, "dataload"),
         ),
     )
+
+
+def _heads(s: pd.DataFrame, head: np.ndarray) -> tuple:
+    """One part's step heads: idle GPU-seconds, GPUs, and the stretches they cover."""
+    sub = s[head]
+    t = sub["t_ns"].to_numpy(np.int64)
+    a, b = union(t, t + (sub["dt_s"].to_numpy(np.float64) * 1e9).astype(np.int64))
+    return float(np.nansum(sub["idle_gpu_s"].to_numpy())), _gpu_pairs(sub), a, b
 
 
 def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:

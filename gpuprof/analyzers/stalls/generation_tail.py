@@ -7,26 +7,101 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import PHASE_TIMING, GenerationTailEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.grouping import label_codes, per_frame
+from gpuprof.analyzers.grouping import first_rows, label_codes, per_frame
+from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.stalls._phase import (
     _TAIL_MIN_SAMPLES,
     _conf,
     _gpu_key,
-    _gpu_labels,
+    _joined_labels,
     _minutes,
     _num,
-    _samples,
+    _parts,
+    _sampled,
     _span_attr,
 )
 from gpuprof.analyzers.stalls._timing import phase_seconds, timing
 from gpuprof.intervals import top_intervals, union
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """Rollout utilisation decaying at the end of each rollout span (few sequences left)."""
-    s = _samples(ctx)
-    if s is None:
-        return _from_timing(ctx, th)
+    parts = _parts(ctx)
+    ss = _sampled(parts)
+    if not any(s is not None for s in ss):
+        return _from_timing(parts.lead, th)
+    tables = [_rollouts(c, s, th) for c, s in zip(parts.contexts, ss) if s is not None]
+    tables = [t for t in tables if t is not None]
+    if not tables:
+        return None
+    # one row per rollout of one GPU (numbered part by part: a rollout is one GPU's)
+    per = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+    per = per[(per["n"] >= _TAIL_MIN_SAMPLES) & (per["first"] >= th.busy_util_pct / 100.0)]
+    if per.empty:
+        return None
+    per["ratio"] = per["last"] / per["first"]
+    step_key = per["step"].fillna(-1.0)
+    by_step = per.groupby(step_key)["ratio"].median()
+    tail_steps = by_step[by_step < th.tail_util_drop_frac]
+    if len(tail_steps) == 0 or len(tail_steps) < 0.5 * len(by_step):
+        return None
+    tailing = per[step_key.isin(tail_steps.index) & (per["ratio"] < th.tail_util_drop_frac)]
+    lost = float(tailing["deficit"].sum())
+    share = parts.share(lost)
+    if share < th.min_share:
+        return None
+    # response lengths: on rollout spans (hooks), else on the steps (verl logs them per step)
+    max_keys = ("response_length_max", "response_length/max")
+    mean_keys = ("response_length_mean", "response_length/mean")
+    resp_max = _span_attr(parts, "rollout", max_keys)
+    resp_mean = _span_attr(parts, "rollout", mean_keys)
+    if not np.isfinite(resp_max) or not np.isfinite(resp_mean):
+        resp_max = _span_attr(parts, "step", max_keys)
+        resp_mean = _span_attr(parts, "step", mean_keys)
+    resp_ratio = resp_max / resp_mean if resp_mean and np.isfinite(resp_mean) else np.nan
+    long_resp = bool(resp_ratio >= th.long_response_ratio)
+    ratio = float(by_step.median())
+    conf = _conf(0.55 + 0.5 * (th.tail_util_drop_frac - ratio) + (0.15 if long_resp else 0.0))
+    resp_txt = (
+        f"; response length max {resp_max:.0f} vs mean {resp_mean:.0f} tokens"
+        if np.isfinite(resp_ratio)
+        else ""
+    )
+    summary = (
+        f"Rollout utilisation falls to {ratio:.0%} of its level at the end of generation in "
+        f"{len(tail_steps)}/{len(by_step)} steps: {_minutes(lost)} ({share:.0%}) idle in the "
+        f"tail{resp_txt}"
+    )
+    worst = tailing.sort_values("deficit", ascending=False)
+    starts = worst["t0"].to_numpy(np.int64)
+    ends = worst["t1"].to_numpy(np.int64)
+    m_s, m_e = union(starts, ends)
+    return Finding(
+        kind="generation_tail",
+        gpu_seconds_lost=lost,
+        share=share,
+        confidence=conf,
+        summary=summary,
+        evidence=GenerationTailEvidence(
+            intervals=top_intervals(m_s, m_e),
+            gpus=_joined_labels([list(zip(tailing["host"], tailing["gpu"]))]),
+            phases=["rollout"],
+            tail_to_head_util_ratio=_num(ratio, ".3f"),
+            tail_steps=len(tail_steps),
+            steps=len(by_step),
+            tail_idle_gpu_s=_num(lost),
+            response_length_max_tokens=_num(resp_max),
+            response_length_mean_tokens=_num(resp_mean),
+            response_length_max_to_mean=_num(resp_ratio, ".2f"),
+        ),
+    )
+
+
+def _rollouts(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> pd.DataFrame | None:
+    """One part's rollouts, one row per stretch of one GPU's samples in ``rollout``: samples
+    (``n``), busy level over the first and the last part of it, its signed shortfall after the
+    first third (``deficit``), step, first and last sample, GPU; None without a rollout
+    sample."""
     phase, names = label_codes(s["phase"])  # compared as codes, not strings
     gkey = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))
     new = np.ones(len(s), dtype=bool)
@@ -72,64 +147,10 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     # lost: the signed shortfall below the span's steady level after its first third
     r["deficit"] = np.where(after, (base - r["busy"].to_numpy()) * r["dt"].to_numpy(), 0.0)
     per["deficit"] = r.groupby("inst", sort=False)["deficit"].sum().clip(lower=0.0)
-    per = per[(per["n"] >= _TAIL_MIN_SAMPLES) & (per["first"] >= th.busy_util_pct / 100.0)]
-    if per.empty:
-        return None
-    per["ratio"] = per["last"] / per["first"]
-    step_key = per["step"].fillna(-1.0)
-    by_step = per.groupby(step_key)["ratio"].median()
-    tail_steps = by_step[by_step < th.tail_util_drop_frac]
-    if len(tail_steps) == 0 or len(tail_steps) < 0.5 * len(by_step):
-        return None
-    tailing = per[step_key.isin(tail_steps.index) & (per["ratio"] < th.tail_util_drop_frac)]
-    lost = float(tailing["deficit"].sum())
-    share = ctx.share(lost)
-    if share < th.min_share:
-        return None
-    # response lengths: on rollout spans (hooks), else on the steps (verl logs them per step)
-    max_keys = ("response_length_max", "response_length/max")
-    mean_keys = ("response_length_mean", "response_length/mean")
-    resp_max = _span_attr(ctx, "rollout", max_keys)
-    resp_mean = _span_attr(ctx, "rollout", mean_keys)
-    if not np.isfinite(resp_max) or not np.isfinite(resp_mean):
-        resp_max, resp_mean = _span_attr(ctx, "step", max_keys), _span_attr(ctx, "step", mean_keys)
-    resp_ratio = resp_max / resp_mean if resp_mean and np.isfinite(resp_mean) else np.nan
-    long_resp = bool(resp_ratio >= th.long_response_ratio)
-    ratio = float(by_step.median())
-    conf = _conf(0.55 + 0.5 * (th.tail_util_drop_frac - ratio) + (0.15 if long_resp else 0.0))
-    resp_txt = (
-        f"; response length max {resp_max:.0f} vs mean {resp_mean:.0f} tokens"
-        if np.isfinite(resp_ratio)
-        else ""
-    )
-    summary = (
-        f"Rollout utilisation falls to {ratio:.0%} of its level at the end of generation in "
-        f"{len(tail_steps)}/{len(by_step)} steps: {_minutes(lost)} ({share:.0%}) idle in the "
-        f"tail{resp_txt}"
-    )
-    worst = tailing.sort_values("deficit", ascending=False)
-    starts = worst["t0"].to_numpy(np.int64)
-    ends = worst["t1"].to_numpy(np.int64)
-    m_s, m_e = union(starts, ends)
-    return Finding(
-        kind="generation_tail",
-        gpu_seconds_lost=lost,
-        share=share,
-        confidence=conf,
-        summary=summary,
-        evidence=GenerationTailEvidence(
-            intervals=top_intervals(m_s, m_e),
-            gpus=_gpu_labels(s[np.isin(inst, tailing.index.to_numpy()) & roll]),
-            phases=["rollout"],
-            tail_to_head_util_ratio=_num(ratio, ".3f"),
-            tail_steps=len(tail_steps),
-            steps=len(by_step),
-            tail_idle_gpu_s=_num(lost),
-            response_length_max_tokens=_num(resp_max),
-            response_length_mean_tokens=_num(resp_mean),
-            response_length_max_to_mean=_num(resp_ratio, ".2f"),
-        ),
-    )
+    at = first_rows(inst)[per.index.to_numpy() - 1]  # inst counts from 1
+    per["host"] = s["host"].to_numpy(object)[at].astype(str)
+    per["gpu"] = s["gpu"].to_numpy()[at].astype(np.int64)
+    return per.reset_index(drop=True)
 
 
 _WORKER_KEYS = {

@@ -3,43 +3,43 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from gpuprof.analyzers.evidence import IdleUnattributedEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.parts import Parts, stretches, top_stretches
 from gpuprof.analyzers.spans import NO_PHASE
 from gpuprof.analyzers.stalls._phase import (
     _conf,
-    _gpu_labels,
+    _gpu_pairs,
     _is_idle,
+    _joined_labels,
     _minutes,
     _num,
-    _sample_intervals,
-    _samples,
-    _spans,
-    _wait_split,
+    _parts,
+    _sampled,
+    wait_splits,
 )
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """Idle GPU-time outside every phase span while the whole job idles."""
-    s = _samples(ctx)
-    if s is None:
+    parts = _parts(ctx)
+    ss = _sampled(parts)
+    if not any(s is not None for s in ss):
         return None
-    split = _wait_split(ctx, s, th)
-    # idle samples only: the gaps between kernels of a busy stretch are not idle time
-    mask, idle = split["alone"] & _is_idle(s, th), split["idle"]
-    lost = float(idle[mask].sum())
-    share = ctx.share(lost)
-    no_spans = _spans(ctx).empty
+    got = [_alone(s, split, th) for s, split in zip(ss, wait_splits(parts, th))
+           if split is not None]  # fmt: skip
+    lost = float(sum(g["lost"] for g in got))
+    share = parts.share(lost)
+    no_spans = parts.facts.first_span_ns is None
     # over the samples no earlier stall claimed (a GPU never used is not this job's idle)
-    measured_dt = s["dt_s"].to_numpy(np.float64)[np.isfinite(s["busy_frac"].to_numpy(np.float64))]
-    run_idle = float(np.nansum(idle))
-    measured = float(measured_dt.sum())
+    run_idle = float(sum(g["run_idle"] for g in got))
+    measured = float(sum(g["measured"] for g in got))
     run_idle_share = run_idle / measured if measured > 0 else 0.0
     if share < th.min_share or (no_spans and run_idle_share < th.no_span_idle_share):
         return None
-    sub = s[mask]
-    outside = float(idle[mask & (s["phase"] == NO_PHASE).to_numpy()].sum())
+    outside = float(sum(g["outside"] for g in got))
     conf = _conf((0.45 if no_spans else 0.7) + 0.5 * share)
     where = "no phase spans recorded" if no_spans else "outside every phase span"
     summary = (
@@ -53,9 +53,9 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         confidence=conf,
         summary=summary,
         evidence=IdleUnattributedEvidence(
-            intervals=_sample_intervals(s, mask, idle),
-            gpus=_gpu_labels(sub),
-            phases=sorted({str(p) for p in sub["phase"].unique()}),
+            intervals=top_stretches([g["stretches"] for g in got]),
+            gpus=_joined_labels(g["gpus"] for g in got),
+            phases=sorted({p for g in got for p in g["phases"]}),
             idle_gpu_s=_num(lost),
             idle_in_step_gpu_s=_num(lost - outside),
             idle_outside_spans_gpu_s=_num(outside),
@@ -63,3 +63,23 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             spans_recorded=not no_spans,
         ),
     )
+
+
+def _alone(s: pd.DataFrame, split: dict, th: Thresholds) -> dict:
+    """One part's idle samples while the whole job idles, outside claimed phases: their idle
+    GPU-seconds (and those outside every span), the part's idle and measured GPU-seconds,
+    and the GPUs, phases and stretches of those samples."""
+    # idle samples only: the gaps between kernels of a busy stretch are not idle time
+    mask, idle = split["alone"] & _is_idle(s, th), split["idle"]
+    measured_dt = s["dt_s"].to_numpy(np.float64)[np.isfinite(s["busy_frac"].to_numpy(np.float64))]
+    sub = s[mask]
+    t, dt = s["t_ns"].to_numpy(np.int64), s["dt_s"].to_numpy(np.float64)
+    return {
+        "lost": idle[mask].sum(),
+        "outside": idle[mask & (s["phase"] == NO_PHASE).to_numpy()].sum(),
+        "run_idle": np.nansum(idle),
+        "measured": measured_dt.sum(),
+        "gpus": _gpu_pairs(sub),
+        "phases": {str(p) for p in sub["phase"].unique()},
+        "stretches": stretches(t, dt, mask, idle),
+    }

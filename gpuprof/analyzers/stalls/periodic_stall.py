@@ -3,54 +3,62 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from gpuprof.analyzers.evidence import PHASE_TIMING, PeriodicStallEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.stalls._phase import (
     _MAX_INTERVALS,
     _PERIODIC_PHASES,
     _conf,
     _minutes,
     _num,
-    _phase_idle,
+    _parts,
     _phase_intervals,
-    _samples,
+    _sampled,
     _spans,
     _starts_ends,
     _waiting_on,
+    phase_idle,
 )
 from gpuprof.analyzers.stalls._timing import phase_seconds, timing
 from gpuprof.intervals import union
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """Checkpoint / eval phases every N steps with the GPUs idle."""
-    s = _samples(ctx)
-    if s is None:
-        return _from_timing(ctx, th)
-    sp = _spans(ctx)
-    sp = sp[sp["phase"].isin(list(_PERIODIC_PHASES))]
-    if sp.empty:
+    parts = _parts(ctx)
+    ss = _sampled(parts)
+    if not any(s is not None for s in ss):
+        return _from_timing(parts.lead, th)
+    sps = parts.map(_periodic_spans)
+    if all(sp.empty for sp in sps):
         return None
-    phases = sorted(set(sp["phase"]))
-    st = _phase_idle(ctx, s, phases)
+    phases = sorted({p for sp in sps for p in sp["phase"]})
+    st = phase_idle(parts, phases)
     if st is None:
         return None
-    waiting = _waiting_on(ctx, s, th, phases)
+    waiting = _waiting_on(parts, th, phases)
     lost = st["idle_gpu_s"] + waiting
-    share = ctx.share(lost)
+    share = parts.share(lost)
     if share < th.min_share:
         return None
-    steps = np.unique(sp["step"].dropna().to_numpy(np.float64))
-    all_steps = np.unique(_spans(ctx)["step"].dropna().to_numpy(np.float64))
+    steps = np.unique(np.concatenate([sp["step"].dropna().to_numpy(np.float64) for sp in sps]))
+    all_steps = np.unique(np.concatenate(parts.map(_span_steps)))
     period = float(np.median(np.diff(steps))) if len(steps) >= 2 else np.nan
     regular = len(steps) >= 2 and bool(np.all(np.diff(steps) == period))
-    occurrences = max(1, len(steps)) if len(steps) else len(union(*_starts_ends(sp))[0])
+    if len(steps):
+        occurrences = max(1, len(steps))
+    else:
+        ends = [_starts_ends(sp) for sp in sps]
+        joined = union(np.concatenate([e[0] for e in ends]), np.concatenate([e[1] for e in ends]))
+        occurrences = len(joined[0])
     per_event = lost / occurrences
     # a normal step's idle GPU-seconds, for scale
-    normal = s[~s["phase"].isin(phases) & ~s["step"].isin(steps) & s["step"].notna()]
-    n_normal = normal["step"].nunique()
-    normal_idle = float(np.nansum(normal["idle_gpu_s"])) / n_normal if n_normal else np.nan
+    normal = [_normal_idle(s, phases, steps) for s in ss if s is not None]
+    n_normal = len(set().union(*(n[1] for n in normal)))
+    normal_idle = float(sum(n[0] for n in normal)) / n_normal if n_normal else np.nan
     ratio = per_event / normal_idle if normal_idle and np.isfinite(normal_idle) else np.nan
     spike = bool(ratio >= th.periodic_min_ratio) if np.isfinite(ratio) else False
     conf = _conf(0.5 + (0.2 if regular else 0.0) + (0.15 if spike else 0.0) + 0.5 * share)
@@ -67,7 +75,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         confidence=conf,
         summary=summary,
         evidence=PeriodicStallEvidence(
-            intervals=_phase_intervals(ctx, phases),
+            intervals=_phase_intervals(parts, phases),
             gpus=st["gpus"],
             phases=phases,
             every_n_steps=_num(period, ".0f"),
@@ -81,6 +89,21 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             util_gpu_pct=_num(st["util_pct"]),
         ),
     )
+
+
+def _periodic_spans(ctx: AnalysisContext) -> pd.DataFrame:
+    sp = _spans(ctx)
+    return sp[sp["phase"].isin(list(_PERIODIC_PHASES))]
+
+
+def _span_steps(ctx: AnalysisContext) -> np.ndarray:
+    return _spans(ctx)["step"].dropna().to_numpy(np.float64)
+
+
+def _normal_idle(s: pd.DataFrame, phases: list[str], steps: np.ndarray) -> tuple[float, set]:
+    """One part's idle GPU-seconds in normal steps (no periodic phase) and those steps."""
+    normal = s[~s["phase"].isin(phases) & ~s["step"].isin(steps) & s["step"].notna()]
+    return float(np.nansum(normal["idle_gpu_s"])), set(normal["step"].unique())
 
 
 def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:

@@ -24,7 +24,7 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import PhantomUtilEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.parts import Parts, stretches, top_stretches
+from gpuprof.analyzers.parts import Parts, median_of_counts, stretches, top_stretches
 from gpuprof.analyzers.stalls._phase import _conf, _minutes, _num
 from gpuprof.analyzers.stalls._resource import _gpu_codes, _gpu_columns_of
 from gpuprof.analyzers.stalls._resource import _num as _column
@@ -101,23 +101,14 @@ def _dt_counts(ctx: AnalysisContext) -> tuple[np.ndarray, np.ndarray]:
     and their counts (what an exact median over every part needs)."""
     s = ctx.unclaimed_samples
     dt = s["dt_s"].to_numpy(np.float64) if s is not None else np.zeros(0)
-    return np.unique(dt[np.isfinite(dt)], return_counts=True)
+    return np.unique(dt[~np.isnan(dt)], return_counts=True)
 
 
 def _tolerance_ns(counts: list[tuple[np.ndarray, np.ndarray]]) -> int:
     """Two sampling periods (the median interval of every unclaimed sample, at least 1 s) in
     ns: how near a per-process reading must be to vouch for a sample."""
-    values = np.concatenate([c[0] for c in counts]) if counts else np.zeros(0)
-    if not len(values):
-        return int(2e9)
-    n = np.concatenate([c[1] for c in counts])
-    order = np.argsort(values, kind="stable")
-    values, cum = values[order], np.cumsum(n[order])
-    total = int(cum[-1])
-    lo = values[np.searchsorted(cum, (total - 1) // 2, side="right")]
-    hi = values[np.searchsorted(cum, total // 2, side="right")]
-    median = lo if lo == hi else (lo + hi) / 2  # what np.nanmedian gives
-    return int(max(1.0, float(median)) * 2e9)
+    median = median_of_counts(counts)
+    return int(max(1.0, median if np.isfinite(median) else 1.0) * 2e9)
 
 
 def _phantom(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds, tolerance: int) -> dict:

@@ -7,18 +7,20 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import PipelineBubbleEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.parts import Parts, stretches, top_stretches
 from gpuprof.analyzers.stalls._phase import (
     _conf,
-    _gpu_labels,
+    _gpu_pairs,
+    _joined_labels,
     _minutes,
     _num,
-    _sample_intervals,
-    _samples,
-    _wait_split,
+    _parts,
+    _sampled,
+    wait_splits,
 )
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """Some GPUs idle (their owner only waiting) while other GPUs of the job work.
 
     Lost time per step: the step's wall time beyond its busiest GPU's working time (what
@@ -26,52 +28,37 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     such waits — a split placement waiting for the slower side only costs what serialising
     the two sides added.
     """
-    s = _samples(ctx)
-    if s is None or s[["host", "gpu"]].drop_duplicates().shape[0] < 2:
+    parts = _parts(ctx)
+    ss = _sampled(parts)
+    n_gpus = sum(s[["host", "gpu"]].drop_duplicates().shape[0] for s in ss if s is not None)
+    if n_gpus < 2:
         return None
-    split = _wait_split(ctx, s, th)
-    mask, idle = split["bubble"], split["idle"]
-    if not mask.any():
+    splits = wait_splits(parts, th)
+    got = [_bubbles(s, split, th) for s, split in zip(ss, splits) if split is not None]
+    got = [g for g in got if g is not None]
+    if not got:
         return None
-    step = s["step"].fillna(-1.0).to_numpy(np.float64)
-    gkey = s.groupby(["host", "gpu"], sort=False).ngroup().to_numpy()
-    dt = s["dt_s"].to_numpy(np.float64)
-    waiting = split["bubble"] | split["alone"]
-    busy = s["busy_frac"].to_numpy(np.float64) >= th.busy_util_pct / 100.0
-    working = ~waiting | busy
-    frame = pd.DataFrame(
-        {
-            "step": step,
-            "g": gkey,
-            "wall": dt,
-            "work": np.where(working, dt, 0.0),
-            "bubble": np.where(mask, idle, 0.0),
-        }
-    )
-    per_gpu = frame.groupby(["step", "g"], sort=False).sum()
+    per_gpu = pd.concat([g["per_gpu"] for g in got]) if len(got) > 1 else got[0]["per_gpu"]
     per_step = per_gpu.groupby(level="step").agg(
         wall=("wall", "max"), work=("work", "max"), bubble=("bubble", "sum"), gpus=("wall", "size")
     )
     extra_s = (per_step["wall"] - per_step["work"]).clip(lower=0.0)
     lost_step = np.minimum(per_step["bubble"], extra_s * per_step["gpus"])
     lost = float(lost_step.sum())
-    share = ctx.share(lost)
+    share = parts.share(lost)
     if share < th.min_share:
         return None
     bubble_gpu_s = float(per_step["bubble"].sum())
     # per instant: share of the job's GPUs idle-waiting while others work
-    bins = split["bins"]
-    frac = (
-        pd.Series(mask.astype(np.float64)).groupby(bins).mean()
-        if len(bins)
-        else pd.Series(dtype=float)
-    )
+    n_bins = max(len(g["in_bin"]) for g in got)
+    in_bin = sum(np.pad(g["in_bin"], (0, n_bins - len(g["in_bin"]))) for g in got)
+    bubbled = sum(np.pad(g["bubbled"], (0, n_bins - len(g["bubbled"]))) for g in got)
+    seen = in_bin > 0
+    frac = bubbled[seen] / in_bin[seen]
     in_bubble = frac[frac > 0]
     mean_frac = float(in_bubble.mean()) if len(in_bubble) else np.nan
     time_share = float(len(in_bubble) / frac.size) if frac.size else np.nan
-    sub = s[mask]
-    waiting_gpus = _gpu_labels(sub)
-    n_gpus = int(s[["host", "gpu"]].drop_duplicates().shape[0])
+    waiting_gpus = _joined_labels(g["gpus"] for g in got)
     conf = _conf(0.55 + 0.3 * min(1.0, lost / max(bubble_gpu_s, 1e-9)) + 0.5 * share)
     summary = (
         f"{len(waiting_gpus)}/{n_gpus} GPUs wait while others work "
@@ -85,12 +72,47 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         confidence=conf,
         summary=summary,
         evidence=PipelineBubbleEvidence(
-            intervals=_sample_intervals(s, mask, idle),
+            intervals=top_stretches([g["stretches"] for g in got]),
             gpus=waiting_gpus,
-            phases=sorted({str(p) for p in sub["phase"].unique()}),
+            phases=sorted({p for g in got for p in g["phases"]}),
             bubble_idle_gpu_s=_num(bubble_gpu_s),
             serial_extra_gpu_s=_num(float((extra_s * per_step["gpus"]).sum())),
             idle_gpus_frac_in_bubble=_num(mean_frac, ".3f"),
             bubble_time_share=_num(time_share, ".3f"),
         ),
     )
+
+
+def _bubbles(s: pd.DataFrame, split: dict, th: Thresholds) -> dict | None:
+    """One part's bubbles: per (step, GPU) wall, working and bubble seconds; per time bin its
+    samples and those in a bubble; the GPUs, phases and stretches of the bubbles. None when
+    the part has none."""
+    mask, idle = split["bubble"], split["idle"]
+    if not mask.any():
+        return None
+    step = s["step"].fillna(-1.0).to_numpy(np.float64)
+    hosts = s["host"].astype(str).to_numpy(object)
+    dt = s["dt_s"].to_numpy(np.float64)
+    waiting = split["bubble"] | split["alone"]
+    busy = s["busy_frac"].to_numpy(np.float64) >= th.busy_util_pct / 100.0
+    working = ~waiting | busy
+    frame = pd.DataFrame(
+        {
+            "step": step,
+            "host": hosts,
+            "g": s["gpu"].to_numpy(np.int64),
+            "wall": dt,
+            "work": np.where(working, dt, 0.0),
+            "bubble": np.where(mask, idle, 0.0),
+        }
+    )
+    bins = split["bins"]
+    sub = s[mask]
+    return {
+        "per_gpu": frame.groupby(["step", "host", "g"], sort=False).sum(),
+        "in_bin": np.bincount(bins) if len(bins) else np.zeros(0, np.int64),
+        "bubbled": np.bincount(bins[mask], minlength=int(bins.max()) + 1),
+        "gpus": _gpu_pairs(sub),
+        "phases": {str(p) for p in sub["phase"].unique()},
+        "stretches": stretches(s["t_ns"].to_numpy(np.int64), dt, mask, idle),
+    }

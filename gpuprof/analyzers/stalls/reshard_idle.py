@@ -7,54 +7,52 @@ import numpy as np
 from gpuprof.analyzers.evidence import PHASE_TIMING, ReshardIdleEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.nodes import weight_sync_crosses_nodes
+from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
     _conf,
     _excess,
     _minutes,
     _num,
-    _phase_idle,
+    _parts,
     _phase_intervals,
-    _rate,
-    _samples,
+    _rates_outside,
+    _sampled,
     _span_attr,
     _spans,
     _waiting_on,
+    phase_idle,
 )
 from gpuprof.analyzers.stalls._timing import phase_loss
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """GPUs idle inside weight-sync (``reshard``) spans beyond a healthy sync's share."""
-    s = _samples(ctx)
-    if s is None:
-        return _from_timing(ctx, th)
-    st = _phase_idle(ctx, s, ["reshard"])
+    parts = _parts(ctx)
+    if not any(s is not None for s in _sampled(parts)):
+        return _from_timing(parts.lead, th)
+    st = phase_idle(parts, ["reshard"])
     if (
         st is None or st["idle_frac"] < th.phase_idle_min_frac
     ):  # a sync that keeps GPUs busy is not this stall
         return None
-    waiting = _waiting_on(ctx, s, th, ["reshard"])
-    lost = _excess(ctx, th, st["idle_gpu_s"] + waiting, "reshard")
-    share = ctx.share(lost)
+    waiting = _waiting_on(parts, th, ["reshard"])
+    lost = _excess(parts, th, st["idle_gpu_s"] + waiting, "reshard")
+    share = parts.share(lost)
     if share < th.min_share:
         return None
-    sp = _spans(ctx)
-    sp = sp[sp["phase"] == "reshard"]
-    mean_span_s = float(((sp["end_ns"] - sp["start_ns"]) / 1e9).mean()) if len(sp) else np.nan
-    nbytes = _span_attr(ctx, "reshard", ("bytes", "weight_bytes", "nbytes"))
+    syncs = parts.map(_syncs)
+    n_syncs = sum(n for _, n in syncs)
+    mean_span_s = float(sum(t for t, _ in syncs) / n_syncs) if n_syncs else np.nan
+    nbytes = _span_attr(parts, "reshard", ("bytes", "weight_bytes", "nbytes"))
     bw = nbytes / mean_span_s if np.isfinite(nbytes) and mean_span_s > 0 else np.nan
     # a transfer burst: link traffic during the sync well above the run's mean
-    out = (s["phase"] != "reshard").to_numpy()
-    dt_out = s["dt_s"].to_numpy(float)[out]
-    base = np.nanmax([_rate(s["pcie_bytes"].to_numpy(float)[out], dt_out),
-                      _rate(s["nvlink_bytes"].to_numpy(float)[out], dt_out),
-                      0.0])  # fmt: skip
+    base = np.nanmax([*_rates_outside(parts, "reshard"), 0.0])
     link = np.nanmax([st["pcie_bytes_s"], st["nvlink_bytes_s"], 0.0])
     burst = bool(link > th.link_burst_ratio * base and link > 0)
     conf = _conf(0.45 + 0.4 * st["idle_frac"] + (0.1 if burst else 0.0) + 0.5 * share)
     bw_txt = f"; {bw / 1e9:.1f} GB/s effective for {nbytes / 1e9:.1f} GB" if np.isfinite(bw) else ""
-    crosses = weight_sync_crosses_nodes(ctx)
+    crosses = weight_sync_crosses_nodes(parts)
     summary = (
         f"GPUs idle {st['idle_frac']:.0%} of weight sync (reshard, {mean_span_s:.1f} s per sync); "
         f"{_minutes(lost)} ({share:.0%}) beyond a healthy sync{bw_txt}"
@@ -67,14 +65,14 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         confidence=conf,
         summary=summary,
         evidence=ReshardIdleEvidence(
-            intervals=_phase_intervals(ctx, ["reshard"]),
+            intervals=_phase_intervals(parts, ["reshard"]),
             gpus=st["gpus"],
             phases=["reshard"],
             reshard_gpu_s=_num(st["gpu_s"]),
             reshard_idle_gpu_s=_num(st["idle_gpu_s"]),
             reshard_util_gpu_pct=_num(st["util_pct"]),
             reshard_span_mean_s=_num(mean_span_s, ".3f"),
-            reshard_syncs=len(sp),
+            reshard_syncs=n_syncs,
             weight_bytes=_num(nbytes, ".0f"),
             effective_bandwidth_bytes_s=_num(bw, ".0f"),
             pcie_bytes_s=_num(st["pcie_bytes_s"], ".0f"),
@@ -85,6 +83,13 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             crosses_nodes=crosses,
         ),
     )
+
+
+def _syncs(ctx: AnalysisContext) -> tuple[float, int]:
+    """One part's reshard spans: their summed seconds and how many."""
+    sp = _spans(ctx)
+    sp = sp[sp["phase"] == "reshard"]
+    return float(((sp["end_ns"] - sp["start_ns"]) / 1e9).sum()), len(sp)
 
 
 def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:

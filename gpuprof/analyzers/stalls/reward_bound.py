@@ -6,6 +6,7 @@ import numpy as np
 
 from gpuprof.analyzers.evidence import PHASE_TIMING, RewardBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
     _conf,
@@ -13,31 +14,34 @@ from gpuprof.analyzers.stalls._phase import (
     _excess,
     _minutes,
     _num,
-    _phase_idle,
+    _parts,
     _phase_intervals,
     _phase_where,
-    _samples,
+    _sampled,
     _waiting_on,
+    cpu_during,
+    phase_idle,
 )
 from gpuprof.analyzers.stalls._timing import phase_loss
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """GPUs idle inside reward spans (beyond a healthy scoring share), host CPU busy."""
-    s = _samples(ctx)
-    if s is None:
-        return _from_timing(ctx, th)
-    st = _phase_idle(ctx, s, ["reward"])
+    parts = _parts(ctx)
+    if not any(s is not None for s in _sampled(parts)):
+        return _from_timing(parts.lead, th)
+    st = phase_idle(parts, ["reward"])
     if (
         st is None or st["idle_frac"] < th.phase_idle_min_frac
     ):  # a GPU reward model keeps the GPUs busy
         return None
-    waiting = _waiting_on(ctx, s, th, ["reward"])
-    lost = _excess(ctx, th, st["idle_gpu_s"] + waiting, "reward")
-    share = ctx.share(lost)
+    waiting = _waiting_on(parts, th, ["reward"])
+    lost = _excess(parts, th, st["idle_gpu_s"] + waiting, "reward")
+    share = parts.share(lost)
     if share < th.min_share:
         return None
-    cpu = _cpu_during(ctx, _phase_where(ctx, "reward"), {"main", "trainer", "other", "reward"})
+    wheres = parts.map(_phase_where, "reward")
+    cpu = cpu_during(parts, wheres, {"main", "trainer", "other", "reward"})
     host_cpu = cpu.get("host_cpu_pct", np.nan)
     proc_cpu = cpu.get("proc_cpu_pct", np.nan)
     host_busy = bool(host_cpu >= th.host_cpu_busy_pct)
@@ -65,7 +69,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         confidence=conf,
         summary=summary,
         evidence=RewardBoundEvidence(
-            intervals=_phase_intervals(ctx, ["reward"]),
+            intervals=_phase_intervals(parts, ["reward"]),
             gpus=st["gpus"],
             phases=["reward"],
             reward_gpu_s=_num(st["gpu_s"]),
