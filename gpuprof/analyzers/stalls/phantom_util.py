@@ -187,10 +187,13 @@ def _limits(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
     return np.array([*per_gpu, np.nan], dtype=np.float64)[code]
 
 
-def _with_process(ctx: AnalysisContext, s: pd.DataFrame, tolerance: int) -> np.ndarray:
+def _with_process(
+    ctx: AnalysisContext, s: pd.DataFrame, tolerance: int | None = None
+) -> np.ndarray:
     """Per sample: a process held memory on its GPU at about that time (per-process data):
-    a reading of the same GPU within ``tolerance`` ns (`_tolerance_ns`), looked up one GPU
-    at a time (a ``merge_asof`` to the nearest reading, with that tolerance)."""
+    a reading of the same GPU within ``tolerance`` ns (`_tolerance_ns`; by default of the
+    samples ``s``), looked up one GPU at a time (a ``merge_asof`` to the nearest reading,
+    with that tolerance)."""
     procs = ctx.run.gpu_procs
     out = np.zeros(len(s), dtype=bool)
     if procs is None or procs.empty:
@@ -208,6 +211,9 @@ def _with_process(ctx: AnalysisContext, s: pd.DataFrame, tolerance: int) -> np.n
     for (host, gpu), rows in keys.groupby(["host", "gpu"], sort=False).indices.items():
         key = (str(host), int(gpu))
         readings[key] = np.concatenate([readings[key], rows]) if key in readings else rows
+    if tolerance is None:
+        dt = s["dt_s"].to_numpy(np.float64)
+        tolerance = _tolerance_ns([np.unique(dt[~np.isnan(dt)], return_counts=True)])
     t = s["t_ns"].to_numpy(np.int64)
     code, gpus = _gpu_codes(ctx, s)
     order = np.argsort(code, kind="stable")
