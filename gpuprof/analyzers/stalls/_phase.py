@@ -91,15 +91,29 @@ def _parts_memo(parts: Parts, key: str, fn: Callable[[], Any]) -> Any:
     """`_memo` for figures of the whole run made from every part (kept on the first part,
     over the samples each part left unclaimed)."""
     cache = parts.lead.__dict__.setdefault("_stalls_parts_cache", {})
-    key = f"{[int(c.claimed.sum()) for c in parts.contexts]}:{len(parts.contexts)}:{key}"
+    key = f"{_claim_state(parts)}:{key}"
     if key not in cache:
         cache[key] = fn()
     return cache[key]
 
 
-def _sampled(parts: Parts) -> list[pd.DataFrame | None]:
-    """`_samples` of every part (None for a part without a utilisation reading)."""
-    return _parts_memo(parts, "samples", lambda: parts.map(_samples))
+def _claimed_count(ctx: AnalysisContext) -> int:
+    return int(ctx.claimed.sum())
+
+
+def _claim_state(parts: Parts) -> str:
+    """The samples each part has claimed so far, as a key (figures over the unclaimed)."""
+    return ",".join(str(n) for n in parts.map(_claimed_count))
+
+
+def _has_samples(ctx: AnalysisContext) -> bool:
+    """Whether the part has unclaimed samples with a utilisation reading (`_samples`)."""
+    return _samples(ctx) is not None
+
+
+def _any_samples(parts: Parts) -> bool:
+    """Whether any part has `_samples` (else the detectors read phase times alone)."""
+    return any(parts.map(_has_samples))
 
 
 def _samples(ctx: AnalysisContext) -> pd.DataFrame | None:
@@ -210,9 +224,13 @@ def phase_idle(parts: Parts, phases: Iterable[str]) -> dict | None:
     """`_phase_idle` of every part's unclaimed samples together (None when none was
     measured)."""
     phases = list(phases)
-    got = [_phase_idle_part(c, s, phases) for c, s in zip(parts.contexts, _sampled(parts))
-           if s is not None]  # fmt: skip
+    got = [g for g in parts.map(_phase_idle_of, phases) if g is not None]
     return _phase_idle_joined(parts.lead, phases, got)
+
+
+def _phase_idle_of(ctx: AnalysisContext, phases: list[str]) -> dict | None:
+    s = _samples(ctx)
+    return None if s is None else _phase_idle_part(ctx, s, phases)
 
 
 def _phase_idle_part(ctx: AnalysisContext, s: pd.DataFrame, phases: list[str]) -> dict:
@@ -295,7 +313,7 @@ def _rate(nbytes: np.ndarray, dt: np.ndarray) -> float:
 def _rates_outside(parts: Parts, phase: str) -> tuple[float, float]:
     """The mean PCIe and NVLink rates (bytes/s, `_rate`) of every part's unclaimed samples
     outside ``phase``."""
-    got = [_link_sums(s, phase) for s in _sampled(parts) if s is not None]
+    got = [g for g in parts.map(_link_sums, phase) if g is not None]
     out = []
     for k in range(2):
         mine = [g[k] for g in got if g[k][2]]
@@ -303,9 +321,12 @@ def _rates_outside(parts: Parts, phase: str) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def _link_sums(s: pd.DataFrame, phase: str) -> list[tuple[float, float, bool]]:
-    """Per link (PCIe, NVLink): bytes and seconds of the samples outside ``phase`` that
-    measured it, and whether any did."""
+def _link_sums(ctx: AnalysisContext, phase: str) -> list[tuple[float, float, bool]] | None:
+    """Per link (PCIe, NVLink): bytes and seconds of one part's unclaimed samples outside
+    ``phase`` that measured it, and whether any did (None without samples)."""
+    s = _samples(ctx)
+    if s is None:
+        return None
     out = (s["phase"] != phase).to_numpy()
     dt = s["dt_s"].to_numpy(float)[out]
     sums = []
@@ -358,10 +379,14 @@ def _cpu_during(ctx: AnalysisContext, where: pd.DataFrame, roles: set[str] | Non
     return _cpu_joined([_cpu_part(ctx, where, roles)])
 
 
-def cpu_during(parts: Parts, wheres: list[pd.DataFrame], roles: set[str] | None) -> dict:
-    """`_cpu_during` over every part, each with its own intervals (``wheres``, in part
-    order): a part holds its node's host and process samples."""
-    return _cpu_joined([_cpu_part(c, w, roles) for c, w in zip(parts.contexts, wheres)])
+def cpu_during(parts: Parts, phase: str, roles: set[str] | None) -> dict:
+    """`_cpu_during` the spans of ``phase`` on every node (each part holds its node's spans,
+    host and process samples)."""
+    return _cpu_joined(parts.map(_cpu_in_phase, phase, roles))
+
+
+def _cpu_in_phase(ctx: AnalysisContext, phase: str, roles: set[str] | None) -> dict:
+    return _cpu_part(ctx, _phase_where(ctx, phase), roles)
 
 
 def _cpu_part(ctx: AnalysisContext, where: pd.DataFrame, roles: set[str] | None) -> dict:
@@ -490,19 +515,17 @@ def _step_head_claim(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> n
     return head
 
 
-def step_head_claims(parts: Parts, th: Thresholds) -> list[np.ndarray | None]:
-    """`_step_head_claim` of every part (None for a part without samples), the loader judged
-    on every part's step heads."""
+def _any_head(ctx: AnalysisContext) -> bool:
+    s = _samples(ctx)
+    return s is not None and bool(_step_head(ctx, s).any())
 
-    def compute() -> list[np.ndarray | None]:
-        ss = _sampled(parts)
-        heads = [None if s is None else _step_head(c, s) for c, s in zip(parts.contexts, ss)]
-        if (
-            not any(h is not None and h.any() for h in heads)
-            or not loader_evidence(parts, th, head=True)["any"]
-        ):
-            return [None if h is None else np.zeros(len(h), dtype=bool) for h in heads]
-        return heads
+
+def _head_claimed(parts: Parts, th: Thresholds) -> bool:
+    """Whether ``dataloader_starvation`` claims the idle heads of steps (`_step_head_claim`),
+    the loader judged on every part's step heads."""
+
+    def compute() -> bool:
+        return any(parts.map(_any_head)) and loader_evidence(parts, th, head=True)["any"]
 
     return _parts_memo(parts, f"head_claim:{th.process_core_pinned_pct}", compute)
 
@@ -540,17 +563,20 @@ def loader_evidence(parts: Parts, th: Thresholds, head: bool = False) -> dict[st
     its own node's CPU readings)."""
 
     def compute() -> dict[str, Any]:
-        wheres = []
-        for c, s in zip(parts.contexts, _sampled(parts)):
-            if head:
-                wheres.append(_head_where(s, _step_head(c, s)) if s is not None else _NO_WHERE)
-            else:
-                wheres.append(_phase_where(c, "dataload"))
-        loader = [_cpu_part(c, w, {"dataloader"}) for c, w in zip(parts.contexts, wheres)]
-        main = [_cpu_part(c, w, {"main", "trainer"}) for c, w in zip(parts.contexts, wheres)]
-        return _loader_joined(parts.lead, th, loader, main)
+        got = parts.map(_loader_cpu, head)
+        return _loader_joined(parts.lead, th, [g[0] for g in got], [g[1] for g in got])
 
     return _parts_memo(parts, f"loader:{head}:{th.process_core_pinned_pct}", compute)
+
+
+def _loader_cpu(ctx: AnalysisContext, head: bool) -> tuple[dict, dict]:
+    """One part's loader and main-process CPU readings in its step heads or dataload spans."""
+    if head:
+        s = _samples(ctx)
+        where = _NO_WHERE if s is None else _head_where(s, _step_head(ctx, s))
+    else:
+        where = _phase_where(ctx, "dataload")
+    return _cpu_part(ctx, where, {"dataloader"}), _cpu_part(ctx, where, {"main", "trainer"})
 
 
 _NO_WHERE = pd.DataFrame({"host": pd.Series([], dtype=object), "start_ns": [], "end_ns": []})
@@ -627,43 +653,83 @@ def _wait_flags(s: pd.DataFrame, th: Thresholds) -> dict[str, np.ndarray]:
     return flags
 
 
-def _wait_shared(frames: list[pd.DataFrame], th: Thresholds) -> dict[str, Any]:
-    """What the wait split of every part shares: the time grid of every part's samples
-    (`grouping.time_bins`: from the first sample, on the median sampling period) and, per
-    time bin, how many samples of every part have each `_wait_flags` flag."""
+def _bins(s: pd.DataFrame, t0: int, period_ns: float) -> np.ndarray:
+    return np.round((s["t_ns"].to_numpy(np.int64) - t0) / period_ns).astype(np.int64)
+
+
+def _grid_part(ctx: AnalysisContext) -> tuple[int, tuple] | None:
+    """One part's share of the time grid: its first sample and its sampling intervals as
+    distinct values and counts (None without samples)."""
+    s = _samples(ctx)
+    return None if s is None else _grid_of(s)
+
+
+def _grid_of(s: pd.DataFrame) -> tuple[int, tuple] | None:
+    if not len(s):
+        return None
+    dt = s["dt_s"].to_numpy(np.float64)
+    return int(s["t_ns"].min()), np.unique(dt[~np.isnan(dt)], return_counts=True)
+
+
+def _flag_counts(
+    ctx: AnalysisContext, t0: int, period_ns: float, th: Thresholds
+) -> dict[str, np.ndarray] | None:
+    """One part's samples per time bin of the run's grid with each `_wait_flags` flag."""
+    s = _samples(ctx)
+    return None if s is None else _counts_of(s, t0, period_ns, th)
+
+
+def _counts_of(s: pd.DataFrame, t0: int, period_ns: float, th: Thresholds) -> dict:
+    if not len(s):
+        return {}
+    bins = _bins(s, t0, period_ns)
+    return {name: np.bincount(bins[flag]) for name, flag in _wait_flags(s, th).items()}
+
+
+def _wait_grid(grid: list, counts: list) -> dict[str, Any]:
+    """The time grid of every part's samples (`grouping.time_bins`: from the first sample,
+    on the median sampling period) and, per time bin, how many samples of every part have
+    each `_wait_flags` flag (``grid`` and ``counts``: the parts' `_grid_part` and
+    `_flag_counts`)."""
     from gpuprof.analyzers.parts import median_of_counts
 
-    frames = [s for s in frames if len(s)]
-    if not frames:
+    grid = [g for g in grid if g is not None]
+    if not grid:
         return {"t0": 0, "period_ns": 1e9, "totals": {}}
-    t0 = min(int(s["t_ns"].min()) for s in frames)
-    counts = []
-    for s in frames:
-        dt = s["dt_s"].to_numpy(np.float64)
-        counts.append(np.unique(dt[~np.isnan(dt)], return_counts=True))
-    median = median_of_counts(counts)
+    median = median_of_counts([g[1] for g in grid])
     period_ns = float(median) * 1e9 if np.isfinite(median) else 0.0
     if not np.isfinite(period_ns) or period_ns <= 0:
         period_ns = 1e9
-    bins = [_bins(s, t0, period_ns) for s in frames]
-    n_bins = max(int(b.max()) + 1 for b in bins)
-    totals: dict[str, np.ndarray] = {}
-    for s, b in zip(frames, bins):
-        for name, flag in _wait_flags(s, th).items():
-            count = np.bincount(b[flag], minlength=n_bins)
-            totals[name] = totals[name] + count if name in totals else count
-    return {"t0": t0, "period_ns": period_ns, "totals": totals}
+    return {"t0": min(g[0] for g in grid), "period_ns": period_ns, "totals": counts}
 
 
-def _bins(s: pd.DataFrame, t0: int, period_ns: float) -> np.ndarray:
-    return np.round((s["t_ns"].to_numpy(np.int64) - t0) / period_ns).astype(np.int64)
+def _wait_totals(parts: Parts, th: Thresholds) -> dict[str, Any]:
+    """`_wait_grid` of every part's unclaimed samples."""
+
+    def compute() -> dict[str, Any]:
+        grid = _wait_grid(parts.map(_grid_part), {})
+        got = [c for c in parts.map(_flag_counts, grid["t0"], grid["period_ns"], th) if c]
+        totals: dict[str, np.ndarray] = {}
+        for counts in got:
+            for name, count in counts.items():
+                have = totals.get(name)
+                if have is None:
+                    totals[name] = count
+                else:
+                    n = max(len(have), len(count))
+                    totals[name] = np.pad(have, (0, n - len(have))) + np.pad(
+                        count, (0, n - len(count))
+                    )
+        return {**grid, "totals": totals, "key": _claim_state(parts)}
+
+    return _parts_memo(parts, f"wait_grid:{th.busy_util_pct}", compute)
 
 
 def _wait_split(
     ctx: AnalysisContext,
     s: pd.DataFrame,
     th: Thresholds,
-    shared: dict[str, Any] | None = None,
+    grid: dict[str, Any] | None = None,
     head: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Samples whose owner only waits (bare step span or no span), split by what the rest of
@@ -675,24 +741,29 @@ def _wait_split(
       ``reshard``, ``dataload``, ``checkpoint``, ``eval``): waiting for it belongs to it;
     - ``alone``: the whole job waited — nothing explains it.
 
-    ``shared`` (`_wait_shared` of every part) and ``head`` (this part's `step_head_claims`)
+    ``grid`` (`_wait_totals` of every part) and ``head`` (the step heads claimed, `_split_of`)
     when ``s`` is one part's samples; without them the job is ``s`` alone.
     """
 
     def compute() -> dict[str, Any]:
-        grid = shared if shared is not None else _wait_shared([s], th)
+        if grid is None:
+            got = _wait_grid([_grid_of(s)], {})
+            counts = _counts_of(s, got["t0"], got["period_ns"], th)
+            shared = {**got, "totals": counts}
+        else:
+            shared = grid
         claim = head if head is not None else _step_head_claim(ctx, s, th)
-        bins = _bins(s, grid["t0"], grid["period_ns"]) if len(s) else np.zeros(0, np.int64)
+        bins = _bins(s, shared["t0"], shared["period_ns"]) if len(s) else np.zeros(0, np.int64)
         gpu = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))
         pair, n_pairs = dense_codes(bins * (int(gpu.max(initial=0)) + 2) + (gpu + 1))
         flags = _wait_flags(s, th)
 
         def others(name: str) -> np.ndarray:  # samples of the other GPUs in the bin
-            flag = flags[name]
-            if name not in grid["totals"] or not len(s):
+            total = shared["totals"].get(name)
+            if total is None or not len(s):
                 return np.zeros(len(s), dtype=np.int64)
-            own = np.bincount(pair[flag], minlength=n_pairs)
-            return grid["totals"][name][bins] - own[pair]
+            own = np.bincount(pair[flags[name]], minlength=n_pairs)
+            return np.pad(total, (0, max(0, int(bins.max()) + 1 - len(total))))[bins] - own[pair]
 
         others_busy = others("busy")
         in_wait = ~flags["active"]
@@ -711,39 +782,52 @@ def _wait_split(
         alone = rest & ~taken & (others_in_phase == 0)
         return {"bubble": bubble, "alone": alone, "claimed": claimed, "idle": idle, "bins": bins}
 
-    if shared is not None:
+    if grid is not None:
         return compute()
     return _memo(ctx, f"wait:{th.busy_util_pct}:{th.process_core_pinned_pct}", compute)
 
 
-def wait_splits(parts: Parts, th: Thresholds) -> list[dict[str, Any] | None]:
-    """`_wait_split` of every part's unclaimed samples, the other GPUs being every part's
-    (None for a part without samples)."""
-
-    def compute() -> list[dict[str, Any] | None]:
-        ss = _sampled(parts)
-        if len(parts.contexts) == 1:
-            s = ss[0]
-            return [None if s is None else _wait_split(parts.lead, s, th)]
-        shared = _wait_shared([s for s in ss if s is not None], th)
-        heads = step_head_claims(parts, th)
-        return [None if s is None else _wait_split(c, s, th, shared, h)
-                for c, s, h in zip(parts.contexts, ss, heads)]  # fmt: skip
-
-    return _parts_memo(parts, f"wait:{th.busy_util_pct}:{th.process_core_pinned_pct}", compute)
+def wait_inputs(parts: Parts, th: Thresholds) -> tuple[dict[str, Any], bool]:
+    """What every part's `_split_of` needs from the others: the time grid with every part's
+    per-bin counts (`_wait_totals`), and whether the idle heads of steps are claimed."""
+    return _wait_totals(parts, th), _head_claimed(parts, th)
 
 
-def _waiting_on(ctx: AnalysisContext | Parts, th: Thresholds, phases: list[str]) -> float:
+def _split_of(
+    ctx: AnalysisContext, th: Thresholds, grid: dict[str, Any], heads: bool
+) -> tuple[pd.DataFrame, dict[str, Any]] | None:
+    """One part's unclaimed samples and their `_wait_split` against every part (``grid`` and
+    ``heads``: `wait_inputs`); None without samples. Once per part and claim state."""
+    s = _samples(ctx)
+    if s is None:
+        return None
+
+    def compute() -> dict[str, Any]:
+        head = _step_head(ctx, s) if heads else np.zeros(len(s), dtype=bool)
+        return _wait_split(ctx, s, th, grid, head)
+
+    key = f"split:{grid.get('key')}:{heads}:{th.busy_util_pct}:{th.process_core_pinned_pct}"
+    return s, _memo(ctx, key, compute)
+
+
+def _waiting_idle(
+    ctx: AnalysisContext, th: Thresholds, grid: dict[str, Any], heads: bool, phases: list[str]
+) -> float:
+    """One part's idle GPU-seconds of GPUs that only waited while the job was in ``phases``."""
+    got = _split_of(ctx, th, grid, heads)
+    if got is None:
+        return 0.0
+    split = got[1]
+    mask = np.zeros(len(split["idle"]), dtype=bool)
+    for p in phases:
+        mask |= split["claimed"].get(p, mask)
+    return float(split["idle"][mask].sum())
+
+
+def _waiting_on(parts: Parts, th: Thresholds, phases: list[str]) -> float:
     """Idle GPU-seconds of GPUs that only waited while the rest of the job was in ``phases``."""
-    total = 0.0
-    for split in wait_splits(_parts(ctx), th):
-        if split is None:
-            continue
-        mask = np.zeros(len(split["idle"]), dtype=bool)
-        for p in phases:
-            mask |= split["claimed"].get(p, mask)
-        total += float(split["idle"][mask].sum())
-    return total
+    grid, heads = wait_inputs(parts, th)
+    return float(sum(parts.map(_waiting_idle, th, grid, heads, list(phases))))
 
 
 def _sample_intervals(s: pd.DataFrame, mask: np.ndarray, idle: np.ndarray) -> list[list[int]]:

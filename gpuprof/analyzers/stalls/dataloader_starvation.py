@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from gpuprof.analyzers.evidence import PHASE_TIMING, DataloaderStarvationEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
@@ -11,20 +10,22 @@ from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.spans import STEP_PHASE
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
+    _any_samples,
     _conf,
     _excess,
     _gpu_pairs,
+    _head_claimed,
     _joined_labels,
     _minutes,
     _num,
     _num_workers,
     _parts,
     _phase_intervals,
-    _sampled,
+    _samples,
+    _step_head,
     _waiting_on,
     loader_evidence,
     phase_idle,
-    step_head_claims,
 )
 from gpuprof.analyzers.stalls._timing import phase_loss
 from gpuprof.intervals import top_intervals, union
@@ -34,8 +35,7 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """GPUs waiting for input: idle in ``dataload`` spans, or at each step's head when no
     dataload span exists and the loader is visibly slow."""
     parts = _parts(ctx)
-    ss = _sampled(parts)
-    if not any(s is not None for s in ss):
+    if not _any_samples(parts):
         return _from_timing(parts.lead, th)
     if "dataload" in parts.facts.phases:
         st = phase_idle(parts, ["dataload"])
@@ -46,8 +46,9 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
         gpus, intervals = st["gpus"], _phase_intervals(parts, ["dataload"])
         ev = loader_evidence(parts, th)
     else:
-        heads = step_head_claims(parts, th)
-        got = [_heads(s, h) for s, h in zip(ss, heads) if h is not None and h.any()]
+        if not _head_claimed(parts, th):
+            return None
+        got = [g for g in parts.map(_heads) if g is not None]
         if not got:
             return None
         idle_gpu_s, where = float(sum(g[0] for g in got)), "the head of steps"
@@ -89,8 +90,13 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     )
 
 
-def _heads(s: pd.DataFrame, head: np.ndarray) -> tuple:
-    """One part's step heads: idle GPU-seconds, GPUs, and the stretches they cover."""
+def _heads(ctx: AnalysisContext) -> tuple | None:
+    """One part's idle heads of steps (`_step_head`): idle GPU-seconds, GPUs, and the
+    stretches they cover; None when it has none."""
+    s = _samples(ctx)
+    head = None if s is None else _step_head(ctx, s)
+    if head is None or not head.any():
+        return None
     sub = s[head]
     t = sub["t_ns"].to_numpy(np.int64)
     a, b = union(t, t + (sub["dt_s"].to_numpy(np.float64) * 1e9).astype(np.int64))

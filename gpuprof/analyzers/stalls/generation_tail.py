@@ -11,13 +11,14 @@ from gpuprof.analyzers.grouping import first_rows, label_codes, per_frame
 from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.stalls._phase import (
     _TAIL_MIN_SAMPLES,
+    _any_samples,
     _conf,
     _gpu_key,
     _joined_labels,
     _minutes,
     _num,
     _parts,
-    _sampled,
+    _samples,
     _span_attr,
 )
 from gpuprof.analyzers.stalls._timing import phase_seconds, timing
@@ -27,11 +28,9 @@ from gpuprof.intervals import top_intervals, union
 def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """Rollout utilisation decaying at the end of each rollout span (few sequences left)."""
     parts = _parts(ctx)
-    ss = _sampled(parts)
-    if not any(s is not None for s in ss):
+    if not _any_samples(parts):
         return _from_timing(parts.lead, th)
-    tables = [_rollouts(c, s, th) for c, s in zip(parts.contexts, ss) if s is not None]
-    tables = [t for t in tables if t is not None]
+    tables = [t for t in parts.map(_rollouts, th) if t is not None]
     if not tables:
         return None
     # one row per rollout of one GPU (numbered part by part: a rollout is one GPU's)
@@ -97,11 +96,14 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     )
 
 
-def _rollouts(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> pd.DataFrame | None:
+def _rollouts(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | None:
     """One part's rollouts, one row per stretch of one GPU's samples in ``rollout``: samples
     (``n``), busy level over the first and the last part of it, its signed shortfall after the
     first third (``deficit``), step, first and last sample, GPU; None without a rollout
     sample."""
+    s = _samples(ctx)
+    if s is None:
+        return None
     phase, names = label_codes(s["phase"])  # compared as codes, not strings
     gkey = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))
     new = np.ones(len(s), dtype=bool)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from gpuprof.analyzers.evidence import IdleUnattributedEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.parts import Parts, stretches, top_stretches
 from gpuprof.analyzers.spans import NO_PHASE
 from gpuprof.analyzers.stalls._phase import (
+    _any_samples,
     _conf,
     _gpu_pairs,
     _is_idle,
@@ -17,19 +17,18 @@ from gpuprof.analyzers.stalls._phase import (
     _minutes,
     _num,
     _parts,
-    _sampled,
-    wait_splits,
+    _split_of,
+    wait_inputs,
 )
 
 
 def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """Idle GPU-time outside every phase span while the whole job idles."""
     parts = _parts(ctx)
-    ss = _sampled(parts)
-    if not any(s is not None for s in ss):
+    if not _any_samples(parts):
         return None
-    got = [_alone(s, split, th) for s, split in zip(ss, wait_splits(parts, th))
-           if split is not None]  # fmt: skip
+    grid, heads = wait_inputs(parts, th)
+    got = [g for g in parts.map(_alone, th, grid, heads) if g is not None]
     lost = float(sum(g["lost"] for g in got))
     share = parts.share(lost)
     no_spans = parts.facts.first_span_ns is None
@@ -65,10 +64,14 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     )
 
 
-def _alone(s: pd.DataFrame, split: dict, th: Thresholds) -> dict:
+def _alone(ctx: AnalysisContext, th: Thresholds, grid: dict, heads: bool) -> dict | None:
     """One part's idle samples while the whole job idles, outside claimed phases: their idle
     GPU-seconds (and those outside every span), the part's idle and measured GPU-seconds,
-    and the GPUs, phases and stretches of those samples."""
+    and the GPUs, phases and stretches of those samples (None without samples)."""
+    got = _split_of(ctx, th, grid, heads)
+    if got is None:
+        return None
+    s, split = got
     # idle samples only: the gaps between kernels of a busy stretch are not idle time
     mask, idle = split["alone"] & _is_idle(s, th), split["idle"]
     measured_dt = s["dt_s"].to_numpy(np.float64)[np.isfinite(s["busy_frac"].to_numpy(np.float64))]

@@ -11,12 +11,13 @@ from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.stalls._phase import (
     _MAX_INTERVALS,
     _PERIODIC_PHASES,
+    _any_samples,
     _conf,
     _minutes,
     _num,
     _parts,
     _phase_intervals,
-    _sampled,
+    _samples,
     _spans,
     _starts_ends,
     _waiting_on,
@@ -29,8 +30,7 @@ from gpuprof.intervals import union
 def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """Checkpoint / eval phases every N steps with the GPUs idle."""
     parts = _parts(ctx)
-    ss = _sampled(parts)
-    if not any(s is not None for s in ss):
+    if not _any_samples(parts):
         return _from_timing(parts.lead, th)
     sps = parts.map(_periodic_spans)
     if all(sp.empty for sp in sps):
@@ -56,7 +56,7 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
         occurrences = len(joined[0])
     per_event = lost / occurrences
     # a normal step's idle GPU-seconds, for scale
-    normal = [_normal_idle(s, phases, steps) for s in ss if s is not None]
+    normal = [n for n in parts.map(_normal_idle, phases, steps) if n is not None]
     n_normal = len(set().union(*(n[1] for n in normal)))
     normal_idle = float(sum(n[0] for n in normal)) / n_normal if n_normal else np.nan
     ratio = per_event / normal_idle if normal_idle and np.isfinite(normal_idle) else np.nan
@@ -100,8 +100,13 @@ def _span_steps(ctx: AnalysisContext) -> np.ndarray:
     return _spans(ctx)["step"].dropna().to_numpy(np.float64)
 
 
-def _normal_idle(s: pd.DataFrame, phases: list[str], steps: np.ndarray) -> tuple[float, set]:
+def _normal_idle(
+    ctx: AnalysisContext, phases: list[str], steps: np.ndarray
+) -> tuple[float, set] | None:
     """One part's idle GPU-seconds in normal steps (no periodic phase) and those steps."""
+    s = _samples(ctx)
+    if s is None:
+        return None
     normal = s[~s["phase"].isin(phases) & ~s["step"].isin(steps) & s["step"].notna()]
     return float(np.nansum(normal["idle_gpu_s"])), set(normal["step"].unique())
 

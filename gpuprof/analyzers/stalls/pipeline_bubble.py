@@ -15,8 +15,9 @@ from gpuprof.analyzers.stalls._phase import (
     _minutes,
     _num,
     _parts,
-    _sampled,
-    wait_splits,
+    _samples,
+    _split_of,
+    wait_inputs,
 )
 
 
@@ -29,13 +30,11 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     the two sides added.
     """
     parts = _parts(ctx)
-    ss = _sampled(parts)
-    n_gpus = sum(s[["host", "gpu"]].drop_duplicates().shape[0] for s in ss if s is not None)
+    n_gpus = sum(parts.map(_n_gpus))
     if n_gpus < 2:
         return None
-    splits = wait_splits(parts, th)
-    got = [_bubbles(s, split, th) for s, split in zip(ss, splits) if split is not None]
-    got = [g for g in got if g is not None]
+    grid, heads = wait_inputs(parts, th)
+    got = [g for g in parts.map(_bubbles, th, grid, heads) if g is not None]
     if not got:
         return None
     per_gpu = pd.concat([g["per_gpu"] for g in got]) if len(got) > 1 else got[0]["per_gpu"]
@@ -83,10 +82,19 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     )
 
 
-def _bubbles(s: pd.DataFrame, split: dict, th: Thresholds) -> dict | None:
+def _n_gpus(ctx: AnalysisContext) -> int:
+    s = _samples(ctx)
+    return 0 if s is None else int(s[["host", "gpu"]].drop_duplicates().shape[0])
+
+
+def _bubbles(ctx: AnalysisContext, th: Thresholds, grid: dict, heads: bool) -> dict | None:
     """One part's bubbles: per (step, GPU) wall, working and bubble seconds; per time bin its
     samples and those in a bubble; the GPUs, phases and stretches of the bubbles. None when
-    the part has none."""
+    the part has none (``grid``, ``heads``: `_phase.wait_inputs`)."""
+    got = _split_of(ctx, th, grid, heads)
+    if got is None:
+        return None
+    s, split = got
     mask, idle = split["bubble"], split["idle"]
     if not mask.any():
         return None

@@ -10,6 +10,7 @@ from gpuprof.analyzers.nodes import weight_sync_crosses_nodes
 from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
+    _any_samples,
     _conf,
     _excess,
     _minutes,
@@ -17,7 +18,6 @@ from gpuprof.analyzers.stalls._phase import (
     _parts,
     _phase_intervals,
     _rates_outside,
-    _sampled,
     _span_attr,
     _spans,
     _waiting_on,
@@ -29,7 +29,7 @@ from gpuprof.analyzers.stalls._timing import phase_loss
 def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """GPUs idle inside weight-sync (``reshard``) spans beyond a healthy sync's share."""
     parts = _parts(ctx)
-    if not any(s is not None for s in _sampled(parts)):
+    if not _any_samples(parts):
         return _from_timing(parts.lead, th)
     st = phase_idle(parts, ["reshard"])
     if (

@@ -9,6 +9,7 @@ from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
+    _any_samples,
     _conf,
     _cpu_during,
     _excess,
@@ -17,7 +18,6 @@ from gpuprof.analyzers.stalls._phase import (
     _parts,
     _phase_intervals,
     _phase_where,
-    _sampled,
     _waiting_on,
     cpu_during,
     phase_idle,
@@ -28,7 +28,7 @@ from gpuprof.analyzers.stalls._timing import phase_loss
 def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """GPUs idle inside reward spans (beyond a healthy scoring share), host CPU busy."""
     parts = _parts(ctx)
-    if not any(s is not None for s in _sampled(parts)):
+    if not _any_samples(parts):
         return _from_timing(parts.lead, th)
     st = phase_idle(parts, ["reward"])
     if (
@@ -40,8 +40,7 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     share = parts.share(lost)
     if share < th.min_share:
         return None
-    wheres = parts.map(_phase_where, "reward")
-    cpu = cpu_during(parts, wheres, {"main", "trainer", "other", "reward"})
+    cpu = cpu_during(parts, "reward", {"main", "trainer", "other", "reward"})
     host_cpu = cpu.get("host_cpu_pct", np.nan)
     proc_cpu = cpu.get("proc_cpu_pct", np.nan)
     host_busy = bool(host_cpu >= th.host_cpu_busy_pct)
