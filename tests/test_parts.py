@@ -22,7 +22,8 @@ from gpuprof.sim import Pathology, SimConfig, simulate
 
 IN_PARTS = ("unused_gpu", "phantom_util", "idle_allocation", "reshard_idle", "reward_bound",
             "dataloader_starvation", "periodic_stall", "generation_tail", "pipeline_bubble",
-            "idle_unattributed")  # fmt: skip
+            "idle_unattributed", "offload_thrash", "comm_bound", "power_cap", "hot_gpu",
+            "throttling", "host_bound", "memory_headroom", "imbalance")  # fmt: skip
 """The detectors written against `Parts` so far, in `STALLS` order."""
 
 CASES = {
@@ -62,6 +63,29 @@ CASES = {
             Pathology("dataloader_starvation", 0.6),
             Pathology("idle_unattributed", 0.6),
         ],
+    },
+    # offloaded optimizer, a GPU far hotter than its peers, memory left unused
+    "offload": {
+        "gpus": 16,
+        "pathologies": [
+            Pathology("offload_thrash", 0.7),
+            Pathology("hot_gpu", 0.7),
+            Pathology("memory_headroom", 0.6),
+        ],
+    },
+    # collectives exposed in the update, clocks cut by a limit
+    "comm": {
+        "gpus": 16,
+        "pathologies": [Pathology("comm_bound", 0.7), Pathology("throttling", 0.6)],
+    },
+    # a straggler rank on one of two hosts
+    "straggler": {"gpus": 16, "pathologies": [Pathology("imbalance", 0.7)]},
+    # A100s held at their power limit, launch-bound compute phases, four GPUs a host
+    "power": {
+        "gpus": 12,
+        "gpus_per_host": 4,
+        "gpu_name": "NVIDIA A100-SXM4-80GB",
+        "pathologies": [Pathology("power_cap", 0.7), Pathology("host_bound", 0.7)],
     },
     # rollout and training on GPUs of their own, three GPUs a host, a hang
     "split": {

@@ -20,6 +20,7 @@ Who claims what (no double counting):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -352,6 +353,11 @@ def _sorted_gpus(frame: pd.DataFrame) -> list[str]:
     return [_gpu_label(h, g) for h, g in zip(keys["host"], keys["gpu"])]
 
 
+def _joined_gpus(pairs: Iterable[list[tuple[str, int]]]) -> list[str]:
+    """`_sorted_gpus` of the parts' GPUs (`_phase._gpu_pairs` of each), all of them."""
+    return [_gpu_label(h, g) for h, g in sorted({p for part in pairs for p in part})]
+
+
 def _offload_mask(samples: pd.DataFrame, th: Thresholds) -> np.ndarray:
     """Update samples with heavy PCIe traffic and low compute (claimed by ``offload_thrash``)."""
     s = samples
@@ -377,14 +383,48 @@ def _update_windows(ctx: AnalysisContext, spans: pd.DataFrame) -> np.ndarray:
     return per_frame(ctx, spans, "update_windows", compute)
 
 
-def _throttle_samples(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | None:
+def _throttle_samples(
+    ctx: AnalysisContext, th: Thresholds, max_clock: float | None = None
+) -> pd.DataFrame | None:
     """Busy samples with their lost share to reduced clocks (``lost_frac``), or None (one
-    frame per context and thresholds, shared: callers don't modify it)."""
-    key = f"throttle:{th.busy_util_pct}:{th.clock_drop_frac}"
-    return _memo(ctx, key, lambda: _throttle_frame(ctx, th))
+    frame per context, thresholds and top clock, shared: callers don't modify it).
+    ``max_clock``: the top SM clock of the whole run (`_top_clock`), when ``ctx`` is one part
+    of it; by default the context's own."""
+    if max_clock is None:
+        max_clock = _top_clock([_clocks_seen(ctx)])
+    key = f"throttle:{th.busy_util_pct}:{th.clock_drop_frac}:{max_clock}"
+    return _memo(ctx, key, lambda: _throttle_frame(ctx, th, max_clock))
 
 
-def _throttle_frame(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | None:
+def _clocks_seen(ctx: AnalysisContext) -> tuple[float, list[float]]:
+    """The highest SM clock one part's samples read (NaN: none) and its inventory's
+    maximum clocks."""
+    s = ctx.samples
+    clock = _gpu_columns(ctx)["sm_clock_mhz"].to_numpy(np.float64) if len(s) else np.zeros(0)
+    seen = float(np.nanmax(clock)) if np.isfinite(clock).any() else np.nan
+    inv = [
+        float(x.get("max_sm_clock_mhz"))
+        for x in ctx.run.meta.gpus or []
+        if isinstance(x, dict) and isinstance(x.get("max_sm_clock_mhz"), int | float)
+    ]
+    return seen, inv
+
+
+def _top_clock(seen: list[tuple[float, list[float]]]) -> float:
+    """The top SM clock of a run from its parts' `_clocks_seen`: the highest read, or the
+    inventory's maximum when higher."""
+    read = [x for x, _ in seen if np.isfinite(x)]
+    max_seen = max(read) if read else np.nan
+    inv_max = [v for _, inv in seen for v in inv]
+    return max([max_seen, *inv_max]) if inv_max else max_seen
+
+
+def top_clock(parts: Any) -> float:
+    """`_top_clock` of every part of ``parts`` (`parts.Parts`)."""
+    return _top_clock(parts.map(_clocks_seen))
+
+
+def _throttle_frame(ctx: AnalysisContext, th: Thresholds, max_clock: float) -> pd.DataFrame | None:
     s = ctx.samples
     if s.empty:
         return None
@@ -394,13 +434,6 @@ def _throttle_frame(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | None
     m = pd.concat([s[["host", "gpu", "t_ns", "dt_s", "step", "util_gpu_pct"]], g], axis=1)
     m = m[_first_of_each(m, ["host", "gpu", "t_ns"])]
     clock = m["sm_clock_mhz"].to_numpy(np.float64)
-    max_seen = float(np.nanmax(clock)) if np.isfinite(clock).any() else np.nan
-    inv_max = [
-        float(x.get("max_sm_clock_mhz"))
-        for x in ctx.run.meta.gpus or []
-        if isinstance(x, dict) and isinstance(x.get("max_sm_clock_mhz"), int | float)
-    ]
-    max_clock = max([max_seen, *inv_max]) if inv_max else max_seen
     if not np.isfinite(max_clock) or max_clock <= 0:
         return None
     reasons = m["reasons"].to_numpy(np.float64)
@@ -436,8 +469,12 @@ def _first_of_each(frame: pd.DataFrame, keys: list[str]) -> np.ndarray:
     return np.concatenate([[True], ~same])
 
 
-def _throttled_gpus(ctx: AnalysisContext, th: Thresholds) -> set[tuple[str, int]]:
-    m = _throttle_samples(ctx, th)
+def _throttled_gpus(
+    ctx: AnalysisContext, th: Thresholds, max_clock: float | None = None
+) -> set[tuple[str, int]]:
+    """GPUs throttled at least a fifth of their busy time (``max_clock``: see
+    `_throttle_samples`)."""
+    m = _throttle_samples(ctx, th, max_clock)
     if m is None or not m["hot"].any():
         return set()
     busy = m[m["util_gpu_pct"] >= th.busy_util_pct]

@@ -16,7 +16,9 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import CommBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.nodes import is_multi_node, link_figures, run_collectives, run_ranks_per_node
+from gpuprof.analyzers.nodes import link_figures, run_collectives, run_ranks_per_node
+from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.stalls._phase import _gpu_pairs, _parts
 from gpuprof.analyzers.stalls._resource import (
     UPDATE_PHASES,
     _collectives,
@@ -24,14 +26,14 @@ from gpuprof.analyzers.stalls._resource import (
     _fmt_gpu_s,
     _inside,
     _intervals,
+    _joined_gpus,
     _num,
-    _sorted_gpus,
     _spans,
     _update_windows,
 )
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """Collectives take a large share of update time, or exposed NCCL kernels a large share of a
     trace's busy GPU time (`_from_trace_kernels`).
 
@@ -41,37 +43,16 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     GPU-s``. Reported when ``c >= th.collective_min_frac``; NVLink/PCIe traffic and SM activity
     (GPM) during the collectives raise the confidence.
     """
-    return _from_spans(ctx, th) or _from_trace_kernels(ctx, th)
+    parts = _parts(ctx)
+    return _from_spans(parts, th) or _from_trace_kernels(parts, th)
 
 
-def _from_spans(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def _from_spans(parts: Parts, th: Thresholds) -> Finding | None:
     """Collective spans inside update spans (see `detect`)."""
-    s = ctx.samples
-    spans = _spans(ctx)
-    if s.empty or spans.empty:
+    got = [g for g in parts.map(_in_update) if g is not None]
+    if not got:
         return None
-    upd = spans[spans["phase"].isin(UPDATE_PHASES).to_numpy()]
-    coll = spans[_collectives(ctx) & ~spans["wait"].to_numpy()]
-    if upd.empty or coll.empty:
-        return None
-    upd = upd.sort_values("start_ns", kind="stable").reset_index(drop=True)
-    keys = ["host", "pid"]
-    m = pd.merge_asof(
-        coll[["host", "pid", "start_ns", "end_ns"]].sort_values("start_ns", kind="stable"),
-        upd[["host", "pid", "start_ns", "end_ns"]].rename(
-            columns={"start_ns": "u_start", "end_ns": "u_end"}
-        ),
-        left_on="start_ns",
-        right_on="u_start",
-        by=keys,
-        direction="backward",
-    ).dropna(subset=["u_end"])
-    if m.empty:
-        return None
-    overlap = np.clip(np.minimum(m["end_ns"], m["u_end"]) - m["start_ns"], 0, None) / 1e9
-    coll_s = m.assign(c=overlap).groupby(keys)["c"].sum()
-    upd_s = upd.assign(d=(upd["end_ns"] - upd["start_ns"]) / 1e9).groupby(keys)["d"].sum()
-    per_owner = pd.DataFrame({"coll_s": coll_s, "upd_s": upd_s}).fillna(0.0)
+    per_owner = pd.concat([g["per_owner"] for g in got])
     per_owner = per_owner[per_owner["upd_s"] > 0]
     if per_owner.empty:
         return None
@@ -80,50 +61,40 @@ def _from_spans(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     if frac < th.collective_min_frac:
         return None
     # GPU-seconds inside update windows per owner
-    window = _update_windows(ctx, spans)
-    dt = s["dt_s"].to_numpy(np.float64)
-    w = pd.DataFrame({"host": s["owner_host"].to_numpy(object), "pid": _num(s, "pid"), "dt": dt})[
-        window
-    ]
-    gpu_upd = w.groupby(keys)["dt"].sum()
-    per_owner = per_owner.join(gpu_upd.rename("gpu_s"), how="inner")
+    gpu_upd = pd.concat([g["gpu_upd"] for g in got]).rename("gpu_s")
+    per_owner = per_owner.join(gpu_upd, how="inner")
     excess = (per_owner["frac"] - th.collective_healthy_frac).clip(0)
     per_owner["lost"] = per_owner["gpu_s"] * excess
     gpu_s = float(per_owner["lost"].sum())
     # link traffic and SM activity inside the collective spans
-    coll_sorted = coll.reset_index(drop=True)
-    in_coll = (_inside(s, coll_sorted) >= 0) & window
-    nvl = _num(s, "nvlink_bytes")
-    sm = _num(s, "sm_active_pct")
-    util = _num(s, "util_gpu_pct")
+    rows = {k: np.concatenate([g["in_coll"][k] for g in got]) for k in got[0]["in_coll"]}
+    nvl, sm, util, wd = rows["nvl"], rows["sm"], rows["util"], rows["dt"]
     figures: dict[str, Any] = {}
     conf = 0.5 + 0.3 * min(1.0, (frac - th.collective_min_frac) / 0.3)
-    if in_coll.any():
-        wd = dt[in_coll]
-        ok = np.isfinite(nvl[in_coll]) & (wd > 0)
+    if len(wd):
+        ok = np.isfinite(nvl) & (wd > 0)
         if ok.any():
-            rate = float(nvl[in_coll][ok].sum() / wd[ok].sum() / 2.0)
+            rate = float(nvl[ok].sum() / wd[ok].sum() / 2.0)
             figures["nvlink_bytes_s_per_direction"] = round(rate, 0)
-        ok_sm = np.isfinite(sm[in_coll])
-        ok_u = np.isfinite(util[in_coll])
+        ok_sm = np.isfinite(sm)
+        ok_u = np.isfinite(util)
         if ok_sm.any():
-            sm_mean = float(np.average(sm[in_coll][ok_sm], weights=wd[ok_sm] + 1e-12))
+            sm_mean = float(np.average(sm[ok_sm], weights=wd[ok_sm] + 1e-12))
             figures["sm_active_pct_in_collectives"] = round(sm_mean, 1)
             conf += 0.1 if sm_mean < 50 else 0.0
         if ok_u.any():
-            u_mean = float(np.average(util[in_coll][ok_u], weights=wd[ok_u] + 1e-12))
+            u_mean = float(np.average(util[ok_u], weights=wd[ok_u] + 1e-12))
             figures["util_gpu_pct_in_collectives"] = round(u_mean, 1)
             conf += 0.1 if u_mean >= th.busy_util_pct else 0.0
-    worst = m.assign(w=overlap).rename(columns={"start_ns": "start_ns", "end_ns": "end_ns"})
-    worst = worst.drop_duplicates(["start_ns", "end_ns"])
-    owners = per_owner.reset_index()
-    gpus_df = s[window & s["owner_host"].notna().to_numpy()]
-    gpus_df = gpus_df[
-        pd.MultiIndex.from_arrays([gpus_df["owner_host"], gpus_df["pid"]]).isin(
-            pd.MultiIndex.from_arrays([owners["host"], owners["pid"].astype(float)])
-        )
-    ]
-    links = _links_in_update(ctx, m) if is_multi_node(spans) else {}
+    # the longest collectives (of one start and end, the one that overlapped most)
+    worst = pd.concat([g["worst"] for g in got], ignore_index=True)
+    worst = worst.sort_values(
+        ["start_ns", "end_ns", "w"], ascending=[True, True, False], kind="stable"
+    ).drop_duplicates(["start_ns", "end_ns"])
+    owners = [(str(h), float(p)) for h, p in per_owner.index]
+    gpus = _joined_gpus(parts.map(_owned_update_gpus, owners))
+    multi_node = len(set().union(*parts.map(_ranked_hosts))) > 1
+    links = _links_in_update(parts) if multi_node else {}
     summary = (
         f"collectives take {frac:.0%} of update time (healthy ~{th.collective_healthy_frac:.0%}): "
         f"~{_fmt_gpu_s(gpu_s)} ({{share}}) of exposed communication{_links_text(links)}"
@@ -134,45 +105,109 @@ def _from_spans(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
             figures[f"{key}_bandwidth_bytes_s"] = links[label]["bandwidth_bytes_s"]
     evidence = CommBoundEvidence(
         intervals=_intervals(worst, "w"),
-        gpus=_sorted_gpus(gpus_df) if len(gpus_df) else [],
-        phases=sorted(set(upd["phase"])),
+        gpus=gpus,
+        phases=sorted(set().union(*(g["phases"] for g in got))),
         collective_share_of_update=round(frac, 4),
         collective_s_per_owner_mean=round(float(per_owner["coll_s"].mean()), 3),
         update_s_per_owner_mean=round(float(per_owner["upd_s"].mean()), 3),
         source="collective_spans",
         **figures,
     )
-    return _finding("comm_bound", ctx, th, gpu_s, conf, summary, evidence)
+    return _finding("comm_bound", parts, th, gpu_s, conf, summary, evidence)
 
 
-def _from_trace_kernels(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+_KEYS = ["host", "pid"]
+
+
+def _update_collectives(ctx: AnalysisContext) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """One part's update spans (by start) and its collectives inside them, each with the end
+    of its update span (None without samples, updates or such collectives)."""
+    s = ctx.samples
+    spans = _spans(ctx)
+    if s.empty or spans.empty:
+        return None
+    upd = spans[spans["phase"].isin(UPDATE_PHASES).to_numpy()]
+    coll = spans[_collectives(ctx) & ~spans["wait"].to_numpy()]
+    if upd.empty or coll.empty:
+        return None
+    upd = upd.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    m = pd.merge_asof(
+        coll[["host", "pid", "start_ns", "end_ns"]].sort_values("start_ns", kind="stable"),
+        upd[["host", "pid", "start_ns", "end_ns"]].rename(
+            columns={"start_ns": "u_start", "end_ns": "u_end"}
+        ),
+        left_on="start_ns",
+        right_on="u_start",
+        by=_KEYS,
+        direction="backward",
+    ).dropna(subset=["u_end"])
+    return (upd, m) if not m.empty else None
+
+
+def _in_update(ctx: AnalysisContext) -> dict | None:
+    """One part's collectives inside update spans, per owner process: collective and update
+    seconds and GPU-seconds in update windows; the samples inside those collectives; the
+    collectives with their overlap (None: `_update_collectives` found none)."""
+    got = _update_collectives(ctx)
+    if got is None:
+        return None
+    upd, m = got
+    s, spans = ctx.samples, _spans(ctx)
+    overlap = np.clip(np.minimum(m["end_ns"], m["u_end"]) - m["start_ns"], 0, None) / 1e9
+    coll_s = m.assign(c=overlap).groupby(_KEYS)["c"].sum()
+    upd_s = upd.assign(d=(upd["end_ns"] - upd["start_ns"]) / 1e9).groupby(_KEYS)["d"].sum()
+    window = _update_windows(ctx, spans)
+    dt = s["dt_s"].to_numpy(np.float64)
+    w = pd.DataFrame({"host": s["owner_host"].to_numpy(object), "pid": _num(s, "pid"), "dt": dt})
+    coll = spans[_collectives(ctx) & ~spans["wait"].to_numpy()].reset_index(drop=True)
+    in_coll = (_inside(s, coll) >= 0) & window
+    return {
+        "per_owner": pd.DataFrame({"coll_s": coll_s, "upd_s": upd_s}).fillna(0.0),
+        "gpu_upd": w[window].groupby(_KEYS)["dt"].sum(),
+        "in_coll": {
+            "nvl": _num(s, "nvlink_bytes")[in_coll],
+            "sm": _num(s, "sm_active_pct")[in_coll],
+            "util": _num(s, "util_gpu_pct")[in_coll],
+            "dt": dt[in_coll],
+        },
+        "worst": m.assign(w=overlap)[["start_ns", "end_ns", "w"]],
+        "phases": set(upd["phase"]),
+    }
+
+
+def _ranked_hosts(ctx: AnalysisContext) -> set:
+    """The hosts of one part's spans that carry a rank (`nodes.is_multi_node`)."""
+    spans = _spans(ctx)
+    return set(spans.dropna(subset=["rank"])["host"]) if len(spans) else set()
+
+
+def _owned_update_gpus(ctx: AnalysisContext, owners: list[tuple]) -> list[tuple[str, int]]:
+    """One part's GPUs with samples in an update window of one of ``owners`` (host, pid)."""
+    s = ctx.samples
+    if s.empty or not owners:
+        return []
+    window = _update_windows(ctx, _spans(ctx))
+    frame = s[window & s["owner_host"].notna().to_numpy()]
+    keys = zip(frame["owner_host"].astype(str), frame["pid"].to_numpy(np.float64))
+    mine = set(owners)
+    hit = np.fromiter((k in mine for k in keys), bool, len(frame))
+    return _gpu_pairs(frame[hit])
+
+
+def _from_trace_kernels(parts: Parts, th: Thresholds) -> Finding | None:
     """Exposed communication from a trace's NCCL kernels (the ``gpu_time`` events).
 
     Per GPU: exposed = NCCL time with no compute kernel running, overlapped = the rest of its
     NCCL time; reported when exposed communication is at least ``th.collective_min_frac`` of
     the GPU's busy time; lost = exposed − ``th.collective_healthy_frac`` × busy.
     """
-    ev = ctx.run.events
-    if ev is None or ev.empty or "kind" not in ev:
-        return None
-    rows = ev[ev["kind"] == "gpu_time"]
-    exposed = overlapped = busy = lost = 0.0
-    gpus: list[str] = []
-    measured_overlap = False
-    for host, attrs in zip(rows["host"], rows["attrs"]):
-        if not isinstance(attrs, dict):
-            continue
-        comm = _ns_s(attrs.get("communication_ns"))
-        b = _ns_s(attrs.get("busy_ns"))
-        if comm is None or not b:
-            continue
-        every = _ns_s(attrs.get("communication_all_ns"))
-        measured_overlap |= every is not None
-        exposed += comm
-        overlapped += max(0.0, every - comm) if every is not None else 0.0
-        busy += b
-        lost += max(0.0, comm - th.collective_healthy_frac * b)
-        gpus.append(f"{host}:{attrs.get('gpu')}")
+    got = [g for g in parts.map(_kernel_sums, th) if g is not None]
+    exposed = sum(g["exposed"] for g in got)
+    overlapped = sum(g["overlapped"] for g in got)
+    busy = sum(g["busy"] for g in got)
+    lost = sum(g["lost"] for g in got)
+    measured_overlap = any(g["measured_overlap"] for g in got)
+    gpus = [x for g in got for x in g["gpus"]]
     if busy <= 0 or exposed / busy < th.collective_min_frac:
         return None
     frac = exposed / busy
@@ -197,25 +232,59 @@ def _from_trace_kernels(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         exposed_share_of_busy=round(frac, 4),
         source="trace_kernels",
     )
-    return _finding("comm_bound", ctx, th, lost, conf, summary, evidence)
+    return _finding("comm_bound", parts, th, lost, conf, summary, evidence)
+
+
+def _kernel_sums(ctx: AnalysisContext, th: Thresholds) -> dict | None:
+    """One part's NCCL kernel time from its ``gpu_time`` events: exposed, overlapped, busy
+    and lost seconds, and its GPUs (None without such events)."""
+    ev = ctx.run.events
+    if ev is None or ev.empty or "kind" not in ev:
+        return None
+    rows = ev[ev["kind"] == "gpu_time"]
+    out = {"exposed": 0.0, "overlapped": 0.0, "busy": 0.0, "lost": 0.0, "gpus": [],
+           "measured_overlap": False}  # fmt: skip
+    for host, attrs in zip(rows["host"], rows["attrs"]):
+        if not isinstance(attrs, dict):
+            continue
+        comm = _ns_s(attrs.get("communication_ns"))
+        b = _ns_s(attrs.get("busy_ns"))
+        if comm is None or not b:
+            continue
+        every = _ns_s(attrs.get("communication_all_ns"))
+        out["measured_overlap"] |= every is not None
+        out["exposed"] += comm
+        out["overlapped"] += max(0.0, every - comm) if every is not None else 0.0
+        out["busy"] += b
+        out["lost"] += max(0.0, comm - th.collective_healthy_frac * b)
+        out["gpus"].append(f"{host}:{attrs.get('gpu')}")
+    return out
 
 
 def _ns_s(value: Any) -> float | None:
     return float(value) / 1e9 if isinstance(value, int | float) and value == value else None
 
 
-def _links_in_update(ctx: AnalysisContext, inside: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """Per link type, the collectives found inside update spans (``inside``: their host, pid
-    and start), from the run's collective spans, whose attributes carry group size and
-    bytes."""
-    coll = run_collectives(ctx)
-    if coll.empty:
+def _links_in_update(parts: Parts) -> dict[str, dict[str, Any]]:
+    """Per link type, the collectives found inside update spans, from the run's collective
+    spans, whose attributes carry group size and bytes (every part's)."""
+    coll = [c for c in parts.map(_update_collective_rows) if c is not None and len(c)]
+    if not coll:
         return {}
-    keys = ["host", "pid", "start_ns"]
-    found = inside[keys].drop_duplicates()
-    coll = coll.merge(found.astype({"pid": coll["pid"].dtype}), on=keys, how="inner")
-    links = link_figures(coll, ctx.run.spans, run_ranks_per_node(ctx))
+    ranks = max(parts.map(run_ranks_per_node))
+    links = link_figures(pd.concat(coll, ignore_index=True), pd.DataFrame(), ranks)
     return {row["link"]: row for row in links}
+
+
+def _update_collective_rows(ctx: AnalysisContext) -> pd.DataFrame | None:
+    """One part's collectives (`nodes.run_collectives`) that lie inside its update spans."""
+    got = _update_collectives(ctx)
+    coll = run_collectives(ctx)
+    if got is None or coll.empty:
+        return None
+    keys = ["host", "pid", "start_ns"]
+    found = got[1][keys].drop_duplicates()
+    return coll.merge(found.astype({"pid": coll["pid"].dtype}), on=keys, how="inner")
 
 
 def _links_text(links: dict[str, dict[str, Any]]) -> str:

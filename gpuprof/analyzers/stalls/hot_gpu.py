@@ -24,7 +24,8 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import HotGpuEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.stalls._phase import _memo, _num
+from gpuprof.analyzers.parts import Parts, median_of_counts
+from gpuprof.analyzers.stalls._phase import _memo, _num, _parts
 from gpuprof.analyzers.stalls._resource import (
     REASON_HW_THERMAL,
     REASON_SW_THERMAL,
@@ -40,19 +41,31 @@ from gpuprof.analyzers.stalls._resource import (
 _THERMAL_BITS = REASON_SW_THERMAL | REASON_HW_THERMAL
 
 
-def hot_gpus(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame:
+def hot_gpus(ctx: AnalysisContext | Parts, th: Thresholds) -> pd.DataFrame:
     """One row per GPU that runs hot: host, gpu, temp_c and util (its busy medians), peer_temp
-    and peer_util (its peers' medians of those), peers (how many). Empty when none.
+    and peer_util (its peers' medians of those), peers (how many). Empty when none. A GPU's
+    peers are the GPUs of its host: each part of a run (a node) finds its own.
 
     Computed once per set of unclaimed samples and thresholds (`detect` and `warnings` both
     ask); the frame is shared, so callers don't modify it."""
+    parts = _parts(ctx)
+    got = [g for g in parts.map(_hot_of, th) if len(g)]
+    if not got:
+        return pd.DataFrame(columns=_HOT_COLUMNS)
+    return pd.concat(got, ignore_index=True) if len(got) > 1 else got[0]
+
+
+_HOT_COLUMNS = ["host", "gpu", "temp_c", "util", "peer_temp", "peer_util", "peers"]
+
+
+def _hot_of(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame:
     key = f"hot_gpus:{th.busy_util_pct}:{th.hot_gpu_util_gap_pct}:{th.hot_gpu_delta_c}"
     return _memo(ctx, key, lambda: _hot_gpus(ctx, th))
 
 
 def _hot_gpus(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame:
     s = ctx.unclaimed_samples
-    cols = ["host", "gpu", "temp_c", "util", "peer_temp", "peer_util", "peers"]
+    cols = _HOT_COLUMNS
     if s is None or s.empty:
         return pd.DataFrame(columns=cols)
     util = s["util_gpu_pct"].to_numpy(np.float64)
@@ -79,37 +92,26 @@ def _hot_gpus(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """A GPU ``th.hot_gpu_delta_c`` above its peers at comparable load, with the clock time it
     loses against them (see the module doc)."""
-    hot = hot_gpus(ctx, th)
+    parts = _parts(ctx)
+    hot = hot_gpus(parts, th)
     if hot.empty:
         return None
-    s = ctx.unclaimed_samples
-    m = _sample_frame(ctx, s, {"clock": "sm_clock_mhz", "reasons": "reasons"})
-    busy = (m["util"] >= th.busy_util_pct).to_numpy()
-    is_hot = pd.MultiIndex.from_frame(m[["host", "gpu"]]).isin(
-        pd.MultiIndex.from_frame(hot[["host", "gpu"]])
-    )
     # the peers' clock at the same instant: busy samples of the other GPUs, binned by interval
-    step = max(1, int(np.nanmedian(m["dt_s"][m["dt_s"] > 0]) * 1e9) if (m["dt_s"] > 0).any() else 1)
-    m["bin"] = m["t_ns"] // step
-    peers = m[busy & ~is_hot & np.isfinite(m["clock"])]
-    peer_clock = peers.groupby(["host", "bin"])["clock"].median().rename("peer_clock")
-    m = m.join(peer_clock, on=["host", "bin"])
-    ratio = (m["clock"] / m["peer_clock"]).to_numpy(np.float64)
-    lost_frac = np.where(busy & is_hot & np.isfinite(ratio), np.clip(1.0 - ratio, 0.0, 1.0), 0.0)
-    m["lost_s"] = m["dt_s"] * lost_frac
-    n_busy = m[busy].groupby("host")["gpu"].nunique()
-    waiting = m["host"].map(n_busy).fillna(1).to_numpy(np.float64)
-    gpu_s = float((m["lost_s"] * waiting).sum())
-    hot_rows = m[busy & is_hot]
-    reasons = hot_rows["reasons"].to_numpy(np.float64)
+    median = median_of_counts([c for c in parts.map(_positive_intervals) if c is not None])
+    step = max(1, int(median * 1e9) if np.isfinite(median) else 1)
+    pairs = list(zip(hot["host"].astype(str), hot["gpu"].astype(int)))
+    got = [g for g in parts.map(_slowed, th, pairs, step) if g is not None]
+    gpu_s = float(sum(g["gpu_s"] for g in got))
+    rows = {k: np.concatenate([g["hot"][k] for g in got]) for k in got[0]["hot"]} if got else {}
+    reasons = rows.get("reasons", np.zeros(0))
     thermal = np.isfinite(reasons) & ((np.nan_to_num(reasons).astype(np.int64) & _THERMAL_BITS) > 0)
     thermal_share = float(thermal.mean()) if np.isfinite(reasons).any() else None
     worst = hot.sort_values("temp_c", ascending=False).iloc[0]
-    clock_hot = hot_rows["clock"].to_numpy(np.float64)
-    clock_peer = hot_rows["peer_clock"].to_numpy(np.float64)
+    clock_hot = rows.get("clock", np.zeros(0))
+    clock_peer = rows.get("peer_clock", np.zeros(0))
     labels = [f"{h}:{int(x)}" for h, x in zip(hot["host"], hot["gpu"])]
     delta = float(worst["temp_c"] - worst["peer_temp"])
     clock_txt = (
@@ -125,11 +127,11 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     )
     confidence = 0.55 + 0.1 * min(1.0, (delta - th.hot_gpu_delta_c) / 10.0)
     confidence += 0.15 * min(1.0, (int(worst["peers"]) - 1) / 3.0) + (0.15 if thermal.any() else 0)
-    runs = _runs(m, (busy & is_hot & (lost_frac > 0)), m["lost_s"].to_numpy(np.float64))
+    runs = pd.concat([g["runs"] for g in got], ignore_index=True) if got else pd.DataFrame()
     evidence = HotGpuEvidence(
         intervals=_intervals(runs, "w"),
         gpus=labels,
-        phases=sorted(set(s.loc[s.index[busy & is_hot], "phase"].astype(str))),
+        phases=sorted(set().union(*(g["phases"] for g in got))),
         temp_c=_num(float(worst["temp_c"])),
         peer_temp_c=_num(float(worst["peer_temp"])),
         temp_c_above_peers=_num(delta),
@@ -142,7 +144,49 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         thermal_reasons_share=None if thermal_share is None else round(thermal_share, 4),
         peers=int(worst["peers"]),
     )
-    return _finding("hot_gpu", ctx, th, gpu_s, confidence, summary, evidence)
+    return _finding("hot_gpu", parts, th, gpu_s, confidence, summary, evidence)
+
+
+def _positive_intervals(ctx: AnalysisContext) -> tuple[np.ndarray, np.ndarray] | None:
+    """One part's positive sampling intervals of its unclaimed samples, as distinct values
+    and counts."""
+    s = ctx.unclaimed_samples
+    if s is None or s.empty:
+        return None
+    dt = np.nan_to_num(s["dt_s"].to_numpy(np.float64))
+    return np.unique(dt[dt > 0], return_counts=True)
+
+
+def _slowed(ctx: AnalysisContext, th: Thresholds, hot: list[tuple], step: int) -> dict | None:
+    """One part's busy samples of its hot GPUs: the clock they lost against their busy peers
+    (times the host's busy GPUs, who wait), their columns (in sample order), runs and phases.
+    None without samples."""
+    s = ctx.unclaimed_samples
+    if s is None or s.empty:
+        return None
+    m = _sample_frame(ctx, s, {"clock": "sm_clock_mhz", "reasons": "reasons"})
+    busy = (m["util"] >= th.busy_util_pct).to_numpy()
+    is_hot = pd.MultiIndex.from_arrays([m["host"].astype(str), m["gpu"]]).isin(hot)
+    m["bin"] = m["t_ns"] // step
+    peers = m[busy & ~is_hot & np.isfinite(m["clock"])]
+    peer_clock = peers.groupby(["host", "bin"])["clock"].median().rename("peer_clock")
+    m = m.join(peer_clock, on=["host", "bin"])
+    ratio = (m["clock"] / m["peer_clock"]).to_numpy(np.float64)
+    lost_frac = np.where(busy & is_hot & np.isfinite(ratio), np.clip(1.0 - ratio, 0.0, 1.0), 0.0)
+    m["lost_s"] = m["dt_s"] * lost_frac
+    n_busy = m[busy].groupby("host")["gpu"].nunique()
+    waiting = m["host"].map(n_busy).fillna(1).to_numpy(np.float64)
+    rows = busy & is_hot
+    return {
+        "gpu_s": float((m["lost_s"] * waiting).sum()),
+        "hot": {
+            "reasons": m["reasons"].to_numpy(np.float64)[rows],
+            "clock": m["clock"].to_numpy(np.float64)[rows],
+            "peer_clock": m["peer_clock"].to_numpy(np.float64)[rows],
+        },
+        "runs": _runs(m, (rows & (lost_frac > 0)), m["lost_s"].to_numpy(np.float64)),
+        "phases": set(s.loc[s.index[rows], "phase"].astype(str)),
+    }
 
 
 def warnings(ctx: AnalysisContext, th: Thresholds) -> list[str]:

@@ -16,6 +16,8 @@ import pandas as pd
 from gpuprof.analyzers.evidence import ImbalanceEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.grouping import appearance_codes, first_rows, label_codes
+from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.stalls._phase import _parts
 from gpuprof.analyzers.stalls._resource import (
     NOT_WORK_PHASES,
     _collectives,
@@ -28,15 +30,17 @@ from gpuprof.analyzers.stalls._resource import (
     _runs,
     _spans,
     _throttled_gpus,
+    top_clock,
 )
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """A straggler rank (from span times), else a GPU far less busy than its peers."""
-    return _stragglers(ctx, th) or _low_gpus(ctx, th)
+    parts = _parts(ctx)
+    return _stragglers(parts, th) or _low_gpus(parts, th)
 
 
-def _stragglers(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def _stragglers(parts: Parts, th: Thresholds) -> Finding | None:
     """A straggler rank whose phases run longer while the other ranks wait.
 
     Per (phase, step), each rank's (process's) summed span time is compared with the median
@@ -45,9 +49,121 @@ def _stragglers(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     (GPUs of the phase - GPUs of the straggler)``, i.e. (n−1) × delay. Ranks on throttled GPUs
     are compared only with each other (their shared slowdown is ``throttling``'s).
     """
+    state = parts.map(_span_state)
+    if not any(x["spans"] for x in state) or not any(x["samples"] for x in state):
+        return None
+    max_clock = top_clock(parts)
+    throttled = set().union(*parts.map(_throttled_gpus, th, max_clock))
+    got = [g for g in parts.map(_rank_work, throttled) if g is not None]
+    if not got:
+        return None
+    per = pd.concat([g["per"] for g in got], ignore_index=True)
+    per = per[np.isfinite(per["n_gpu"].to_numpy(np.float64))]
+    if per.empty:
+        return None
+    grp = per.groupby(["phase", "step", "hot"], sort=False)
+    per["ranks"] = grp["dur"].transform("size")
+    per["mx"] = grp["dur"].transform("max")
+    # the pace the others kept: the median of every rank but the slowest (with two ranks the
+    # median of both would hide half the delay)
+    others = per["dur"].where(per["dur"] < per["mx"])
+    per["med"] = others.groupby([per["phase"], per["step"], per["hot"]], sort=False).transform(
+        "median"
+    )
+    per["med"] = per["med"].fillna(per["mx"])
+    per["all_gpus"] = per.groupby(["phase", "step"], sort=False)["n_gpu"].transform("sum")
+    per = per[per["ranks"] >= 2]
+    if per.empty:
+        return None
+    slow = (per["mx"] > per["med"] * (1 + th.imbalance_spread_frac)) & (per["mx"] > 0)
+    stragglers = per[slow & (per["dur"] >= per["mx"])]
+    # the slowest subgroup's straggler sets the pace of the phase-step (of equal ones, the
+    # first by host and process)
+    stragglers = stragglers.sort_values(
+        ["dur", "host", "pid"], ascending=[False, True, True], kind="stable"
+    ).drop_duplicates(["phase", "step"])
+    if stragglers.empty:
+        return None
+    stragglers = stragglers.assign(
+        delay_s=stragglers["mx"] - stragglers["med"],
+    )
+    stragglers["w"] = stragglers["delay_s"] * (stragglers["all_gpus"] - stragglers["n_gpu"])
+    flagged = stragglers.assign(lost=stragglers["w"])
+    gpu_s = float(flagged["lost"].sum())
+    who = stragglers.groupby(["host", "pid"])["w"].sum().sort_values(ascending=False,
+                                                                     kind="stable")  # fmt: skip
+    top_host, top_pid = who.index[0]
+    gpu_of = pd.concat([g["gpu_of"] for g in got])
+    top = gpu_of.loc[(top_host, top_pid)] if (top_host, top_pid) in gpu_of.index else None
+    rank_of = pd.concat([g["rank_of"] for g in got])
+    rank = int(rank_of[(top_host, top_pid)]) if (top_host, top_pid) in rank_of.index else None
+    spread = float((stragglers["mx"] / stragglers["med"].where(stragglers["med"] > 0)).median())
+    # per-GPU utilisation / memory spread as supporting figures
+    per_gpu = pd.concat([x["per_gpu"] for x in state if x["per_gpu"] is not None])
+    barriers = sum(x["barriers"] for x in state)
+    confidence = 0.5 + 0.2 * min(1.0, (spread - 1.0) / 0.5 if np.isfinite(spread) else 0.0)
+    confidence += 0.15 * min(1.0, who.iloc[0] / max(gpu_s, 1e-12))
+    confidence += 0.15 if barriers else 0.0
+    multi_node = len(set().union(*(x["hosts"] for x in state))) > 1
+    straggler_label = (
+        f"pid {int(top_pid)} on {top_host}" if rank is None
+        else f"rank {rank} on {top_host}" if multi_node
+        else f"rank {rank}"
+    )  # fmt: skip
+    summary = (
+        f"{straggler_label} straggles: its phases run {spread - 1:.0%} longer than the median "
+        f"rank in {len(stragglers)} phase-steps; others wait ~{_fmt_gpu_s(gpu_s)} ({{share}})"
+    )
+    evidence = ImbalanceEvidence(
+        intervals=_intervals(stragglers, "w"),
+        gpus=[_gpu_label(top["host"], top["gpu"])] if top is not None else [],
+        phases=sorted(set(stragglers["phase"])),
+        straggler_rank=rank,
+        straggler_pid=int(top_pid),
+        straggler_host=str(top_host),
+        slowdown_frac_median=round(spread - 1.0, 4) if np.isfinite(spread) else None,
+        delay_s_total=round(float(stragglers["delay_s"].sum()), 3),
+        phase_steps_flagged=len(stragglers),
+        barrier_spans=barriers,
+        util_gpu_pct_spread=round(float(per_gpu["util"].max() - per_gpu["util"].min()), 2)
+        if per_gpu["util"].notna().any()
+        else None,
+        mem_peak_bytes_spread=float(per_gpu["mem"].max() - per_gpu["mem"].min())
+        if per_gpu["mem"].notna().any()
+        else None,
+    )
+    return _finding("imbalance", parts, th, gpu_s, confidence, summary, evidence)
+
+
+def _span_state(ctx: AnalysisContext) -> dict:
+    """Whether one part has usable spans and unclaimed samples; its barrier spans and span
+    hosts; per GPU its mean utilisation and peak memory."""
+    s = ctx.unclaimed_samples
+    spans = _spans(ctx)
+    out = {"spans": not spans.empty, "samples": s is not None and not s.empty,
+           "barriers": int(spans["wait"].to_numpy().sum()) if len(spans) else 0,
+           "hosts": set(spans["host"].dropna().unique()) if len(spans) else set(),
+           "per_gpu": None}  # fmt: skip
+    if out["samples"]:
+        gpu, _ = _gpu_codes(ctx, s)
+        keep = gpu >= 0
+        per_gpu = pd.DataFrame(
+            {"util": s["util_gpu_pct"].to_numpy(np.float64)[keep],
+             "mem": s["mem_used_bytes"].to_numpy(np.float64)[keep]},
+            copy=False,
+        ).groupby(gpu[keep], sort=True)  # fmt: skip
+        out["per_gpu"] = pd.DataFrame({"util": per_gpu["util"].mean(), "mem": per_gpu["mem"].max()})
+    return out
+
+
+def _rank_work(ctx: AnalysisContext, throttled: set[tuple[str, int]]) -> dict | None:
+    """One part's ranks: per (phase, step, host, pid) their work spans' seconds and stretch,
+    GPUs and whether on a throttled GPU; per owner its first GPU; per process its rank; per
+    GPU its mean utilisation and peak memory; its barrier spans and hosts. None without work
+    spans."""
     spans = _spans(ctx)
     s = ctx.unclaimed_samples
-    if spans.empty or s.empty:
+    if spans.empty or s is None or s.empty:
         return None
     work = spans[
         ~spans["phase"].isin(NOT_WORK_PHASES).to_numpy()
@@ -71,96 +187,28 @@ def _stragglers(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     ).reset_index()
     idx = pd.MultiIndex.from_arrays([per["host"], per["pid"]])
     per["n_gpu"] = n_gpu.reindex(idx).to_numpy()
-    per = per[np.isfinite(per["n_gpu"].to_numpy(np.float64))]
-    if per.empty:
-        return None
     # ranks on throttled GPUs are compared with each other only: their common slowdown is
     # ``throttling``'s, a straggler among them is still imbalance
-    throttled = _throttled_gpus(ctx, th)
     if throttled:
-        where = gpu_of.reindex(pd.MultiIndex.from_arrays([per["host"], per["pid"]]))
+        where = gpu_of.reindex(idx)
         per["hot"] = [
-            isinstance(h, str) and g == g and (h, int(g)) in throttled
-            for h, g in zip(where["host"], where["gpu"])
+            isinstance(h, str) and x == x and (h, int(x)) in throttled
+            for h, x in zip(where["host"], where["gpu"])
         ]
     else:  # no throttled GPU: no rank is on one
         per["hot"] = np.zeros(len(per), dtype=bool)
-    grp = per.groupby(["phase", "step", "hot"], sort=False)
-    per["ranks"] = grp["dur"].transform("size")
-    per["mx"] = grp["dur"].transform("max")
-    # the pace the others kept: the median of every rank but the slowest (with two ranks the
-    # median of both would hide half the delay)
-    others = per["dur"].where(per["dur"] < per["mx"])
-    per["med"] = others.groupby([per["phase"], per["step"], per["hot"]], sort=False).transform(
-        "median"
-    )
-    per["med"] = per["med"].fillna(per["mx"])
-    per["all_gpus"] = per.groupby(["phase", "step"], sort=False)["n_gpu"].transform("sum")
-    per = per[per["ranks"] >= 2]
-    if per.empty:
-        return None
-    slow = (per["mx"] > per["med"] * (1 + th.imbalance_spread_frac)) & (per["mx"] > 0)
-    stragglers = per[slow & (per["dur"] >= per["mx"])]
-    # the slowest subgroup's straggler sets the pace of the phase-step
-    stragglers = stragglers.sort_values("dur", ascending=False).drop_duplicates(["phase", "step"])
-    if stragglers.empty:
-        return None
-    stragglers = stragglers.assign(
-        delay_s=stragglers["mx"] - stragglers["med"],
-    )
-    stragglers["w"] = stragglers["delay_s"] * (stragglers["all_gpus"] - stragglers["n_gpu"])
-    flagged = stragglers.assign(lost=stragglers["w"])
-    gpu_s = float(flagged["lost"].sum())
-    who = stragglers.groupby(["host", "pid"])["w"].sum().sort_values(ascending=False)
-    top_host, top_pid = who.index[0]
-    top = gpu_of.loc[(top_host, top_pid)] if (top_host, top_pid) in gpu_of.index else None
-    rank_vals = spans.loc[(spans["host"] == top_host) & (spans["pid"] == top_pid), "rank"].dropna()
-    rank = int(rank_vals.iloc[0]) if len(rank_vals) else None
-    spread = float((stragglers["mx"] / stragglers["med"].where(stragglers["med"] > 0)).median())
-    # per-GPU utilisation / memory spread as supporting figures
-    keep = gpu >= 0
-    per_gpu = pd.DataFrame(
-        {"util": s["util_gpu_pct"].to_numpy(np.float64)[keep],
-         "mem": s["mem_used_bytes"].to_numpy(np.float64)[keep]},
-        copy=False,
-    ).groupby(gpu[keep], sort=True)  # fmt: skip
-    per_gpu = pd.DataFrame({"util": per_gpu["util"].mean(), "mem": per_gpu["mem"].max()})
-    barrier = spans[spans["wait"].to_numpy()]
-    confidence = 0.5 + 0.2 * min(1.0, (spread - 1.0) / 0.5 if np.isfinite(spread) else 0.0)
-    confidence += 0.15 * min(1.0, who.iloc[0] / max(gpu_s, 1e-12))
-    confidence += 0.15 if not barrier.empty else 0.0
-    multi_node = spans["host"].nunique() > 1
-    straggler_label = (
-        f"pid {int(top_pid)} on {top_host}" if rank is None
-        else f"rank {rank} on {top_host}" if multi_node
-        else f"rank {rank}"
-    )  # fmt: skip
-    summary = (
-        f"{straggler_label} straggles: its phases run {spread - 1:.0%} longer than the median "
-        f"rank in {len(stragglers)} phase-steps; others wait ~{_fmt_gpu_s(gpu_s)} ({{share}})"
-    )
-    evidence = ImbalanceEvidence(
-        intervals=_intervals(stragglers, "w"),
-        gpus=[_gpu_label(top["host"], top["gpu"])] if top is not None else [],
-        phases=sorted(set(stragglers["phase"])),
-        straggler_rank=rank,
-        straggler_pid=int(top_pid),
-        straggler_host=str(top_host),
-        slowdown_frac_median=round(spread - 1.0, 4) if np.isfinite(spread) else None,
-        delay_s_total=round(float(stragglers["delay_s"].sum()), 3),
-        phase_steps_flagged=len(stragglers),
-        barrier_spans=len(barrier),
-        util_gpu_pct_spread=round(float(per_gpu["util"].max() - per_gpu["util"].min()), 2)
-        if per_gpu["util"].notna().any()
-        else None,
-        mem_peak_bytes_spread=float(per_gpu["mem"].max() - per_gpu["mem"].min())
-        if per_gpu["mem"].notna().any()
-        else None,
-    )
-    return _finding("imbalance", ctx, th, gpu_s, confidence, summary, evidence)
+    # the rank each process's spans carry (its first span with one)
+    ranked = spans.dropna(subset=["rank"]).drop_duplicates(["host", "pid"])
+    owner = pd.MultiIndex.from_arrays([ranked["host"], ranked["pid"]])
+    rank_of = pd.Series(ranked["rank"].to_numpy(np.float64), index=owner)
+    return {
+        "per": per,
+        "gpu_of": gpu_of,
+        "rank_of": rank_of,
+    }
 
 
-def _low_gpus(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def _low_gpus(parts: Parts, th: Thresholds) -> Finding | None:
     """GPUs far less busy than their peers in the same phase.
 
     Per (phase, GPU), the time-weighted busy measure (GPM SM activity where every sample has
@@ -169,38 +217,14 @@ def _low_gpus(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     work: lost = its GPU-seconds in the phase × (median − its level) / 100, the work its peers'
     pace says it could have done. Phases where every GPU idles (reward, sync) say nothing.
     """
-    s = ctx.unclaimed_samples
-    if s is None or s.empty:
+    state = [g for g in parts.map(_level_state) if g is not None]
+    if sum(n for n, _ in state) < 2:
         return None
-    gpu, gpus = _gpu_codes(ctx, s)
-    if len(gpus) + bool((gpu < 0).any()) < 2:
+    use_sm = all(all_sm for _, all_sm in state)
+    got = [g for g in parts.map(_phase_levels, use_sm) if g is not None]
+    if not got:
         return None
-    sm = s["sm_active_pct"].to_numpy(np.float64)
-    util = s["util_gpu_pct"].to_numpy(np.float64)
-    use_sm = bool(np.isfinite(sm).all())
-    level = sm if use_sm else util
-    ok = np.isfinite(level) & (s["dt_s"].to_numpy(np.float64) > 0)
-    if ok.sum() == 0:
-        return None
-    dt = s["dt_s"].to_numpy(np.float64)
-    # per (phase, GPU) in order of first appearance, as a group-by on them with sort=False
-    phase, phase_names = label_codes(s["phase"])
-    rows = np.flatnonzero(ok & (phase >= 0) & (gpu >= 0))  # a missing key: no group
-    group = appearance_codes([phase[rows], gpu[rows]])
-    first = rows[first_rows(group)]
-    per = pd.DataFrame(
-        {
-            "phase": np.array(phase_names, dtype=object)[phase[first]],
-            "host": gpus["host"].to_numpy()[gpu[first]],
-            "gpu": gpus["gpu"].to_numpy()[gpu[first]],
-        }
-    )
-    sums = pd.DataFrame({"gpu_s": dt[rows], "lw": (level * dt)[rows]}, copy=False)
-    sums = sums.groupby(group, sort=True).sum()  # pandas' sums, as the group-by computed them
-    per["gpu_s"] = sums["gpu_s"].to_numpy()
-    per["lw"] = sums["lw"].to_numpy()
-    mem = pd.Series(s["mem_used_bytes"].to_numpy(np.float64)[rows], copy=False)
-    per["mem"] = mem.groupby(group, sort=True).max().to_numpy()
+    per = pd.concat(got, ignore_index=True)
     per = per[per["gpu_s"] > 0].reset_index(drop=True)
     per["level"] = per["lw"] / per["gpu_s"]
     grp = per.groupby("phase", sort=False)["level"]
@@ -230,10 +254,8 @@ def _low_gpus(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         f"while their peers run at {level_peers:.0f}% {where}: ~{_fmt_gpu_s(gpu_s)} "
         "({share}) of work left undone"
     )
-    on_low = _on_gpus(ctx, s, low["host"], low["gpu"])
-    code_of = {name: i for i, name in enumerate(phase_names)}
-    in_phases = np.isin(phase, [code_of[p] for p in phases if p in code_of])
-    runs = _runs(s, on_low & in_phases, dt)
+    pairs = list(zip(low["host"].astype(str), low["gpu"].astype(int)))
+    runs = pd.concat(parts.map(_low_runs, pairs, phases), ignore_index=True)
     evidence = ImbalanceEvidence(
         intervals=_intervals(runs, "w"),
         gpus=labels,
@@ -245,4 +267,64 @@ def _low_gpus(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         util_gpu_pct_spread=round(level_peers - level_low, 2),
         mem_peak_bytes_spread=float(mem.max() - mem.min()) if mem.notna().any() else None,
     )
-    return _finding("imbalance", ctx, th, gpu_s, confidence, summary, evidence)
+    return _finding("imbalance", parts, th, gpu_s, confidence, summary, evidence)
+
+
+def _level_state(ctx: AnalysisContext) -> tuple[int, bool] | None:
+    """One part's GPUs (one more for samples without a GPU) and whether every unclaimed
+    sample has GPM SM activity; None without samples."""
+    s = ctx.unclaimed_samples
+    if s is None or s.empty:
+        return None
+    gpu, gpus = _gpu_codes(ctx, s)
+    n = len(gpus) + bool((gpu < 0).any())
+    return n, bool(np.isfinite(s["sm_active_pct"].to_numpy(np.float64)).all())
+
+
+def _phase_levels(ctx: AnalysisContext, use_sm: bool) -> pd.DataFrame | None:
+    """One part's busy measure per (phase, GPU): GPU-seconds, weighted level, peak memory;
+    in order of first appearance."""
+    s = ctx.unclaimed_samples
+    if s is None or s.empty:
+        return None
+    gpu, gpus = _gpu_codes(ctx, s)
+    sm = s["sm_active_pct"].to_numpy(np.float64)
+    util = s["util_gpu_pct"].to_numpy(np.float64)
+    level = sm if use_sm else util
+    dt = s["dt_s"].to_numpy(np.float64)
+    ok = np.isfinite(level) & (dt > 0)
+    # per (phase, GPU) in order of first appearance, as a group-by on them with sort=False
+    phase, phase_names = label_codes(s["phase"])
+    rows = np.flatnonzero(ok & (phase >= 0) & (gpu >= 0))  # a missing key: no group
+    if not len(rows):
+        return None
+    group = appearance_codes([phase[rows], gpu[rows]])
+    first = rows[first_rows(group)]
+    per = pd.DataFrame(
+        {
+            "phase": np.array(phase_names, dtype=object)[phase[first]],
+            "host": gpus["host"].to_numpy()[gpu[first]],
+            "gpu": gpus["gpu"].to_numpy()[gpu[first]],
+        }
+    )
+    sums = pd.DataFrame({"gpu_s": dt[rows], "lw": (level * dt)[rows]}, copy=False)
+    sums = sums.groupby(group, sort=True).sum()  # pandas' sums, as the group-by computed them
+    per["gpu_s"] = sums["gpu_s"].to_numpy()
+    per["lw"] = sums["lw"].to_numpy()
+    mem = pd.Series(s["mem_used_bytes"].to_numpy(np.float64)[rows], copy=False)
+    per["mem"] = mem.groupby(group, sort=True).max().to_numpy()
+    return per
+
+
+def _low_runs(ctx: AnalysisContext, pairs: list[tuple], phases: list[str]) -> pd.DataFrame:
+    """One part's runs of samples of the GPUs ``pairs`` in ``phases``."""
+    s = ctx.unclaimed_samples
+    if s is None or s.empty:
+        return _runs(pd.DataFrame(), np.zeros(0, dtype=bool), np.zeros(0))
+    hosts = [h for h, _ in pairs]
+    numbers = [g for _, g in pairs]
+    on_low = _on_gpus(ctx, s, hosts, numbers)
+    phase, phase_names = label_codes(s["phase"])
+    code_of = {name: i for i, name in enumerate(phase_names)}
+    in_phases = np.isin(phase, [code_of[p] for p in phases if p in code_of])
+    return _runs(s, on_low & in_phases, s["dt_s"].to_numpy(np.float64))

@@ -26,15 +26,16 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import PowerCapEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.stalls._phase import _num
+from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.stalls._phase import _gpu_pairs, _num, _parts
 from gpuprof.analyzers.stalls._resource import (
     REASON_SW_POWER_CAP,
     _finding,
     _fmt_gpu_s,
     _intervals,
+    _joined_gpus,
     _runs,
     _sample_frame,
-    _sorted_gpus,
 )
 
 
@@ -63,14 +64,73 @@ def _per_gpu(
     return table[codes]
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """Busy GPUs at their power limit most of their busy time (see the module doc)."""
+    parts = _parts(ctx)
+    got = [g for g in parts.map(_capped, th) if g is not None]
+    if not got or not any(g["limits"] for g in got):
+        return None  # no limit in the data: nothing to hold the draw against
+    if not any(g["capped"] for g in got):
+        return None
+    held = [g for g in got if g["hit"] is not None]
+    if not held:
+        return None
+    # the held GPUs' capped samples of every part, in the whole run's sample order
+    hit = {k: np.concatenate([g["hit"][k] for g in held]) for k in held[0]["hit"]}
+    gpu_s = float(sum(g["lost_s"] for g in held))
+    measure = "clock" if hit["by_clock"].any() else "power_ratio"
+    busy_held_s = sum(g["busy_held_s"] for g in held)
+    capped_share = float(hit["dt_s"].sum() / max(busy_held_s, 1e-12))
+    power, limit, clock, top = hit["power"], hit["limit"], hit["clock"], hit["top"]
+    default = hit["default"]
+    power_mean = float(np.nanmean(power)) if np.isfinite(power).any() else None
+    limit_mean = float(np.nanmean(limit)) if np.isfinite(limit).any() else None
+    default_mean = float(np.nanmean(default)) if np.isfinite(default).any() else None
+    is_lowered = bool(hit["lowered"].any())
+    clock_mean = float(np.nanmean(clock)) if np.isfinite(clock).any() else None
+    top_mean = float(np.nanmean(top)) if np.isfinite(top).any() else None
+    bit_share = float(hit["cap_bit"].mean()) if np.isfinite(hit["reasons"]).any() else None
+    gpus = _joined_gpus(g["gpus"] for g in held)
+    limit_txt = f" limit {limit_mean:.0f} W" if limit_mean else " limit"
+    if is_lowered and default_mean:
+        limit_txt += f" (default {default_mean:.0f} W: lowered with nvidia-smi -pl)"
+    clock_txt = (
+        f", SM clock {clock_mean:.0f} of {top_mean:.0f} MHz" if clock_mean and top_mean else ""
+    )
+    summary = (
+        f"{len(gpus)} GPU(s) held at their power{limit_txt} {capped_share:.0%} of busy time"
+        f"{clock_txt}: ~{_fmt_gpu_s(gpu_s)} ({{share}}) lost to the power cap"
+    )
+    confidence = 0.5 + 0.2 * min(1.0, capped_share) + (0.15 if measure == "clock" else 0.0)
+    confidence += 0.1 if bit_share else 0.0
+    evidence = PowerCapEvidence(
+        intervals=_intervals(pd.concat([g["runs"] for g in held], ignore_index=True), "w"),
+        gpus=gpus,
+        phases=sorted(set().union(*(g["phases"] for g in held))),
+        power_w_mean=_num(power_mean) if power_mean is not None else None,
+        power_limit_w=_num(limit_mean) if limit_mean is not None else None,
+        power_default_limit_w=_num(default_mean) if default_mean is not None else None,
+        lowered_limit=is_lowered if default_mean is not None else None,
+        capped_share_of_busy=round(capped_share, 4),
+        sm_clock_mhz_capped=_num(clock_mean) if clock_mean is not None else None,
+        sm_clock_mhz_max=_num(top_mean) if top_mean is not None else None,
+        power_cap_reason_share=None if bit_share is None else round(bit_share, 4),
+        loss_measure=measure,
+    )
+    return _finding("power_cap", parts, th, gpu_s, confidence, summary, evidence)
+
+
+def _capped(ctx: AnalysisContext, th: Thresholds) -> dict | None:
+    """One part's GPUs at their power cap: whether it knows any limit, has a capped busy
+    sample, and, for the GPUs held by the cap, their capped samples' columns (in sample
+    order), lost and busy seconds, runs, GPUs and phases. None without samples."""
     s = ctx.unclaimed_samples
     if s is None or s.empty:
         return None
     limits = _inventory(ctx, "power_limit_w")
-    if not limits:  # no limit in the data: nothing to hold the draw against
-        return None
+    out: dict = {"limits": bool(limits), "capped": False, "hit": None}
+    if not limits:
+        return out
     m = _sample_frame(ctx, s, {"power": "power_w", "clock": "sm_clock_mhz", "reasons": "reasons"})
     codes, pairs = _gpu_codes(m)
     m["limit"] = _per_gpu(codes, pairs, limits)
@@ -82,14 +142,15 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     with np.errstate(invalid="ignore"):
         at_limit = (m["power"] >= th.power_cap_frac * m["limit"]).to_numpy(bool)
     capped = busy & at_limit  # the reason bit alone is throttling's: here the draw decides
+    out["capped"] = bool(capped.any())
     if not capped.any():
-        return None
+        return out
     m["capped_s"] = np.where(capped, m["dt_s"], 0.0)
     sums = m[busy].groupby(["host", "gpu"])[["capped_s", "dt_s"]].sum()
     per = sums["capped_s"] / sums["dt_s"].clip(lower=1e-12)
     held = per[per >= th.power_cap_share]
     if held.empty:
-        return None
+        return out
     held_gpus = pd.MultiIndex.from_frame(m[["host", "gpu"]]).isin(held.index)
     hit = capped & held_gpus
     # the clock the GPU reaches when not capped: its inventory maximum, else the run's highest
@@ -108,43 +169,15 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
                          np.where(lowered, np.clip(cube, 0.0, 1.0), 0.0))  # fmt: skip
     lost_frac = np.where(hit, np.nan_to_num(lost_frac), 0.0)
     m["lost_s"] = m["dt_s"] * lost_frac
-    gpu_s = float(m["lost_s"].sum())
-    rows = m[hit]
-    measure = "clock" if by_clock[hit].any() else "power_ratio"
-    capped_share = float(rows["dt_s"].sum() / max(m.loc[busy & held_gpus, "dt_s"].sum(), 1e-12))
-    power_mean = float(np.nanmean(rows["power"])) if np.isfinite(rows["power"]).any() else None
-    limit_mean = float(np.nanmean(rows["limit"])) if np.isfinite(rows["limit"]).any() else None
-    default_mean = float(np.nanmean(default[hit])) if np.isfinite(default[hit]).any() else None
-    is_lowered = bool(lowered[hit].any())
-    clock_mean = float(np.nanmean(rows["clock"])) if np.isfinite(rows["clock"]).any() else None
-    top_mean = float(np.nanmean(top[hit])) if np.isfinite(top[hit]).any() else None
-    bit_share = float(cap_bit[hit].mean()) if np.isfinite(reasons[hit]).any() else None
-    gpus = _sorted_gpus(rows)
-    limit_txt = f" limit {limit_mean:.0f} W" if limit_mean else " limit"
-    if is_lowered and default_mean:
-        limit_txt += f" (default {default_mean:.0f} W: lowered with nvidia-smi -pl)"
-    clock_txt = (
-        f", SM clock {clock_mean:.0f} of {top_mean:.0f} MHz" if clock_mean and top_mean else ""
-    )
-    summary = (
-        f"{len(gpus)} GPU(s) held at their power{limit_txt} {capped_share:.0%} of busy time"
-        f"{clock_txt}: ~{_fmt_gpu_s(gpu_s)} ({{share}}) lost to the power cap"
-    )
-    confidence = 0.5 + 0.2 * min(1.0, capped_share) + (0.15 if measure == "clock" else 0.0)
-    confidence += 0.1 if bit_share else 0.0
-    runs = _runs(m, hit, m["lost_s"].to_numpy(np.float64))
-    evidence = PowerCapEvidence(
-        intervals=_intervals(runs, "w"),
-        gpus=gpus,
-        phases=sorted(set(s.loc[s.index[hit], "phase"].astype(str))),
-        power_w_mean=_num(power_mean) if power_mean is not None else None,
-        power_limit_w=_num(limit_mean) if limit_mean is not None else None,
-        power_default_limit_w=_num(default_mean) if default_mean is not None else None,
-        lowered_limit=is_lowered if default_mean is not None else None,
-        capped_share_of_busy=round(capped_share, 4),
-        sm_clock_mhz_capped=_num(clock_mean) if clock_mean is not None else None,
-        sm_clock_mhz_max=_num(top_mean) if top_mean is not None else None,
-        power_cap_reason_share=None if bit_share is None else round(bit_share, 4),
-        loss_measure=measure,
-    )
-    return _finding("power_cap", ctx, th, gpu_s, confidence, summary, evidence)
+    out.update(
+        hit={"dt_s": m["dt_s"].to_numpy()[hit], "power": m["power"].to_numpy()[hit],
+             "limit": m["limit"].to_numpy()[hit], "clock": m["clock"].to_numpy()[hit],
+             "top": top[hit], "default": default[hit], "lowered": lowered[hit],
+             "by_clock": by_clock[hit], "cap_bit": cap_bit[hit], "reasons": reasons[hit]},
+        lost_s=float(m["lost_s"].sum()),
+        busy_held_s=float(m.loc[busy & held_gpus, "dt_s"].sum()),
+        runs=_runs(m, hit, m["lost_s"].to_numpy(np.float64)),
+        gpus=_gpu_pairs(m[hit]),
+        phases=set(s.loc[s.index[hit], "phase"].astype(str)),
+    )  # fmt: skip
+    return out

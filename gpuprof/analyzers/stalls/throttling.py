@@ -7,21 +7,24 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import ThrottlingEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.stalls._phase import _gpu_pairs, _parts
 from gpuprof.analyzers.stalls._resource import (
     THROTTLE_REASON_NAMES,
     _finding,
     _fmt_gpu_s,
     _intervals,
+    _joined_gpus,
     _runs,
-    _sorted_gpus,
     _throttle_samples,
+    top_clock,
 )
 
 
-def _named_elsewhere(ctx: AnalysisContext) -> set[tuple[str, int]]:
+def _named_elsewhere(parts: Parts) -> set[tuple[str, int]]:
     """GPUs named by an earlier ``power_cap`` or ``hot_gpu`` finding."""
     named = set()
-    for finding in ctx.found:
+    for finding in parts.found:
         if finding.kind in ("power_cap", "hot_gpu"):
             for label in finding.evidence["gpus"]:
                 host, _, gpu = str(label).rpartition(":")
@@ -29,7 +32,7 @@ def _named_elsewhere(ctx: AnalysisContext) -> set[tuple[str, int]]:
     return named
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """Busy GPUs whose clocks a power or thermal limit reduced (the GPUs a ``power_cap`` or
     ``hot_gpu`` finding names are left to it).
 
@@ -39,49 +42,34 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     ``dt x (1 - clock/max)`` of its time is lost. Data-parallel ranks wait for the slowest GPU:
     per step the wall time lost is the worst GPU's, and every GPU of the run pays it.
     """
-    m = _throttle_samples(ctx, th)
-    if m is None or not m["hot"].any():
+    parts = _parts(ctx)
+    max_clock = top_clock(parts)
+    got = [g for g in parts.map(_throttled, th, max_clock, _named_elsewhere(parts)) if g]
+    if not any(g["hot_any"] for g in got):
         return None
-    named = _named_elsewhere(ctx)
-    if named:  # GPUs a power cap or heat explains: their kinds carry the loss and the action
-        keep = ~pd.Series(list(zip(m["host"].astype(str), m["gpu"].astype(int)))).isin(named)
-        m = m[keep.to_numpy()]
-        if not m["hot"].any():
-            return None
-    m = m.assign(lost_s=m["dt_s"] * m["lost_frac"], step_k=m["step"].fillna(-1.0))
-    per = m.groupby(["step_k", "host", "gpu"], sort=False)["lost_s"].sum()
+    per = pd.concat([g["per"] for g in got])
     worst = per.groupby(level="step_k").max()
-    n_gpus = int(m[["host", "gpu"]].drop_duplicates().shape[0])
+    n_gpus = int(sum(g["n_gpus"] for g in got))
     gpu_s = float(worst.sum() * n_gpus)
-    hot = m[m["hot"]]
-    hot_gpus = hot[["host", "gpu"]].drop_duplicates()
-    bits = int(np.bitwise_or.reduce(hot["bits"].to_numpy(np.int64))) if len(hot) else 0
+    hot = {k: np.concatenate([g["hot"][k] for g in got]) for k in got[0]["hot"]}
+    hot_gpus = _joined_gpus(g["gpus"] for g in got)
+    bits = int(np.bitwise_or.reduce(hot["bits"])) if len(hot["bits"]) else 0
     reasons = [name for bit, name in THROTTLE_REASON_NAMES.items() if bits & bit]
-    busy_s = float(m.loc[m["util_gpu_pct"] >= th.busy_util_pct, "dt_s"].sum())
+    busy_s = float(sum(g["busy_s"] for g in got))
     hot_share = float(hot["dt_s"].sum() / busy_s) if busy_s > 0 else 0.0
     clock_hot = float(np.average(hot["sm_clock_mhz"], weights=hot["dt_s"] + 1e-12))
-    max_clock = float(m.attrs.get("max_clock_mhz", np.nan))
     temp = float(np.nanmean(hot["temp_c"])) if np.isfinite(hot["temp_c"]).any() else None
     power = float(np.nanmean(hot["power_w"])) if np.isfinite(hot["power_w"]).any() else None
     confidence = 0.5 + 0.25 * min(1.0, hot_share) + (0.2 if reasons else 0.0)
-    runs = _runs(
-        m,
-        m["hot"].to_numpy(bool),
-        m["lost_s"].to_numpy(np.float64),
-    )
     summary = (
         f"{len(hot_gpus)} GPU(s) throttled ({', '.join(reasons) or 'SM clock drop'}) "
         f"{hot_share:.0%} of busy time at {clock_hot:.0f}/{max_clock:.0f} MHz: "
         f"~{_fmt_gpu_s(gpu_s)} ({{share}}) lost"
     )
     evidence = ThrottlingEvidence(
-        intervals=_intervals(runs, "w"),
-        gpus=_sorted_gpus(hot_gpus),
-        phases=sorted(
-            set(
-                ctx.samples.merge(hot[["host", "gpu", "t_ns"]], on=["host", "gpu", "t_ns"])["phase"]
-            )
-        ),
+        intervals=_intervals(pd.concat([g["runs"] for g in got], ignore_index=True), "w"),
+        gpus=hot_gpus,
+        phases=sorted(set().union(*(g["phases"] for g in got))),
         clock_event_reasons=reasons,
         clock_event_reasons_mask=bits,
         sm_clock_mhz_throttled=round(clock_hot, 1),
@@ -90,4 +78,34 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
         temp_c_throttled=None if temp is None else round(temp, 1),
         power_w_throttled=None if power is None else round(power, 1),
     )
-    return _finding("throttling", ctx, th, gpu_s, confidence, summary, evidence)
+    return _finding("throttling", parts, th, gpu_s, confidence, summary, evidence)
+
+
+def _throttled(
+    ctx: AnalysisContext, th: Thresholds, max_clock: float, named: set[tuple[str, int]]
+) -> dict | None:
+    """One part's throttled samples (its GPUs that ``named`` leaves to it): lost seconds per
+    (step, GPU), GPUs, busy seconds, the throttled samples' columns (in sample order), runs
+    and phases. None without clock readings."""
+    m = _throttle_samples(ctx, th, max_clock)
+    if m is None:
+        return None
+    if named:  # GPUs a power cap or heat explains: their kinds carry the loss and the action
+        keep = ~pd.Series(list(zip(m["host"].astype(str), m["gpu"].astype(int)))).isin(named)
+        m = m[keep.to_numpy()]
+    m = m.assign(lost_s=m["dt_s"] * m["lost_frac"], step_k=m["step"].fillna(-1.0))
+    hot = m[m["hot"]]
+    return {
+        "hot_any": bool(m["hot"].any()),
+        "per": m.groupby(["step_k", "host", "gpu"], sort=False)["lost_s"].sum(),
+        "n_gpus": int(m[["host", "gpu"]].drop_duplicates().shape[0]),
+        "hot": {
+            k: hot[k].to_numpy() for k in ("bits", "dt_s", "sm_clock_mhz", "temp_c", "power_w")
+        },
+        "gpus": _gpu_pairs(hot),
+        "busy_s": float(m.loc[m["util_gpu_pct"] >= th.busy_util_pct, "dt_s"].sum()),
+        "runs": _runs(m, m["hot"].to_numpy(bool), m["lost_s"].to_numpy(np.float64)),
+        "phases": set(
+            ctx.samples.merge(hot[["host", "gpu", "t_ns"]], on=["host", "gpu", "t_ns"])["phase"]
+        ),
+    }
