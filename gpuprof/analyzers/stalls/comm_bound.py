@@ -18,7 +18,7 @@ from gpuprof.analyzers.evidence import CommBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.nodes import link_figures, run_collectives, run_ranks_per_node
 from gpuprof.analyzers.parts import Parts
-from gpuprof.analyzers.stalls._phase import _gpu_pairs, _parts
+from gpuprof.analyzers.stalls._phase import _gpu_pairs, _memo, _parts
 from gpuprof.analyzers.stalls._resource import (
     UPDATE_PHASES,
     _collectives,
@@ -49,10 +49,10 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
 
 def _from_spans(parts: Parts, th: Thresholds) -> Finding | None:
     """Collective spans inside update spans (see `detect`)."""
-    got = [g for g in parts.map(_in_update) if g is not None]
-    if not got:
+    owned = [o for o in parts.map(_owner_seconds) if o is not None]
+    if not owned:
         return None
-    per_owner = pd.concat([g["per_owner"] for g in got])
+    per_owner = pd.concat(owned)
     per_owner = per_owner[per_owner["upd_s"] > 0]
     if per_owner.empty:
         return None
@@ -60,6 +60,7 @@ def _from_spans(parts: Parts, th: Thresholds) -> Finding | None:
     frac = float(per_owner["coll_s"].sum() / per_owner["upd_s"].sum())
     if frac < th.collective_min_frac:
         return None
+    got = [g for g in parts.map(_in_update) if g is not None]
     # GPU-seconds inside update windows per owner
     gpu_upd = pd.concat([g["gpu_upd"] for g in got]).rename("gpu_s")
     per_owner = per_owner.join(gpu_upd, how="inner")
@@ -121,7 +122,11 @@ _KEYS = ["host", "pid"]
 
 def _update_collectives(ctx: AnalysisContext) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """One part's update spans (by start) and its collectives inside them, each with the end
-    of its update span (None without samples, updates or such collectives)."""
+    of its update span (None without samples, updates or such collectives). Once per part."""
+    return _memo(ctx, "update_collectives", lambda: _find_update_collectives(ctx))
+
+
+def _find_update_collectives(ctx: AnalysisContext) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     s = ctx.samples
     spans = _spans(ctx)
     if s.empty or spans.empty:
@@ -144,25 +149,39 @@ def _update_collectives(ctx: AnalysisContext) -> tuple[pd.DataFrame, pd.DataFram
     return (upd, m) if not m.empty else None
 
 
+def _overlap(m: pd.DataFrame) -> pd.Series:
+    """Seconds of each collective inside its update span."""
+    return np.clip(np.minimum(m["end_ns"], m["u_end"]) - m["start_ns"], 0, None) / 1e9
+
+
+def _owner_seconds(ctx: AnalysisContext) -> pd.DataFrame | None:
+    """One part's owner processes: seconds of collectives inside update spans and of update
+    spans (None: `_update_collectives` found none)."""
+    got = _update_collectives(ctx)
+    if got is None:
+        return None
+    upd, m = got
+    coll_s = m.assign(c=_overlap(m)).groupby(_KEYS)["c"].sum()
+    upd_s = upd.assign(d=(upd["end_ns"] - upd["start_ns"]) / 1e9).groupby(_KEYS)["d"].sum()
+    return pd.DataFrame({"coll_s": coll_s, "upd_s": upd_s}).fillna(0.0)
+
+
 def _in_update(ctx: AnalysisContext) -> dict | None:
-    """One part's collectives inside update spans, per owner process: collective and update
-    seconds and GPU-seconds in update windows; the samples inside those collectives; the
-    collectives with their overlap (None: `_update_collectives` found none)."""
+    """One part's GPU-seconds in update windows per owner process, the samples inside the
+    collectives, the collectives with their overlap (None: `_update_collectives` found
+    none)."""
     got = _update_collectives(ctx)
     if got is None:
         return None
     upd, m = got
     s, spans = ctx.samples, _spans(ctx)
-    overlap = np.clip(np.minimum(m["end_ns"], m["u_end"]) - m["start_ns"], 0, None) / 1e9
-    coll_s = m.assign(c=overlap).groupby(_KEYS)["c"].sum()
-    upd_s = upd.assign(d=(upd["end_ns"] - upd["start_ns"]) / 1e9).groupby(_KEYS)["d"].sum()
+    overlap = _overlap(m)
     window = _update_windows(ctx, spans)
     dt = s["dt_s"].to_numpy(np.float64)
     w = pd.DataFrame({"host": s["owner_host"].to_numpy(object), "pid": _num(s, "pid"), "dt": dt})
     coll = spans[_collectives(ctx) & ~spans["wait"].to_numpy()].reset_index(drop=True)
     in_coll = (_inside(s, coll) >= 0) & window
     return {
-        "per_owner": pd.DataFrame({"coll_s": coll_s, "upd_s": upd_s}).fillna(0.0),
         "gpu_upd": w[window].groupby(_KEYS)["dt"].sum(),
         "in_coll": {
             "nvl": _num(s, "nvlink_bytes")[in_coll],

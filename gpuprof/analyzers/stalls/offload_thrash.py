@@ -14,6 +14,7 @@ from gpuprof.analyzers.stalls._resource import (
     UPDATE_PHASES,
     _finding,
     _fmt_gpu_s,
+    _gpu_codes,
     _intervals,
     _joined_gpus,
     _num,
@@ -57,7 +58,7 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
         low_compute = bool(np.isfinite(mean_sm) and mean_sm < th.low_compute_sm_pct)
     if not low_compute:
         return None
-    link_txt = ", ".join(sorted(set().union(*(g["links"] for g in got))))
+    link_txt = ", ".join(sorted(set().union(*parts.map(_links))))
     gpu_s = float(rows["lost"].sum())
     update_s = float(sum(g["update_s"] for g in got))
     heavy_share = float(w.sum() / update_s) if update_s > 0 else 0.0
@@ -99,18 +100,18 @@ def _heavy_rows(ctx: AnalysisContext, th: Thresholds) -> dict | None:
     spans = _spans(ctx)
     window = _update_windows(ctx, spans)
     dt = s["dt_s"].to_numpy(np.float64)
-    out: dict = {"pcie": pcie, "update_s": dt[window].sum(), "heavy": None, "links": set()}
+    out: dict = {"pcie": pcie, "update_s": dt[window].sum(), "heavy": None}
     if not pcie:
         return out
     with np.errstate(invalid="ignore", divide="ignore"):
         per_dir = s["pcie_bytes"].to_numpy(np.float64) / np.where(dt > 0, dt, np.nan) / 2.0
     heavy = window & (per_dir > th.pcie_heavy_bytes_s)
-    link_rate, links = _link_rates(ctx, s)
-    out["links"] = links
     if not heavy.any():
         return out
     util = _num(s, "util_gpu_pct")
     idle_frac = np.where(np.isfinite(util), 1.0 - np.clip(util / 100.0, 0, 1), 0.0)
+    link_rate = np.full(len(s), np.nan)
+    link_rate[heavy] = _link_rates(ctx, s[heavy])
     copy_frac = np.clip(np.nan_to_num(per_dir) / link_rate, 0.0, 1.0)
     lost = np.where(heavy, dt * np.maximum(idle_frac, copy_frac), 0.0)
     out["heavy"] = {
@@ -123,15 +124,28 @@ def _heavy_rows(ctx: AnalysisContext, th: Thresholds) -> dict | None:
     return out
 
 
-def _link_rates(ctx: AnalysisContext, s) -> tuple[np.ndarray, set[str]]:
-    """Per sample: its GPU's PCIe rate per direction (bytes/s), and the links as text
-    ("Gen4 x16", "Gen4 x16 (assumed)")."""
-    inventory = {
+def _inventory(ctx: AnalysisContext) -> dict[tuple[str, int], dict]:
+    return {
         (str(g.get("host")), int(g["index"])): g
         for g in ctx.run.meta.gpus or []
         if isinstance(g, dict) and isinstance(g.get("index"), int)
     }
+
+
+def _link_rates(ctx: AnalysisContext, s) -> np.ndarray:
+    """Per sample of ``s``: its GPU's PCIe rate per direction (bytes/s)."""
+    inventory = _inventory(ctx)
     codes, uniq = pd.MultiIndex.from_arrays([s["host"].astype(str), s["gpu"]]).factorize()
     links = [pcie_link(inventory.get((str(h), int(g)))) for h, g in uniq]
-    rate = np.array([pcie_bytes_s(gen, lanes) for gen, lanes, _ in links])[codes]
-    return rate, {f"Gen{g} x{w}" + ("" if known else " (assumed)") for g, w, known in links}
+    return np.array([pcie_bytes_s(gen, lanes) for gen, lanes, _ in links])[codes]
+
+
+def _links(ctx: AnalysisContext) -> set[str]:
+    """One part's GPUs' PCIe links as text ("Gen4 x16", "Gen4 x16 (assumed)")."""
+    s = ctx.samples
+    if s.empty:
+        return set()
+    _, gpus = _gpu_codes(ctx, s)
+    inventory = _inventory(ctx)
+    links = [pcie_link(inventory.get((str(h), int(g)))) for h, g in zip(gpus["host"], gpus["gpu"])]
+    return {f"Gen{g} x{w}" + ("" if known else " (assumed)") for g, w, known in links}
