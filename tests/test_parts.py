@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import SHARED_FIXTURES
 
 from gpuprof import loader, store
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
@@ -214,3 +215,26 @@ def test_findings_node_by_node_equal_the_whole_run(case, merge, tmp_path):
     _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])
     claimed = np.concatenate([c.claimed for c in parts.contexts])
     assert (claimed == whole.lead.claimed).all()
+
+
+def test_real_nvidia_smi_captures_of_three_hosts_node_by_node(tmp_path, monkeypatch):
+    """Three public nvidia-smi captures imported as one run of three hosts (an RTX 4090
+    serving inference, a custom-header log, one with repeated headers): what every detector
+    finds node by node is what it finds on the whole run."""
+    from gpuprof.importing import import_files
+
+    monkeypatch.setenv("TZ", "UTC")
+    smi = SHARED_FIXTURES / "nvidia_smi"
+    names = ("rtx4090_inference.csv", "epoch_custom_header.csv", "repeated_header.csv")
+    import_files([smi / n for n in names], tmp_path / "run")
+    run = loader.load_for_analysis(tmp_path / "run")
+    pieces = by_node(run)
+    assert len(pieces) == 3
+    th = Thresholds()
+    whole = Parts.of(AnalysisContext(run))
+    parts = Parts([AnalysisContext(p) for p in pieces])
+    startup_w, found_w = _diagnosed(whole, th)
+    startup_p, found_p = _diagnosed(parts, th)
+    _close(startup_p, startup_w)
+    _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])
+    _close(parts.lead.totals, whole.lead.totals)

@@ -59,7 +59,7 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     if not low_compute:
         return None
     link_txt = ", ".join(sorted(set().union(*parts.map(_links))))
-    gpu_s = float(rows["lost"].sum())
+    gpu_s = float(sum(g["lost_s"] for g in heavy))
     update_s = float(sum(g["update_s"] for g in got))
     heavy_share = float(w.sum() / update_s) if update_s > 0 else 0.0
     runs = pd.concat([g["runs"] for g in heavy], ignore_index=True)
@@ -119,6 +119,7 @@ def _heavy_rows(ctx: AnalysisContext, th: Thresholds) -> dict | None:
         "per_dir": per_dir[heavy], "link_rate": link_rate[heavy], "lost": lost[heavy],
         "phase": s["phase"].to_numpy(object)[heavy],
     }  # fmt: skip
+    out["lost_s"] = lost.sum()  # over every sample, as the whole run's sum is taken
     out["runs"] = _runs(s, heavy, lost)
     out["gpus"] = _gpu_pairs(s[heavy])
     return out
