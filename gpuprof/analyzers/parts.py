@@ -82,7 +82,9 @@ def _partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
     )
     s = ctx.samples if len(run.gpu) else None
     t = s["t_ns"].to_numpy(np.int64) if s is not None and len(s) else None
-    times = _extent(run)
+    # the frames' first and last instants count only where the metadata has none
+    meta = run.meta
+    times = _extent(run) if meta.start_ns is None or meta.end_ns is None else (None, None)
     return {
         "gpu_s": ctx.total_gpu_s if s is not None else 0.0,
         "steps": steps,
