@@ -40,6 +40,7 @@ __all__ = [
     "median_of_counts",
     "stretches",
     "top_stretches",
+    "value_counts",
 ]
 
 T = TypeVar("T")
@@ -309,3 +310,11 @@ def median_of_counts(counts: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
     lo = values[np.searchsorted(cum, (total - 1) // 2, side="right")]
     hi = values[np.searchsorted(cum, total // 2, side="right")]
     return float(lo) if lo == hi else float(np.mean([lo, hi]))
+
+
+def value_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct non-NaN ``values`` and how often each occurs (hashed, not sorted: a run's
+    sampling intervals take few distinct values), one part's input to `median_of_counts`."""
+    values = np.asarray(values, dtype=np.float64)
+    counts = pd.Series(values[~np.isnan(values)], copy=False).value_counts(sort=False)
+    return counts.index.to_numpy(np.float64), counts.to_numpy(np.int64)

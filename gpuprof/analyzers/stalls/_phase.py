@@ -38,7 +38,7 @@ from gpuprof.analyzers.grouping import (
     per_frame,
     time_bins,
 )
-from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.parts import Parts, value_counts
 from gpuprof.analyzers.spans import NO_PHASE, STEP_PHASE
 from gpuprof.intervals import in_union, top_intervals, union
 
@@ -640,6 +640,11 @@ def _starts_ends(sp: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return sp["start_ns"].to_numpy(np.int64), sp["end_ns"].to_numpy(np.int64)
 
 
+def _flags_of(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> dict[str, np.ndarray]:
+    """`_wait_flags` of a part's samples ``s``, once per frame and threshold."""
+    return per_frame(ctx, s, f"wait_flags:{th.busy_util_pct}", lambda: _wait_flags(s, th))
+
+
 def _wait_flags(s: pd.DataFrame, th: Thresholds) -> dict[str, np.ndarray]:
     """The per-sample flags counted over the other GPUs of each time bin: working, in a
     phase (not only waiting), and in each phase another detector claims."""
@@ -668,7 +673,7 @@ def _grid_of(s: pd.DataFrame) -> tuple[int, tuple] | None:
     if not len(s):
         return None
     dt = s["dt_s"].to_numpy(np.float64)
-    return int(s["t_ns"].min()), np.unique(dt[~np.isnan(dt)], return_counts=True)
+    return int(s["t_ns"].min()), value_counts(dt)
 
 
 def _flag_counts(
@@ -676,14 +681,14 @@ def _flag_counts(
 ) -> dict[str, np.ndarray] | None:
     """One part's samples per time bin of the run's grid with each `_wait_flags` flag."""
     s = _samples(ctx)
-    return None if s is None else _counts_of(s, t0, period_ns, th)
+    return None if s is None else _counts_of(s, t0, period_ns, _flags_of(ctx, s, th))
 
 
-def _counts_of(s: pd.DataFrame, t0: int, period_ns: float, th: Thresholds) -> dict:
+def _counts_of(s: pd.DataFrame, t0: int, period_ns: float, flags: dict) -> dict:
     if not len(s):
         return {}
     bins = _bins(s, t0, period_ns)
-    return {name: np.bincount(bins[flag]) for name, flag in _wait_flags(s, th).items()}
+    return {name: np.bincount(bins[flag]) for name, flag in flags.items()}
 
 
 def _wait_grid(grid: list, counts: list) -> dict[str, Any]:
@@ -748,7 +753,7 @@ def _wait_split(
     def compute() -> dict[str, Any]:
         if grid is None:
             got = _wait_grid([_grid_of(s)], {})
-            counts = _counts_of(s, got["t0"], got["period_ns"], th)
+            counts = _counts_of(s, got["t0"], got["period_ns"], _flags_of(ctx, s, th))
             shared = {**got, "totals": counts}
         else:
             shared = grid
@@ -756,7 +761,7 @@ def _wait_split(
         bins = _bins(s, shared["t0"], shared["period_ns"]) if len(s) else np.zeros(0, np.int64)
         gpu = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))
         pair, n_pairs = dense_codes(bins * (int(gpu.max(initial=0)) + 2) + (gpu + 1))
-        flags = _wait_flags(s, th)
+        flags = _flags_of(ctx, s, th)
 
         def others(name: str) -> np.ndarray:  # samples of the other GPUs in the bin
             total = shared["totals"].get(name)

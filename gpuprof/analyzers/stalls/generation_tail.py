@@ -150,7 +150,7 @@ def _rollouts(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | None:
     r["deficit"] = np.where(after, (base - r["busy"].to_numpy()) * r["dt"].to_numpy(), 0.0)
     per["deficit"] = r.groupby("inst", sort=False)["deficit"].sum().clip(lower=0.0)
     at = first_rows(inst)[per.index.to_numpy() - 1]  # inst counts from 1
-    per["host"] = s["host"].to_numpy(object)[at].astype(str)
+    per["host"] = s["host"].iloc[at].astype(str).to_numpy(object)
     per["gpu"] = s["gpu"].to_numpy()[at].astype(np.int64)
     return per.reset_index(drop=True)
 

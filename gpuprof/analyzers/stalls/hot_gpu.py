@@ -24,7 +24,7 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import HotGpuEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.parts import Parts, median_of_counts
+from gpuprof.analyzers.parts import Parts, median_of_counts, value_counts
 from gpuprof.analyzers.stalls._phase import _memo, _num, _parts
 from gpuprof.analyzers.stalls._resource import (
     REASON_HW_THERMAL,
@@ -154,7 +154,7 @@ def _positive_intervals(ctx: AnalysisContext) -> tuple[np.ndarray, np.ndarray] |
     if s is None or s.empty:
         return None
     dt = np.nan_to_num(s["dt_s"].to_numpy(np.float64))
-    return np.unique(dt[dt > 0], return_counts=True)
+    return value_counts(dt[dt > 0])
 
 
 def _slowed(ctx: AnalysisContext, th: Thresholds, hot: list[tuple], step: int) -> dict | None:

@@ -99,12 +99,13 @@ def _stragglers(parts: Parts, th: Thresholds) -> Finding | None:
     rank = int(rank_of[(top_host, top_pid)]) if (top_host, top_pid) in rank_of.index else None
     spread = float((stragglers["mx"] / stragglers["med"].where(stragglers["med"] > 0)).median())
     # per-GPU utilisation / memory spread as supporting figures
-    per_gpu = pd.concat([x["per_gpu"] for x in state if x["per_gpu"] is not None])
-    barriers = sum(x["barriers"] for x in state)
+    figs = parts.map(_spread)
+    per_gpu = pd.concat([x["per_gpu"] for x in figs if x["per_gpu"] is not None])
+    barriers = sum(x["barriers"] for x in figs)
     confidence = 0.5 + 0.2 * min(1.0, (spread - 1.0) / 0.5 if np.isfinite(spread) else 0.0)
     confidence += 0.15 * min(1.0, who.iloc[0] / max(gpu_s, 1e-12))
     confidence += 0.15 if barriers else 0.0
-    multi_node = len(set().union(*(x["hosts"] for x in state))) > 1
+    multi_node = len(set().union(*(x["hosts"] for x in figs))) > 1
     straggler_label = (
         f"pid {int(top_pid)} on {top_host}" if rank is None
         else f"rank {rank} on {top_host}" if multi_node
@@ -136,15 +137,20 @@ def _stragglers(parts: Parts, th: Thresholds) -> Finding | None:
 
 
 def _span_state(ctx: AnalysisContext) -> dict:
-    """Whether one part has usable spans and unclaimed samples; its barrier spans and span
-    hosts; per GPU its mean utilisation and peak memory."""
+    """Whether one part has usable spans and unclaimed samples."""
+    s = ctx.unclaimed_samples
+    return {"spans": not _spans(ctx).empty, "samples": s is not None and not s.empty}
+
+
+def _spread(ctx: AnalysisContext) -> dict:
+    """One part's barrier spans and span hosts, and per GPU its mean utilisation and peak
+    memory."""
     s = ctx.unclaimed_samples
     spans = _spans(ctx)
-    out = {"spans": not spans.empty, "samples": s is not None and not s.empty,
-           "barriers": int(spans["wait"].to_numpy().sum()) if len(spans) else 0,
+    out = {"barriers": int(spans["wait"].to_numpy().sum()) if len(spans) else 0,
            "hosts": set(spans["host"].dropna().unique()) if len(spans) else set(),
            "per_gpu": None}  # fmt: skip
-    if out["samples"]:
+    if s is not None and not s.empty:
         gpu, _ = _gpu_codes(ctx, s)
         keep = gpu >= 0
         per_gpu = pd.DataFrame(

@@ -24,7 +24,13 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import PhantomUtilEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.parts import Parts, median_of_counts, stretches, top_stretches
+from gpuprof.analyzers.parts import (
+    Parts,
+    median_of_counts,
+    stretches,
+    top_stretches,
+    value_counts,
+)
 from gpuprof.analyzers.stalls._phase import _conf, _minutes, _num
 from gpuprof.analyzers.stalls._resource import _gpu_codes, _gpu_columns_of
 from gpuprof.analyzers.stalls._resource import _num as _column
@@ -35,7 +41,8 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     parts = ctx if isinstance(ctx, Parts) else Parts.of(ctx)
     if parts.total_gpu_s <= 0:
         return None
-    tolerance = _tolerance_ns(parts.map(_dt_counts))
+    held = any(parts.map(_holds_memory))
+    tolerance = _tolerance_ns(parts.map(_dt_counts)) if held else 0
     got = [g for g in parts.map(_measure, th, tolerance) if g is not None]
     if not any(g["phantom"].any() for g in got):
         return None
@@ -96,12 +103,22 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     )
 
 
+def _holds_memory(ctx: AnalysisContext) -> bool:
+    """Whether one part has a per-process reading with memory held (what `_with_process`
+    looks samples up in)."""
+    procs = ctx.run.gpu_procs
+    if procs is None or procs.empty:
+        return False
+    mem = pd.to_numeric(procs["gpu_mem_bytes"], errors="coerce").fillna(1.0)
+    return bool((mem.to_numpy() > 0).any())
+
+
 def _dt_counts(ctx: AnalysisContext) -> tuple[np.ndarray, np.ndarray]:
     """One part's sampling intervals (s) of the samples left unclaimed, as distinct values
     and their counts (what an exact median over every part needs)."""
     s = ctx.unclaimed_samples
     dt = s["dt_s"].to_numpy(np.float64) if s is not None else np.zeros(0)
-    return np.unique(dt[~np.isnan(dt)], return_counts=True)
+    return value_counts(dt)
 
 
 def _tolerance_ns(counts: list[tuple[np.ndarray, np.ndarray]]) -> int:
@@ -213,7 +230,7 @@ def _with_process(
         readings[key] = np.concatenate([readings[key], rows]) if key in readings else rows
     if tolerance is None:
         dt = s["dt_s"].to_numpy(np.float64)
-        tolerance = _tolerance_ns([np.unique(dt[~np.isnan(dt)], return_counts=True)])
+        tolerance = _tolerance_ns([value_counts(dt)])
     t = s["t_ns"].to_numpy(np.int64)
     code, gpus = _gpu_codes(ctx, s)
     order = np.argsort(code, kind="stable")

@@ -44,9 +44,10 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """
     parts = _parts(ctx)
     max_clock = top_clock(parts)
-    got = [g for g in parts.map(_throttled, th, max_clock, _named_elsewhere(parts)) if g]
-    if not any(g["hot_any"] for g in got):
+    named = _named_elsewhere(parts)
+    if not any(parts.map(_any_throttled, th, max_clock, named)):
         return None
+    got = [g for g in parts.map(_throttled, th, max_clock, named) if g]
     per = pd.concat([g["per"] for g in got])
     worst = per.groupby(level="step_k").max()
     n_gpus = int(sum(g["n_gpus"] for g in got))
@@ -81,22 +82,37 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     return _finding("throttling", parts, th, gpu_s, confidence, summary, evidence)
 
 
+def _left(
+    ctx: AnalysisContext, th: Thresholds, max_clock: float, named: set[tuple[str, int]]
+) -> pd.DataFrame | None:
+    """One part's `_throttle_samples` of the GPUs ``named`` leaves to this kind."""
+    m = _throttle_samples(ctx, th, max_clock)
+    if m is None or not named:
+        return m
+    # GPUs a power cap or heat explains: their kinds carry the loss and the action
+    keep = ~pd.Series(list(zip(m["host"].astype(str), m["gpu"].astype(int)))).isin(named)
+    return m[keep.to_numpy()]
+
+
+def _any_throttled(
+    ctx: AnalysisContext, th: Thresholds, max_clock: float, named: set[tuple[str, int]]
+) -> bool:
+    m = _left(ctx, th, max_clock, named)
+    return m is not None and bool(m["hot"].any())
+
+
 def _throttled(
     ctx: AnalysisContext, th: Thresholds, max_clock: float, named: set[tuple[str, int]]
 ) -> dict | None:
     """One part's throttled samples (its GPUs that ``named`` leaves to it): lost seconds per
     (step, GPU), GPUs, busy seconds, the throttled samples' columns (in sample order), runs
     and phases. None without clock readings."""
-    m = _throttle_samples(ctx, th, max_clock)
+    m = _left(ctx, th, max_clock, named)
     if m is None:
         return None
-    if named:  # GPUs a power cap or heat explains: their kinds carry the loss and the action
-        keep = ~pd.Series(list(zip(m["host"].astype(str), m["gpu"].astype(int)))).isin(named)
-        m = m[keep.to_numpy()]
     m = m.assign(lost_s=m["dt_s"] * m["lost_frac"], step_k=m["step"].fillna(-1.0))
     hot = m[m["hot"]]
     return {
-        "hot_any": bool(m["hot"].any()),
         "per": m.groupby(["step_k", "host", "gpu"], sort=False)["lost_s"].sum(),
         "n_gpus": int(m[["host", "gpu"]].drop_duplicates().shape[0]),
         "hot": {
