@@ -95,8 +95,8 @@ def _stragglers(parts: Parts, th: Thresholds) -> Finding | None:
     top_host, top_pid = who.index[0]
     gpu_of = pd.concat([g["gpu_of"] for g in got])
     top = gpu_of.loc[(top_host, top_pid)] if (top_host, top_pid) in gpu_of.index else None
-    rank_of = pd.concat([g["rank_of"] for g in got])
-    rank = int(rank_of[(top_host, top_pid)]) if (top_host, top_pid) in rank_of.index else None
+    ranks = [r for r in parts.map(_rank_of, top_host, top_pid) if r is not None]
+    rank = ranks[0] if ranks else None
     spread = float((stragglers["mx"] / stragglers["med"].where(stragglers["med"] > 0)).median())
     # per-GPU utilisation / memory spread as supporting figures
     figs = parts.map(_spread)
@@ -136,6 +136,16 @@ def _stragglers(parts: Parts, th: Thresholds) -> Finding | None:
     return _finding("imbalance", parts, th, gpu_s, confidence, summary, evidence)
 
 
+def _rank_of(ctx: AnalysisContext, host: str, pid: float) -> int | None:
+    """The rank the first span of process ``pid`` on ``host`` carries (None: none does, or
+    the process is another part's)."""
+    spans = _spans(ctx)
+    if spans.empty:
+        return None
+    ranks = spans.loc[(spans["host"] == host) & (spans["pid"] == pid), "rank"].dropna()
+    return int(ranks.iloc[0]) if len(ranks) else None
+
+
 def _span_state(ctx: AnalysisContext) -> dict:
     """Whether one part has usable spans and unclaimed samples."""
     s = ctx.unclaimed_samples
@@ -164,9 +174,7 @@ def _spread(ctx: AnalysisContext) -> dict:
 
 def _rank_work(ctx: AnalysisContext, throttled: set[tuple[str, int]]) -> dict | None:
     """One part's ranks: per (phase, step, host, pid) their work spans' seconds and stretch,
-    GPUs and whether on a throttled GPU; per owner its first GPU; per process its rank; per
-    GPU its mean utilisation and peak memory; its barrier spans and hosts. None without work
-    spans."""
+    GPUs and whether on a throttled GPU; per owner its first GPU. None without work spans."""
     spans = _spans(ctx)
     s = ctx.unclaimed_samples
     if spans.empty or s is None or s.empty:
@@ -203,14 +211,9 @@ def _rank_work(ctx: AnalysisContext, throttled: set[tuple[str, int]]) -> dict | 
         ]
     else:  # no throttled GPU: no rank is on one
         per["hot"] = np.zeros(len(per), dtype=bool)
-    # the rank each process's spans carry (its first span with one)
-    ranked = spans.dropna(subset=["rank"]).drop_duplicates(["host", "pid"])
-    owner = pd.MultiIndex.from_arrays([ranked["host"], ranked["pid"]])
-    rank_of = pd.Series(ranked["rank"].to_numpy(np.float64), index=owner)
     return {
         "per": per,
         "gpu_of": gpu_of,
-        "rank_of": rank_of,
     }
 
 

@@ -54,9 +54,9 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     share = parts.share(lost)
     if share < th.min_share:
         return None
+    n_all = sum(parts.map(_gpu_count))  # before the claim: the GPUs these samples cover
     parts.each(_claim, th, tolerance)
     labels = [f"{h}:{int(gg)}" for h, gg in sorted(p for g in found for p in g["gpus"])]
-    n_all = sum(g["n_gpus"] for g in got)
     longest = max(g["longest"] for g in found)
     mem_max = float(np.nanmax(mem)) if measured.any() else np.nan
     power, limit, clock, mem_util = hit["power"], hit["limit"], hit["clock"], hit["mem_util"]
@@ -159,10 +159,9 @@ def _measure(ctx: AnalysisContext, th: Thresholds, tolerance: int) -> dict | Non
         return None
     got = _phantom(ctx, s, th, tolerance)
     phantom = got["phantom"]
-    n_gpus = int(s[["host", "gpu"]].drop_duplicates().shape[0])
     has_procs = len(ctx.run.gpu_procs) > 0
     if not phantom.any():
-        return {"phantom": phantom, "n_gpus": n_gpus, "has_procs": has_procs}
+        return {"phantom": phantom, "has_procs": has_procs}
     dt = s["dt_s"].to_numpy(np.float64)
     hit = {k: got[k][phantom] for k in ("util", "mem", "mem_util", "measured", "power",
                                         "limit", "clock")}  # fmt: skip
@@ -172,11 +171,16 @@ def _measure(ctx: AnalysisContext, th: Thresholds, tolerance: int) -> dict | Non
         "phantom": phantom,
         "hit": hit,
         "gpus": [(str(h), int(n)) for h, n in zip(keys["host"], keys["gpu"])],
-        "n_gpus": n_gpus,
         "longest": _longest_stretch(s, phantom),
         "stretches": stretches(s["t_ns"].to_numpy(np.int64), dt, phantom, dt),
         "has_procs": has_procs,
     }
+
+
+def _gpu_count(ctx: AnalysisContext) -> int:
+    """How many GPUs one part's unclaimed samples cover."""
+    s = ctx.unclaimed_samples
+    return 0 if s is None or s.empty else int(s[["host", "gpu"]].drop_duplicates().shape[0])
 
 
 def _claim(ctx: AnalysisContext, th: Thresholds, tolerance: int) -> None:
