@@ -7,6 +7,7 @@ detector written against `Parts` must find, claim and describe the same as on th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -238,3 +239,30 @@ def test_real_nvidia_smi_captures_of_three_hosts_node_by_node(tmp_path, monkeypa
     _close(startup_p, startup_w)
     _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])
     _close(parts.lead.totals, whole.lead.totals)
+
+
+def test_a_run_without_utilisation_is_its_own_only_part():
+    """Without a utilisation reading the detectors read the framework's phase times, which
+    need every node's spans: such a run, like a run of one node, is not cut."""
+    run = _run("phases")
+    assert len(by_node(run)) == 2
+    blind = dataclasses.replace(run, gpu=run.gpu.assign(util_gpu_pct=np.nan))
+    assert by_node(blind) == [blind]
+
+
+def test_a_node_that_sampled_nothing_is_a_part_and_changes_nothing():
+    """A node listed in the inventory whose GPUs sent no sample (a lost node) is a part of
+    its own: what the detectors find node by node is still the whole run's."""
+    run = _run("phases")
+    first = run.gpu["host"].iloc[0]
+    run = dataclasses.replace(run, gpu=run.gpu[run.gpu["host"] == first].reset_index(drop=True))
+    pieces = by_node(run)
+    assert len(pieces) == 2 and not len(pieces[1].gpu)
+    th = Thresholds()
+    whole = Parts.of(AnalysisContext(run))
+    parts = Parts([AnalysisContext(p) for p in pieces])
+    startup_w, found_w = _diagnosed(whole, th)
+    startup_p, found_p = _diagnosed(parts, th)
+    assert found_w
+    _close(startup_p, startup_w)
+    _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])

@@ -226,9 +226,11 @@ def by_node(run: Run) -> list[Run]:
     """``run`` cut into one run per node (host), in order of the hosts' names: each with the
     rows of its node in every per-node table, its GPUs of the metadata's inventory, and the
     rest of the whole run's metadata and shared tables.
-    A run of one node (or none named), or without GPU samples, is its own only part."""
-    if not len(run.gpu):  # phase times alone (a framework's log): read as one
-        return [run]
+    A run of one node (or none named), or without a GPU utilisation reading (its detectors
+    read the framework's phase times of every node), is its own only part."""
+    util = pd.to_numeric(run.gpu["util_gpu_pct"], errors="coerce") if len(run.gpu) else None
+    if util is None or not np.isfinite(util.to_numpy(np.float64)).any():
+        return [run]  # phase times alone (a framework's log, a memory-only capture): as one
     listed = [g for g in run.meta.gpus or [] if isinstance(g, dict) and g.get("host") is not None]
     hosts = {str(h) for h in run.gpu["host"].dropna().unique()}
     hosts = sorted(hosts | {str(g["host"]) for g in listed})
