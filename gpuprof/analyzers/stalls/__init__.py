@@ -2,8 +2,12 @@
 
 Each module holds one detector, ``detect(ctx, th) -> Finding | None`` over an
 `AnalysisContext` (pure: no I/O, no printing), whose finding carries that kind's typed evidence
-(`gpuprof.analyzers.evidence`). `STALLS` lists them as `Stall` records in the order they are
-applied; a record says what GPU-time its kind claims, so that later kinds don't count it again:
+(`gpuprof.analyzers.evidence`). Every detector but ``rollout_bound`` and ``update_bound`` also
+takes a run seen as parts (`gpuprof.analyzers.parts.Parts`, one node's share each): it asks
+each part for partial figures (``parts.map``) and decides once on the combined ones, so a run
+diagnosed node by node finds what the whole run finds. `STALLS` lists them as `Stall` records
+in the order they are applied; a record says what GPU-time its kind claims, so that later kinds
+don't count it again:
 
 - GPUs the job never used (``unused_gpu``), GPUs reading busy while stuck
   (``phantom_util``) and long stretches of an allocation with nothing running

@@ -13,6 +13,11 @@ without double counting:
   the phases above → that phase's kind (waiting for the reward scorer is reward time); while
   the whole job idles → ``idle_unattributed``.
 
+What compares GPUs with each other (the other GPUs' state in the same time bin, the run's
+sampling period, whether the loader is to blame for the heads of steps) is counted over every
+part of a run (`parts.Parts`: `wait_inputs`, `phase_idle`, `cpu_during`, `loader_evidence`),
+so a node's waiting GPUs see the other nodes' GPUs.
+
 Phases that any healthy job has (reward scoring, weight sync, loading a batch) get an
 allowance: only their idle GPU-time beyond a share of the run's GPU-time
 (``Thresholds.*_allowance_share``) is counted as lost. Phase GPU-time comes from the span
