@@ -266,3 +266,31 @@ def test_a_node_that_sampled_nothing_is_a_part_and_changes_nothing():
     assert found_w
     _close(startup_p, startup_w)
     _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])
+
+
+def test_a_hang_counts_only_while_every_node_is_quiet():
+    """While one node's GPUs work, another node's quiet GPUs are not an idle allocation:
+    the stretches are found over every node's samples, so node by node they shrink as they
+    do on the whole run."""
+    run = _run("split")
+    th = Thresholds()
+    _, found = _diagnosed(Parts.of(AnalysisContext(run)), th)
+    hang = next(f for f in found if f.kind == "idle_allocation")
+    start, end = max(hang.evidence["intervals"], key=lambda iv: iv[1] - iv[0])
+    # the last node of the hang works through the first half of its longest stretch
+    last = hang.evidence["gpus"][-1].rpartition(":")[0]
+    assert last != hang.evidence["gpus"][0].rpartition(":")[0]
+    t = run.gpu["t_ns"].to_numpy(np.int64)
+    busy = (run.gpu["host"].astype(str).to_numpy() == last) & (t >= start)
+    busy &= t < start + (end - start) // 2
+    util = np.where(busy, 100.0, run.gpu["util_gpu_pct"].to_numpy(np.float64))
+    run = dataclasses.replace(run, gpu=run.gpu.assign(util_gpu_pct=util))
+    whole = Parts.of(AnalysisContext(run))
+    parts = Parts([AnalysisContext(p) for p in by_node(run)])
+    startup_w, found_w = _diagnosed(whole, th)
+    startup_p, found_p = _diagnosed(parts, th)
+    shrunk = next(f for f in found_w if f.kind == "idle_allocation")
+    longest = max(b - a for a, b in shrunk.evidence["intervals"])
+    assert longest < end - start
+    _close(startup_p, startup_w)
+    _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])
