@@ -69,6 +69,9 @@ def main() -> int:
     parser.add_argument("--run", default="/tmp/gpuprof-scale256/4h")
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
+    if not Path(args.run).is_dir():
+        print(f"check_parts: {args.run}: no such run directory", file=sys.stderr)
+        return 2
     run = loader.load_for_analysis(args.run)
     th = Thresholds()
     whole_s, parts_s, bad = [], [], []

@@ -436,16 +436,22 @@ class Run:
         """Wall time from the first to the last thing recorded, in seconds."""
         start, end = self.meta.start_ns, self.meta.end_ns
         if start is None or end is None:
-            starts = [f["t_ns"].min() for f in (self.gpu, self.host) if len(f)]
-            ends = [f["t_ns"].max() for f in (self.gpu, self.host) if len(f)]
-            if len(self.spans):
-                starts.append(self.spans["start_ns"].min())
-                ends.append(self.spans["end_ns"].max())
-            start = start if start is not None else (min(starts) if starts else None)
-            end = end if end is not None else (max(ends) if ends else None)
+            first, last = self.extent_ns()
+            start = start if start is not None else first
+            end = end if end is not None else last
         if start is None or end is None:
             return None
         return max(0.0, (int(end) - int(start)) / 1e9)
+
+    def extent_ns(self) -> tuple[int | None, int | None]:
+        """The first and last instant (epoch ns) of the GPU and host samples and the spans,
+        what `duration_s` reads where the metadata has no start or end (None: nothing)."""
+        starts = [int(f["t_ns"].min()) for f in (self.gpu, self.host) if len(f)]
+        ends = [int(f["t_ns"].max()) for f in (self.gpu, self.host) if len(f)]
+        if len(self.spans):
+            starts.append(int(self.spans["start_ns"].min()))
+            ends.append(int(self.spans["end_ns"].max()))
+        return (min(starts) if starts else None, max(ends) if ends else None)
 
 
 def span_depths(spans: pd.DataFrame) -> np.ndarray:

@@ -17,7 +17,15 @@ from conftest import SHARED_FIXTURES
 
 from gpuprof import loader, store
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
-from gpuprof.analyzers.parts import Parts, by_node, facts_of, stretches, top_stretches
+from gpuprof.analyzers.parts import (
+    Parts,
+    by_node,
+    facts_of,
+    median_of_counts,
+    stretches,
+    top_stretches,
+    value_counts,
+)
 from gpuprof.analyzers.stalls import STALLS
 from gpuprof.analyzers.stalls._startup import claim_startup
 from gpuprof.sim import Pathology, SimConfig, simulate
@@ -294,3 +302,18 @@ def test_a_hang_counts_only_while_every_node_is_quiet():
     assert longest < end - start
     _close(startup_p, startup_w)
     _close([f.to_dict() for f in found_p], [f.to_dict() for f in found_w])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_median_of_parts_counts_is_numpys(seed):
+    """The run's sampling period (and the phantom tolerance) is the median of every part's
+    intervals, found from each part's value counts: it is `np.nanmedian` of all of them,
+    the mean of the two middle values of an even count included."""
+    rng = np.random.default_rng(seed)
+    for _ in range(100):
+        pool = np.r_[rng.random(4), 0.1, np.nan]
+        values = rng.choice(pool, int(rng.integers(1, 40)))
+        pieces = np.array_split(values, int(rng.integers(1, 5)))
+        got = median_of_counts([value_counts(p) for p in pieces])
+        want = np.nanmedian(values) if np.isfinite(values).any() else np.nan
+        assert (np.isnan(got) and np.isnan(want)) or got == want

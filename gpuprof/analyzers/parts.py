@@ -85,7 +85,7 @@ def _partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
     t = s["t_ns"].to_numpy(np.int64) if s is not None and len(s) else None
     # the frames' first and last instants count only where the metadata has none
     meta = run.meta
-    times = _extent(run) if meta.start_ns is None or meta.end_ns is None else (None, None)
+    times = run.extent_ns() if meta.start_ns is None or meta.end_ns is None else (None, None)
     return {
         "gpu_s": ctx.total_gpu_s if s is not None else 0.0,
         "steps": steps,
@@ -95,16 +95,6 @@ def _partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
         "extent": times,
         "phases": frozenset(str(p) for p in spans["phase"].unique()) if len(spans) else frozenset(),
     }
-
-
-def _extent(run: Run) -> tuple[int | None, int | None]:
-    """The first and last instant `Run.duration_s` reads off this part's frames."""
-    starts = [int(f["t_ns"].min()) for f in (run.gpu, run.host) if len(f)]
-    ends = [int(f["t_ns"].max()) for f in (run.gpu, run.host) if len(f)]
-    if len(run.spans):
-        starts.append(int(run.spans["start_ns"].min()))
-        ends.append(int(run.spans["end_ns"].max()))
-    return (min(starts) if starts else None, max(ends) if ends else None)
 
 
 def _combined_facts(meta: Any, partials: Sequence[dict[str, Any]]) -> Facts:
@@ -161,27 +151,15 @@ class Parts:
     def _share_tables(self) -> None:
         """The run's totals and phase breakdowns, from every part's, in place of each part's
         own (`AnalysisContext.totals`, ``by_phase``, ``by_phase_step``)."""
-        from gpuprof.analyzers.breakdown import (
-            finish_breakdown,
-            finish_totals,
-            partial_breakdown,
-            partial_totals,
-        )
+        from gpuprof.analyzers.breakdown import finish_breakdown, finish_totals
 
-        with_gpu = [c for c in self.contexts if len(c.run.gpu)]
         shared: dict[str, Any] = {}
-        if with_gpu:
-            shared["totals"] = finish_totals(
-                [partial_totals(c.samples, c.owners, int(c.samples.attrs.get("spans_dropped", 0)))
-                 for c in with_gpu]
-            )  # fmt: skip
+        totals = [t for t in self.map(_totals_part) if t is not None]
+        if totals:
+            shared["totals"] = finish_totals(totals)
         for name, by in (("by_phase", ("phase",)), ("by_phase_step", ("phase", "step"))):
-            shared[name] = finish_breakdown(
-                by, [partial_breakdown(by, c.samples, c.spans, c.owners, c.owner_wall)
-                     for c in self.contexts]
-            )  # fmt: skip
-        for ctx in self.contexts:
-            ctx.__dict__.update(shared)
+            shared[name] = finish_breakdown(by, self.map(_breakdown_part, by))
+        self.each(_take, shared)
 
     @classmethod
     def of(cls, ctx: AnalysisContext) -> Parts:
@@ -220,6 +198,28 @@ class Parts:
         """``fn(ctx, *args)`` on every part, for its effect (a claim)."""
         for ctx in self.contexts:
             fn(ctx, *args)
+
+
+def _totals_part(ctx: AnalysisContext) -> dict[str, Any] | None:
+    """One part's `breakdown.partial_totals` (None without GPU samples)."""
+    from gpuprof.analyzers.breakdown import partial_totals
+
+    if not len(ctx.run.gpu):
+        return None
+    s = ctx.samples
+    return partial_totals(s, ctx.owners, int(s.attrs.get("spans_dropped", 0)))
+
+
+def _breakdown_part(ctx: AnalysisContext, by: tuple[str, ...]) -> dict[str, Any]:
+    """One part's `breakdown.partial_breakdown` by ``by``."""
+    from gpuprof.analyzers.breakdown import partial_breakdown
+
+    return partial_breakdown(by, ctx.samples, ctx.spans, ctx.owners, ctx.owner_wall)
+
+
+def _take(ctx: AnalysisContext, shared: dict[str, Any]) -> None:
+    """The run's tables in place of the part's own."""
+    ctx.__dict__.update(shared)
 
 
 def by_node(run: Run) -> list[Run]:

@@ -207,10 +207,10 @@ def _owned_update_gpus(ctx: AnalysisContext, owners: list[tuple]) -> list[tuple[
         return []
     window = _update_windows(ctx, _spans(ctx))
     frame = s[window & s["owner_host"].notna().to_numpy()]
-    keys = zip(frame["owner_host"].astype(str), frame["pid"].to_numpy(np.float64))
-    mine = set(owners)
-    hit = np.fromiter((k in mine for k in keys), bool, len(frame))
-    return _gpu_pairs(frame[hit])
+    keys = pd.MultiIndex.from_arrays(
+        [frame["owner_host"].astype(str).to_numpy(object), frame["pid"].to_numpy(np.float64)]
+    )
+    return _gpu_pairs(frame[keys.isin(owners)])
 
 
 def _from_trace_kernels(parts: Parts, th: Thresholds) -> Finding | None:
