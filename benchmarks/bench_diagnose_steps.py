@@ -51,7 +51,7 @@ def timed(name, fn):
 steps_ctx = AnalysisContext(run)
 th = Thresholds()
 timed("align samples (recorded_gpus)", lambda: d._recorded_gpus(steps_ctx))
-timed("data_notes", lambda: d.data_notes(run, th, hosts=None))
+timed("data_notes", lambda: d.data_notes(run, th))
 if len(run.gpu):
     timed("claim_startup", lambda: d.claim_startup(steps_ctx))
 found = []

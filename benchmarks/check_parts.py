@@ -31,7 +31,7 @@ from gpuprof.analyzers.parts import Parts, by_node  # noqa: E402
 from gpuprof.analyzers.stalls import STALLS  # noqa: E402
 from gpuprof.analyzers.stalls._startup import claim_startup  # noqa: E402
 
-IN_PARTS = tuple(s.kind for s in STALLS if s.kind not in ("rollout_bound", "update_bound"))
+IN_PARTS = tuple(s.kind for s in STALLS)
 
 
 def diagnosed(parts: Parts, th: Thresholds) -> tuple[dict | None, list]:
@@ -82,7 +82,7 @@ def main() -> int:
         whole_s.append(time.process_time() - t)
         t = time.process_time()
         pieces = by_node(run)
-        parts = Parts([AnalysisContext(p) for p in pieces])
+        parts = Parts([AnalysisContext(p) for p in pieces], whole=run)
         got_p = diagnosed(parts, th)
         parts_s.append(time.process_time() - t)
         doc_w = [got_w[0], [f.to_dict() for f in got_w[1]]]

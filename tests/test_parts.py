@@ -16,6 +16,7 @@ import pytest
 from conftest import SHARED_FIXTURES
 
 from gpuprof import loader, store
+from gpuprof.analyzers.diagnose import diagnose, diagnose_parts
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.parts import (
     Parts,
@@ -30,11 +31,8 @@ from gpuprof.analyzers.stalls import STALLS
 from gpuprof.analyzers.stalls._startup import claim_startup
 from gpuprof.sim import Pathology, SimConfig, simulate
 
-IN_PARTS = ("unused_gpu", "phantom_util", "idle_allocation", "reshard_idle", "reward_bound",
-            "dataloader_starvation", "periodic_stall", "generation_tail", "pipeline_bubble",
-            "idle_unattributed", "offload_thrash", "comm_bound", "power_cap", "hot_gpu",
-            "throttling", "host_bound", "memory_headroom", "imbalance")  # fmt: skip
-"""The detectors written against `Parts` so far, in `STALLS` order."""
+IN_PARTS = tuple(s.kind for s in STALLS)
+"""The detectors written against `Parts`: every one, in `STALLS` order."""
 
 CASES = {
     # three hosts (8, 8, 4 GPUs), an unused GPU whose process is absent, a straggler
@@ -96,6 +94,11 @@ CASES = {
         "gpus_per_host": 4,
         "gpu_name": "NVIDIA A100-SXM4-80GB",
         "pathologies": [Pathology("power_cap", 0.7), Pathology("host_bound", 0.7)],
+    },
+    # generation and the update slow for their tokens (the busy-time stalls), two hosts
+    "busy": {
+        "gpus": 16,
+        "pathologies": [Pathology("rollout_bound", 0.8), Pathology("update_bound", 0.8)],
     },
     # rollout and training on GPUs of their own, three GPUs a host, a hang
     "split": {
@@ -183,7 +186,7 @@ def test_stretches_of_parts_join_where_they_touch():
 def test_totals_and_phase_breakdowns_node_by_node_equal_the_whole_run(case):
     run = _run(case)
     whole = AnalysisContext(run)
-    parts = Parts([AnalysisContext(p) for p in by_node(run)])
+    parts = Parts.by_node(run)
     _close(parts.lead.totals, whole.totals)
     for name in ("by_phase", "by_phase_step"):
         mine, theirs = getattr(parts.lead, name), getattr(whole, name)
@@ -214,7 +217,7 @@ def test_findings_node_by_node_equal_the_whole_run(case, merge, tmp_path):
         store.save_run(run, tmp_path / "run")
         run = loader.load_for_analysis(tmp_path / "run", merge=merge)
     whole = Parts.of(AnalysisContext(run))
-    parts = Parts([AnalysisContext(p) for p in by_node(run)])
+    parts = Parts.by_node(run)
     startup_w, found_w = _diagnosed(whole, th)
     startup_p, found_p = _diagnosed(parts, th)
     if merge == 1:  # the case shows what it is for
@@ -241,7 +244,7 @@ def test_real_nvidia_smi_captures_of_three_hosts_node_by_node(tmp_path, monkeypa
     assert len(pieces) == 3
     th = Thresholds()
     whole = Parts.of(AnalysisContext(run))
-    parts = Parts([AnalysisContext(p) for p in pieces])
+    parts = Parts([AnalysisContext(p) for p in pieces], whole=run)
     startup_w, found_w = _diagnosed(whole, th)
     startup_p, found_p = _diagnosed(parts, th)
     _close(startup_p, startup_w)
@@ -268,7 +271,7 @@ def test_a_node_that_sampled_nothing_is_a_part_and_changes_nothing():
     assert len(pieces) == 2 and not len(pieces[1].gpu)
     th = Thresholds()
     whole = Parts.of(AnalysisContext(run))
-    parts = Parts([AnalysisContext(p) for p in pieces])
+    parts = Parts([AnalysisContext(p) for p in pieces], whole=run)
     startup_w, found_w = _diagnosed(whole, th)
     startup_p, found_p = _diagnosed(parts, th)
     assert found_w
@@ -294,7 +297,7 @@ def test_a_hang_counts_only_while_every_node_is_quiet():
     util = np.where(busy, 100.0, run.gpu["util_gpu_pct"].to_numpy(np.float64))
     run = dataclasses.replace(run, gpu=run.gpu.assign(util_gpu_pct=util))
     whole = Parts.of(AnalysisContext(run))
-    parts = Parts([AnalysisContext(p) for p in by_node(run)])
+    parts = Parts.by_node(run)
     startup_w, found_w = _diagnosed(whole, th)
     startup_p, found_p = _diagnosed(parts, th)
     shrunk = next(f for f in found_w if f.kind == "idle_allocation")
@@ -317,3 +320,48 @@ def test_the_median_of_parts_counts_is_numpys(seed):
         got = median_of_counts([value_counts(p) for p in pieces])
         want = np.nanmedian(values) if np.isfinite(values).any() else np.nan
         assert (np.isnan(got) and np.isnan(want)) or got == want
+
+
+def _diagnoses(run) -> tuple[dict, dict]:
+    """The whole `diagnose` document of ``run`` and the one made node by node."""
+    whole = diagnose(run).to_dict()
+    parts = Parts.by_node(run)
+    assert len(parts.contexts) > 1 and not len(parts.whole.run.gpu)  # no sample at the lead
+    assert not [n for n in whole["notes"] if "failed" in n], whole["notes"]
+    return diagnose_parts(parts).to_dict(), whole
+
+
+@pytest.mark.parametrize("merge", [1, 5])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_diagnosis_node_by_node_is_the_whole_runs(case, merge, tmp_path):
+    """`diagnose_parts` of a run cut into nodes gives `diagnose`'s document: findings,
+    recommendations, the summary (per-node figures, efficiency, bound, data basis) and the
+    notes — the whole run's view at the lead holds no GPU sample."""
+    run = _run(case)
+    if merge > 1:
+        store.save_run(run, tmp_path / "run")
+        run = loader.load_for_analysis(tmp_path / "run", merge=merge)
+    got, want = _diagnoses(run)
+    if case == "busy":  # the busy-time stalls read the run as a whole
+        assert "rollout_bound" in {f["kind"] for f in want["findings"]}
+        verdicts = {p["phase"]: p["verdict"] for p in want["summary"]["bound"]["phases"]}
+        assert verdicts["update_actor"] == "slow"
+    assert want["summary"]["nodes"] is not None
+    _close(got, want)
+
+
+def test_the_diagnosis_of_three_real_captures_node_by_node(tmp_path, monkeypatch):
+    """Three public nvidia-smi captures imported as one run of three hosts: the whole
+    diagnosis node by node is the single-process one (the sampling interval, the notes,
+    the per-node figures over three sampling cadences)."""
+    from gpuprof.importing import import_files
+
+    monkeypatch.setenv("TZ", "UTC")
+    smi = SHARED_FIXTURES / "nvidia_smi"
+    names = ("rtx4090_inference.csv", "epoch_custom_header.csv", "repeated_header.csv")
+    import_files([smi / n for n in names], tmp_path / "run")
+    run = loader.load_for_analysis(tmp_path / "run")
+    got, want = _diagnoses(run)
+    assert want["summary"]["data_basis"]["gpu_samples"]["gpus"] == 3
+    assert len(want["summary"]["nodes"]["nodes"]) == 3
+    _close(got, want)

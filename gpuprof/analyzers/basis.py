@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.analyzers import attr_columns
-from gpuprof.model import Run
+from gpuprof.analyzers.findings import AnalysisContext
+from gpuprof.analyzers.parts import Parts, median_of_counts, sampled, value_counts
 
 _NOT_COUNTERS = frozenset(
     {
@@ -31,7 +32,7 @@ COUNTERS_SHOWN = 4
 """Counter names spelled out in the line; the rest are counted."""
 
 
-def data_basis(run: Run, steps: int, gpus: int | None = None) -> dict[str, Any]:
+def data_basis(ctx: AnalysisContext, steps: int) -> dict[str, Any]:
     """The data the diagnosis is judged on.
 
     ``gpu_samples``: ``{"gpus", "samples", "interval_s"}`` (the sampling interval the run
@@ -39,9 +40,10 @@ def data_basis(run: Run, steps: int, gpus: int | None = None) -> dict[str, Any]:
     ``{"steps", "phases"}`` (canonical phases other than the step itself) or None;
     ``framework_counters``: names of the figures the framework logged per step
     (``perf/mfu/actor``…), ``perf/*`` first; ``line``: all of it in one sentence. ``gpus``:
-    the distinct (host, gpu) pairs of ``run.gpu``, when the caller knows them.
+    the distinct (host, gpu) pairs of every GPU sample.
     """
-    gpu = _gpu_samples(run, gpus)
+    run = ctx.run
+    gpu = _gpu_samples(ctx)
     phases = sorted(set(run.spans["phase"].dropna()) - {"step"}) if len(run.spans) else []
     timing = {"steps": int(steps), "phases": phases} if steps or phases else None
     counters = _counters(run.spans, run.events)
@@ -81,22 +83,29 @@ def basis_line(
     return "Judged on: " + "; ".join(parts)
 
 
-def _gpu_samples(run: Run, gpus: int | None = None) -> dict[str, Any] | None:
-    gpu = run.gpu
-    if not len(gpu):
+def _gpu_samples(ctx: AnalysisContext) -> dict[str, Any] | None:
+    got = sampled(ctx)
+    if not got.samples:
         return None
-    count = int(gpu[["host", "gpu"]].drop_duplicates().shape[0]) if gpus is None else gpus
-    recorded = run.meta.interval_s
+    count, n = got.gpus, got.samples
+    recorded = ctx.run.meta.interval_s
     if isinstance(recorded, int | float) and recorded > 0:  # the cadence the run was taken at
-        return {"gpus": count, "samples": len(gpu), "interval_s": round(float(recorded), 3)}
+        return {"gpus": count, "samples": n, "interval_s": round(float(recorded), 3)}
+    median = median_of_counts(Parts.of(ctx).map(_gap_counts))
+    interval = float(np.round(median, 3)) if median == median else None
+    return {"gpus": count, "samples": n, "interval_s": interval}
+
+
+def _gap_counts(ctx: AnalysisContext) -> tuple[np.ndarray, np.ndarray]:
+    """One part's seconds between consecutive samples of one GPU, as `value_counts`."""
+    gpu = ctx.run.gpu
+    if not len(gpu):
+        return np.zeros(0), np.zeros(0, np.int64)
     ordered = gpu.sort_values(["host", "gpu", "t_ns"])
-    same = (ordered["host"].to_numpy() == np.roll(ordered["host"].to_numpy(), 1)) & (
-        ordered["gpu"].to_numpy() == np.roll(ordered["gpu"].to_numpy(), 1)
-    )
-    gaps = np.diff(ordered["t_ns"].to_numpy(dtype="int64"), prepend=0)[same] / 1e9
-    gaps = gaps[gaps > 0]
-    interval = float(np.round(np.median(gaps), 3)) if len(gaps) else None
-    return {"gpus": count, "samples": len(gpu), "interval_s": interval}
+    host, number = ordered["host"].to_numpy(), ordered["gpu"].to_numpy()
+    same = (host[1:] == host[:-1]) & (number[1:] == number[:-1])
+    gaps = np.diff(ordered["t_ns"].to_numpy(dtype="int64"))[same] / 1e9
+    return value_counts(gaps[gaps > 0])
 
 
 def _counters(spans: pd.DataFrame, events: pd.DataFrame) -> list[str]:

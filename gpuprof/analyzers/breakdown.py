@@ -332,31 +332,72 @@ def run_totals(
 
 def partial_totals(samples: pd.DataFrame, owners: pd.DataFrame, dropped: int) -> dict[str, Any]:
     """`run_totals` of one part of a run (`parts.Parts`), as sums that add up over the parts
-    (`finish_totals`); ``dropped``: the part's spans that ended before they started."""
+    (`finish_totals`); ``dropped``: the part's spans that ended before they started.
+
+    Each sum is kept per host (`host_sums`) and the hosts' sums are added in the order of
+    their names when finished, so a run gives the same figures to the last bit however its
+    nodes are divided between parts."""
     dt = samples["dt_s"].to_numpy(np.float64)
     util = samples["util_gpu_pct"].to_numpy(np.float64)
     sm = samples["sm_active_pct"].to_numpy(np.float64)
     idle = samples["idle_gpu_s"].to_numpy(np.float64)
     in_span = samples["in_span"].to_numpy(bool)
     has_util, has_sm = ~np.isnan(util), ~np.isnan(sm)
+    sums = host_sums(
+        samples,
+        gpu_s=dt,
+        util_dt=np.where(has_util, dt, 0.0),
+        sm_dt=np.where(has_sm, dt, 0.0),
+        busy_gpu_s=samples["busy_gpu_s"].to_numpy(np.float64),
+        idle_gpu_s=idle,
+        unknown_gpu_s=np.where(has_util, 0.0, dt),
+        idle_in_spans_gpu_s=np.where(in_span, idle, 0.0),
+        idle_outside_spans_gpu_s=np.where(in_span, 0.0, idle),
+        util_w=np.where(has_util, util * dt, 0.0),
+        sm_w=np.where(has_sm, sm * dt, 0.0),
+        sm_busy_gpu_s=samples["sm_busy_gpu_s"].to_numpy(np.float64),
+    )
     return {
+        **sums,
         "gpus": len(owners),
         "samples": len(samples),
-        "gpu_s": float(dt.sum()),
-        "util_dt": float(dt[has_util].sum()),
-        "sm_dt": float(dt[has_sm].sum()),
-        "busy_gpu_s": float(np.nansum(samples["busy_gpu_s"].to_numpy())),
-        "idle_gpu_s": float(np.nansum(idle)),
-        "unknown_gpu_s": float(dt[~has_util].sum()),
-        "idle_in_spans_gpu_s": float(np.nansum(idle[in_span])),
-        "idle_outside_spans_gpu_s": float(np.nansum(idle[~in_span])),
-        "util_w": float((util[has_util] * dt[has_util]).sum()),
-        "sm_w": float((sm[has_sm] * dt[has_sm]).sum()),
-        "sm_busy_gpu_s": float(np.nansum(samples["sm_busy_gpu_s"].to_numpy())),
         "owners": {str(k): int(v) for k, v in owners["how"].value_counts().items()},
         "unowned_gpus": int((owners["how"] == "none").sum()),
         "spans_dropped": int(dropped),
     }
+
+
+def host_sums(samples: pd.DataFrame, **columns: np.ndarray) -> dict[str, dict[Any, float]]:
+    """Per name in ``columns``, the sum of its values (NaN counted as 0) per host of
+    ``samples`` (rows in order), as ``{host: sum}`` over the hosts with rows; `add_hosts`
+    adds them up."""
+    host = samples["host"]
+    if isinstance(host.dtype, pd.CategoricalDtype):
+        codes = host.cat.codes.to_numpy(np.int64)
+        names = np.asarray(host.cat.categories, dtype=object)
+    else:
+        codes, names = pd.factorize(host.to_numpy(object))
+        names = np.asarray(names, dtype=object)
+    codes = np.where(codes < 0, len(names), codes)  # no host: a bucket of its own
+    names = np.append(names, None)
+    present = np.flatnonzero(np.bincount(codes, minlength=len(names)))
+    out = {}
+    for key, values in columns.items():
+        values = np.asarray(values, dtype=np.float64)
+        per = np.bincount(codes, weights=np.where(np.isnan(values), 0.0, values),
+                          minlength=len(names))  # fmt: skip
+        out[key] = {names[i]: float(per[i]) for i in present}
+    return out
+
+
+def add_hosts(partials: Sequence[dict[Any, float]]) -> float:
+    """The hosts' sums of `host_sums` from every part, added in the order of the hosts'
+    names (rows without a host last): the same float however the hosts are divided."""
+    items = sorted(
+        (kv for p in partials for kv in p.items()),
+        key=lambda kv: (kv[0] is None, str(kv[0])),
+    )
+    return float(sum(v for _, v in items))
 
 
 def finish_totals(partials: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -364,7 +405,8 @@ def finish_totals(partials: Sequence[dict[str, Any]]) -> dict[str, Any]:
     run's)."""
 
     def total(key: str) -> Any:
-        return partials[0][key] if len(partials) == 1 else sum(p[key] for p in partials)
+        values = [p[key] for p in partials]
+        return add_hosts(values) if isinstance(values[0], dict) else sum(values)
 
     gpu_s, util_dt, sm_dt = total("gpu_s"), total("util_dt"), total("sm_dt")
     owners: dict[str, int] = {}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from gpuprof.analyzers import lanes
 from gpuprof.analyzers.basic import finite_or_none, step_times, tokens_per_s
@@ -26,6 +27,7 @@ from gpuprof.analyzers.findings import (
     Thresholds,
 )
 from gpuprof.analyzers.nodes import node_summary
+from gpuprof.analyzers.parts import Parts, sampled
 from gpuprof.analyzers.stacks import attach_stacks
 from gpuprof.analyzers.stalls import DETECTORS, SIDE_BY_SIDE, STALLS, Stall
 from gpuprof.analyzers.stalls._bound import bound_summary
@@ -40,6 +42,7 @@ __all__ = [
     "DETECTORS",
     "Diagnosis",
     "diagnose",
+    "diagnose_parts",
     "no_finding_sentence",
     "nothing_to_judge",
     "summarize",
@@ -86,11 +89,25 @@ def diagnose(
     """
     th = thresholds or Thresholds()
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
-    recorded = _recorded_gpus(ctx)
-    notes = data_notes(run, th, hosts=recorded and recorded[1])
+    return diagnose_parts(Parts.of(ctx), th, workers=workers)
+
+
+def diagnose_parts(
+    parts: Parts, thresholds: Thresholds | None = None, *, workers: int = 1
+) -> Diagnosis:
+    """`diagnose` of the run ``parts`` are of: the same diagnosis whether the run is its one
+    part or cut into several (`parts.by_node`). ``workers``: as `diagnose`'s, for a run of
+    one part."""
+    th = thresholds or Thresholds()
+    whole = parts.whole
+    run = whole.run
+    # the detectors take a context when the run is one part (its lanes fork with it)
+    target: AnalysisContext | Parts = parts.lead if len(parts.contexts) == 1 else parts
+    has_samples = sampled(parts).samples > 0
+    notes = data_notes(whole, th)
     findings: list[Finding] = []
     try:  # start-up and warm-up are claimed first: no stall counts them
-        startup = claim_startup(ctx) if len(run.gpu) else None
+        startup = claim_startup(target) if has_samples else None
     except Exception as exc:
         startup = None
         notes.append(f"start-up analysis failed: {type(exc).__name__}: {exc}")
@@ -98,24 +115,24 @@ def diagnose(
 
     def per_node() -> None:
         try:
-            nodes.append(node_summary(ctx, th))
+            nodes.append(node_summary(whole, th))
         except Exception as exc:  # the per-node figures must not cost the diagnosis
             nodes.append(exc)
 
-    _apply_stalls(ctx, th, findings, notes, workers, while_waiting=per_node)
-    if not any(f.kind == "hot_gpu" for f in findings) and len(run.gpu):
+    _apply_stalls(target, th, findings, notes, workers, while_waiting=per_node)
+    if not any(f.kind == "hot_gpu" for f in findings) and has_samples:
         from gpuprof.analyzers.stalls.hot_gpu import warnings as hot_warnings
 
-        notes.extend(hot_warnings(ctx, th))  # hot but no measurable loss (yet): still say so
+        notes.extend(hot_warnings(target, th))  # hot but no measurable loss (yet): still say so
     findings.sort(key=lambda f: (-f.gpu_seconds_lost, f.kind))
-    summary = summarize(ctx, findings, startup=startup)
+    summary = summarize(whole, findings, startup=startup)
     findings = few_steps_hedged(findings, summary["data_basis"], th)
     try:
-        attach_stacks(ctx, findings)
+        attach_stacks(whole, findings)
     except Exception as exc:  # the findings stand without their stacks
         notes.append(f"stack analysis failed: {type(exc).__name__}: {exc}")
     recommendations = _recommend(findings, run, notes)
-    summary["bound"] = bound_summary(ctx, th)
+    summary["bound"] = bound_summary(whole, th)
     if not nodes:
         per_node()
     if isinstance(nodes[0], Exception):
@@ -131,7 +148,9 @@ SIDE_BY_SIDE_MIN_SAMPLES = 50_000
 tens of milliseconds, about what forking a child costs."""
 
 
-def _apply(stall: Stall, ctx: AnalysisContext, th: Thresholds, findings: list, notes: list) -> None:
+def _apply(
+    stall: Stall, ctx: AnalysisContext | Parts, th: Thresholds, findings: list, notes: list
+) -> None:
     """One detector: its finding (when it reaches ``th.min_share``) into ``findings`` and
     ``ctx.found``, or a note when it fails."""
     try:
@@ -145,7 +164,7 @@ def _apply(stall: Stall, ctx: AnalysisContext, th: Thresholds, findings: list, n
 
 
 def _apply_stalls(
-    ctx: AnalysisContext,
+    ctx: AnalysisContext | Parts,
     th: Thresholds,
     findings: list,
     notes: list,
@@ -163,7 +182,8 @@ def _apply_stalls(
     for stall in before:
         _apply(stall, ctx, th, findings, notes)
     lane = None
-    if workers > 1 and len(ctx.run.gpu) >= SIDE_BY_SIDE_MIN_SAMPLES:
+    one_part = isinstance(ctx, AnalysisContext)
+    if one_part and workers > 1 and len(ctx.run.gpu) >= SIDE_BY_SIDE_MIN_SAMPLES:
         kept = _memo_keys(ctx)
         lane = lanes.start(lambda: _side_lane(ctx, th, one, kept))
     if lane is None:
@@ -249,15 +269,6 @@ def _take_memos(ctx: AnalysisContext, memos: list) -> None:
                 target.setdefault(key, value)
 
 
-def _recorded_gpus(ctx: AnalysisContext) -> tuple[int, list[Any]] | None:
-    """`AnalysisContext.recorded_gpus`, or None (the figures are then counted from
-    ``run.gpu``; a failure to align the samples is reported where the alignment is used)."""
-    try:
-        return ctx.recorded_gpus if len(ctx.run.gpu) else None
-    except Exception:
-        return None
-
-
 def few_steps_hedged(
     findings: list[Finding], basis: dict[str, Any], th: Thresholds
 ) -> list[Finding]:
@@ -313,8 +324,8 @@ def summarize(
     idle GPU-seconds by cause (``startup``: before the first step and in warm-up steps, not a
     stall), step time p50/p95 (s), tokens/s, share of time per phase."""
     run = ctx.run
-    totals = ctx.totals if len(run.gpu) else {}
-    recorded = _recorded_gpus(ctx)
+    got = sampled(ctx)
+    totals = ctx.totals if got.samples else {}
     steps = step_times(run)
     durations = steps["duration_s"].to_numpy(dtype=float) if len(steps) else np.array([])
     idle_total = finite_or_none(totals.get("idle_gpu_s"))
@@ -329,7 +340,7 @@ def summarize(
     if idle_total is not None:
         by_cause["other_idle"] = round(max(0.0, idle_total - sum(by_cause.values())), 3)
     phases = []
-    if len(run.spans) and len(run.gpu):
+    if len(run.spans) and got.samples:
         table = ctx.by_phase
         for row in table.itertuples(index=False):
             phases.append(
@@ -343,7 +354,7 @@ def summarize(
                 }
             )
     basis = "gpu_samples"
-    gpus = int(totals.get("gpus") or run.gpu[["host", "gpu"]].drop_duplicates().shape[0])
+    gpus = int(totals.get("gpus") or got.gpus)
     gpu_hours = (finite_or_none(totals.get("gpu_s")) or 0.0) / 3600.0
     t = timing(ctx)
     if t is not None:  # no GPU samples: the framework's phase times are the figures
@@ -378,9 +389,7 @@ def summarize(
         "phases": phases,
         "startup": startup,
         "efficiency": efficiency_summary(ctx, findings),
-        "data_basis": data_basis(
-            run, int(steps["step"].nunique()) if len(steps) else 0, recorded and recorded[0]
-        ),
+        "data_basis": data_basis(ctx, int(steps["step"].nunique()) if len(steps) else 0),
     }
 
 
@@ -434,19 +443,20 @@ def no_finding_sentence(diagnosis: Diagnosis, th: Thresholds | None = None) -> t
     return "No stall above the noise threshold was found.", True
 
 
-def data_notes(
-    run: Run, th: Thresholds | None = None, *, hosts: list[Any] | None = None
-) -> list[str]:
-    """What the run lacks or gets wrong, as human lines (the analysis still runs). ``hosts``:
-    the distinct hosts of ``run.gpu`` in order of appearance, when the caller knows them."""
+def data_notes(run: Run | AnalysisContext, th: Thresholds | None = None) -> list[str]:
+    """What the run lacks or gets wrong, as human lines (the analysis still runs). ``run``:
+    a run, or the context of one (`parts.Parts.whole`: its samples' figures from its parts)."""
+    ctx = run if isinstance(run, AnalysisContext) else AnalysisContext(run)
+    run = ctx.run
+    got = sampled(ctx)
     notes = list(run.meta.notices)
-    if run.gpu.empty:
+    if not got.samples:
         notes.append("no GPU samples: GPU findings need NVML data (a CPU-only or host-only run)")
     else:
         for column, label in (("util_gpu_pct", "GPU utilization"), ("mem_used_bytes", "memory")):
-            if run.gpu[column].isna().all():
+            if column not in got.valued:
                 notes.append(f"{label} was never available: findings that need it are skipped")
-        if run.gpu["sm_active_pct"].isna().all():
+        if "sm_active_pct" not in got.valued:
             notes.append(
                 "no GPM SM-activity (pre-Hopper GPU or not supported): utilization is NVML's "
                 "'a kernel was running', which overstates how busy the SMs were"
@@ -466,13 +476,12 @@ def data_notes(
             f"{dropped} spans were dropped: the hooks' queue was full while the writer fell "
             "behind (raise GPUPROF_MAX_QUEUED_SPANS, or record fewer spans)"
         )
-    notes.extend(_clock_skew_notes(run, th or Thresholds(), hosts))
+    notes.extend(_clock_skew_notes(ctx, th or Thresholds()))
     return notes
 
 
-def _clock_skew_notes(run: Run, th: Thresholds, hosts: list[Any] | None = None) -> list[str]:
-    if hosts is None:
-        hosts = run.gpu["host"].dropna().unique() if len(run.gpu) else []
+def _clock_skew_notes(ctx: AnalysisContext, th: Thresholds) -> list[str]:
+    run, hosts = ctx.run, sampled(ctx).hosts
     if len(hosts) < 2:
         return []
     clocks = run.meta.clocks or {}
@@ -488,7 +497,8 @@ def _clock_skew_notes(run: Run, th: Thresholds, hosts: list[Any] | None = None) 
         if missing:
             line += f"; not aligned: {', '.join(missing[:8])}"
         return [line]
-    first = run.gpu.groupby("host")["t_ns"].min()
+    got = Parts.of(ctx).map(_first_sample_per_host)
+    first = pd.concat(got).groupby(level=0).min()
     spread_s = float(first.max() - first.min()) / 1e9
     if spread_s > th.clock_skew_note_s:
         return [
@@ -496,6 +506,11 @@ def _clock_skew_notes(run: Run, th: Thresholds, hosts: list[Any] | None = None) 
             "(cross-host figures such as pipeline bubbles are less certain)"
         ]
     return []
+
+
+def _first_sample_per_host(ctx: AnalysisContext) -> pd.Series:
+    """One part's first sample time of each host (ns)."""
+    return ctx.run.gpu.groupby("host")["t_ns"].min()
 
 
 def dropped_spans(run: Run) -> int:

@@ -33,6 +33,7 @@ from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.findings import AnalysisContext, Finding
 from gpuprof.analyzers.hardware import match_gpu
 from gpuprof.analyzers.model_size import CRITIC_PATH_KNOBS, model_path, model_size, params_from_name
+from gpuprof.analyzers.parts import sampled
 from gpuprof.analyzers.phase_work import (
     CRITIC_PHASES,
     PHASE_WORK,
@@ -109,10 +110,9 @@ def _gpu_name(ctx: AnalysisContext) -> tuple[str | None, list[str]]:
 
 def _run_gpus(ctx: AnalysisContext, settings: Mapping[str, Any]) -> tuple[int | None, str]:
     run = ctx.run
-    if len(run.gpu):
-        recorded = ctx.recorded_gpus
-        count = recorded[0] if recorded else run.gpu[["host", "gpu"]].drop_duplicates().shape[0]
-        return int(count), "GPU samples"
+    recorded = sampled(ctx)
+    if recorded.samples:
+        return int(recorded.gpus), "GPU samples"
     if run.meta.gpus:
         return len(run.meta.gpus), "GPU inventory"
     per_node = _num(settings.get("trainer.n_gpus_per_node"))
@@ -123,8 +123,7 @@ def _run_gpus(ctx: AnalysisContext, settings: Mapping[str, Any]) -> tuple[int | 
 
 
 def _phase_gpus(ctx: AnalysisContext) -> dict[str, int]:
-    run = ctx.run
-    if not (len(run.gpu) and len(run.spans)):
+    if not (sampled(ctx).samples and len(ctx.run.spans)):
         return {}
     table = ctx.by_phase
     if "gpus" not in table:
@@ -316,7 +315,7 @@ def figures(ctx: AnalysisContext) -> _Figures:
                 entry["mfu"] = entry["achieved_flops_per_s"] / (peak * entry["gpus"])
         phases.append(entry)
 
-    total_gpu_s = ctx.total_gpu_s if len(run.gpu) else 0.0
+    total_gpu_s = ctx.total_gpu_s if sampled(ctx).samples else 0.0
     gpu_s_source = "GPU samples"
     if total_gpu_s <= 0:
         duration = steps_wall_s(spans)
@@ -372,7 +371,7 @@ def figures(ctx: AnalysisContext) -> _Figures:
 def _cost(
     ctx: AnalysisContext, fig: _Figures, findings: list[Finding], price: float | None
 ) -> dict[str, Any]:
-    idle = _num(ctx.totals.get("idle_gpu_s")) if len(ctx.run.gpu) else None
+    idle = _num(ctx.totals.get("idle_gpu_s")) if sampled(ctx).samples else None
     total = float(fig.run.get("gpu_s") or 0.0)
 
     def money(gpu_s: float | None) -> float | None:

@@ -25,7 +25,7 @@ import pandas as pd
 from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.basic import finite_or_none, node_accounts
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
-from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.parts import Parts, sampled
 from gpuprof.nodes import natural_key
 
 WINDOW_S = 1.0
@@ -37,10 +37,10 @@ _ROLLOUT, _UPDATE = frozenset({"rollout"}), frozenset({"update_actor", "update_c
 
 def node_summary(ctx: AnalysisContext, th: Thresholds) -> dict[str, Any] | None:
     """The ``nodes`` section of the diagnosis summary, or None with fewer than two nodes."""
-    run, s, spans = ctx.run, ctx.samples, ctx.spans
+    run, spans = ctx.run, ctx.spans
+    parts = Parts.of(ctx)
     names = set(run.meta.hosts)
-    if len(s):
-        names |= set(s["host"].dropna().unique().tolist())
+    names |= {h for h in sampled(parts).hosts if h is not None and h == h}
     if len(spans):
         names |= set(spans["host"].dropna().unique().tolist())
     # a Ray cluster's nodes that were lost or never recorded are listed too, with how
@@ -49,7 +49,9 @@ def node_summary(ctx: AnalysisContext, th: Thresholds) -> dict[str, Any] | None:
     if len(names) < 2:
         return None
     nodes = sorted(names, key=natural_key)  # node2 before node10, as the report shows them
-    per_node = _per_node(s, spans, nodes, th)
+    windows = [w for w in parts.map(_node_windows) if w is not None]
+    gpus = _gpus_per_node(windows)
+    per_node = _per_node(windows, gpus, spans, nodes, th)
     clocks = run.meta.clocks or {}
     for row in per_node:
         account = accounts.get(row["node"])
@@ -64,14 +66,55 @@ def node_summary(ctx: AnalysisContext, th: Thresholds) -> dict[str, Any] | None:
     return {
         "nodes": per_node,
         "links": link_figures(run_collectives(ctx), run.spans, run_ranks_per_node(ctx)),
-        "straggler_node": _straggler_node(spans, s, th),
+        "straggler_node": _straggler_node(spans, gpus, th),
         "weight_sync_crosses_nodes": weight_sync_crosses_nodes(ctx),
         "alignment": _alignment(clocks, nodes),
     }
 
 
+def _node_windows(ctx: AnalysisContext) -> tuple[pd.DataFrame, ...] | None:
+    """One part's GPU-seconds busy, idle and sampled (``busy``, ``idle``, ``dt``) per host and
+    `WINDOW_S` window, its hosts' GPU numbers (``host``, ``gpu``), and its GPU-seconds per
+    host (indexed by host); None without samples."""
+    s = ctx.samples
+    if s.empty:
+        return None
+    # hosts as integer codes: the same sums in the same order as grouping on the names
+    codes, names = pd.factorize(s["host"].to_numpy(object))
+    rows = codes >= 0
+    busy = s["busy_gpu_s"].to_numpy(np.float64)[rows]
+    idle = s["idle_gpu_s"].to_numpy(np.float64)[rows]
+    dt = s["dt_s"].to_numpy(np.float64)[rows]
+    host = np.asarray(names, dtype=object)[codes[rows]]
+    frame = pd.DataFrame({
+        "host": codes[rows],
+        "window": (s["t_ns"].to_numpy(np.int64)[rows] // int(WINDOW_S * 1e9)),
+        "busy": np.where(np.isfinite(busy), busy, 0.0),
+        "idle": np.where(np.isfinite(idle), idle, 0.0),
+        "dt": np.where(np.isfinite(busy), dt, 0.0),
+    })  # fmt: skip
+    totals = frame.groupby("host")[["busy", "idle", "dt"]].sum()
+    totals.index = np.asarray(names, dtype=object)[totals.index.to_numpy()]
+    win = frame.groupby(["host", "window"])[["busy", "idle", "dt"]].sum().reset_index()
+    win["host"] = np.asarray(names, dtype=object)[win["host"].to_numpy()]
+    gpus = pd.DataFrame({"host": host, "gpu": s["gpu"].to_numpy()[rows]}).drop_duplicates()
+    return win, gpus, totals
+
+
+def _gpus_per_node(windows: list[tuple[pd.DataFrame, ...]]) -> pd.Series:
+    """Distinct GPUs per host over every part's `_node_windows`."""
+    if not windows:
+        return pd.Series(dtype=np.int64)
+    pairs = pd.concat([w[1] for w in windows], ignore_index=True).drop_duplicates()
+    return pairs.groupby("host")["gpu"].nunique()
+
+
 def _per_node(
-    s: pd.DataFrame, spans: pd.DataFrame, nodes: list[str], th: Thresholds
+    windows: list[tuple[pd.DataFrame, ...]],
+    gpus: pd.Series,
+    spans: pd.DataFrame,
+    nodes: list[str],
+    th: Thresholds,
 ) -> list[dict[str, Any]]:
     ranks: dict[str, list[int]] = {}
     if len(spans) and "rank" in spans:
@@ -87,42 +130,31 @@ def _per_node(
     out = {n: {"node": n, "gpus": 0, "ranks": ranks.get(n, []), "util_gpu_pct": None,
                "busy_gpu_s": 0.0, "idle_gpu_s": 0.0, "idle_while_others_busy_gpu_s": 0.0}
            for n in nodes}  # fmt: skip
-    if s.empty:
+    if not windows:
         return list(out.values())
-    # hosts as integer codes: the same sums in the same order as grouping on the names
-    codes, names = pd.factorize(s["host"].to_numpy(object))
-    rows = codes >= 0
-    busy = s["busy_gpu_s"].to_numpy(np.float64)[rows]
-    idle = s["idle_gpu_s"].to_numpy(np.float64)[rows]
-    dt = s["dt_s"].to_numpy(np.float64)[rows]
-    frame = pd.DataFrame({
-        "host": codes[rows],
-        "gpu": s["gpu"].to_numpy()[rows],
-        "window": (s["t_ns"].to_numpy(np.int64)[rows] // int(WINDOW_S * 1e9)),
-        "busy": np.where(np.isfinite(busy), busy, 0.0),
-        "idle": np.where(np.isfinite(idle), idle, 0.0),
-        "dt": np.where(np.isfinite(busy), dt, 0.0),
-    })  # fmt: skip
-    totals = frame.groupby("host")[["busy", "idle", "dt"]].sum()
-    gpus = frame.groupby("host")["gpu"].nunique()
     # per node and window: how busy its GPUs were; a node idle while another is busy waits
-    win = frame.groupby(["host", "window"])[["busy", "idle", "dt"]].sum().reset_index()
+    win = pd.concat([w[0] for w in windows], ignore_index=True)
+    totals = pd.concat([w[2] for w in windows])
+    if len(windows) > 1:  # a node's windows may come from several parts
+        win = win.groupby(["host", "window"], sort=True)[["busy", "idle", "dt"]].sum()
+        win = win.reset_index()
+        totals = totals.groupby(level=0).sum()
     win["frac"] = win["busy"] / win["dt"].where(win["dt"] > 0)
     win["is_busy"] = win["frac"] >= th.busy_util_pct / 100.0
     win["is_idle"] = win["frac"] < th.idle_util_pct / 100.0
     busy_nodes = win.groupby("window")["is_busy"].transform("sum")
     others_busy = (busy_nodes - win["is_busy"].astype(int)) > 0
     waiting = win[win["is_idle"] & others_busy].groupby("host")["idle"].sum()
-    for code, row in totals.iterrows():
-        entry = out.get(str(names[code]))
+    for host, row in totals.iterrows():
+        entry = out.get(str(host))
         if entry is None:
             continue
-        entry["gpus"] = int(gpus.get(code, 0))
+        entry["gpus"] = int(gpus.get(host, 0))
         entry["busy_gpu_s"] = round(float(row["busy"]), 3)
         entry["idle_gpu_s"] = round(float(row["idle"]), 3)
         util = 100.0 * row["busy"] / row["dt"] if row["dt"] else None
         entry["util_gpu_pct"] = finite_or_none(util) if util is not None else None
-        entry["idle_while_others_busy_gpu_s"] = round(float(waiting.get(code, 0.0)), 3)
+        entry["idle_while_others_busy_gpu_s"] = round(float(waiting.get(host, 0.0)), 3)
     return list(out.values())
 
 
@@ -279,7 +311,7 @@ def link_figures(
     return out
 
 
-def _straggler_node(spans: pd.DataFrame, s: pd.DataFrame, th: Thresholds) -> dict | None:
+def _straggler_node(spans: pd.DataFrame, gpus: pd.Series, th: Thresholds) -> dict | None:
     """The node whose ranks finish their work phases last, if one does in most phase-steps.
 
     Per (phase, step) each node's time is its slowest rank's summed span time; a node is the
@@ -316,7 +348,6 @@ def _straggler_node(spans: pd.DataFrame, s: pd.DataFrame, th: Thresholds) -> dic
     phase_steps = per_node.drop_duplicates(["phase", "step"]).shape[0]
     if (slowest["host"] == node).sum() < 0.5 * phase_steps:
         return None  # no node is consistently last: per-rank imbalance, not a node
-    gpus = s.groupby("host")["gpu"].nunique() if len(s) else pd.Series(dtype=float)
     others_gpus = float(gpus.drop(node, errors="ignore").sum())
     return {
         "node": node,

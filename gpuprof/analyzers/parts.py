@@ -35,12 +35,15 @@ from gpuprof.model import Run
 __all__ = [
     "Facts",
     "Parts",
+    "Sampled",
     "by_node",
     "facts_of",
     "median_of_counts",
+    "sampled",
     "stretches",
     "top_stretches",
     "value_counts",
+    "whole_view",
 ]
 
 T = TypeVar("T")
@@ -49,6 +52,10 @@ _BY_HOST = ("gpu", "host", "procs", "gpu_procs", "spans", "events", "logs", "thr
             "stack_samples")  # fmt: skip
 """The run's tables whose rows belong to one node (a ``host`` column); the others (stack
 frames and stacks, looked up by id) are shared by every part."""
+
+_SERIES = ("gpu", "procs", "gpu_procs", "host")
+"""The run's sampled series: what the parts hold and the whole run's view (`whole_view`) does
+not — its figures of them come from the parts (`sampled`, `Parts.map`)."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +143,13 @@ class Parts:
     each. ``found`` is the run's findings so far, in `diagnose`'s order (shared by the
     parts' contexts)."""
 
-    def __init__(self, contexts: Sequence[AnalysisContext], facts: Facts | None = None):
+    def __init__(
+        self,
+        contexts: Sequence[AnalysisContext],
+        facts: Facts | None = None,
+        *,
+        whole: Run | None = None,
+    ):
         if not contexts:
             raise ValueError("a run has at least one part")
         self.contexts = list(contexts)
@@ -145,8 +158,19 @@ class Parts:
         for ctx in self.contexts:
             ctx.__dict__["_facts"] = self.facts
             ctx.__dict__["_found"] = found  # one list: a finding is the run's, not a part's
-        if len(self.contexts) > 1:
+        if len(self.contexts) == 1:
+            self.whole = self.contexts[0]
+        else:
+            # the run's spans, events and metadata, for figures of the run as a whole
+            if whole is None:
+                raise ValueError("a run of several parts needs the whole run's view (whole=)")
+            self.whole = AnalysisContext(whole_view(whole))
+            self.whole.__dict__.update(_facts=self.facts, _found=found)
+            options = self.contexts[0].__dict__.get("_efficiency_options")
+            if options is not None:  # the user's --gpu, --model-params… (`attach_options`)
+                self.whole.__dict__["_efficiency_options"] = options
             self._share_tables()
+        self.whole.__dict__["_parts"] = self
 
     def _share_tables(self) -> None:
         """The run's totals and phase breakdowns, from every part's, in place of each part's
@@ -160,13 +184,29 @@ class Parts:
         for name, by in (("by_phase", ("phase",)), ("by_phase_step", ("phase", "step"))):
             shared[name] = finish_breakdown(by, self.map(_breakdown_part, by))
         self.each(_take, shared)
+        _take(self.whole, shared)
+
+    whole: AnalysisContext
+    """The run as a whole for the figures that read no sample (its spans, events, stacks and
+    metadata: the phase times, the efficiency figures, the notes): the one part itself when
+    there is one, else a context of `whole_view` whose sample figures come from the parts
+    (`sampled`, `parts_of`)."""
 
     @classmethod
     def of(cls, ctx: AnalysisContext) -> Parts:
         """The parts ``ctx`` belongs to, as seen from it: the whole run as its one part (the
         single-process diagnosis), or one part of a run analysed part by part, alone — for
-        figures of its own (a claim), never for a decision on the run."""
+        figures of its own (a claim), never for a decision on the run. The whole run's view
+        (`Parts.whole`) is the parts it was made for."""
+        linked = ctx.__dict__.get("_parts")
+        if linked is not None:
+            return linked
         return cls([ctx], ctx.facts)
+
+    @classmethod
+    def by_node(cls, run: Run) -> Parts:
+        """``run`` cut into one part per node (`by_node`), in this process."""
+        return cls([AnalysisContext(p) for p in by_node(run)], whole=run)
 
     @property
     def lead(self) -> AnalysisContext:
@@ -198,6 +238,76 @@ class Parts:
         """``fn(ctx, *args)`` on every part, for its effect (a claim)."""
         for ctx in self.contexts:
             fn(ctx, *args)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """What the run's GPU samples hold, for the figures of the run as a whole that read none.
+
+    ``samples``: rows of ``run.gpu``; ``gpus``: distinct (host, gpu) pairs; ``hosts``: the
+    distinct hosts with samples, part by part in order of first appearance; ``valued``: the
+    columns of `VALUED` with at least one value (not NaN); ``util_finite``: whether any
+    utilisation reading is a finite number."""
+
+    samples: int = 0
+    gpus: int = 0
+    hosts: tuple = ()
+    valued: frozenset = frozenset()
+    util_finite: bool = False
+
+
+VALUED = ("util_gpu_pct", "mem_used_bytes", "sm_active_pct")
+"""The GPU sample columns whose absence from a whole run the notes state."""
+
+
+def sampled(ctx: AnalysisContext | Parts) -> Sampled:
+    """`Sampled` of the run ``ctx`` is (a context: the run of the parts it belongs to, see
+    `Parts.of`), combined from every part once."""
+    parts = ctx if isinstance(ctx, Parts) else Parts.of(ctx)
+    got = parts.whole.__dict__.get("_sampled")
+    if got is None:
+        got = [p for p in parts.map(_sampled_part) if p is not None]
+        got = Sampled(
+            samples=sum(p.samples for p in got),
+            gpus=sum(p.gpus for p in got),
+            hosts=tuple(h for p in got for h in p.hosts),
+            valued=frozenset().union(*(p.valued for p in got)),
+            util_finite=any(p.util_finite for p in got),
+        )
+        parts.whole.__dict__["_sampled"] = got
+    return got
+
+
+def _sampled_part(ctx: AnalysisContext) -> Sampled | None:
+    gpu = ctx.run.gpu
+    if gpu is None or not len(gpu):
+        return None
+    try:
+        recorded = ctx.recorded_gpus
+    except Exception:  # samples that don't align: counted from the rows
+        recorded = None
+    if recorded is not None:
+        count, hosts = recorded
+    else:
+        count = int(gpu[["host", "gpu"]].drop_duplicates().shape[0])
+        hosts = list(gpu["host"].dropna().unique())
+    util = pd.to_numeric(gpu["util_gpu_pct"], errors="coerce").to_numpy(np.float64)
+    return Sampled(
+        samples=len(gpu),
+        gpus=int(count),
+        hosts=tuple(hosts),
+        valued=frozenset(c for c in VALUED if c in gpu and gpu[c].notna().any()),
+        util_finite=bool(np.isfinite(util).any()),
+    )
+
+
+def whole_view(run: Run) -> Run:
+    """``run`` without its sampled series (`_SERIES`, left empty with their columns): its
+    spans, events, stacks and metadata, as the run as a whole is seen by a diagnosis made of
+    parts."""
+    return dataclasses.replace(
+        run, **{n: getattr(run, n).iloc[:0] for n in _SERIES if getattr(run, n) is not None}
+    )
 
 
 def _totals_part(ctx: AnalysisContext) -> dict[str, Any] | None:

@@ -35,6 +35,7 @@ from gpuprof.analyzers.efficiency import FRAMEWORK_MFU_PHASE, figures
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.hardware import match_gpu
 from gpuprof.analyzers.model_size import model_size
+from gpuprof.analyzers.parts import Parts, median_of_counts, sampled, value_counts
 from gpuprof.analyzers.roofline import FORWARD_PHASES, DecodeRoofline, decode_roofline, token_ratios
 from gpuprof.analyzers.settings import num, options_of, run_settings
 from gpuprof.analyzers.stalls._timing import timing
@@ -162,8 +163,7 @@ def _composition(
             rows.append({"phase": OTHER, "seconds": other, "share": other / total,
                          "activity": None, "util_gpu_pct": None})  # fmt: skip
         return "phase_timing", len(t.steps), total / len(t.steps), rows
-    run = ctx.run
-    if run.gpu.empty or ctx.spans.empty:
+    if not sampled(ctx).samples or ctx.spans.empty:
         return None, 0, None, []
     table = ctx.by_phase
     table = table[table["phase"] != "(none)"]
@@ -280,11 +280,16 @@ def _decode(ctx: AnalysisContext, steps: pd.DataFrame, settings: dict) -> Decode
 
 
 def _memory_bytes(ctx: AnalysisContext) -> float | None:
+    """The median memory size over every GPU sample (bytes), None when none says."""
+    value = median_of_counts(Parts.of(ctx).map(_memory_counts))
+    return float(value) if value == value and value > 0 else None
+
+
+def _memory_counts(ctx: AnalysisContext) -> tuple[np.ndarray, np.ndarray]:
     gpu = ctx.run.gpu
     if gpu is None or gpu.empty or "mem_total_bytes" not in gpu:
-        return None
-    value = pd.to_numeric(gpu["mem_total_bytes"], errors="coerce").median()
-    return float(value) if value == value and value > 0 else None
+        return np.zeros(0), np.zeros(0, np.int64)
+    return value_counts(pd.to_numeric(gpu["mem_total_bytes"], errors="coerce").to_numpy())
 
 
 def _verdicts(ctx: AnalysisContext, th: Thresholds, ratios, decode, framework) -> dict:

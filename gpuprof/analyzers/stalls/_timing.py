@@ -120,14 +120,9 @@ def timing(ctx: AnalysisContext) -> Timing | None:
 
 
 def _timing(ctx: AnalysisContext) -> Timing | None:
-    gpu = ctx.run.gpu
-    if (
-        gpu is not None
-        and len(gpu)
-        and np.isfinite(
-            pd.to_numeric(gpu["util_gpu_pct"], errors="coerce").to_numpy(np.float64)
-        ).any()
-    ):
+    from gpuprof.analyzers.parts import sampled
+
+    if sampled(ctx).util_finite:
         return None
     sp = ctx.spans
     if sp.empty or not (sp["phase"] == STEP_PHASE).any():

@@ -22,6 +22,7 @@ from gpuprof.analyzers.efficiency import figures
 from gpuprof.analyzers.evidence import RolloutBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.model_size import model_size
+from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.roofline import rollout_settings
 from gpuprof.analyzers.settings import num, options_of, run_settings
 from gpuprof.analyzers.stalls._bound import FORWARD_NAME, assess
@@ -75,6 +76,12 @@ def _causes(
 
 
 def _rollout_mem_peak_frac(ctx: AnalysisContext) -> float | None:
+    """The highest share of its memory any GPU used in the rollout, over every part."""
+    peaks = [p for p in Parts.of(ctx).map(_mem_peak_part) if p is not None]
+    return round(max(peaks), 4) if peaks else None
+
+
+def _mem_peak_part(ctx: AnalysisContext) -> float | None:
     s = ctx.samples if len(ctx.run.gpu) and len(ctx.spans) else None
     if s is None or s.empty or "mem_used_bytes" not in s:
         return None
@@ -84,10 +91,10 @@ def _rollout_mem_peak_frac(ctx: AnalysisContext) -> float | None:
     used = rows["mem_used_bytes"].to_numpy(np.float64)
     total = rows["mem_total_bytes"].to_numpy(np.float64)
     ok = np.isfinite(used) & np.isfinite(total) & (total > 0)
-    return round(float(np.max(used[ok] / total[ok])), 4) if ok.any() else None
+    return float(np.max(used[ok] / total[ok])) if ok.any() else None
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """Generation slow for its tokens (`bound.assess`'s ``rollout`` verdict).
 
     By the decode roofline (efficiency below ``th.decode_efficiency_low``): lost = the
@@ -96,6 +103,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     × (1 − ``th.gen_forward_ratio_healthy`` / ratio). What earlier findings explain inside the
     rollout (a long tail, memory headroom, waiting GPUs) is not counted again.
     """
+    ctx = ctx.whole if isinstance(ctx, Parts) else ctx  # figures of the run as a whole
     a = assess(ctx, th)
     verdict = a.verdicts.get("rollout")
     if verdict is None or verdict.verdict != "slow" or verdict.value is None:

@@ -16,6 +16,7 @@ from typing import Any
 from gpuprof.analyzers.efficiency import figures
 from gpuprof.analyzers.evidence import UpdateBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.settings import num as _num
 from gpuprof.analyzers.settings import run_settings
 from gpuprof.analyzers.stalls._bound import FORWARD_NAME, assess
@@ -76,7 +77,7 @@ def _causes(settings: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str
     return causes, knobs
 
 
-def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     """The actor update slow for its tokens (`bound.assess`'s ``update_actor`` verdict).
 
     By MFU (below ``th.low_mfu``): lost = the update's GPU-seconds × (1 − MFU /
@@ -88,6 +89,7 @@ def detect(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
     update is not counted again. The settings known to slow an update (offload, gradient
     checkpointing, no dynamic batch, padding kept, small micro-batches) are the ``causes``.
     """
+    ctx = ctx.whole if isinstance(ctx, Parts) else ctx  # figures of the run as a whole
     a = assess(ctx, th)
     verdict = a.verdicts.get("update_actor")
     if verdict is None or verdict.verdict != "slow" or verdict.value is None:
