@@ -11,10 +11,13 @@ against another's, on
 
     python benchmarks/check_same_findings.py --before CHECKOUT [--after CHECKOUT]
         [--scenarios 240] [--seed 0] [--merge 10] [--work /tmp/gpuprof-same] [--reports N]
-        [--skip bench,labelled,sim]
+        [--skip bench,labelled,sim] [--tolerance REL]
 
 Prints each document that differs (the first differing line) and a count; exits 1 on any
-difference. The run directories of the corpus are kept under ``--work`` and reused.
+difference. With ``--tolerance REL``, documents that differ only in numbers within REL of
+each other (floating-point sums taken in another order) are counted apart, and only a larger
+difference (text, a count, a number further apart: a rounded figure that moved) fails.
+The run directories of the corpus are kept under ``--work`` and reused.
 """
 
 from __future__ import annotations
@@ -90,10 +93,54 @@ def corpus_runs(before: Path, work: Path) -> list[tuple[str, Path]]:
     return runs
 
 
+TOLERANCE: float | None = None
+"""``--tolerance``: numbers within this relative difference count as the same."""
+NEAR: list[str] = []
+"""Documents that differed only within `TOLERANCE`."""
+
+
 def compare(label: str, a: str, b: str, diffs: list[str]) -> None:
-    if a != b:
+    if a == b:
+        return
+    if TOLERANCE is not None:
+        far = far_apart(_json(a), _json(b), TOLERANCE)
+        if far is None:
+            NEAR.append(label)
+            return
         diffs.append(label)
-        print(f"DIFFERS {label}: {first_difference(a, b)}")
+        print(f"DIFFERS {label}: {far}")
+        return
+    diffs.append(label)
+    print(f"DIFFERS {label}: {first_difference(a, b)}")
+
+
+def _json(text: str):
+    """A document as compared: the JSON after ``rc=N``, or the text when it is no JSON."""
+    head, _, body = text.partition("\n") if text.startswith("rc=") else ("", "", text)
+    try:
+        return [head, json.loads(body)]
+    except ValueError:
+        return [head, body]
+
+
+def far_apart(a, b, tol: float, path: str = ""):
+    """Where ``a`` and ``b`` differ by more than ``tol`` (relative, for numbers), or None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if list(a) != list(b):
+            return f"{path}: keys differ"
+        return next((d for k in a if (d := far_apart(a[k], b[k], tol, f"{path}.{k}"))), None)
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path}: {len(a)} items != {len(b)}"
+        pairs = enumerate(zip(a, b))
+        return next((d for i, (x, y) in pairs if (d := far_apart(x, y, tol, f"{path}[{i}]"))),
+                    None)  # fmt: skip
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool):
+        if a == b or abs(a - b) <= tol * max(abs(a), abs(b)):
+            return None
+        return f"{path}: {a!r} != {b!r}"
+    return None if a == b else f"{path}: {str(a)[:80]!r} != {str(b)[:80]!r}"
 
 
 def main() -> None:
@@ -112,7 +159,10 @@ def main() -> None:
         help="also compare the HTML reports of the first N run directories",
     )
     parser.add_argument("--skip", default="", help="comma-separated: bench, labelled, sim")
+    parser.add_argument("--tolerance", type=float, default=None, metavar="REL")
     args = parser.parse_args()
+    global TOLERANCE
+    TOLERANCE = args.tolerance
     sys.stdout.reconfigure(line_buffering=True)
     roots = [args.before.resolve(), args.after.resolve()]
     skip = set(filter(None, args.skip.split(",")))
@@ -157,7 +207,8 @@ def main() -> None:
             checked += 1
         print(f"{len(docs[0])} simulator documents ({args.scenarios} scenarios, seed {args.seed})")
 
-    print(f"{checked} documents compared, {len(diffs)} differ")
+    near = f", {len(NEAR)} only within the tolerance" if TOLERANCE is not None else ""
+    print(f"{checked} documents compared, {len(diffs)} differ{near}")
     sys.exit(1 if diffs else 0)
 
 

@@ -29,6 +29,7 @@ from gpuprof.analyzers.parts import (
 )
 from gpuprof.analyzers.stalls import STALLS
 from gpuprof.analyzers.stalls._startup import claim_startup
+from gpuprof.reports.fmt import render_json
 from gpuprof.sim import Pathology, SimConfig, simulate
 
 IN_PARTS = tuple(s.kind for s in STALLS)
@@ -322,18 +323,19 @@ def test_the_median_of_parts_counts_is_numpys(seed):
         assert (np.isnan(got) and np.isnan(want)) or got == want
 
 
-def _diagnoses(run) -> tuple[dict, dict]:
-    """The whole `diagnose` document of ``run`` and the one made node by node."""
+def _diagnoses(run, groups: int | None = None) -> tuple[dict, dict]:
+    """The whole `diagnose` document of ``run`` and the one made node by node (in ``groups``
+    parts of consecutive nodes)."""
     whole = diagnose(run).to_dict()
-    parts = Parts.by_node(run)
+    parts = Parts.by_node(run, groups)
     assert len(parts.contexts) > 1 and not len(parts.whole.run.gpu)  # no sample at the lead
     assert not [n for n in whole["notes"] if "failed" in n], whole["notes"]
     return diagnose_parts(parts).to_dict(), whole
 
 
-@pytest.mark.parametrize("merge", [1, 5])
+@pytest.mark.parametrize(("merge", "groups"), [(1, None), (5, None), (1, 2)])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_diagnosis_node_by_node_is_the_whole_runs(case, merge, tmp_path):
+def test_the_diagnosis_node_by_node_is_the_whole_runs(case, merge, groups, tmp_path):
     """`diagnose_parts` of a run cut into nodes gives `diagnose`'s document: findings,
     recommendations, the summary (per-node figures, efficiency, bound, data basis) and the
     notes — the whole run's view at the lead holds no GPU sample."""
@@ -341,13 +343,14 @@ def test_the_diagnosis_node_by_node_is_the_whole_runs(case, merge, tmp_path):
     if merge > 1:
         store.save_run(run, tmp_path / "run")
         run = loader.load_for_analysis(tmp_path / "run", merge=merge)
-    got, want = _diagnoses(run)
+    got, want = _diagnoses(run, groups)
     if case == "busy":  # the busy-time stalls read the run as a whole
         assert "rollout_bound" in {f["kind"] for f in want["findings"]}
         verdicts = {p["phase"]: p["verdict"] for p in want["summary"]["bound"]["phases"]}
         assert verdicts["update_actor"] == "slow"
     assert want["summary"]["nodes"] is not None
     _close(got, want)
+    assert render_json(got) == render_json(want)  # the same document, to the byte
 
 
 def test_the_diagnosis_of_three_real_captures_node_by_node(tmp_path, monkeypatch):
@@ -365,3 +368,4 @@ def test_the_diagnosis_of_three_real_captures_node_by_node(tmp_path, monkeypatch
     assert want["summary"]["data_basis"]["gpu_samples"]["gpus"] == 3
     assert len(want["summary"]["nodes"]["nodes"]) == 3
     _close(got, want)
+    assert render_json(got) == render_json(want)

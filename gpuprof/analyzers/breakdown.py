@@ -137,10 +137,11 @@ def partial_breakdown(
     owner_wall: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """`phase_breakdown` of one part of a run (`parts.Parts`), before its groups meet the
-    other parts': per group of ``by`` its sums (owners and GPUs belong to one part, so their
-    counts add up too), the wall seconds of each owner and, for ``"(none)"``, of each GPU
-    (averaged once every part's are together), and the part's GPU-seconds.
-    `finish_breakdown` puts the parts together."""
+    other parts': per group of ``by`` and host its sums (owners and GPUs belong to one host,
+    so their counts add up too), the wall seconds of each owner and, for ``"(none)"``, of
+    each GPU (averaged once every part's are together), and the part's GPU-seconds per host.
+    `finish_breakdown` puts the parts together, adding the hosts' sums in the order of their
+    names: the same figures to the last bit however the hosts are divided between parts."""
     by = list(by)
     s = samples
     if s.empty:
@@ -148,41 +149,34 @@ def partial_breakdown(
     dt = s["dt_s"].to_numpy()
     util, sm = s["util_gpu_pct"].to_numpy(), s["sm_active_pct"].to_numpy()
     # the groups as integer codes, in order of first appearance (NaN keys make groups of their
-    # own, as groupby(dropna=False) does); the sums are pandas' (compensated, row order)
-    group = appearance_codes([s[k] for k in by], missing_is_value=True)
+    # own, as groupby(dropna=False) does); the sums in row order (`group_sums`)
+    group = appearance_codes([*(s[k] for k in by), s["host"]], missing_is_value=True)
     first = first_rows(group)
     n_groups = len(first)
-    summed = ["gpu_s", "unknown_gpu_s", "util_w", "util_dt", "sm_w", "sm_dt"]
-    grouped = pd.DataFrame(
-        {
-            "gpu_s": dt,
-            "unknown_gpu_s": np.where(np.isnan(util), dt, 0.0),
-            "util_w": util * dt,
-            "util_dt": np.where(np.isnan(util), 0.0, dt),
-            "sm_w": sm * dt,
-            "sm_dt": np.where(np.isnan(sm), 0.0, dt),
-            **{c: s[c].to_numpy() for c in _MEASURED},
-            "mem_peak_bytes": s["mem_used_bytes"].to_numpy(),
-        },
-        copy=False,
-    ).groupby(group, sort=True)  # one grouping for every reduction below
+    summed = {
+        "gpu_s": dt,
+        "unknown_gpu_s": np.where(np.isnan(util), dt, 0.0),
+        "util_w": util * dt,
+        "util_dt": np.where(np.isnan(util), 0.0, dt),
+        "sm_w": sm * dt,
+        "sm_dt": np.where(np.isnan(sm), 0.0, dt),
+    }
     owner = appearance_codes([s["owner_host"], s["pid"]])
     owner[s["pid"].isna().to_numpy()] = -1  # no owner: not counted
     table = pd.DataFrame({k: s[k].iloc[first].reset_index(drop=True) for k in by})
+    table["_host"] = s["host"].iloc[first].to_numpy(object)
     table["ranks"] = _distinct_per_group(group, owner, n_groups)
     table["gpus"] = _distinct_per_group(group, appearance_codes([s["host"], s["gpu"]]), n_groups)
     table["samples"] = np.bincount(group, minlength=n_groups)
-    sums = grouped[summed].sum()
-    for col in summed:
-        table[col] = sums[col].to_numpy()
-    table["mem_peak_bytes"] = grouped["mem_peak_bytes"].max().to_numpy()
-    # NaN, not 0, when no sample of the group measured the quantity
-    sums = grouped[_MEASURED].sum(min_count=1)
-    for col in _MEASURED:
-        table[col] = sums[col].to_numpy()
+    for col, values in summed.items():
+        table[col] = group_sums(group, n_groups, values)
+    mem = pd.Series(s["mem_used_bytes"].to_numpy(), copy=False)
+    table["mem_peak_bytes"] = mem.groupby(group, sort=True).max().to_numpy()
+    for col in _MEASURED:  # NaN, not 0, when no sample of the group measured the quantity
+        table[col] = group_sums(group, n_groups, s[col].to_numpy(), min_count=1)
     per_owner, outside = _wall_parts(by, spans, owners, s, owner_wall)
     return {"groups": table, "owners": per_owner, "outside": outside,
-            "gpu_s": float(np.nansum(dt))}  # fmt: skip
+            "gpu_s": host_sums(s, gpu_s=dt)["gpu_s"]}  # fmt: skip
 
 
 def finish_breakdown(by: Sequence[str], partials: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -195,29 +189,51 @@ def finish_breakdown(by: Sequence[str], partials: Sequence[dict[str, Any]]) -> p
             {**{k: pd.Series([], dtype=object if k in ("phase", "host") else float) for k in by},
              **{c: pd.Series([], dtype=float) for c in _BREAKDOWN_COLUMNS}}
         )  # fmt: skip
-    if len(groups) == 1:
-        table = groups[0].copy()
-    else:
-        joined = pd.concat(groups, ignore_index=True)
-        for k in by:  # one dtype for a key whose parts typed it apart (categories, objects)
-            if isinstance(joined[k].dtype, pd.CategoricalDtype):
-                joined[k] = joined[k].astype(object)
-        grouped = joined.groupby(by, dropna=False, sort=False)
-        table = grouped[_SUMMED].sum().reset_index()
-        table["mem_peak_bytes"] = grouped["mem_peak_bytes"].max().to_numpy()
-        measured = grouped[_MEASURED].sum(min_count=1)
-        for col in _MEASURED:
-            table[col] = measured[col].to_numpy()
+    joined = pd.concat(groups, ignore_index=True) if len(groups) > 1 else groups[0]
+    kept = {k: joined[k].dtype for k in by if len(groups) == 1}
+    joined = joined.assign(**{k: joined[k].astype(object) for k in by
+                              if isinstance(joined[k].dtype, pd.CategoricalDtype)})  # fmt: skip
+    # each group's hosts in the order of their names (no host last), whatever the parts
+    host = joined["_host"].to_numpy(object)
+    order = np.lexsort((np.array([str(h) for h in host], dtype=object), pd.isna(host)))
+    joined = joined.iloc[order].reset_index(drop=True)
+    group = appearance_codes([joined[k] for k in by], missing_is_value=True)
+    first = first_rows(group)
+    table = joined.loc[first, by].reset_index(drop=True)
+    for col in _SUMMED:
+        table[col] = group_sums(group, len(first), joined[col].to_numpy())
+    mem = pd.Series(joined["mem_peak_bytes"].to_numpy(), copy=False)
+    table["mem_peak_bytes"] = mem.groupby(group, sort=True).max().to_numpy()
+    for col in _MEASURED:
+        table[col] = group_sums(group, len(first), joined[col].to_numpy(), min_count=1)
+    for k, dtype in kept.items():  # one part: its keys as it typed them (categories)
+        table[k] = table[k].astype(dtype)
     with np.errstate(invalid="ignore", divide="ignore"):
         table["util_gpu_pct"] = np.where(table["util_dt"] > 0, table["util_w"] / table["util_dt"],
                                          np.nan)  # fmt: skip
         table["sm_active_pct"] = np.where(table["sm_dt"] > 0, table["sm_w"] / table["sm_dt"],
                                           np.nan)  # fmt: skip
-    total = float(sum(p["gpu_s"] for p in partials))
+    total = add_hosts([p["gpu_s"] for p in partials if p["groups"] is not None])
     table["share"] = table["gpu_s"] / total if total > 0 else np.nan
     table = table.merge(_wall_finish(by, partials), on=by, how="left")
     table = _sort(table, by)
     return table[[*by, *_BREAKDOWN_COLUMNS]].reset_index(drop=True)
+
+
+def group_sums(
+    group: np.ndarray, n_groups: int, values: np.ndarray, min_count: int = 0
+) -> np.ndarray:
+    """Per group (codes ``0…n_groups-1``) the sum of ``values`` in row order, NaN counted as 0
+    (NaN where fewer than ``min_count`` values are not NaN): a sum that depends only on the
+    group's own rows, however many other groups there are."""
+    v = np.asarray(values, dtype=np.float64)
+    ok = ~np.isnan(v)
+    out = np.bincount(group, weights=np.where(ok, v, 0.0), minlength=n_groups)
+    if min_count:
+        out[np.bincount(group, weights=ok.astype(np.float64), minlength=n_groups) < min_count] = (
+            np.nan
+        )
+    return out
 
 
 def _distinct_per_group(group: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarray:

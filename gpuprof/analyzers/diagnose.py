@@ -81,15 +81,42 @@ def diagnose(
     """Findings, recommendations and summary of ``run`` (no I/O).
 
     ``context``: an `AnalysisContext` of the same run whose alignment the caller also uses
-    (the report's per-step table), so it is computed once. ``workers`` > 1: the two groups
-    of detectors that do not depend on each other (`stalls.SIDE_BY_SIDE`) run at once, one
-    in a forked child (`lanes`), for runs of at least `SIDE_BY_SIDE_MIN_SAMPLES` GPU samples;
-    the diagnosis is the same. Only a process without threads that may hold locks should
-    ask for it.
+    (the report's per-step table), so it is computed once. ``workers`` ≥ `PARTS_MIN_WORKERS`:
+    a run of several nodes and at least `PARTS_MIN_SAMPLES` GPU samples whose context has not
+    aligned its samples yet is diagnosed in ``workers`` parts of consecutive nodes, each
+    held by a process of its own (`part_workers`); ``workers`` > 1: another run of at least
+    `SIDE_BY_SIDE_MIN_SAMPLES` runs the two groups of detectors that do not depend on each
+    other (`stalls.SIDE_BY_SIDE`) at once, one in a forked child (`lanes`). The diagnosis is
+    the same either way. Only a process without threads that may hold locks should ask for
+    it.
     """
     th = thresholds or Thresholds()
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
+    parted = workers >= PARTS_MIN_WORKERS and len(run.gpu) >= PARTS_MIN_SAMPLES
+    if parted and "samples" not in ctx.__dict__:
+        from gpuprof.analyzers.part_workers import PartsLost, WorkerParts
+        from gpuprof.analyzers.parts import node_groups
+
+        groups = node_groups(run, workers)
+        if groups is not None and len(groups) > 1:
+            options = ctx.__dict__.get("_efficiency_options")
+            try:
+                with WorkerParts(run, workers, options=options) as parts:
+                    return diagnose_parts(parts, th)
+            except PartsLost:  # a worker died: the run is diagnosed here, from the start
+                pass
     return diagnose_parts(Parts.of(ctx), th, workers=workers)
+
+
+PARTS_MIN_SAMPLES = 200_000
+"""GPU samples below which a run of several nodes is diagnosed in this process (with its
+lanes): forking the workers and combining their figures then costs about what they save."""
+
+PARTS_MIN_WORKERS = 4
+"""Cores below which the diagnosis runs in this process with its two lanes rather than in
+parts: what reads the run as a whole (its spans) is done once, by this process, and takes
+about as long as the lanes save (256 GPUs × 4 h: 2.2–3.1 s of the single process's 6.5 s;
+on two cores the parts took 5.6 s, the lanes 4.8 s — docs/PERFORMANCE.md)."""
 
 
 def diagnose_parts(
@@ -102,7 +129,7 @@ def diagnose_parts(
     whole = parts.whole
     run = whole.run
     # the detectors take a context when the run is one part (its lanes fork with it)
-    target: AnalysisContext | Parts = parts.lead if len(parts.contexts) == 1 else parts
+    target: AnalysisContext | Parts = whole if parts.count == 1 else parts
     has_samples = sampled(parts).samples > 0
     notes = data_notes(whole, th)
     findings: list[Finding] = []

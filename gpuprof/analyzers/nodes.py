@@ -206,7 +206,7 @@ def weight_sync_crosses_nodes(ctx: AnalysisContext | Parts) -> bool | None:
     """`sync_crosses_nodes` of the run's spans, once per context; of every part's spans
     together for a run in parts (`parts.Parts`)."""
     if isinstance(ctx, Parts):
-        if len(ctx.contexts) > 1:
+        if ctx.count > 1:
             return _once(ctx.lead, "sync_crosses_parts", lambda: _sync_joined(ctx))
         ctx = ctx.lead
     return _once(ctx, "sync_crosses", lambda: sync_crosses_nodes(

@@ -16,14 +16,24 @@ run's samples of its GPUs.
 
 The run-wide figures every part needs (`Facts`: GPU-seconds, duration, the first and last
 step) are combined once, when the parts are made, and set on every part's context
-(`AnalysisContext.facts`).
+(`AnalysisContext.facts`). What reads no sample — the phase times, the efficiency figures, the
+notes, the summary — reads the run as a whole (`Parts.whole`: the run less its sampled
+series, `whole_view`) and asks the parts for what the samples hold (`sampled`, ``map``);
+`diagnose.diagnose_parts` makes the whole diagnosis that way, and `part_workers` keeps the
+parts in worker processes.
+
+The figures are the same to the last bit however the run is cut: a sum over samples that
+parts add up is taken on a grid (`exact_sum`: integers add exactly, in any order), and the
+run's totals and breakdowns add per-host sums in the order of the hosts' names.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, TypeVar
 
 import numpy as np
@@ -36,9 +46,14 @@ __all__ = [
     "Facts",
     "Parts",
     "Sampled",
+    "WholeContext",
     "by_node",
+    "cut",
+    "deal",
+    "exact_sum",
     "facts_of",
     "median_of_counts",
+    "node_groups",
     "sampled",
     "stretches",
     "top_stretches",
@@ -80,6 +95,8 @@ class Facts:
 
 def _partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
     """One part's share of `Facts`."""
+    from gpuprof.analyzers.breakdown import host_sums
+
     run = ctx.run
     spans = ctx.spans
     step_spans = spans[spans["phase"] == "step"] if len(spans) else spans
@@ -93,8 +110,10 @@ def _partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
     # the frames' first and last instants count only where the metadata has none
     meta = run.meta
     times = run.extent_ns() if meta.start_ns is None or meta.end_ns is None else (None, None)
+    # per host, added in the hosts' order (`breakdown.add_hosts`): the same however cut
+    gpu_s = host_sums(s, gpu_s=s["dt_s"].to_numpy(np.float64))["gpu_s"] if s is not None else {}
     return {
-        "gpu_s": ctx.total_gpu_s if s is not None else 0.0,
+        "gpu_s": gpu_s,
         "steps": steps,
         "first_span_ns": int(spans["start_ns"].min()) if len(spans) else None,
         "t_min_ns": int(t.min()) if t is not None else None,
@@ -105,6 +124,8 @@ def _partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
 
 
 def _combined_facts(meta: Any, partials: Sequence[dict[str, Any]]) -> Facts:
+    from gpuprof.analyzers.breakdown import add_hosts
+
     steps = [p["steps"] for p in partials if len(p["steps"])]
     if steps:
         per = pd.concat(steps).groupby(level=0).agg(start=("start", "min"), end=("end", "max"))
@@ -123,7 +144,7 @@ def _combined_facts(meta: Any, partials: Sequence[dict[str, Any]]) -> Facts:
     end = end if end is not None else (max(ends) if ends else None)
     duration = None if start is None or end is None else max(0.0, (int(end) - int(start)) / 1e9)
     return Facts(
-        gpu_s=float(sum(p["gpu_s"] for p in partials)),
+        gpu_s=add_hosts([p["gpu_s"] for p in partials]),
         duration_s=duration,
         steps=per,
         first_span_ns=pick("first_span_ns", min),
@@ -164,33 +185,31 @@ class Parts:
             # the run's spans, events and metadata, for figures of the run as a whole
             if whole is None:
                 raise ValueError("a run of several parts needs the whole run's view (whole=)")
-            self.whole = AnalysisContext(whole_view(whole))
+            self.whole = WholeContext(whole_view(whole))
             self.whole.__dict__.update(_facts=self.facts, _found=found)
             options = self.contexts[0].__dict__.get("_efficiency_options")
             if options is not None:  # the user's --gpu, --model-params… (`attach_options`)
                 self.whole.__dict__["_efficiency_options"] = options
-            self._share_tables()
         self.whole.__dict__["_parts"] = self
 
-    def _share_tables(self) -> None:
-        """The run's totals and phase breakdowns, from every part's, in place of each part's
-        own (`AnalysisContext.totals`, ``by_phase``, ``by_phase_step``)."""
-        from gpuprof.analyzers.breakdown import finish_breakdown, finish_totals
+    def run_totals(self) -> dict[str, Any]:
+        """The run's `breakdown.run_totals`, from every part's (empty without samples)."""
+        from gpuprof.analyzers.breakdown import finish_totals
 
-        shared: dict[str, Any] = {}
         totals = [t for t in self.map(_totals_part) if t is not None]
-        if totals:
-            shared["totals"] = finish_totals(totals)
-        for name, by in (("by_phase", ("phase",)), ("by_phase_step", ("phase", "step"))):
-            shared[name] = finish_breakdown(by, self.map(_breakdown_part, by))
-        self.each(_take, shared)
-        _take(self.whole, shared)
+        return finish_totals(totals) if totals else {}
+
+    def breakdown(self, by: tuple[str, ...]) -> pd.DataFrame:
+        """The run's `breakdown.phase_breakdown` by ``by``, from every part's."""
+        from gpuprof.analyzers.breakdown import finish_breakdown
+
+        return finish_breakdown(by, self.map(_breakdown_part, by))
 
     whole: AnalysisContext
     """The run as a whole for the figures that read no sample (its spans, events, stacks and
     metadata: the phase times, the efficiency figures, the notes): the one part itself when
     there is one, else a context of `whole_view` whose sample figures come from the parts
-    (`sampled`, `parts_of`)."""
+    (`sampled`, `Parts.of`)."""
 
     @classmethod
     def of(cls, ctx: AnalysisContext) -> Parts:
@@ -204,14 +223,21 @@ class Parts:
         return cls([ctx], ctx.facts)
 
     @classmethod
-    def by_node(cls, run: Run) -> Parts:
-        """``run`` cut into one part per node (`by_node`), in this process."""
-        return cls([AnalysisContext(p) for p in by_node(run)], whole=run)
+    def by_node(cls, run: Run, parts: int | None = None) -> Parts:
+        """``run`` cut into one part per node, or into ``parts`` of consecutive nodes
+        (`by_node`), in this process."""
+        return cls([AnalysisContext(p) for p in by_node(run, parts)], whole=run)
+
+    @property
+    def count(self) -> int:
+        """How many parts the run is cut into."""
+        return len(self.contexts)
 
     @property
     def lead(self) -> AnalysisContext:
-        """The first part's context: what every part shares (metadata, facts, findings)."""
-        return self.contexts[0]
+        """What every part shares (metadata, facts, findings, the run's totals and
+        breakdowns): the run's `whole` view."""
+        return self.whole
 
     @property
     def meta(self) -> Any:
@@ -327,40 +353,80 @@ def _breakdown_part(ctx: AnalysisContext, by: tuple[str, ...]) -> dict[str, Any]
     return partial_breakdown(by, ctx.samples, ctx.spans, ctx.owners, ctx.owner_wall)
 
 
-def _take(ctx: AnalysisContext, shared: dict[str, Any]) -> None:
-    """The run's tables in place of the part's own."""
-    ctx.__dict__.update(shared)
+class WholeContext(AnalysisContext):
+    """A run's `whole_view` as `Parts.whole` holds it: its totals and phase breakdowns are
+    its parts' combined, made when first asked (a part's own are its share alone)."""
+
+    def _parts_of(self) -> Parts:
+        return self.__dict__["_parts"]
+
+    @cached_property
+    def totals(self) -> dict[str, Any]:
+        return self._parts_of().run_totals()
+
+    @cached_property
+    def by_phase(self) -> pd.DataFrame:
+        return self._parts_of().breakdown(("phase",))
+
+    @cached_property
+    def by_phase_step(self) -> pd.DataFrame:
+        return self._parts_of().breakdown(("phase", "step"))
 
 
-def by_node(run: Run) -> list[Run]:
+def by_node(run: Run, parts: int | None = None) -> list[Run]:
     """``run`` cut into one run per node (host), in order of the hosts' names: each with the
     rows of its node in every per-node table, its GPUs of the metadata's inventory, and the
-    rest of the whole run's metadata and shared tables.
+    rest of the whole run's metadata and shared tables. ``parts``: at most that many runs
+    instead, each of consecutive nodes holding about as many GPU samples as the others
+    (`deal`).
     A run of one node (or none named), or without a GPU utilisation reading (its detectors
     read the framework's phase times of every node), is its own only part."""
+    groups = node_groups(run, parts)
+    return [run] if groups is None else [cut(run, group) for group in groups]
+
+
+def node_groups(run: Run, parts: int | None = None) -> list[list[str]] | None:
+    """The hosts of each part `by_node` cuts ``run`` into, or None when it is not cut."""
     util = pd.to_numeric(run.gpu["util_gpu_pct"], errors="coerce") if len(run.gpu) else None
     if util is None or not np.isfinite(util.to_numpy(np.float64)).any():
-        return [run]  # phase times alone (a framework's log, a memory-only capture): as one
+        return None  # phase times alone (a framework's log, a memory-only capture): as one
     listed = [g for g in run.meta.gpus or [] if isinstance(g, dict) and g.get("host") is not None]
     hosts = {str(h) for h in run.gpu["host"].dropna().unique()}
     hosts = sorted(hosts | {str(g["host"]) for g in listed})
-    if len(hosts) <= 1:
-        return [run]
-    out = []
-    for host in hosts:
-        # its GPUs of the inventory (the owners of a part are its GPUs' owners)
-        gpus = [
-            g for g in run.meta.gpus or [] if not isinstance(g, dict) or str(g.get("host")) == host
-        ]
-        tables: dict[str, Any] = {"meta": dataclasses.replace(run.meta, gpus=gpus)}
-        for name in _BY_HOST:
-            frame = getattr(run, name)
-            if frame is None or "host" not in frame or not len(frame):
-                continue
-            keep = frame["host"].astype(object).to_numpy() == host
-            tables[name] = frame[keep].reset_index(drop=True)
-        out.append(dataclasses.replace(run, **tables))
-    return out
+    if len(hosts) <= 1 or (parts is not None and parts <= 1):
+        return None
+    if parts is None:
+        return [[h] for h in hosts]
+    counts = run.gpu["host"].astype(object).value_counts()
+    return [[hosts[i] for i in g] for g in deal([counts.get(h, 0) for h in hosts], parts)]
+
+
+def cut(run: Run, hosts: Sequence[str]) -> Run:
+    """The part of ``run`` that ``hosts`` recorded: their rows of every per-node table, their
+    GPUs of the inventory (the owners of a part are its GPUs' owners), the rest shared."""
+    names = set(hosts)
+    gpus = [
+        g for g in run.meta.gpus or [] if not isinstance(g, dict) or str(g.get("host")) in names
+    ]
+    tables: dict[str, Any] = {"meta": dataclasses.replace(run.meta, gpus=gpus)}
+    for name in _BY_HOST:
+        frame = getattr(run, name)
+        if frame is None or "host" not in frame or not len(frame):
+            continue
+        keep = frame["host"].isin(list(hosts)).to_numpy(bool)
+        tables[name] = frame[keep].reset_index(drop=True)
+    return dataclasses.replace(run, **tables)
+
+
+def deal(weights: Sequence[int], n: int) -> list[list[int]]:
+    """Items ``0…len(weights)-1`` dealt to at most ``n`` groups of consecutive items, of
+    about equal weight (each item weighs one more than its weight: an empty one counts)."""
+    count = len(weights)
+    n = max(1, min(n, count))
+    cum = np.cumsum(np.asarray(weights, dtype=np.float64) + 1.0)
+    bounds = np.searchsorted(cum, cum[-1] * np.arange(1, n) / n, side="left")
+    edges = sorted({0, *(int(b) + 1 for b in bounds), count})
+    return [list(range(a, b)) for a, b in itertools.pairwise(edges) if b > a]
 
 
 def stretches(
@@ -405,6 +471,27 @@ def _tie_safe(weight: np.ndarray) -> np.ndarray:
     """Weights rounded to a microsecond of GPU-time: sums of the same samples added in
     another order (part by part) rank the same."""
     return np.round(np.asarray(weight, dtype=np.float64), 6)
+
+
+SECONDS = 2.0**-20
+"""The grid `exact_sum` puts seconds (and GPU-seconds) on: about a microsecond."""
+PCT_SECONDS = 2.0**-14
+"""...percent × seconds (a utilisation weighted by time)."""
+BYTES = 1.0
+"""...bytes."""
+
+
+def exact_sum(values: Any, quantum: float = SECONDS) -> float:
+    """The sum of ``values`` (NaN counted as 0), each first put on a grid of ``quantum``
+    (`SECONDS`: a microsecond): integers on that grid add exactly, so the sum is the same to
+    the last bit in any order — each part's sum, added up over the parts, is the whole run's.
+    Exact while the total stays below 2**53 steps of the grid (8.6e9 GPU-seconds: a thousand
+    GPUs for three months)."""
+    v = np.asarray(values, dtype=np.float64)
+    if not v.size:
+        return 0.0
+    steps = np.rint(np.where(np.isnan(v), 0.0, v) / quantum).astype(np.int64)
+    return float(int(steps.sum()) * quantum)
 
 
 def median_of_counts(counts: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:

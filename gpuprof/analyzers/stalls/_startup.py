@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpuprof.analyzers.findings import AnalysisContext
-from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.parts import Parts, exact_sum
 
 __all__ = ["claim_startup", "startup_window"]
 
@@ -105,5 +105,5 @@ def _claim(
     ctx.claim(before | after)
     idle = s["idle_gpu_s"].to_numpy(np.float64)
     dt = s["dt_s"].to_numpy(np.float64)
-    return (float(dt[before].sum()), float(np.nansum(idle[before])),
-            float(np.nansum(idle[after])), bool(after.any()))  # fmt: skip
+    return (exact_sum(dt[before]), exact_sum(idle[before]), exact_sum(idle[after]),
+            bool(after.any()))  # fmt: skip

@@ -17,7 +17,7 @@ import pandas as pd
 from gpuprof.analyzers.evidence import CommBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.nodes import link_figures, run_collectives, run_ranks_per_node
-from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.parts import Parts, exact_sum
 from gpuprof.analyzers.stalls._phase import _gpu_pairs, _memo, _parts
 from gpuprof.analyzers.stalls._resource import (
     UPDATE_PHASES,
@@ -261,8 +261,8 @@ def _kernel_sums(ctx: AnalysisContext, th: Thresholds) -> dict | None:
     if ev is None or ev.empty or "kind" not in ev:
         return None
     rows = ev[ev["kind"] == "gpu_time"]
-    out = {"exposed": 0.0, "overlapped": 0.0, "busy": 0.0, "lost": 0.0, "gpus": [],
-           "measured_overlap": False}  # fmt: skip
+    sums: dict[str, list[float]] = {"exposed": [], "overlapped": [], "busy": [], "lost": []}
+    out: dict[str, Any] = {"gpus": [], "measured_overlap": False}
     for host, attrs in zip(rows["host"], rows["attrs"]):
         if not isinstance(attrs, dict):
             continue
@@ -272,12 +272,12 @@ def _kernel_sums(ctx: AnalysisContext, th: Thresholds) -> dict | None:
             continue
         every = _ns_s(attrs.get("communication_all_ns"))
         out["measured_overlap"] |= every is not None
-        out["exposed"] += comm
-        out["overlapped"] += max(0.0, every - comm) if every is not None else 0.0
-        out["busy"] += b
-        out["lost"] += max(0.0, comm - th.collective_healthy_frac * b)
+        sums["exposed"].append(comm)
+        sums["overlapped"].append(max(0.0, every - comm) if every is not None else 0.0)
+        sums["busy"].append(b)
+        sums["lost"].append(max(0.0, comm - th.collective_healthy_frac * b))
         out["gpus"].append(f"{host}:{attrs.get('gpu')}")
-    return out
+    return {**out, **{k: exact_sum(v) for k, v in sums.items()}}
 
 
 def _ns_s(value: Any) -> float | None:

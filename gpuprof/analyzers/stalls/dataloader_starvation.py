@@ -6,7 +6,7 @@ import numpy as np
 
 from gpuprof.analyzers.evidence import PHASE_TIMING, DataloaderStarvationEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.parts import Parts, exact_sum
 from gpuprof.analyzers.spans import STEP_PHASE
 from gpuprof.analyzers.stalls._phase import (
     _allowance,
@@ -100,7 +100,7 @@ def _heads(ctx: AnalysisContext) -> tuple | None:
     sub = s[head]
     t = sub["t_ns"].to_numpy(np.int64)
     a, b = union(t, t + (sub["dt_s"].to_numpy(np.float64) * 1e9).astype(np.int64))
-    return float(np.nansum(sub["idle_gpu_s"].to_numpy())), _gpu_pairs(sub), a, b
+    return exact_sum(sub["idle_gpu_s"].to_numpy()), _gpu_pairs(sub), a, b
 
 
 def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:

@@ -8,7 +8,7 @@ import pandas as pd
 from gpuprof.analyzers.evidence import HostBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.grouping import appearance_codes, asof_backward, first_rows
-from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.parts import Parts, exact_sum
 from gpuprof.analyzers.stalls._phase import _gpu_pairs, _memo, _parts
 from gpuprof.analyzers.stalls._resource import (
     COMPUTE_PHASES,
@@ -221,7 +221,7 @@ def _pinned(ctx: AnalysisContext, th: Thresholds, tol: int, main_max: pd.DataFra
         groups=g,
         rows={"dt": dt[pinned], "cpu": pinned_cpu[pinned], "own": own_cpu[pinned],
               "sm": _num(s, "sm_active_pct")[pinned]},
-        compute_s=dt[compute].sum(),
+        compute_s=exact_sum(dt[compute]),
     )  # fmt: skip
     return out
 
@@ -338,7 +338,7 @@ def _runtime_idle(ctx: AnalysisContext) -> dict | None:
     idle = np.nan_to_num(s["idle_gpu_s"].to_numpy(np.float64))
     spans = ctx.spans
     return {
-        "idle": idle[inside].sum(),
+        "idle": exact_sum(idle[inside]),
         "runs": _runs(s, inside, idle),
         "gpus": _gpu_pairs(s[inside]),
         "calls": spans.loc[spans["phase"].isin(RUNTIME_PHASES), ["phase", "start_ns", "end_ns"]],

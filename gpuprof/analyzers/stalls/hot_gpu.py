@@ -24,7 +24,7 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import HotGpuEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.parts import Parts, median_of_counts, value_counts
+from gpuprof.analyzers.parts import Parts, exact_sum, median_of_counts, value_counts
 from gpuprof.analyzers.stalls._phase import _memo, _num, _parts
 from gpuprof.analyzers.stalls._resource import (
     REASON_HW_THERMAL,
@@ -178,7 +178,7 @@ def _slowed(ctx: AnalysisContext, th: Thresholds, hot: list[tuple], step: int) -
     waiting = m["host"].map(n_busy).fillna(1).to_numpy(np.float64)
     rows = busy & is_hot
     return {
-        "gpu_s": float((m["lost_s"] * waiting).sum()),
+        "gpu_s": exact_sum(m["lost_s"].to_numpy(np.float64) * waiting),
         "hot": {
             "reasons": m["reasons"].to_numpy(np.float64)[rows],
             "clock": m["clock"].to_numpy(np.float64)[rows],

@@ -6,7 +6,7 @@ import numpy as np
 
 from gpuprof.analyzers.evidence import IdleUnattributedEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.parts import Parts, stretches, top_stretches
+from gpuprof.analyzers.parts import Parts, exact_sum, stretches, top_stretches
 from gpuprof.analyzers.spans import NO_PHASE
 from gpuprof.analyzers.stalls._phase import (
     _any_samples,
@@ -78,10 +78,10 @@ def _alone(ctx: AnalysisContext, th: Thresholds, grid: dict, heads: bool) -> dic
     sub = s[mask]
     t, dt = s["t_ns"].to_numpy(np.int64), s["dt_s"].to_numpy(np.float64)
     return {
-        "lost": idle[mask].sum(),
-        "outside": idle[mask & (s["phase"] == NO_PHASE).to_numpy()].sum(),
-        "run_idle": np.nansum(idle),
-        "measured": measured_dt.sum(),
+        "lost": exact_sum(idle[mask]),
+        "outside": exact_sum(idle[mask & (s["phase"] == NO_PHASE).to_numpy()]),
+        "run_idle": exact_sum(idle),
+        "measured": exact_sum(measured_dt),
         "gpus": _gpu_pairs(sub),
         "phases": {str(p) for p in sub["phase"].unique()},
         "stretches": stretches(t, dt, mask, idle),

@@ -8,7 +8,7 @@ import pandas as pd
 from gpuprof.analyzers.evidence import OffloadThrashEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.links import pcie_bytes_s, pcie_link
-from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.parts import Parts, exact_sum
 from gpuprof.analyzers.stalls._phase import _gpu_pairs, _parts
 from gpuprof.analyzers.stalls._resource import (
     UPDATE_PHASES,
@@ -100,7 +100,7 @@ def _heavy_rows(ctx: AnalysisContext, th: Thresholds) -> dict | None:
     spans = _spans(ctx)
     window = _update_windows(ctx, spans)
     dt = s["dt_s"].to_numpy(np.float64)
-    out: dict = {"pcie": pcie, "update_s": dt[window].sum(), "heavy": None}
+    out: dict = {"pcie": pcie, "update_s": exact_sum(dt[window]), "heavy": None}
     if not pcie:
         return out
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -119,7 +119,7 @@ def _heavy_rows(ctx: AnalysisContext, th: Thresholds) -> dict | None:
         "per_dir": per_dir[heavy], "link_rate": link_rate[heavy], "lost": lost[heavy],
         "phase": s["phase"].to_numpy(object)[heavy],
     }  # fmt: skip
-    out["lost_s"] = lost.sum()  # over every sample, as the whole run's sum is taken
+    out["lost_s"] = exact_sum(lost)  # over every sample, as the whole run's sum is taken
     out["runs"] = _runs(s, heavy, lost)
     out["gpus"] = _gpu_pairs(s[heavy])
     return out

@@ -26,7 +26,7 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import PowerCapEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.parts import Parts, exact_sum
 from gpuprof.analyzers.stalls._phase import _gpu_pairs, _num, _parts
 from gpuprof.analyzers.stalls._resource import (
     REASON_SW_POWER_CAP,
@@ -174,8 +174,8 @@ def _capped(ctx: AnalysisContext, th: Thresholds) -> dict | None:
              "limit": m["limit"].to_numpy()[hit], "clock": m["clock"].to_numpy()[hit],
              "top": top[hit], "default": default[hit], "lowered": lowered[hit],
              "by_clock": by_clock[hit], "cap_bit": cap_bit[hit], "reasons": reasons[hit]},
-        lost_s=float(m["lost_s"].sum()),
-        busy_held_s=float(m.loc[busy & held_gpus, "dt_s"].sum()),
+        lost_s=exact_sum(m["lost_s"].to_numpy(np.float64)),
+        busy_held_s=exact_sum(m.loc[busy & held_gpus, "dt_s"].to_numpy(np.float64)),
         runs=_runs(m, hit, m["lost_s"].to_numpy(np.float64)),
         gpus=_gpu_pairs(m[hit]),
         phases=set(s.loc[s.index[hit], "phase"].astype(str)),

@@ -7,7 +7,7 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import ThrottlingEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.parts import Parts
+from gpuprof.analyzers.parts import Parts, exact_sum
 from gpuprof.analyzers.stalls._phase import _gpu_pairs, _parts
 from gpuprof.analyzers.stalls._resource import (
     THROTTLE_REASON_NAMES,
@@ -119,7 +119,7 @@ def _throttled(
             k: hot[k].to_numpy() for k in ("bits", "dt_s", "sm_clock_mhz", "temp_c", "power_w")
         },
         "gpus": _gpu_pairs(hot),
-        "busy_s": float(m.loc[m["util_gpu_pct"] >= th.busy_util_pct, "dt_s"].sum()),
+        "busy_s": exact_sum(m.loc[m["util_gpu_pct"] >= th.busy_util_pct, "dt_s"].to_numpy()),
         "runs": _runs(m, m["hot"].to_numpy(bool), m["lost_s"].to_numpy(np.float64)),
         "phases": set(
             ctx.samples.merge(hot[["host", "gpu", "t_ns"]], on=["host", "gpu", "t_ns"])["phase"]

@@ -1,0 +1,207 @@
+"""A run's parts held by worker processes, one core each: the diagnosis node by node at once.
+
+`WorkerParts` is `parts.Parts` whose parts live in forked worker processes: each worker
+inherits the loaded run (``fork``: nothing is copied until written), keeps the contexts of its
+nodes (labels their samples, holds their claims), and answers the diagnosis's calls
+(``map(fn, …)``: ``fn`` a module-level function of one part's context) with small partial
+figures through a pipe. This process keeps the run's view without samples
+(`parts.whole_view`), takes every decision on the combined figures, and never labels a
+sample itself — so the detectors' per-sample work, which is most of a diagnosis, is divided
+between the cores, and the diagnosis is the same as `diagnose`'s (tests/test_parts.py).
+
+A worker that dies (killed, out of memory) or sends what does not unpickle ends the parts:
+the call raises `PartsLost`, which no detector catches, and the caller diagnoses the run in one
+process instead. Only where ``fork`` exists, and only from a process without threads that may
+hold locks (the same rule as `lanes`).
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import pickle
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from gpuprof.analyzers.findings import AnalysisContext
+from gpuprof.analyzers.parts import (
+    Parts,
+    WholeContext,
+    _combined_facts,
+    _partial_facts,
+    cut,
+    node_groups,
+    whole_view,
+)
+from gpuprof.model import Run
+
+__all__ = ["PartsLost", "WorkerParts"]
+
+T = TypeVar("T")
+
+
+class PartsLost(BaseException):
+    """A worker holding parts of the run is gone: the diagnosis made of parts cannot go on.
+    A `BaseException`, so that the detectors' guard (``except Exception``: one broken
+    detector must not hide the others) lets it through to the caller."""
+
+
+def _serve(conn: Any, run: Run, hosts: list[list[str]], options: Any) -> None:
+    """A worker: the contexts of the parts of ``run`` that ``hosts`` recorded (cut here, on
+    the worker's core), answering ``(fn, args, found)`` calls until told to stop (None)."""
+    gc.disable()  # the inherited run is never freed here: a pass would only copy its pages
+    found: list = []
+    contexts = _contexts(run, hosts, found, options)
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        fn, args, new_found = msg
+        found.extend(new_found)
+        try:
+            reply = ("ok", [fn(ctx, *args) for ctx in contexts])
+            data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # the caller raises it, as the call in one process would
+            data = _error(exc)
+        try:
+            conn.send_bytes(data)
+        except (EOFError, OSError):
+            return
+
+
+def _contexts(run: Run, hosts: list[list[str]], found: list, options: Any) -> list:
+    out = []
+    for group in hosts:
+        ctx = AnalysisContext(cut(run, group))
+        ctx.__dict__["_found"] = found  # the run's findings, not the part's
+        if options is not None:
+            ctx.__dict__["_efficiency_options"] = options
+        out.append(ctx)
+    return out
+
+
+def _error(exc: Exception) -> bytes:
+    try:
+        return pickle.dumps(("err", exc), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # an exception that does not pickle: its type's name and message
+        return pickle.dumps(("err", RuntimeError(f"{type(exc).__name__}: {exc}")))
+
+
+class WorkerParts(Parts):
+    """The parts of ``run`` (`parts.by_node` into ``workers`` parts of consecutive nodes):
+    the first held by this process, each other by a forked worker. ``options``: the
+    efficiency options (`settings.attach_options`) every part and the whole run's view
+    carry. Use as a context manager, or call `close`. Raises ValueError for a run that is
+    not cut (`parts.node_groups`)."""
+
+    def __init__(self, run: Run, workers: int, *, options: Any = None):
+        groups = node_groups(run, workers)
+        if groups is None or len(groups) < 2:
+            raise ValueError("a run of one part is diagnosed in one process")
+        self._n = len(groups)
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._sent = 0  # findings the workers have
+        self._closed = False
+        mp = multiprocessing.get_context("fork")
+        gc.freeze()  # what exists now stays out of the collector's passes: no page is copied
+        try:
+            for group in groups[1:]:
+                mine, theirs = mp.Pipe()
+                proc = mp.Process(target=_serve, args=(theirs, run, [group], options), daemon=True)
+                proc.start()
+                theirs.close()
+                self._procs.append(proc)
+                self._conns.append(mine)
+        except BaseException:
+            self.close()
+            raise
+        self.whole = WholeContext(whole_view(run))
+        found: list = []
+        self.whole.__dict__.update(_found=found, _parts=self)
+        if options is not None:
+            self.whole.__dict__["_efficiency_options"] = options
+        self.contexts = _contexts(run, groups[:1], found, options)  # while the workers cut
+        try:
+            self.facts = _combined_facts(run.meta, self.map(_partial_facts))
+            self.whole.__dict__["_facts"] = self.facts
+            self.each(_set, {"_facts": self.facts})
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def count(self) -> int:
+        return self._n
+
+    def map(self, fn: Callable[..., T], *args: Any) -> list[T]:
+        """``fn(ctx, *args)`` on every part, in part order: this process's part while the
+        workers compute theirs."""
+        if self._closed:
+            raise PartsLost("the parts' workers were closed")
+        found = self.found
+        new, self._sent = found[self._sent :], len(found)
+        try:
+            for conn in self._conns:
+                conn.send((fn, args, new))
+        except (OSError, ValueError, pickle.PicklingError) as exc:
+            self.close()
+            raise PartsLost(f"a worker holding parts is gone ({type(exc).__name__})") from exc
+        error: Exception | None = None
+        try:
+            out: list[T] = [fn(ctx, *args) for ctx in self.contexts]
+        except Exception as exc:  # raised once the workers have answered (they stay in step)
+            out, error = [], exc
+        for conn in self._conns:
+            try:
+                status, value = pickle.loads(conn.recv_bytes())
+            except Exception as exc:  # it died, or sent what does not load
+                self.close()
+                raise PartsLost(f"a worker holding parts is gone ({type(exc).__name__})") from exc
+            if status == "ok":
+                out.extend(value)
+            elif error is None:
+                error = value
+        if error is not None:
+            raise error
+        return out
+
+    def each(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(ctx, *args)`` on every part, in its worker, for its effect (a claim)."""
+        self.map(_for_effect, fn, args)
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for proc in self._procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self._conns:
+            conn.close()
+        gc.unfreeze()
+
+    def __enter__(self) -> WorkerParts:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _set(ctx: AnalysisContext, values: dict[str, Any]) -> None:
+    ctx.__dict__.update(values)
+
+
+def _for_effect(ctx: AnalysisContext, fn: Callable[..., Any], args: tuple) -> None:
+    fn(ctx, *args)
