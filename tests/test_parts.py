@@ -21,6 +21,7 @@ from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.parts import (
     Parts,
     by_node,
+    exact_sum,
     facts_of,
     median_of_counts,
     stretches,
@@ -369,3 +370,20 @@ def test_the_diagnosis_of_three_real_captures_node_by_node(tmp_path, monkeypatch
     assert len(want["summary"]["nodes"]["nodes"]) == 3
     _close(got, want)
     assert render_json(got) == render_json(want)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_exact_sum_is_fsums_however_the_values_are_divided(seed):
+    """`exact_sum` of any division of the values adds up to `math.fsum` of all of them,
+    to the bit: wide exponents, negative values, subnormals, NaN and infinities (as 0)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        n = int(rng.integers(0, 2000))
+        values = rng.standard_normal(n) * 10.0 ** rng.integers(-300, 300, n)
+        if n:
+            values[rng.integers(0, n, 3)] = rng.choice([np.nan, np.inf, -np.inf, 5e-324], 3)
+        want = math.fsum(v for v in values if np.isfinite(v))
+        cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(0, 4))))
+        pieces = np.split(values, cuts)
+        assert float(sum(exact_sum(p) for p in pieces)) == want
+        assert float(exact_sum(values)) == want

@@ -23,8 +23,9 @@ series, `whole_view`) and asks the parts for what the samples hold (`sampled`, `
 parts in worker processes.
 
 The figures are the same to the last bit however the run is cut: a sum over samples that
-parts add up is taken on a grid (`exact_sum`: integers add exactly, in any order), and the
-run's totals and breakdowns add per-host sums in the order of the hosts' names.
+parts add up is kept exact (`exact_sum`: a fraction, rounded once when the parts' sums are
+added), and the run's totals and breakdowns add per-host sums in the order of the hosts'
+names.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -473,25 +475,33 @@ def _tie_safe(weight: np.ndarray) -> np.ndarray:
     return np.round(np.asarray(weight, dtype=np.float64), 6)
 
 
-SECONDS = 2.0**-20
-"""The grid `exact_sum` puts seconds (and GPU-seconds) on: about a microsecond."""
-PCT_SECONDS = 2.0**-14
-"""...percent × seconds (a utilisation weighted by time)."""
-BYTES = 1.0
-"""...bytes."""
-
-
-def exact_sum(values: Any, quantum: float = SECONDS) -> float:
-    """The sum of ``values`` (NaN counted as 0), each first put on a grid of ``quantum``
-    (`SECONDS`: a microsecond): integers on that grid add exactly, so the sum is the same to
-    the last bit in any order — each part's sum, added up over the parts, is the whole run's.
-    Exact while the total stays below 2**53 steps of the grid (8.6e9 GPU-seconds: a thousand
-    GPUs for three months)."""
-    v = np.asarray(values, dtype=np.float64)
+def exact_sum(values: Any) -> Fraction:
+    """The exact sum of ``values`` (NaN and infinities counted as 0), as a fraction: each
+    float is an integer times a power of two, and integers add exactly, so the sums of any
+    parts of the values add up to this, and ``float()`` of it is the correctly rounded sum
+    (`math.fsum`'s) however the values were divided between parts."""
+    v = np.asarray(values, dtype=np.float64).ravel()
     if not v.size:
-        return 0.0
-    steps = np.rint(np.where(np.isnan(v), 0.0, v) / quantum).astype(np.int64)
-    return float(int(steps.sum()) * quantum)
+        return Fraction(0)
+    # v = ±mantissa × 2**(exponent − 1075), read off the IEEE-754 bits
+    bits = v.view(np.int64)
+    exponent = (bits >> 52) & 0x7FF
+    mantissa = bits & ((1 << 52) - 1)
+    mantissa |= np.where(exponent > 0, 1 << 52, 0)  # the implicit leading bit
+    mantissa = np.where((bits < 0) & (exponent < 0x7FF), -mantissa, mantissa)
+    mantissa[exponent == 0x7FF] = 0  # NaN and infinities count as 0
+    exponent = np.maximum(exponent, 1)  # subnormals share the smallest exponent
+    hi = mantissa >> 27
+    lo = mantissa - (hi << 27)  # 0 ≤ lo < 2**27, |hi| < 2**27
+    total = 0
+    for start in range(0, len(v), 1 << 24):  # float sums of < 2**51 stay exact
+        part = slice(start, start + (1 << 24))
+        n = int(exponent[part].max()) + 1
+        sums_hi = np.bincount(exponent[part], weights=hi[part], minlength=n)
+        sums_lo = np.bincount(exponent[part], weights=lo[part], minlength=n)
+        for k in np.flatnonzero((sums_hi != 0) | (sums_lo != 0)):
+            total += ((int(sums_hi[k]) << 27) + int(sums_lo[k])) << int(k)
+    return Fraction(total, 1 << 1075)
 
 
 def median_of_counts(counts: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:

@@ -43,7 +43,7 @@ from gpuprof.analyzers.grouping import (
     per_frame,
     time_bins,
 )
-from gpuprof.analyzers.parts import BYTES, PCT_SECONDS, Parts, exact_sum, value_counts
+from gpuprof.analyzers.parts import Parts, exact_sum, value_counts
 from gpuprof.analyzers.spans import NO_PHASE, STEP_PHASE
 from gpuprof.intervals import in_union, top_intervals, union
 
@@ -261,14 +261,14 @@ def _phase_idle_part(ctx: AnalysisContext, s: pd.DataFrame, phases: list[str]) -
         nbytes = s[name].to_numpy(np.float64)[in_phases]
         finite = np.isfinite(nbytes)
         ok = finite & (dt > 0)
-        links[name] = (exact_sum(nbytes, BYTES), bool(finite.any()),
-                       exact_sum(nbytes[ok], BYTES), exact_sum(dt[ok]), bool(ok.any()))  # fmt: skip
+        links[name] = (exact_sum(nbytes), bool(finite.any()),
+                       exact_sum(nbytes[ok]), exact_sum(dt[ok]), bool(ok.any()))  # fmt: skip
     measured = np.flatnonzero(in_phases)[m]
     # one measured sample per GPU is enough to name the GPUs (all of those without a key)
     gpu = per_frame(ctx, s, "gpu_key", lambda: _gpu_key(s))[measured]
     one = np.unique(gpu, return_index=True)[1]
     measured = np.union1d(measured[one[gpu[one] >= 0]], measured[gpu < 0])
-    return {"meas_dt": exact_sum(dt[m]), "util_w": exact_sum(util[m] * dt[m], PCT_SECONDS),
+    return {"meas_dt": exact_sum(dt[m]), "util_w": exact_sum(util[m] * dt[m]),
             "phases": per_phase,
             "links": links, "gpus": _gpu_pairs(s.iloc[measured][["host", "gpu"]])}  # fmt: skip
 
@@ -339,7 +339,7 @@ def _link_sums(ctx: AnalysisContext, phase: str) -> list[tuple[float, float, boo
     for name in ("pcie_bytes", "nvlink_bytes"):
         nbytes = s[name].to_numpy(float)[out]
         ok = np.isfinite(nbytes) & (dt > 0)
-        sums.append((exact_sum(nbytes[ok], BYTES), exact_sum(dt[ok]), bool(ok.any())))
+        sums.append((exact_sum(nbytes[ok]), exact_sum(dt[ok]), bool(ok.any())))
     return sums
 
 

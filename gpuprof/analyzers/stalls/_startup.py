@@ -80,11 +80,11 @@ def claim_startup(ctx: AnalysisContext | Parts) -> dict[str, Any] | None:
     return {
         "until_ns": end,
         "seconds": round(max(0, end - t_min) / 1e9, 3),
-        "gpu_s": round(sum(g[0] for g in got), 3),
-        "idle_gpu_s": round(sum(g[1] for g in got), 3),
+        "gpu_s": round(float(sum(g[0] for g in got)), 3),
+        "idle_gpu_s": round(float(sum(g[1] for g in got)), 3),
         "warmup_steps": warmup,
         "wind_down_s": round(max(0, t_max - last) / 1e9, 3) if any(g[3] for g in got) else 0.0,
-        "wind_down_idle_gpu_s": round(sum(g[2] for g in got), 3),
+        "wind_down_idle_gpu_s": round(float(sum(g[2] for g in got)), 3),
     }
 
 

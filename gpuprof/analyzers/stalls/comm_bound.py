@@ -221,10 +221,10 @@ def _from_trace_kernels(parts: Parts, th: Thresholds) -> Finding | None:
     the GPU's busy time; lost = exposed − ``th.collective_healthy_frac`` × busy.
     """
     got = [g for g in parts.map(_kernel_sums, th) if g is not None]
-    exposed = sum(g["exposed"] for g in got)
-    overlapped = sum(g["overlapped"] for g in got)
-    busy = sum(g["busy"] for g in got)
-    lost = sum(g["lost"] for g in got)
+    exposed = float(sum(g["exposed"] for g in got))
+    overlapped = float(sum(g["overlapped"] for g in got))
+    busy = float(sum(g["busy"] for g in got))
+    lost = float(sum(g["lost"] for g in got))
     measured_overlap = any(g["measured_overlap"] for g in got)
     gpus = [x for g in got for x in g["gpus"]]
     if busy <= 0 or exposed / busy < th.collective_min_frac:

@@ -72,7 +72,7 @@ def _launch_bound(parts: Parts, th: Thresholds) -> Finding | None:
     gpu_s = float(g["lost"].sum())
     mean_util = float(g["uw"].sum() / g["gpu_s"].sum())
     rows = {k: np.concatenate([x["rows"][k] for x in got]) for k in got[0]["rows"]}
-    compute_s = sum(x["compute_s"] for x in got)
+    compute_s = float(sum(x["compute_s"] for x in got))
     pinned_share = float(rows["dt"].sum() / compute_s) if compute_s > 0 else 0
     cpu_mean = float(np.nanmean(rows["cpu"]))
     own_share = float(np.mean(rows["own"] >= th.process_core_pinned_pct))

@@ -79,7 +79,7 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     hit = {k: np.concatenate([g["hit"][k] for g in held]) for k in held[0]["hit"]}
     gpu_s = float(sum(g["lost_s"] for g in held))
     measure = "clock" if hit["by_clock"].any() else "power_ratio"
-    busy_held_s = sum(g["busy_held_s"] for g in held)
+    busy_held_s = float(sum(g["busy_held_s"] for g in held))
     capped_share = float(hit["dt_s"].sum() / max(busy_held_s, 1e-12))
     power, limit, clock, top = hit["power"], hit["limit"], hit["clock"], hit["top"]
     default = hit["default"]
