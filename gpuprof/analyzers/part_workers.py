@@ -4,10 +4,12 @@
 inherits the loaded run (``fork``: nothing is copied until written), keeps the contexts of its
 nodes (labels their samples, holds their claims), and answers the diagnosis's calls
 (``map(fn, …)``: ``fn`` a module-level function of one part's context) with small partial
-figures through a pipe. This process keeps the run's view without samples
-(`parts.whole_view`), takes every decision on the combined figures, and never labels a
-sample itself — so the detectors' per-sample work, which is most of a diagnosis, is divided
-between the cores, and the diagnosis is the same as `diagnose`'s (tests/test_parts.py).
+figures through a pipe. This process holds the first part itself, keeps the run's view
+without samples (`parts.whole_view`) and takes every decision on the combined figures — so
+the detectors' per-sample work, most of a diagnosis, is divided between the cores, and the
+diagnosis is `diagnose`'s, to the byte (tests/test_parts.py, tests/test_part_workers.py).
+What reads the run's spans whole (efficiency, the bound, the per-node figures) is still done
+here, once: on two cores the two lanes of `diagnose` are faster, and it is used from four.
 
 A worker that dies (killed, out of memory) or sends what does not unpickle ends the parts:
 the call raises `PartsLost`, which no detector catches, and the caller diagnoses the run in one
@@ -27,10 +29,10 @@ from gpuprof.analyzers.findings import AnalysisContext
 from gpuprof.analyzers.parts import (
     Parts,
     WholeContext,
-    _combined_facts,
-    _partial_facts,
+    combined_facts,
     cut,
     node_groups,
+    partial_facts,
     whole_view,
 )
 from gpuprof.model import Run
@@ -126,7 +128,7 @@ class WorkerParts(Parts):
             self.whole.__dict__["_efficiency_options"] = options
         self.contexts = _contexts(run, groups[:1], found, options)  # while the workers cut
         try:
-            self.facts = _combined_facts(run.meta, self.map(_partial_facts))
+            self.facts = combined_facts(run.meta, self.map(partial_facts))
             self.whole.__dict__["_facts"] = self.facts
             self.each(_set, {"_facts": self.facts})
         except BaseException:

@@ -50,12 +50,14 @@ __all__ = [
     "Sampled",
     "WholeContext",
     "by_node",
+    "combined_facts",
     "cut",
     "deal",
     "exact_sum",
     "facts_of",
     "median_of_counts",
     "node_groups",
+    "partial_facts",
     "sampled",
     "stretches",
     "top_stretches",
@@ -95,7 +97,7 @@ class Facts:
     phases: frozenset = frozenset()
 
 
-def _partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
+def partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
     """One part's share of `Facts`."""
     from gpuprof.analyzers.breakdown import host_sums
 
@@ -125,7 +127,7 @@ def _partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
     }
 
 
-def _combined_facts(meta: Any, partials: Sequence[dict[str, Any]]) -> Facts:
+def combined_facts(meta: Any, partials: Sequence[dict[str, Any]]) -> Facts:
     from gpuprof.analyzers.breakdown import add_hosts
 
     steps = [p["steps"] for p in partials if len(p["steps"])]
@@ -158,7 +160,7 @@ def _combined_facts(meta: Any, partials: Sequence[dict[str, Any]]) -> Facts:
 
 def facts_of(contexts: Sequence[AnalysisContext]) -> Facts:
     """The run-wide `Facts` of ``contexts`` (the parts of one run)."""
-    return _combined_facts(contexts[0].run.meta, [_partial_facts(c) for c in contexts])
+    return combined_facts(contexts[0].run.meta, [partial_facts(c) for c in contexts])
 
 
 class Parts:
