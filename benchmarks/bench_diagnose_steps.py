@@ -50,7 +50,9 @@ def timed(name, fn):
 # the steps of `diagnose`, timed one by one; then `diagnose` itself gives the document
 steps_ctx = AnalysisContext(run)
 th = Thresholds()
-timed("align samples (recorded_gpus)", lambda: d._recorded_gpus(steps_ctx))
+# the samples aligned and counted (`sampled` since session 11, `_recorded_gpus` before)
+count = getattr(d, "_recorded_gpus", None) or d.sampled
+timed("align samples (recorded_gpus)", lambda: count(steps_ctx))
 timed("data_notes", lambda: d.data_notes(run, th))
 if len(run.gpu):
     timed("claim_startup", lambda: d.claim_startup(steps_ctx))

@@ -116,7 +116,7 @@ PARTS_MIN_WORKERS = 4
 """Cores below which the diagnosis runs in this process with its two lanes rather than in
 parts: what reads the run as a whole (its spans) is done once, by this process, and takes
 about as long as the lanes save (256 GPUs × 4 h: 2.2–3.1 s of the single process's 6.5 s;
-on two cores the parts took 5.6 s, the lanes 4.8 s — docs/PERFORMANCE.md)."""
+on two cores the parts took 5.11 s, the lanes 4.74 s — docs/PERFORMANCE.md)."""
 
 
 def diagnose_parts(
