@@ -138,3 +138,26 @@ def test_each_part_sees_the_findings_so_far():
         assert parts.count == 2 and parts.map(_found_kinds) == [[], []]
         parts.found.append(finding)
         assert parts.map(_found_kinds) == [[finding.kind]] * 2
+
+
+def _die_or_send_much(ctx: AnalysisContext) -> bytes:
+    host = str(ctx.run.gpu["host"].iloc[0])
+    if os.getpid() != _PARENT and host == "node1":
+        os._exit(3)
+    return b"x" * (20 << 20)  # far more than a pipe holds: its sender blocks until read
+
+
+def test_the_parts_end_promptly_when_a_worker_dies_while_another_sends():
+    """A worker gone ends the parts while another is still sending a reply no one will
+    read: closing the pipes first lets that worker end at once, instead of after the five
+    seconds it would be given before being killed."""
+    import time
+
+    run = _run("hosts")
+    parts = WorkerParts(run, 3)
+    assert parts.count == 3
+    start = time.monotonic()
+    with pytest.raises(PartsLost):
+        parts.map(_die_or_send_much)
+    assert time.monotonic() - start < 4.0
+    assert all(not p.is_alive() for p in parts._procs)

@@ -399,9 +399,7 @@ def host_sums(samples: pd.DataFrame, **columns: np.ndarray) -> dict[str, dict[An
     present = np.flatnonzero(np.bincount(codes, minlength=len(names)))
     out = {}
     for key, values in columns.items():
-        values = np.asarray(values, dtype=np.float64)
-        per = np.bincount(codes, weights=np.where(np.isnan(values), 0.0, values),
-                          minlength=len(names))  # fmt: skip
+        per = group_sums(codes, len(names), values)
         out[key] = {names[i]: float(per[i]) for i in present}
     return out
 

@@ -28,12 +28,11 @@ from typing import Any, TypeVar
 from gpuprof.analyzers.findings import AnalysisContext
 from gpuprof.analyzers.parts import (
     Parts,
-    WholeContext,
     combined_facts,
     cut,
     node_groups,
     partial_facts,
-    whole_view,
+    whole_context,
 )
 from gpuprof.model import Run
 
@@ -48,9 +47,13 @@ class PartsLost(BaseException):
     detector must not hide the others) lets it through to the caller."""
 
 
-def _serve(conn: Any, run: Run, hosts: list[list[str]], options: Any) -> None:
+def _serve(conn: Any, run: Run, hosts: list[list[str]], options: Any, inherited: list[Any]) -> None:
     """A worker: the contexts of the parts of ``run`` that ``hosts`` recorded (cut here, on
-    the worker's core), answering ``(fn, args, found)`` calls until told to stop (None)."""
+    the worker's core), answering ``(fn, args, found)`` calls until told to stop (None).
+    ``inherited``: the parent's ends of the pipes, closed here so that the parent closing
+    its own is seen (a broken pipe, the end of the input)."""
+    for end in inherited:
+        end.close()
     gc.disable()  # the inherited run is never freed here: a pass would only copy its pages
     found: list = []
     contexts = _contexts(run, hosts, found, options)
@@ -113,7 +116,10 @@ class WorkerParts(Parts):
         try:
             for group in groups[1:]:
                 mine, theirs = mp.Pipe()
-                proc = mp.Process(target=_serve, args=(theirs, run, [group], options), daemon=True)
+                ends = [mine, *self._conns]
+                proc = mp.Process(
+                    target=_serve, args=(theirs, run, [group], options, ends), daemon=True
+                )
                 proc.start()
                 theirs.close()
                 self._procs.append(proc)
@@ -121,11 +127,8 @@ class WorkerParts(Parts):
         except BaseException:
             self.close()
             raise
-        self.whole = WholeContext(whole_view(run))
         found: list = []
-        self.whole.__dict__.update(_found=found, _parts=self)
-        if options is not None:
-            self.whole.__dict__["_efficiency_options"] = options
+        self.whole = whole_context(run, self, found, options)
         self.contexts = _contexts(run, groups[:1], found, options)  # while the workers cut
         try:
             self.facts = combined_facts(run.meta, self.map(partial_facts))
@@ -172,7 +175,7 @@ class WorkerParts(Parts):
         return out
 
     def each(self, fn: Callable[..., Any], *args: Any) -> None:
-        """``fn(ctx, *args)`` on every part, in its worker, for its effect (a claim)."""
+        """``fn(ctx, *args)`` on every part, where it is held, for its effect (a claim)."""
         self.map(_for_effect, fn, args)
 
     def close(self) -> None:
@@ -183,15 +186,16 @@ class WorkerParts(Parts):
         for conn in self._conns:
             try:
                 conn.send(None)
-            except (OSError, ValueError):
+            except (OSError, ValueError):  # already gone: nothing to tell it
                 pass
+            # closed before waiting: a worker still sending a reply no one reads gets a
+            # broken pipe and ends, instead of blocking until it is killed
+            conn.close()
         for proc in self._procs:
             proc.join(timeout=5)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-        for conn in self._conns:
-            conn.close()
         gc.unfreeze()
 
     def __enter__(self) -> WorkerParts:

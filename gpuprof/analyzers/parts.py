@@ -62,6 +62,7 @@ __all__ = [
     "stretches",
     "top_stretches",
     "value_counts",
+    "whole_context",
     "whole_view",
 ]
 
@@ -189,11 +190,9 @@ class Parts:
             # the run's spans, events and metadata, for figures of the run as a whole
             if whole is None:
                 raise ValueError("a run of several parts needs the whole run's view (whole=)")
-            self.whole = WholeContext(whole_view(whole))
-            self.whole.__dict__.update(_facts=self.facts, _found=found)
             options = self.contexts[0].__dict__.get("_efficiency_options")
-            if options is not None:  # the user's --gpu, --model-params… (`attach_options`)
-                self.whole.__dict__["_efficiency_options"] = options
+            self.whole = whole_context(whole, self, found, options)
+            self.whole.__dict__["_facts"] = self.facts
         self.whole.__dict__["_parts"] = self
 
     def run_totals(self) -> dict[str, Any]:
@@ -375,6 +374,17 @@ class WholeContext(AnalysisContext):
     @cached_property
     def by_phase_step(self) -> pd.DataFrame:
         return self._parts_of().breakdown(("phase", "step"))
+
+
+def whole_context(run: Run, parts: Parts, found: list, options: Any = None) -> WholeContext:
+    """`Parts.whole` of ``parts``, cut from ``run``: its view without samples, sharing the
+    parts' findings (``found``) and the user's efficiency options (``--gpu``,
+    ``--model-params``…: `settings.attach_options`)."""
+    whole = WholeContext(whole_view(run))
+    whole.__dict__.update(_found=found, _parts=parts)
+    if options is not None:
+        whole.__dict__["_efficiency_options"] = options
+    return whole
 
 
 def by_node(run: Run, parts: int | None = None) -> list[Run]:
