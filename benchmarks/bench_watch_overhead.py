@@ -2,6 +2,7 @@
 
     python benchmarks/bench_watch_overhead.py [--pairs 20] [--steps 30] [--no-simnvml]
     python benchmarks/bench_watch_overhead.py --log-to wandb,tensorboard,mlflow [--pairs 10]
+    python benchmarks/bench_watch_overhead.py --real-nvml --example-args "--device cuda ..."
 
 Runs ``examples/grpo_tiny.py`` alternately bare and under ``gpuprof watch`` (hooks recording,
 GPU sampling at 10 Hz on 8 simulated GPUs through the real NVML bindings, host sampling), in
@@ -9,7 +10,9 @@ one session so machine noise hits both alike. The example prints each step's wal
 (warm-up) is dropped. Reported: the median step time of each variant over all its steps, the
 ratio of those medians, and the median over pairs of the per-pair ratio. The example's phase
 hooks run in both variants (outside a run they are no-ops), so the ratio is the cost of
-recording plus sampling.
+recording plus sampling. ``--real-nvml`` samples the machine's own GPUs instead of simulated
+ones, and ``--example-args`` passes options to the example (e.g. ``--device cuda`` and a model
+big enough to keep a real GPU busy).
 
 With ``--log-to``, each round runs a third variant, ``watch --log-to … --log-interval 1``
 (W&B offline, MLflow and TensorBoard in local directories), and the ratio of interest is
@@ -54,13 +57,16 @@ def tracker_env(env: dict[str, str] | None, tmp: Path) -> dict[str, str]:
     return out
 
 
-def run_once(watched: bool, steps: int, env: dict[str, str] | None, log_to: str | None = None
+def run_once(watched: bool, steps: int, env: dict[str, str] | None, log_to: str | None = None,
+             extra: list[str] = (), nvml: bool | None = None
              ) -> tuple[list[float], float]:  # fmt: skip
-    """The step times (ms) of one run, and its wall time (s)."""
-    cmd = [sys.executable, str(EXAMPLE), "--steps", str(steps)]
+    """The step times (ms) of one run, and its wall time (s). ``nvml``: whether watch samples
+    GPUs (default: when ``env`` holds the simulated NVML)."""
+    cmd = [sys.executable, str(EXAMPLE), "--steps", str(steps), *extra]
     if watched:
         run_dir = tempfile.mkdtemp(prefix="gpuprof-overhead-")
-        flags = ["--quiet", "-o", run_dir] + ([] if env else ["--no-nvml"])
+        sample = bool(env) if nvml is None else nvml
+        flags = ["--quiet", "-o", run_dir] + ([] if sample else ["--no-nvml"])
         if log_to:
             flags += ["--log-to", log_to, "--log-interval", "1"]
             env = tracker_env(env, Path(run_dir) / "trackers")
@@ -82,8 +88,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--no-simnvml", action="store_true", help="watch without NVML sampling")
     parser.add_argument("--log-to", help="also run watch --log-to these trackers")
+    parser.add_argument("--real-nvml", action="store_true", help="sample this machine's GPUs")
+    parser.add_argument("--example-args", default="", help="options for the example, one string")
     args = parser.parse_args()
-    env = None if args.no_simnvml else simnvml_env(Path(tempfile.mkdtemp(prefix="simnvml-")))
+    fake = not (args.no_simnvml or args.real_nvml)
+    env = simnvml_env(Path(tempfile.mkdtemp(prefix="simnvml-"))) if fake else None
+    nvml = args.real_nvml or fake
+    extra = args.example_args.split()
     bare: list[float] = []
     watched: list[float] = []
     logged: list[float] = []
@@ -91,20 +102,21 @@ def main() -> None:
     log_ratios: list[float] = []
     walls: dict[str, list[float]] = {"watched": [], "logged": []}
     for _ in range(args.pairs):
-        b, _ = run_once(False, args.steps, None)
-        w, took = run_once(True, args.steps, env)
+        b, _ = run_once(False, args.steps, None, extra=extra)
+        w, took = run_once(True, args.steps, env, extra=extra, nvml=nvml)
         walls["watched"].append(took)
         bare += b
         watched += w
         pair_ratios.append(statistics.median(w) / statistics.median(b))
         if args.log_to:
-            g, took = run_once(True, args.steps, env, args.log_to)
+            g, took = run_once(True, args.steps, env, args.log_to, extra=extra, nvml=nvml)
             walls["logged"].append(took)
             logged += g
             log_ratios.append(statistics.median(g) / statistics.median(w))
     b_med, w_med = statistics.median(bare), statistics.median(watched)
+    sampling = "this machine's GPUs" if args.real_nvml else "8 simulated GPUs" if fake else None
     print(f"{args.pairs} pairs x {args.steps - 1} steps; GPU sampling: "
-          f"{'none' if env is None else '8 simulated GPUs at 10 Hz'}")  # fmt: skip
+          f"{sampling + ' at 10 Hz' if sampling else 'none'}; example args: {extra}")  # fmt: skip
     print(f"{'variant':10s} {'median step ms':>15s}")
     print(f"{'bare':10s} {b_med:15.2f}")
     print(f"{'watched':10s} {w_med:15.2f}")

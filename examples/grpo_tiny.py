@@ -1,4 +1,4 @@
-"""A tiny but real GRPO loop on CPU, annotated with gpuprof phases.
+"""A tiny but real GRPO loop on CPU (or a GPU with --device cuda), annotated with gpuprof phases.
 
 The policy is a small causal transformer that learns, from reward alone, to reverse a string
 of digits: the prompt ``3141=`` should be answered with ``1413.`` (``.`` ends the answer).
@@ -168,7 +168,7 @@ def generate(
     row is filled with PAD. No KV cache: every step re-runs the whole (short) sequence.
     """
     seq = prompt_ids
-    finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
+    finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
     new_tokens = []
     for _ in range(max_new_tokens):
         logits = model(seq)[:, -1] / temperature
@@ -339,6 +339,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="extra CPU seconds per dataset item (a slow loader)",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument(
+        "--device", default="cpu",
+        help="where the models run: cpu (default) or cuda[:N] on a machine with a GPU",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.group_size < 2:
         p.error("--group-size must be at least 2: advantages compare answers within a group")
@@ -354,6 +358,10 @@ def main(argv: Sequence[str] | None = None) -> list[StepStats]:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
+    device = torch.device(args.device)
+    # Sampling draws on the models' device, so its generator lives there too.
+    sampler = generator if device.type == "cpu" else torch.Generator(device)
+    sampler.manual_seed(args.seed)
 
     dataset = PromptDataset(
         max(args.steps, 1) * args.batch_size, args.num_digits, args.seed, args.item_cost
@@ -368,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> list[StepStats]:
     batches = forever(loader)
 
     max_len = args.num_digits + 1 + args.max_new_tokens
-    policy = TinyCausalLM(max_len, args.d_model, args.layers, args.heads)
+    policy = TinyCausalLM(max_len, args.d_model, args.layers, args.heads).to(device)
     # The reference stays at the initial weights; the rollout model is a separate copy, as an
     # inference engine holds its own weights and only sees updates through a reshard.
     reference = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -378,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> list[StepStats]:
     num_params = sum(p.numel() for p in policy.parameters())
     print(
         f"policy {num_params / 1e6:.2f} M params; {args.batch_size} prompts x "
-        f"{args.group_size} answers per step; {args.threads} thread(s)",
+        f"{args.group_size} answers per step; {args.threads} thread(s); {device}",
         flush=True,
     )
 
@@ -389,17 +397,17 @@ def main(argv: Sequence[str] | None = None) -> list[StepStats]:
         with gpuprof.phase("dataload"):
             batch = next(batches)
         # Every prompt is repeated group_size times, so rows i*G .. i*G+G-1 form one group.
-        prompt_ids = batch["prompt_ids"].repeat_interleave(args.group_size, dim=0)
+        prompt_ids = batch["prompt_ids"].to(device).repeat_interleave(args.group_size, dim=0)
         answers = [a for a in batch["answer"] for _ in range(args.group_size)]
 
         with gpuprof.phase("rollout"):
             completion_ids = generate(
-                rollout_model, prompt_ids, args.max_new_tokens, args.temperature, generator
+                rollout_model, prompt_ids, args.max_new_tokens, args.temperature, sampler
             )
         num_tokens = int(completion_mask(completion_ids).sum())
 
         with gpuprof.phase("reward"):
-            rewards = score_batch(completion_ids, answers, args.reward_cost)
+            rewards = score_batch(completion_ids, answers, args.reward_cost).to(device)
 
         with gpuprof.phase("old_logprob"), torch.no_grad():
             old_logp = completion_logprobs(policy, prompt_ids, completion_ids)
