@@ -77,4 +77,3 @@ def test_live_collector_agrees_with_nvidia_smi_beside_it(tmp_path):
 
     assert abs(mean_util(live) - mean_util(smi)) < 1.5
     assert 65 < mean_util(live) < 80
-
