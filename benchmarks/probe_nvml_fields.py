@@ -8,8 +8,9 @@ buffer to the GPU (so PCIe counters, SM activity and clocks have something to sh
 with CUDA is importable. Prints one JSON document: the inventory and versions the watcher
 stores, the collector's notices, and for each `GpuSample` field the share of samples that held
 a value and its min/median/max over the idle and the busy thirds; the GPU-process reading of
-this process; and the wall time of one `sample()` call (median and 99th percentile, µs), which
-is what the sampler thread costs per tick and GPU. Not run in CI.
+this process; the wall time of one `sample()` call (median and 99th percentile, µs), which is
+what the sampler thread costs per tick and GPU; and the same for each NVML function it called
+(``nvml_call_us``, by total time), to say which one costs it. Not run in CI.
 """
 
 from __future__ import annotations
@@ -42,6 +43,26 @@ def _load(stop: threading.Event, started: threading.Event) -> None:
         torch.cuda.synchronize()
 
 
+def _timed(calls: dict[str, list[float]]) -> None:
+    """Wrap every ``nvml*`` function of pynvml so each call's wall time (µs) is kept."""
+    import pynvml
+
+    def wrap(name: str, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                calls.setdefault(name, []).append((time.perf_counter() - t) * 1e6)
+
+        return timed
+
+    for name in dir(pynvml):
+        fn = getattr(pynvml, name)
+        if name.startswith("nvml") and callable(fn) and not isinstance(fn, type):
+            setattr(pynvml, name, wrap(name, fn))
+
+
 def _stats(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
@@ -58,8 +79,11 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from gpuprof.collectors.nvml import NvmlCollector
 
+    calls: dict[str, list[float]] = {}
+    _timed(calls)
     nvml = NvmlCollector(socket.gethostname())
     opened = nvml.open()
+    calls.clear()  # the calls of one tick, not of opening
     doc: dict = {"opened": opened, "notice": nvml.notice}
     if not opened:
         print(json.dumps(doc, indent=1))
@@ -122,6 +146,15 @@ def main() -> None:
         "median": statistics.median(costs),
         "p99": sorted(costs)[int(0.99 * (len(costs) - 1))],
         "calls": len(costs),
+    }
+    doc["nvml_call_us"] = {
+        name: {
+            "calls": len(us),
+            "median": round(statistics.median(us), 1),
+            "p99": round(sorted(us)[int(0.99 * (len(us) - 1))], 1),
+            "total_ms": round(sum(us) / 1e3, 1),
+        }
+        for name, us in sorted(calls.items(), key=lambda kv: -sum(kv[1]))
     }
     doc["notices"] = nvml.notices
     nvml.close()
