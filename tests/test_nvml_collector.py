@@ -20,7 +20,7 @@ import pytest
 from simnvml import GPM_FUNCTIONS, SCENARIO_ENV, simnvml_env, write_scenario
 
 import gpuprof.collectors.nvml
-from gpuprof.collectors.nvml import NvmlCollector
+from gpuprof.collectors.nvml import BUFFERED_UTIL_MIN_S, NvmlCollector
 
 pytest_plugins = ["simnvml.fixtures"]
 
@@ -226,6 +226,28 @@ def test_utilization_averages_the_driver_samples_since_the_last_tick(simnvml, co
     # not the last sample period alone, which nvmlDeviceGetUtilizationRates would give
     assert 20 < second.util_gpu_pct < 80
     assert second.util_mem_pct == 10
+
+
+def test_close_ticks_read_utilization_rates_not_the_buffer(simnvml, collectors):
+    """At 10 Hz a tick finds at most one new buffered sample (one per 1/6 s), which the rates
+    call gives for ~10 µs where reading the buffer took ~2 ms per call on a real H100: the
+    buffer is read on the first tick only (its newest sample), then the rates."""
+    scenario = two_gpus()
+    collectors.append(c := opened(simnvml, scenario))
+    c.sample(time.time_ns())
+    # 2 GPUs x (GPU, memory) x 2 C calls (pynvml asks the buffer's size first)
+    assert simnvml.calls("nvmlDeviceGetSamples") == 8
+    rates = simnvml.calls("nvmlDeviceGetUtilizationRates")
+    for _ in range(5):
+        time.sleep(0.1)
+        (gpu0, gpu1), _ = c.sample(time.time_ns())
+    assert simnvml.calls("nvmlDeviceGetSamples") == 8
+    assert simnvml.calls("nvmlDeviceGetUtilizationRates") == rates + 10
+    assert (gpu0.util_gpu_pct, gpu0.util_mem_pct, gpu1.util_gpu_pct) == (42, 17, 7)
+    # ticks far enough apart average the buffer again
+    time.sleep(BUFFERED_UTIL_MIN_S)
+    c.sample(time.time_ns())
+    assert simnvml.calls("nvmlDeviceGetSamples") == 16
 
 
 def test_utilization_falls_back_to_rates_without_buffered_samples(simnvml, collectors):

@@ -13,9 +13,10 @@ through one helper, `NvmlCollector._query`, which turns NVML's errors into "not 
 Figures and their units (see `gpuprof.model.GpuSample`):
 
 - ``util_gpu_pct`` / ``util_mem_pct``: NVML's "a kernel was running" / "device memory was read
-  or written" share of time, 0-100. Taken from the driver's buffered samples
-  (``nvmlDeviceGetSamples``) averaged over the interval since the previous tick, falling back
-  to ``nvmlDeviceGetUtilizationRates`` (the last sample period) when no new sample is there.
+  or written" share of time, 0-100. At ticks `BUFFERED_UTIL_MIN_S` or more apart, the mean of
+  the driver's buffered samples (``nvmlDeviceGetSamples``) since the previous tick; at closer
+  ticks, and when no new buffered sample is there, ``nvmlDeviceGetUtilizationRates`` (the
+  driver's last sample period, as nvidia-smi shows).
 - ``pcie_tx/rx_bytes_s``: the PCIe byte counter fields (``NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES``),
   cumulative and read without blocking, differenced between ticks: the mean over the interval
   since the previous tick. None on the first tick, after a wrap or reset (the counter went
@@ -108,6 +109,14 @@ _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 """Member of ``nvmlValue_t`` to read for each ``nvmlValueType_t`` (its index)."""
 
 _PROC_UTIL_HOLD_NS = 500_000_000
+
+BUFFERED_UTIL_MIN_S = 0.5
+"""Shortest spacing of ticks (s) at which utilisation is the mean of the driver's buffered
+samples. The buffer gains a sample every 1/6 s, so a closer tick finds at most one new sample,
+which ``nvmlDeviceGetUtilizationRates`` gives too; and one ``nvmlDeviceGetSamples`` call took
+2.1 ms on a real H100 and H200 (driver 580, `benchmarks/probe_nvml_fields.py`), against 10 µs
+for the rates: two per GPU and tick were 80% of the sampler's NVML time, spent holding the
+driver's lock that the training's own CUDA calls take."""
 """How long per-process SM figures are reused when the driver has no newer sample."""
 
 _UNAVAILABLE = (_ERROR_NOT_SUPPORTED, _ERROR_NO_PERMISSION, _ERROR_FUNCTION_NOT_FOUND)
@@ -176,6 +185,10 @@ class NvmlCollector:
         self._events: list[Event] = []
         self._last_error: int | None = None
         self._t_ns = 0
+        self._tick_ns: int | None = None
+        """The previous tick's time (ns), for the spacing `BUFFERED_UTIL_MIN_S` is compared to."""
+        self._buffered_util = False
+        """Whether this tick reads utilisation from the driver's buffered samples."""
         self._pcie_last = -1
         """Index of the GPU whose PCIe was last read through the blocking fallback."""
         self._mismatch_error: Any = ()
@@ -418,6 +431,10 @@ class NvmlCollector:
         """One `GpuSample` per GPU still on the bus at ``t_ns`` (ns since the epoch), and the
         fault events since the last call (``nvml_fault``/``gpu_lost`` once per lost GPU)."""
         self._t_ns = t_ns
+        spacing_ns = None if self._tick_ns is None else t_ns - self._tick_ns
+        # the first tick reads the buffer too: the next one averages from the newest it saw
+        self._buffered_util = spacing_ns is None or spacing_ns >= BUFFERED_UTIL_MIN_S * 1e9
+        self._tick_ns = t_ns
         read: list[tuple[_Gpu, GpuSample]] = []
         if self._opened:
             for gpu in self._gpus:
@@ -477,8 +494,13 @@ class NvmlCollector:
         return memory
 
     def _utilization(self, gpu: _Gpu) -> tuple[float | None, float | None]:
-        util_gpu = self._buffered(gpu, _GPU_UTILIZATION_SAMPLES)
-        util_mem = self._buffered(gpu, _MEMORY_UTILIZATION_SAMPLES)
+        if self._buffered_util:
+            util_gpu = self._buffered(gpu, _GPU_UTILIZATION_SAMPLES)
+            util_mem = self._buffered(gpu, _MEMORY_UTILIZATION_SAMPLES)
+        else:
+            # a later buffered read takes the newest sample, not all since a tick long past
+            gpu.util_seen_us.clear()
+            util_gpu = util_mem = None
         if (util_gpu is None or util_mem is None) and not gpu.lost:
             rates = self._query(gpu, "nvmlDeviceGetUtilizationRates", gpu.handle)
             if rates is not None:
