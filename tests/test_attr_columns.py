@@ -15,9 +15,20 @@ import pytest
 
 from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.basis import _NOT_COUNTERS, _counters
-from gpuprof.analyzers.efficiency import _framework_metrics
+from gpuprof.analyzers.efficiency import _framework_metrics, framework_metrics, perf_values
 from gpuprof.analyzers.findings import AnalysisContext
-from gpuprof.analyzers.phase_work import _PROMPT_KEYS, _RESPONSE_KEYS, phase_walls, step_rows
+from gpuprof.analyzers.phase_work import (
+    _PROMPT_KEYS,
+    _RESPONSE_KEYS,
+    combine_step_rows,
+    combine_steps_wall,
+    combine_walls,
+    phase_walls,
+    step_rows,
+    steps_wall_s,
+    steps_wall_sums,
+    wall_sums,
+)
 from gpuprof.analyzers.settings import num
 from gpuprof.analyzers.stalls._bound import _step_attr_means
 from gpuprof.model import Run, RunMeta
@@ -219,7 +230,10 @@ def test_perf_metrics_match_the_loop(seed):
     spans = random_spans(seed)
     run = Run(meta=RunMeta(run_id="r"), spans=spans)
     got = _framework_metrics(run.spans, run.events, "verl")["metrics"]
-    steps = list(spans.loc[spans["phase"] == "step", "attrs"])
+    # process by process (host:pid), each process's steps in their order
+    step_spans = spans[spans["phase"] == "step"]
+    owner = step_spans["host"] + ":" + step_spans["pid"].astype(str)
+    steps = list(step_spans["attrs"].iloc[np.argsort(owner.to_numpy(object), kind="stable")])
     want = {
         key: {"mean": float(np.mean(v)), "min": float(np.min(v)), "max": float(np.max(v)),
               "steps": len(v)}
@@ -257,3 +271,60 @@ def test_values_reads_dicts_and_anything_else_from_any_iterable():
     assert attr_columns.values(pd.Series(rows, dtype=object), "k") == want
     dicts = [r for r in rows if isinstance(r, dict)]
     assert attr_columns.values((d for d in dicts), "k") == [1, None, "2", None, None]
+
+
+def _by_process(spans: pd.DataFrame, seed: int) -> list[pd.DataFrame]:
+    """The spans divided into random disjoint sets of processes, each set's in span order."""
+    rng = random.Random(seed)
+    owners = sorted(set(zip(spans["host"], spans["pid"])))
+    groups: dict[tuple, int] = {o: rng.randrange(3) for o in owners}
+    which = np.array([groups[o] for o in zip(spans["host"], spans["pid"])])
+    return [spans[which == k] for k in range(3)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_span_figures_of_processes_add_up_to_the_whole(seed):
+    """The spans' figures of disjoint sets of processes, added, are the whole run's to the
+    bit, however the processes are divided (how a run cut into nodes gets them)."""
+    spans = random_spans(seed, n=600)
+    spans["host"] = [f"h{i % 5}" for i in range(len(spans))]  # more processes than parts
+    spans["attrs"] = [
+        {**a, "perf/mfu/actor": i / 7} if isinstance(a, dict) and i % 3 else a
+        for i, a in enumerate(spans["attrs"])
+    ]
+    pieces = _by_process(spans, seed)
+    settings = {"data.train_batch_size": 64, "actor_rollout_ref.rollout.n": 4}
+    pd.testing.assert_frame_equal(combine_walls([wall_sums(p) for p in pieces]), phase_walls(spans))
+    assert combine_steps_wall([steps_wall_sums(p) for p in pieces]) == steps_wall_s(spans)
+    pd.testing.assert_frame_equal(
+        combine_step_rows([step_rows(p, settings) for p in pieces]),
+        combine_step_rows([step_rows(spans, settings)]),
+    )
+    events = pd.DataFrame()
+    assert framework_metrics([perf_values(p) for p in pieces], events, "verl") == (
+        _framework_metrics(spans, events, "verl")
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_phase_walls_are_each_process_union_averaged(seed):
+    """Wall seconds per (phase, step): the union of each process's spans, averaged over the
+    processes that ran the phase in that step (a loop over the groups as reference)."""
+    spans = random_spans(seed)
+    spans = spans[spans["step"].notna()]
+    walls = phase_walls(spans).set_index(["phase", "step"])
+    work = spans[spans["phase"].isin(["rollout", "update_actor", "ref_logprob"])]
+    for (phase, step), group in work.groupby(["phase", work["step"].astype("int64")]):
+        covered = []
+        for _, proc in group.groupby(["host", "pid"]):
+            blocks = sorted(zip(proc["start_ns"], proc["end_ns"]))
+            total, (lo, hi) = 0, blocks[0]
+            for s, e in blocks[1:]:
+                if s > hi:
+                    total, lo, hi = total + hi - lo, s, e
+                else:
+                    hi = max(hi, e)
+            covered.append((total + hi - lo) / 1e9)
+        row = walls.loc[(phase, step)]
+        assert row["processes"] == len(covered)
+        assert row["wall_s"] == pytest.approx(sum(covered) / len(covered), rel=1e-12)

@@ -33,16 +33,19 @@ from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.findings import AnalysisContext, Finding
 from gpuprof.analyzers.hardware import match_gpu
 from gpuprof.analyzers.model_size import CRITIC_PATH_KNOBS, model_path, model_size, params_from_name
-from gpuprof.analyzers.parts import sampled
+from gpuprof.analyzers.parts import Parts, sampled
 from gpuprof.analyzers.phase_work import (
     CRITIC_PHASES,
     PHASE_WORK,
     _sum_min_count_1,
     attention_flops,
-    phase_walls,
+    combine_step_rows,
+    combine_steps_wall,
+    combine_walls,
     step_rows,
-    steps_wall_s,
+    steps_wall_sums,
     valid_spans,
+    wall_sums,
 )
 from gpuprof.analyzers.settings import num as _num
 from gpuprof.analyzers.settings import options_of, run_settings
@@ -131,25 +134,60 @@ def _phase_gpus(ctx: AnalysisContext) -> dict[str, int]:
     return {str(p): int(g) for p, g in zip(table["phase"], table["gpus"]) if g == g and g > 0}
 
 
+def perf_values(spans: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The ``perf/*`` figures the step spans carry, per key: the processes (``host:pid``)
+    and the finite values, in the spans' order (a part's share of `framework_metrics`)."""
+    steps = spans[spans["phase"] == "step"] if len(spans) else spans
+    if steps.empty:
+        return {}
+    attrs = list(steps["attrs"])
+    keys = [k for k in attr_columns.key_names(attrs) if str(k).startswith("perf/")]
+    if not keys:
+        return {}
+    owners = np.array([f"{h}:{p}" for h, p in zip(steps["host"], steps["pid"])], dtype=object)
+    out = {}
+    for key in keys:
+        column = attr_columns.number(attrs, key)
+        kept = ~np.isnan(column)
+        if kept.any():
+            out[str(key)] = (owners[kept], column[kept])
+    return out
+
+
 def _framework_metrics(
     spans: pd.DataFrame, events: pd.DataFrame, framework: str | None
 ) -> dict[str, Any]:
-    steps = spans[spans["phase"] == "step"] if len(spans) else spans
+    return framework_metrics([perf_values(spans)], events, framework)
+
+
+def framework_metrics(
+    parts: list[dict[str, tuple[np.ndarray, np.ndarray]]],
+    events: pd.DataFrame,
+    framework: str | None,
+) -> dict[str, Any]:
+    """The framework's own ``perf/*`` figures over the steps, from `perf_values` of
+    disjoint sets of processes (each key's values in the order of their processes, the same
+    however the processes are divided) and the run's step events that have no span."""
     # steps a log gives figures for but no duration are step events (``untimed``)
     untimed = events[events["kind"] == "step"] if len(events) and "kind" in events else events
-    values: dict[str, np.ndarray] = {}
-    step_attrs = list(steps["attrs"]) if len(steps) else []
-    step_attrs += (
+    untimed_attrs = (
         [a for a in untimed["attrs"] if isinstance(a, Mapping) and a.get("untimed")]
         if (len(untimed) and "attrs" in untimed)
         else []
     )
-    for key in attr_columns.key_names(step_attrs):
-        if str(key).startswith("perf/"):
-            column = attr_columns.number(step_attrs, key)
-            column = column[~np.isnan(column)]
-            if len(column):
-                values[str(key)] = column
+    keys = {k for part in parts for k in part}
+    keys |= {str(k) for k in attr_columns.key_names(untimed_attrs) if str(k).startswith("perf/")}
+    values: dict[str, np.ndarray] = {}
+    for key in keys:
+        held = [part[key] for part in parts if key in part]
+        column = np.concatenate([v for _, v in held]) if held else np.empty(0)
+        if len(column) > 1:  # process by process, however the processes were divided
+            owners = np.concatenate([o for o, _ in held])
+            column = column[np.argsort(owners, kind="stable")]
+        logged = attr_columns.number(untimed_attrs, key) if untimed_attrs else np.empty(0)
+        column = np.concatenate([column, logged[~np.isnan(logged)]])
+        if len(column):
+            values[key] = column
     metrics = {
         key: {
             "mean": float(np.mean(v)),
@@ -240,9 +278,11 @@ def figures(ctx: AnalysisContext) -> _Figures:
         if critic_named is not None and options.model_params is None:
             critic_size = critic_named
 
-    spans = valid_spans(run.spans)
-    steps = step_rows(spans, settings)
-    walls = phase_walls(spans)
+    # the spans' figures, each part's processes at a time (`span_work`), added up
+    work = Parts.of(ctx).map(span_work, settings)
+    steps = combine_step_rows([w["step_rows"] for w in work])
+    walls = combine_walls([w["walls"] for w in work])
+    steps_wall = combine_steps_wall([w["steps_wall"] for w in work])
     per_step = (
         _per_step(steps)
         if len(steps)
@@ -318,11 +358,10 @@ def figures(ctx: AnalysisContext) -> _Figures:
     total_gpu_s = ctx.total_gpu_s if sampled(ctx).samples else 0.0
     gpu_s_source = "GPU samples"
     if total_gpu_s <= 0:
-        duration = steps_wall_s(spans)
+        duration = steps_wall
         total_gpu_s = duration * run_gpus if duration and run_gpus else 0.0
         gpu_s_source = f"steps' wall time × {run_gpus} GPUs ({gpus_from})" if total_gpu_s else ""
     batch_total = _num(per_step["batch_tokens"].sum(min_count=1)) if len(per_step) else None
-    steps_wall = steps_wall_s(spans)
     run_fig: dict[str, Any] = {
         "gpus": run_gpus,
         "gpus_source": gpus_from,
@@ -356,7 +395,9 @@ def figures(ctx: AnalysisContext) -> _Figures:
         phases=phases,
         run=run_fig,
         framework=_with_throughput_mfu(
-            _framework_metrics(spans, run.events, run.meta.framework), peak, gpu.get("model")
+            framework_metrics([w["perf"] for w in work], run.events, run.meta.framework),
+            peak,
+            gpu.get("model"),
         ),
         notes=notes,
         seq_mean=seq_mean,
@@ -366,6 +407,18 @@ def figures(ctx: AnalysisContext) -> _Figures:
     )
     ctx.__dict__["_efficiency"] = result
     return result
+
+
+def span_work(ctx: AnalysisContext, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """One part's share of the figures read off the spans (the spans of its processes): its
+    `step_rows`, `wall_sums`, `steps_wall_sums` and `perf_values`."""
+    spans = valid_spans(ctx.run.spans)
+    return {
+        "step_rows": step_rows(spans, settings),
+        "walls": wall_sums(spans),
+        "steps_wall": steps_wall_sums(spans),
+        "perf": perf_values(spans),
+    }
 
 
 def _cost(

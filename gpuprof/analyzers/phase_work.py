@@ -103,6 +103,9 @@ def step_rows(spans: pd.DataFrame, settings: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame({c: _as_column(v) for c, v in zip(cols, columns)})
 
 
+_TOKEN_COLUMNS = ("batch_tokens", "generated", "trained", "prompt_mean", "response_mean")
+
+
 def _as_column(values: Any) -> Any:
     """Float columns with no number at all stay the object column of None that rows of None
     make (what the per-step sums downstream expect)."""
@@ -115,12 +118,23 @@ def phase_walls(spans: pd.DataFrame) -> pd.DataFrame:
     """Per (phase, step): wall seconds the phase took (union of its spans per process, mean
     over the processes that ran it), processes, and tokens the phase's own outermost spans
     recorded (summed over processes; NaN when none did). Vectorised: a day-long run has
-    millions of spans."""
-    cols = ["phase", "step", "wall_s", "processes", "span_tokens"]
+    millions of spans. The figures of `wall_sums` of the run's spans (`combine_walls`)."""
+    return combine_walls([wall_sums(spans)])
+
+
+_WALL_SUMS = ["phase", "step", "covered_ns", "processes", "tokens", "token_processes"]
+
+
+def wall_sums(spans: pd.DataFrame) -> pd.DataFrame:
+    """`phase_walls`' partial figures of some processes' spans, exact whatever processes they
+    are, per (phase, step): the covered nanoseconds summed over the processes (int), the
+    processes, the outermost spans' tokens summed over them (a float when every value is a
+    whole number, which any order sums exactly, else an exact `Fraction`), and the processes
+    with tokens. `combine_walls` adds those of disjoint processes into `phase_walls`."""
     work = spans[spans["phase"].isin(PHASE_WORK)] if len(spans) else spans
     work = work[work["step"].notna()] if len(work) else work
     if work.empty:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=_WALL_SUMS)
     keys = ["phase", "step", "host", "pid"]
     frame = pd.DataFrame(
         {
@@ -143,20 +157,60 @@ def phase_walls(spans: pd.DataFrame) -> pd.DataFrame:
     new = np.ones(len(frame), dtype=bool)  # the rows of a group are neighbours
     new[1:] = (g[1:] != g[:-1]) | (start[1:] > reach[:-1])
     first = np.flatnonzero(new)  # each block's first row: blocks are runs of rows
-    covered_ns = np.maximum.reduceat(end, first) - np.minimum.reduceat(start, first)
-    covered_s = pd.Series(covered_ns, copy=False).groupby(g[first]).sum() / 1e9
+    blocks = np.maximum.reduceat(end, first) - np.minimum.reduceat(start, first)
+    covered = pd.Series(blocks, copy=False).groupby(g[first]).sum()
     outer = frame["depth"] == frame.groupby("g")["depth"].transform("min")
     tokens = frame["tokens"].where(outer).groupby(frame["g"]).sum(min_count=1)
     per_proc = frame.groupby("g")[["phase", "step"]].first()
-    per_proc["wall_s"] = covered_s
+    per_proc["covered_ns"] = covered.astype(np.int64)
     per_proc["tokens"] = tokens
     grouped = per_proc.groupby(["phase", "step"], sort=True)
     out = pd.DataFrame(
         {
-            "wall_s": grouped["wall_s"].mean(),
-            "processes": grouped["wall_s"].size(),
-            "span_tokens": _sum_min_count_1(per_proc["tokens"], grouped["tokens"]),
+            "covered_ns": grouped["covered_ns"].sum(),
+            "processes": grouped["covered_ns"].size(),
+            "tokens": _exact_sums(per_proc["tokens"], grouped["tokens"]),
+            "token_processes": grouped["tokens"].count(),
         }
+    )
+    return out.reset_index()[_WALL_SUMS]
+
+
+def _exact_sums(values: pd.Series, grouped: Any) -> pd.Series:
+    """Per group, the sum of its finite values: float when every value is a whole number (any
+    order and any division of the values sums those exactly), else an exact `Fraction`."""
+    v = values.to_numpy(np.float64)
+    v = v[np.isfinite(v)]
+    if bool((v == np.floor(v)).all()) and float(np.abs(v).sum(initial=0.0)) < 2.0**53:
+        return grouped.sum(min_count=0)
+    from gpuprof.analyzers.parts import exact_sum
+
+    return grouped.agg(exact_sum)
+
+
+def combine_walls(sums: list[pd.DataFrame]) -> pd.DataFrame:
+    """`phase_walls` from the `wall_sums` of disjoint sets of processes: the same figures
+    however the processes are divided (integer nanoseconds and exact token sums)."""
+    cols = ["phase", "step", "wall_s", "processes", "span_tokens"]
+    sums = [f for f in sums if len(f)]
+    if not sums:
+        return pd.DataFrame(columns=cols)
+    frame = pd.concat(sums, ignore_index=True) if len(sums) > 1 else sums[0]
+    grouped = frame.groupby(["phase", "step"], sort=True)
+    covered = grouped["covered_ns"].sum()
+    processes = grouped["processes"].sum()
+    token_processes = grouped["token_processes"].sum()
+    if frame["tokens"].dtype == object:  # exact fractions: added exactly, rounded once
+        tokens = grouped["tokens"].agg(lambda t: float(sum(t)))
+    else:
+        tokens = grouped["tokens"].sum()
+    out = pd.DataFrame(
+        {
+            "wall_s": covered.to_numpy(np.float64) / processes.to_numpy(np.float64) / 1e9,
+            "processes": processes.to_numpy(np.int64),
+            "span_tokens": np.where(token_processes > 0, tokens.to_numpy(np.float64), np.nan),
+        },
+        index=covered.index,
     )
     return out.reset_index()[cols]
 
@@ -187,15 +241,48 @@ def valid_spans(spans: pd.DataFrame) -> pd.DataFrame:
 def steps_wall_s(spans: pd.DataFrame) -> float | None:
     """Wall seconds of the run's steps (union of step spans per process, mean over
     processes); None without step spans."""
+    return combine_steps_wall([steps_wall_sums(spans)])
+
+
+def steps_wall_sums(spans: pd.DataFrame) -> tuple[int, int]:
+    """`steps_wall_s`' partial figures of some processes' spans: their step spans' covered
+    nanoseconds summed over the processes, and the processes."""
     steps = spans[spans["phase"] == "step"] if len(spans) else spans
     if steps.empty:
-        return None
+        return 0, 0
     walls = [
-        covered_ns(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64)) / 1e9
+        covered_ns(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
         for _, g in steps.groupby(["host", "pid"], sort=False)
     ]
-    value = float(np.mean(walls))
+    return int(sum(walls)), len(walls)
+
+
+def combine_steps_wall(sums: list[tuple[int, int]]) -> float | None:
+    """`steps_wall_s` from the `steps_wall_sums` of disjoint sets of processes."""
+    covered = sum(c for c, _ in sums)
+    processes = sum(n for _, n in sums)
+    if not processes:
+        return None
+    value = covered / processes / 1e9
     return value if value > 0 else None
+
+
+def combine_step_rows(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """`step_rows` of disjoint sets of processes as one frame, the rows in the order of their
+    processes (``owner``), each process's in its own order: the same frame however the
+    processes are divided."""
+    frames = [f for f in frames if len(f)] or frames[:1]
+    if len(frames) == 1:
+        frame = frames[0]
+    else:
+        frame = pd.concat(frames, ignore_index=True)
+        for column in _TOKEN_COLUMNS:  # a part with no figure held a column of None
+            values = pd.to_numeric(frame[column], errors="coerce").to_numpy(np.float64)
+            frame[column] = _as_column(values)
+    if len(frame) < 2:
+        return frame.reset_index(drop=True)
+    order = np.argsort(frame["owner"].to_numpy(dtype=object), kind="stable")
+    return frame.take(order).reset_index(drop=True)
 
 
 def attention_flops(
