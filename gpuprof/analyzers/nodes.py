@@ -25,7 +25,7 @@ import pandas as pd
 from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.basic import finite_or_none, node_accounts
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
-from gpuprof.analyzers.parts import Parts, sampled
+from gpuprof.analyzers.parts import Parts, exact_sum, sampled
 from gpuprof.nodes import natural_key
 
 WINDOW_S = 1.0
@@ -37,12 +37,13 @@ _ROLLOUT, _UPDATE = frozenset({"rollout"}), frozenset({"update_actor", "update_c
 
 def node_summary(ctx: AnalysisContext, th: Thresholds) -> dict[str, Any] | None:
     """The ``nodes`` section of the diagnosis summary, or None with fewer than two nodes."""
-    run, spans = ctx.run, ctx.spans
+    run = ctx.run
     parts = Parts.of(ctx)
+    # each part's spans are its nodes' processes: what a node did is in one part
+    spans = parts.map(_node_spans)
     names = set(run.meta.hosts)
     names |= {h for h in sampled(parts).hosts if h is not None and h == h}
-    if len(spans):
-        names |= set(spans["host"].dropna().unique().tolist())
+    names |= set().union(*(part["hosts"] for part in spans))
     # a Ray cluster's nodes that were lost or never recorded are listed too, with how
     accounts = {a["node"]: a for a in node_accounts(run)}
     names |= set(accounts)
@@ -51,7 +52,7 @@ def node_summary(ctx: AnalysisContext, th: Thresholds) -> dict[str, Any] | None:
     nodes = sorted(names, key=natural_key)  # node2 before node10, as the report shows them
     windows = [w for w in parts.map(_node_windows) if w is not None]
     gpus = _gpus_per_node(windows)
-    per_node = _per_node(windows, gpus, spans, nodes, th)
+    per_node = _per_node(windows, gpus, _ranks_of(spans), nodes, th)
     clocks = run.meta.clocks or {}
     for row in per_node:
         account = accounts.get(row["node"])
@@ -65,11 +66,75 @@ def node_summary(ctx: AnalysisContext, th: Thresholds) -> dict[str, Any] | None:
         )
     return {
         "nodes": per_node,
-        "links": link_figures(run_collectives(ctx), run.spans, run_ranks_per_node(ctx)),
-        "straggler_node": _straggler_node(spans, gpus, th),
-        "weight_sync_crosses_nodes": weight_sync_crosses_nodes(ctx),
+        "links": _links_of(spans),
+        "straggler_node": _straggler_of([part["straggler"] for part in spans], gpus, th),
+        "weight_sync_crosses_nodes": weight_sync_crosses_nodes(parts),
         "alignment": _alignment(clocks, nodes),
     }
+
+
+def _node_spans(ctx: AnalysisContext) -> dict[str, Any]:
+    """One part's span figures for `node_summary`: the hosts with spans, each host's ranks
+    (``host``, ``rank`` pairs), the most ranks one host runs, `_straggler_rows`, and its
+    blocking collectives' group sizes, seconds and bytes (`collectives`)."""
+    spans = ctx.spans
+    out: dict[str, Any] = {"hosts": set(), "ranks": None, "ranks_per_node": 1,
+                           "straggler": _straggler_rows(spans), "coll": None}  # fmt: skip
+    out["ranks_per_node"] = run_ranks_per_node(ctx)  # of all its spans, as the links read
+    coll = run_collectives(ctx)
+    if len(coll):
+        out["coll"] = (
+            coll["group_size"].to_numpy(np.float64),
+            coll["seconds"].to_numpy(np.float64),
+            coll["bytes"].to_numpy(np.float64),
+        )
+    if spans.empty:
+        return out
+    out["hosts"] = set(spans["host"].dropna().unique().tolist())
+    if "rank" in spans:
+        known = spans.dropna(subset=["rank"])
+        out["ranks"] = pd.DataFrame(
+            {
+                "host": known["host"].to_numpy(object),
+                "rank": known["rank"].to_numpy(np.float64).astype(np.int64),
+            }
+        ).drop_duplicates()
+    return out
+
+
+def _ranks_of(parts: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Each host's ranks, sorted, from every part's `_node_spans`."""
+    pairs = [p["ranks"] for p in parts if p["ranks"] is not None and len(p["ranks"])]
+    if not pairs:
+        return {}
+    frame = pd.concat(pairs, ignore_index=True).drop_duplicates()
+    return {
+        str(host): sorted(int(r) for r in group["rank"]) for host, group in frame.groupby("host")
+    }
+
+
+def _links_of(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`link_figures` of every part's collectives, its sums exact (the same however the
+    run's nodes are divided between parts)."""
+    held = [p["coll"] for p in parts if p["coll"] is not None]
+    if not held:
+        return []
+    sizes, seconds, nbytes = (np.concatenate(c) for c in zip(*held, strict=True))
+    inter = sizes > max(p["ranks_per_node"] for p in parts)  # `crosses_nodes`
+    out = []
+    for label, mask in (("intra-node", ~inter), ("inter-node", inter)):
+        if not mask.any():
+            continue
+        secs = float(exact_sum(np.clip(seconds[mask], 0, None)))
+        total = float(exact_sum(nbytes[mask]))  # NaN counts as 0
+        out.append({
+            "link": label,
+            "calls": int(mask.sum()),
+            "bytes": int(total),
+            "seconds": round(secs, 6),
+            "bandwidth_bytes_s": finite_or_none(total / secs) if secs > 0 else None,
+        })  # fmt: skip
+    return out
 
 
 def _node_windows(ctx: AnalysisContext) -> tuple[pd.DataFrame, ...] | None:
@@ -112,21 +177,10 @@ def _gpus_per_node(windows: list[tuple[pd.DataFrame, ...]]) -> pd.Series:
 def _per_node(
     windows: list[tuple[pd.DataFrame, ...]],
     gpus: pd.Series,
-    spans: pd.DataFrame,
+    ranks: dict[str, list[int]],
     nodes: list[str],
     th: Thresholds,
 ) -> list[dict[str, Any]]:
-    ranks: dict[str, list[int]] = {}
-    if len(spans) and "rank" in spans:
-        known = spans.dropna(subset=["rank"])
-        pairs = pd.DataFrame(
-            {
-                "host": known["host"].to_numpy(object),
-                "rank": known["rank"].to_numpy(np.float64).astype(np.int64),
-            }
-        )
-        for host, group in pairs.drop_duplicates().groupby("host"):
-            ranks[str(host)] = sorted(int(r) for r in group["rank"])
     out = {n: {"node": n, "gpus": 0, "ranks": ranks.get(n, []), "util_gpu_pct": None,
                "busy_gpu_s": 0.0, "idle_gpu_s": 0.0, "idle_while_others_busy_gpu_s": 0.0}
            for n in nodes}  # fmt: skip
@@ -311,22 +365,52 @@ def link_figures(
     return out
 
 
+_STRAGGLER_ROWS = ["phase", "step", "host", "dur_ns"]
+
+
+def _straggler_rows(spans: pd.DataFrame) -> pd.DataFrame:
+    """Per (phase, step, host) of some nodes' spans: the node's time, its slowest rank's
+    summed work-span nanoseconds (a node's processes are all among the spans given)."""
+    if spans.empty or "step" not in spans:
+        return pd.DataFrame(columns=_STRAGGLER_ROWS)
+    work = spans[~spans["phase"].isin(WORK_PHASES_EXCLUDED).to_numpy()
+                 & np.isfinite(spans["step"].to_numpy(np.float64))]  # fmt: skip
+    if work.empty:
+        return pd.DataFrame(columns=_STRAGGLER_ROWS)
+    d = pd.DataFrame(
+        {
+            "phase": work["phase"].to_numpy(object),
+            "step": work["step"].to_numpy(np.float64),
+            "host": work["host"].to_numpy(object),
+            "pid": work["pid"].to_numpy(),
+            "dur_ns": (work["end_ns"] - work["start_ns"]).to_numpy(np.int64),
+        }
+    )
+    per_rank = d.groupby(["phase", "step", "host", "pid"], sort=False)["dur_ns"].sum()
+    per_node = per_rank.groupby(level=["phase", "step", "host"], sort=False).max()
+    return per_node.reset_index()[_STRAGGLER_ROWS]
+
+
 def _straggler_node(spans: pd.DataFrame, gpus: pd.Series, th: Thresholds) -> dict | None:
-    """The node whose ranks finish their work phases last, if one does in most phase-steps.
+    """`_straggler_of` the run's spans."""
+    return _straggler_of([_straggler_rows(spans)], gpus, th)
+
+
+def _straggler_of(rows: list[pd.DataFrame], gpus: pd.Series, th: Thresholds) -> dict | None:
+    """The node whose ranks finish their work phases last, if one does in most phase-steps,
+    from the `_straggler_rows` of disjoint sets of nodes (taken in (phase, step, host) order:
+    the same answer however the nodes are divided).
 
     Per (phase, step) each node's time is its slowest rank's summed span time; a node is the
     straggler of a phase-step when it exceeds the median of the other nodes by
     ``th.imbalance_spread_frac``. Delay = its excess; GPU-seconds lost = delay × the other
     nodes' GPUs (they wait at the next synchronisation)."""
-    if spans.empty or "step" not in spans:
+    rows = [r for r in rows if len(r)]
+    if not rows:
         return None
-    work = spans[~spans["phase"].isin(WORK_PHASES_EXCLUDED).to_numpy()
-                 & np.isfinite(spans["step"].to_numpy(np.float64))]  # fmt: skip
-    if work.empty:
-        return None
-    d = work.assign(dur=(work["end_ns"] - work["start_ns"]) / 1e9)
-    per_rank = d.groupby(["phase", "step", "host", "pid"], sort=False)["dur"].sum()
-    per_node = per_rank.groupby(level=["phase", "step", "host"], sort=False).max().reset_index()
+    per_node = pd.concat(rows, ignore_index=True) if len(rows) > 1 else rows[0]
+    per_node = per_node.sort_values(["phase", "step", "host"], kind="stable", ignore_index=True)
+    per_node["dur"] = per_node["dur_ns"].to_numpy(np.float64) / 1e9
     nodes_in = per_node.groupby(["phase", "step"])["host"].transform("size")
     per_node = per_node[nodes_in >= 2]
     if per_node.empty:

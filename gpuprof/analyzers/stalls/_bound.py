@@ -163,15 +163,14 @@ def _composition(
             rows.append({"phase": OTHER, "seconds": other, "share": other / total,
                          "activity": None, "util_gpu_pct": None})  # fmt: skip
         return "phase_timing", len(t.steps), total / len(t.steps), rows
-    if not sampled(ctx).samples or ctx.spans.empty:
+    if not sampled(ctx).samples or ctx.facts.first_span_ns is None:  # no span in any part
         return None, 0, None, []
     table = ctx.by_phase
     table = table[table["phase"] != "(none)"]
     total = float(table["gpu_s"].sum())
     if total <= 0:
         return None, 0, None, []
-    steps = ctx.spans[ctx.spans["phase"] == "step"]
-    n_steps = int(steps["step"].nunique()) if len(steps) else 0
+    n_steps = len(ctx.facts.steps)  # the distinct steps of the step spans, from every part
     gpus = max(1, int(table["gpus"].max() or 1))
     rows = []
     for row in table.itertuples(index=False):
