@@ -225,15 +225,20 @@ def test_phase_walls_tokens_as_the_loop_read_them(seed):
     assert reported.sort_index().to_dict() == has.sort_index().to_dict()
 
 
+def _steps_by_process(spans: pd.DataFrame) -> list[Any]:
+    """The step spans' attrs process by process (host:pid), each process's in their order:
+    how figures over the steps read them, the same however the run is cut into parts."""
+    step_spans = spans[spans["phase"] == "step"]
+    owner = step_spans["host"] + ":" + step_spans["pid"].astype(str)
+    return list(step_spans["attrs"].iloc[np.argsort(owner.to_numpy(object), kind="stable")])
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_perf_metrics_match_the_loop(seed):
     spans = random_spans(seed)
     run = Run(meta=RunMeta(run_id="r"), spans=spans)
     got = _framework_metrics(run.spans, run.events, "verl")["metrics"]
-    # process by process (host:pid), each process's steps in their order
-    step_spans = spans[spans["phase"] == "step"]
-    owner = step_spans["host"] + ":" + step_spans["pid"].astype(str)
-    steps = list(step_spans["attrs"].iloc[np.argsort(owner.to_numpy(object), kind="stable")])
+    steps = _steps_by_process(spans)
     want = {
         key: {"mean": float(np.mean(v)), "min": float(np.min(v)), "max": float(np.max(v)),
               "steps": len(v)}
@@ -249,7 +254,7 @@ def test_step_attr_means_match_the_loop_in_order(seed):
     ctx = AnalysisContext(Run(meta=RunMeta(run_id="r"), spans=spans))
     keys = ("timing_per_token_ms/gen", "response_length/max", "perf/mfu/actor", "tokens")
     got = _step_attr_means(ctx, keys)
-    want = ref_step_attr_means(list(spans.loc[spans["phase"] == "step", "attrs"]), keys)
+    want = ref_step_attr_means(_steps_by_process(spans), keys)
     assert list(got.items()) == list(want.items())
 
 

@@ -44,9 +44,12 @@ def data_basis(ctx: AnalysisContext, steps: int) -> dict[str, Any]:
     """
     run = ctx.run
     gpu = _gpu_samples(ctx)
-    phases = sorted(set(run.spans["phase"].dropna()) - {"step"}) if len(run.spans) else []
+    # each part's spans: their phases and the counters their steps carry
+    got = Parts.of(ctx).map(_span_basis)
+    phases = sorted(set().union(*(p for p, _ in got)) - {"step"})
     timing = {"steps": int(steps), "phases": phases} if steps or phases else None
-    counters = _counters(run.spans, run.events)
+    names = set().union(*(n for _, n in got)) | _counter_names(_untimed_attrs(run.events))
+    counters = _ordered(names)
     return {
         "gpu_samples": gpu,
         "phase_timing": timing,
@@ -108,20 +111,43 @@ def _gap_counts(ctx: AnalysisContext) -> tuple[np.ndarray, np.ndarray]:
     return value_counts(gaps[gaps > 0])
 
 
-def _counters(spans: pd.DataFrame, events: pd.DataFrame) -> list[str]:
-    attrs_list = []
-    if len(spans) and "attrs" in spans:
-        attrs_list += list(spans.loc[spans["phase"] == "step", "attrs"])
+def _span_basis(ctx: AnalysisContext) -> tuple[set[str], set[str]]:
+    """One part's span phases and the counters its step spans carry."""
+    spans = ctx.run.spans
+    if not len(spans):
+        return set(), set()
+    phases = set(spans["phase"].dropna())
+    if "attrs" not in spans:
+        return phases, set()
+    return phases, _counter_names(list(spans.loc[spans["phase"] == "step", "attrs"]))
+
+
+def _untimed_attrs(events: pd.DataFrame) -> list[Any]:
+    """The attrs of step events: steps a log gives figures for but no duration."""
     if len(events) and "attrs" in events and "kind" in events:
-        # steps a log gives figures for but no duration (``untimed`` step events)
-        attrs_list += list(events.loc[events["kind"] == "step", "attrs"])
-    names = {
+        return list(events.loc[events["kind"] == "step", "attrs"])
+    return []
+
+
+def _counter_names(attrs_list: list[Any]) -> set[str]:
+    return {
         key
         for key in attr_columns.key_names(attrs_list) - _NOT_COUNTERS
         if any(_number(v) for v in attr_columns.values(attrs_list, key))
     }
+
+
+def _ordered(names: set[str]) -> list[str]:
     # the framework's own performance figures first: they are what a reader looks for
     return sorted(names, key=lambda name: (not name.startswith("perf/"), name))
+
+
+def _counters(spans: pd.DataFrame, events: pd.DataFrame) -> list[str]:
+    """The names of the figures the steps of ``spans`` and ``events`` carry, ordered."""
+    attrs_list = []
+    if len(spans) and "attrs" in spans:
+        attrs_list += list(spans.loc[spans["phase"] == "step", "attrs"])
+    return _ordered(_counter_names(attrs_list + _untimed_attrs(events)))
 
 
 def _number(value: Any) -> bool:

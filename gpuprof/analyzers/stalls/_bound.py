@@ -230,15 +230,35 @@ def _framework(ctx: AnalysisContext) -> dict[str, Any]:
 
 
 def _step_attr_means(ctx: AnalysisContext, keys: tuple[str, ...]) -> dict[str, float]:
-    spans = ctx.run.spans
-    if spans is None or spans.empty or "attrs" not in spans:
+    """The mean of each of ``keys`` over the step spans that carry it (process by process,
+    each process's steps in order: the same however the run is divided into parts), the keys
+    in the order they first appear."""
+    got = [g for g in Parts.of(ctx).map(_step_attr_columns, keys) if g is not None]
+    if not got:
         return {}
-    attrs = list(spans.loc[spans["phase"] == "step", "attrs"])
-    columns = {key: attr_columns.number(attrs, key) for key in keys}
+    owners = np.concatenate([o for o, _ in got])
+    order = np.argsort(owners, kind="stable")
+    columns = {key: np.concatenate([c[key] for _, c in got])[order] for key in keys}
     first = {key: np.flatnonzero(~np.isnan(c))[:1] for key, c in columns.items()}
     # in the order the keys first appear over the steps, as they are reported
     present = sorted((k for k in keys if len(first[k])), key=lambda k: first[k][0])
     return {key: attr_columns.mean_of(columns[key]) for key in present}
+
+
+def _step_attr_columns(
+    ctx: AnalysisContext, keys: tuple[str, ...]
+) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+    """One part's step spans: their processes (``host:pid``) and each key's values (NaN where
+    a step has none), in the spans' order; None without step spans."""
+    spans = ctx.run.spans
+    if spans is None or spans.empty or "attrs" not in spans:
+        return None
+    steps = spans[spans["phase"] == "step"]
+    if steps.empty:
+        return None
+    attrs = list(steps["attrs"])
+    owners = np.array([f"{h}:{p}" for h, p in zip(steps["host"], steps["pid"])], dtype=object)
+    return owners, {key: attr_columns.number(attrs, key) for key in keys}
 
 
 # --------------------------------------------------------------------------------------------
