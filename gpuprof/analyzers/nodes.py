@@ -377,14 +377,8 @@ def _straggler_rows(spans: pd.DataFrame) -> pd.DataFrame:
                  & np.isfinite(spans["step"].to_numpy(np.float64))]  # fmt: skip
     if work.empty:
         return pd.DataFrame(columns=_STRAGGLER_ROWS)
-    d = pd.DataFrame(
-        {
-            "phase": work["phase"].to_numpy(object),
-            "step": work["step"].to_numpy(np.float64),
-            "host": work["host"].to_numpy(object),
-            "pid": work["pid"].to_numpy(),
-            "dur_ns": (work["end_ns"] - work["start_ns"]).to_numpy(np.int64),
-        }
+    d = work[["phase", "step", "host", "pid"]].assign(
+        dur_ns=(work["end_ns"] - work["start_ns"]).to_numpy(np.int64)
     )
     per_rank = d.groupby(["phase", "step", "host", "pid"], sort=False)["dur_ns"].sum()
     per_node = per_rank.groupby(level=["phase", "step", "host"], sort=False).max()
