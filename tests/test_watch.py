@@ -136,6 +136,44 @@ def test_signals_are_forwarded_to_the_whole_process_group(tmp_path, sig):
     assert store.load_run(run_dir).meta.exit_code == 42
 
 
+STARTING_SIGNAL = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys
+    from gpuprof.collectors import child
+
+    real = subprocess.Popen
+
+    class Popen(real):
+        # the signal lands the moment the command exists, before the watcher runs again
+        # (what a loaded machine does when it runs the new command first)
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    subprocess.Popen = Popen
+    proc = child.ChildProcess(sys.argv[1:], env=dict(os.environ), kill_after_s=None)
+    proc.start()
+    subprocess.Popen = real
+    print("watcher exit", proc.wait(), flush=True)
+    """
+)
+
+
+def test_a_signal_while_the_command_starts_reaches_it(tmp_path):
+    """SIGTERM that arrives between the command's start and the watcher's next step is passed
+    on to the command, not taken by the watcher's default action (which killed the watcher and
+    left the command running: seen under load in test_signals_are_forwarded...)."""
+    command = [sys.executable, "-c", "import time; time.sleep(30)"]
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", STARTING_SIGNAL, *command],
+        capture_output=True, text=True, env=clean_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "watcher exit 143" in out.stdout  # the command ended by the SIGTERM: 128 + 15
+    assert time.monotonic() - started < 20
+
+
 def test_sigkill_of_the_watcher_leaves_a_loadable_run_and_the_command_running(tmp_path):
     status = tmp_path / "status"
     child = textwrap.dedent(

@@ -116,6 +116,8 @@ class ChildProcess:
         self.signals_received: list[int] = []
         self._pumps: list[threading.Thread] = []
         self._old_handlers: dict[int, object] = {}
+        self._pending: list[int] = []
+        """Signals received before the command's process group existed, to pass on."""
         self._tty_fd: int | None = None
         self.tee: subprocess.Popen | None = None
 
@@ -125,6 +127,11 @@ class ChildProcess:
         group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        # before the command exists: a signal that comes while it starts is kept and passed
+        # on once it runs, where it would otherwise take the watcher down with its default
+        # action and leave the command running (a loaded machine can run the new command
+        # for a while before the watcher is scheduled again)
+        self._install_signal_forwarding()
         try:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -138,6 +145,7 @@ class ChildProcess:
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
+            self._restore_signal_handlers()
             raise CommandNotFound(f"cannot run {self.argv[0]!r}: {exc.strerror}") from None
         finally:
             if self.proc is not None:
@@ -145,7 +153,9 @@ class ChildProcess:
                 os.close(err_w)
         self.pgid = self.proc.pid
         self._give_terminal()
-        self._install_signal_forwarding()
+        for signum in self._pending:  # received while the command was starting
+            self._forward(signum, None, replay=True)
+        self._pending.clear()
         streams = [(out_r, self.out_fd, "stdout"), (err_r, self.err_fd, "stderr")]
         copies = self._start_tee(streams)
         if copies is None:  # no tee process: pass the output through from here
@@ -221,9 +231,11 @@ class ChildProcess:
             with contextlib.suppress(OSError, ValueError):
                 self._old_handlers[sig] = signal.signal(sig, self._forward)
 
-    def _forward(self, signum: int, frame: object) -> None:
-        self.signals_received.append(signum)
+    def _forward(self, signum: int, frame: object, replay: bool = False) -> None:
+        if not replay:
+            self.signals_received.append(signum)
         if self.pgid is None:
+            self._pending.append(signum)
             return
         if signum in _STOPPING and self._stop_at is not None and self.kill_after_s is not None:
             self._kill()  # a second stop request: the user means it
@@ -285,10 +297,14 @@ class ChildProcess:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.tee.wait(timeout=1.0)
         self._take_terminal_back()
+        self._restore_signal_handlers()
+        return exit_code_of(returncode)
+
+    def _restore_signal_handlers(self) -> None:
         for sig, handler in self._old_handlers.items():
             with contextlib.suppress(OSError, ValueError, TypeError):
                 signal.signal(sig, handler)
-        return exit_code_of(returncode)
+        self._old_handlers.clear()
 
     @property
     def returncode(self) -> int | None:
