@@ -112,11 +112,12 @@ PARTS_MIN_SAMPLES = 200_000
 """GPU samples below which a run of several nodes is diagnosed in this process (with its
 lanes): forking the workers and combining their figures then costs about what they save."""
 
-PARTS_MIN_WORKERS = 4
-"""Cores below which the diagnosis runs in this process with its two lanes rather than in
-parts: what reads the run as a whole (its spans) is done once, by this process, and takes
-about as long as the lanes save (256 GPUs × 4 h: 2.2–3.1 s of the single process's 6.5 s;
-on two cores the parts took 5.11 s, the lanes 4.74 s — docs/PERFORMANCE.md)."""
+PARTS_MIN_WORKERS = 2
+"""Cores from which a run of several nodes is diagnosed in parts rather than in this process
+with its two lanes. Since the parts read the spans too (what this process does alone is
+~0.6 s of 6.5 s at 256 GPUs × 4 h), two parts beat the two lanes on two cores: 4.03 s
+against 4.83 s (one process 6.22 s; docs/PERFORMANCE.md). Before that, with 2.2–3.1 s of
+span work in this process, the lanes were faster below 4 cores."""
 
 
 def diagnose_parts(
