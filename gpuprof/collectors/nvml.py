@@ -109,15 +109,15 @@ _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 """Member of ``nvmlValue_t`` to read for each ``nvmlValueType_t`` (its index)."""
 
 _PROC_UTIL_HOLD_NS = 500_000_000
+"""How long per-process SM figures are reused when the driver has no newer sample."""
 
 BUFFERED_UTIL_MIN_S = 0.5
 """Shortest spacing of ticks (s) at which utilisation is the mean of the driver's buffered
 samples. The buffer gains a sample every 1/6 s, so a closer tick finds at most one new sample,
 which ``nvmlDeviceGetUtilizationRates`` gives too; and one ``nvmlDeviceGetSamples`` call took
 2.1 ms on a real H100 and H200 (driver 580, `benchmarks/probe_nvml_fields.py`), against 10 µs
-for the rates: two per GPU and tick were 80% of the sampler's NVML time, spent holding the
-driver's lock that the training's own CUDA calls take."""
-"""How long per-process SM figures are reused when the driver has no newer sample."""
+for the rates: two per GPU and tick were 80% of the sampler's NVML time. NVML calls serialise
+on the driver's lock, which other clients of the driver then wait for."""
 
 _UNAVAILABLE = (_ERROR_NOT_SUPPORTED, _ERROR_NO_PERMISSION, _ERROR_FUNCTION_NOT_FOUND)
 _FIELD_UNAVAILABLE = (*_UNAVAILABLE, _ERROR_INVALID_ARGUMENT)
