@@ -28,6 +28,7 @@ from gpuprof.reports.fmt import render_json
 def small_runs_in_parts(monkeypatch):
     """Every multi-node run goes to the workers, however small (the tests' runs are)."""
     monkeypatch.setattr(diagnose_module, "PARTS_MIN_SAMPLES", 1)
+    monkeypatch.setattr(diagnose_module, "PARTS_MIN_SAMPLES_FEW", 1)
     monkeypatch.setattr(diagnose_module, "PARTS_MIN_WORKERS", 2)
     made = []
     real = WorkerParts.__init__
@@ -50,6 +51,19 @@ def test_the_diagnosis_in_workers_is_the_single_process_document(case, small_run
     assert "samples" not in ctx.__dict__  # this process labelled no sample
     assert got == want
     assert all(not p.is_alive() for p in small_runs_in_parts[0]._procs)  # workers reaped
+
+
+def test_few_workers_take_parts_only_for_larger_runs(small_runs_in_parts, monkeypatch):
+    """On 2-3 workers the two lanes hold out longer against the parts: a run between the two
+    thresholds goes to parts on 4 workers, not on 2 (and the document is the same)."""
+    run = _run("busy")
+    monkeypatch.setattr(diagnose_module, "PARTS_MIN_SAMPLES", len(run.gpu))
+    monkeypatch.setattr(diagnose_module, "PARTS_MIN_SAMPLES_FEW", len(run.gpu) + 1)
+    want = render_json(diagnose(run, workers=1).to_dict())
+    assert render_json(diagnose(run, workers=2).to_dict()) == want
+    assert not small_runs_in_parts
+    assert render_json(diagnose(run, workers=4).to_dict()) == want
+    assert len(small_runs_in_parts) == 1
 
 
 def test_options_reach_every_part(small_runs_in_parts):

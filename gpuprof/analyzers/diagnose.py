@@ -82,9 +82,10 @@ def diagnose(
 
     ``context``: an `AnalysisContext` of the same run whose alignment the caller also uses
     (the report's per-step table), so it is computed once. ``workers`` ≥ `PARTS_MIN_WORKERS`:
-    a run of several nodes and at least `PARTS_MIN_SAMPLES` GPU samples whose context has not
-    aligned its samples yet is diagnosed in ``workers`` parts of consecutive nodes, each
-    held by a process of its own (`part_workers`); ``workers`` > 1: another run of at least
+    a run of several nodes and at least `PARTS_MIN_SAMPLES` GPU samples (below `FEW_WORKERS`
+    workers, `PARTS_MIN_SAMPLES_FEW`) whose context has not aligned its samples yet is
+    diagnosed in ``workers`` parts of consecutive nodes, each held by a process of its own
+    (`part_workers`); ``workers`` > 1: another run of at least
     `SIDE_BY_SIDE_MIN_SAMPLES` runs the two groups of detectors that do not depend on each
     other (`stalls.SIDE_BY_SIDE`) at once, one in a forked child (`lanes`). The diagnosis is
     the same either way. Only a process without threads that may hold locks should ask for
@@ -92,7 +93,9 @@ def diagnose(
     """
     th = thresholds or Thresholds()
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
-    parted = workers >= PARTS_MIN_WORKERS and len(run.gpu) >= PARTS_MIN_SAMPLES
+    few = workers < FEW_WORKERS  # the lanes hold out longer against few parts
+    least = PARTS_MIN_SAMPLES_FEW if few else PARTS_MIN_SAMPLES
+    parted = workers >= PARTS_MIN_WORKERS and len(run.gpu) >= least
     if parted and "samples" not in ctx.__dict__:
         from gpuprof.analyzers.part_workers import PartsLost, WorkerParts
         from gpuprof.analyzers.parts import node_groups
@@ -111,6 +114,14 @@ def diagnose(
 PARTS_MIN_SAMPLES = 200_000
 """GPU samples below which a run of several nodes is diagnosed in this process (with its
 lanes): forking the workers and combining their figures then costs about what they save."""
+
+FEW_WORKERS = 4
+"""Workers below which a run needs `PARTS_MIN_SAMPLES_FEW` samples to be diagnosed in parts."""
+
+PARTS_MIN_SAMPLES_FEW = 400_000
+"""`PARTS_MIN_SAMPLES` on 2–3 workers, where two parts break even with the two lanes later
+(`bench_part_workers.py --workers 2`, two nodes of 8 GPUs: 214 k samples, parts 0.66 s against
+lanes 0.54 s; 427 k, 0.83 s each; 256 GPUs × 4 h, 1.15 M, 4.03 s against 4.83 s)."""
 
 PARTS_MIN_WORKERS = 2
 """Cores from which a run of several nodes is diagnosed in parts rather than in this process
