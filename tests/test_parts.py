@@ -354,6 +354,20 @@ def test_the_diagnosis_node_by_node_is_the_whole_runs(case, merge, groups, tmp_p
     assert render_json(got) == render_json(want)  # the same document, to the byte
 
 
+@pytest.mark.parametrize("groups", [None, 2])
+def test_a_node_with_spans_and_no_gpu_is_in_a_part(groups):
+    """A node that recorded spans but no GPU sample and no GPU in the inventory (a CPU-only
+    head running the driver, whose steps time the run): its spans are in a part, so the
+    document node by node is still the whole run's."""
+    run = _run("busy")
+    steps = run.spans[run.spans["phase"] == "step"]
+    driver = steps.assign(host="head", pid=steps["pid"] + 100_000)
+    run = dataclasses.replace(run, spans=pd.concat([run.spans, driver], ignore_index=True))
+    got, want = _diagnoses(run, groups)
+    assert "head" in {n["node"] for n in want["summary"]["nodes"]["nodes"]}
+    assert render_json(got) == render_json(want)
+
+
 def test_the_diagnosis_of_three_real_captures_node_by_node(tmp_path, monkeypatch):
     """Three public nvidia-smi captures imported as one run of three hosts: the whole
     diagnosis node by node is the single-process one (the sampling interval, the notes,

@@ -405,8 +405,14 @@ def node_groups(run: Run, parts: int | None = None) -> list[list[str]] | None:
     if util is None or not np.isfinite(util.to_numpy(np.float64)).any():
         return None  # phase times alone (a framework's log, a memory-only capture): as one
     listed = [g for g in run.meta.gpus or [] if isinstance(g, dict) and g.get("host") is not None]
-    hosts = {str(h) for h in run.gpu["host"].dropna().unique()}
-    hosts = sorted(hosts | {str(g["host"]) for g in listed})
+    hosts = {str(g["host"]) for g in listed}
+    # every node with rows is in a part: one with spans and no GPU (a CPU-only head running
+    # the driver, whose step spans time the run) as much as one with GPUs
+    for name in _BY_HOST:
+        frame = getattr(run, name)
+        if frame is not None and "host" in frame and len(frame):
+            hosts |= {str(h) for h in frame["host"].dropna().unique()}
+    hosts = sorted(hosts)
     if len(hosts) <= 1 or (parts is not None and parts <= 1):
         return None
     if parts is None:
