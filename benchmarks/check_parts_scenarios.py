@@ -1,0 +1,75 @@
+"""Is the diagnosis in worker processes the single process's, over the simulator's scenarios?
+
+    python benchmarks/check_parts_scenarios.py [--scenarios 240] [--seed 0] [--workers 2]
+                                               [--merge 1]
+
+For every multi-node scenario of `diagnosis.py` (the others are never cut into parts), the
+run is diagnosed in this process (`diagnose(run, workers=1)`) and in ``--workers`` parts of
+consecutive nodes, each in a forked worker (`part_workers`), whatever its size (the sample
+thresholds set to 1). With ``--merge N`` each run is first written and loaded with N GPU
+samples merged, as a long run is analysed. The two ``--json`` documents must be the same to
+the byte; printed: how many scenarios, how many identical, and the first differing lines of
+any that are not. Exits 1 on a difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from diagnosis import scenarios  # noqa: E402
+
+from gpuprof import store  # noqa: E402
+from gpuprof.analyzers import diagnose as diagnose_module  # noqa: E402
+from gpuprof.analyzers.parts import node_groups  # noqa: E402
+from gpuprof.loader import load_for_analysis  # noqa: E402
+from gpuprof.reports.fmt import render_json  # noqa: E402
+from gpuprof.sim import simulate  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", type=int, default=240)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--merge", type=int, default=1)
+    args = parser.parse_args()
+    # every multi-node run to the workers, however small
+    diagnose_module.PARTS_MIN_SAMPLES = diagnose_module.PARTS_MIN_SAMPLES_FEW = 1
+    diagnose_module.PARTS_MIN_WORKERS = 2
+    started = time.monotonic()
+    checked, differ = 0, []
+    for i, (group, cfg) in enumerate(scenarios(args.scenarios, args.seed)):
+        run = simulate(cfg).run
+        groups = node_groups(run, args.workers)
+        if groups is None or len(groups) < 2:
+            continue
+        if args.merge > 1:
+            with tempfile.TemporaryDirectory() as tmp:
+                store.save_run(run, Path(tmp) / "run")
+                run = load_for_analysis(Path(tmp) / "run", merge=args.merge)
+        one = render_json(diagnose_module.diagnose(run, workers=1).to_dict())
+        parts = render_json(diagnose_module.diagnose(run, workers=args.workers).to_dict())
+        checked += 1
+        if one != parts:
+            lines = difflib.unified_diff(one.splitlines(), parts.splitlines(), lineterm="", n=0)
+            changed = [x for x in lines if x[:1] in "+-" and x[:3] not in ("+++", "---")]
+            kinds = [p.kind for p in cfg.pathologies]
+            print(f"scenario {i} ({group}, {kinds}, {cfg.gpus} GPUs): {changed[:4]}")
+            differ.append(i)
+    print(f"{checked} multi-node scenarios in {args.workers} parts (merge {args.merge}): "
+          f"{checked - len(differ)} identical to one process, {len(differ)} differ "
+          f"({time.monotonic() - started:.0f} s)")  # fmt: skip
+    if differ:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
