@@ -234,19 +234,19 @@ def test_close_ticks_read_utilization_rates_not_the_buffer(simnvml, collectors):
     buffer is read on the first tick only (its newest sample), then the rates."""
     scenario = two_gpus()
     collectors.append(c := opened(simnvml, scenario))
-    c.sample(time.time_ns())
+    # the ticks' own times say how far apart they are (not how long this machine took)
+    t0 = time.time_ns()
+    c.sample(t0)
     # 2 GPUs x (GPU, memory) x 2 C calls (pynvml asks the buffer's size first)
     assert simnvml.calls("nvmlDeviceGetSamples") == 8
     rates = simnvml.calls("nvmlDeviceGetUtilizationRates")
-    for _ in range(5):
-        time.sleep(0.1)
-        (gpu0, gpu1), _ = c.sample(time.time_ns())
+    for k in range(1, 6):
+        (gpu0, gpu1), _ = c.sample(t0 + k * 100_000_000)
     assert simnvml.calls("nvmlDeviceGetSamples") == 8
     assert simnvml.calls("nvmlDeviceGetUtilizationRates") == rates + 10
     assert (gpu0.util_gpu_pct, gpu0.util_mem_pct, gpu1.util_gpu_pct) == (42, 17, 7)
     # ticks far enough apart average the buffer again
-    time.sleep(BUFFERED_UTIL_MIN_S)
-    c.sample(time.time_ns())
+    c.sample(t0 + 500_000_000 + int(BUFFERED_UTIL_MIN_S * 1e9))
     assert simnvml.calls("nvmlDeviceGetSamples") == 16
 
 

@@ -42,6 +42,7 @@ from gpuprof.analyzers.phase_work import (
     combine_step_rows,
     combine_steps_wall,
     combine_walls,
+    process_keys,
     step_rows,
     steps_wall_sums,
     valid_spans,
@@ -144,7 +145,7 @@ def perf_values(spans: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]
     keys = [k for k in attr_columns.key_names(attrs) if str(k).startswith("perf/")]
     if not keys:
         return {}
-    owners = np.array([f"{h}:{p}" for h, p in zip(steps["host"], steps["pid"])], dtype=object)
+    owners = process_keys(steps)
     out = {}
     for key in keys:
         column = attr_columns.number(attrs, key)

@@ -97,13 +97,19 @@ def step_rows(spans: pd.DataFrame, settings: Mapping[str, Any]) -> pd.DataFrame:
         batch_tokens = np.where(back, generated * (prompt + response) / response, batch_tokens)
     trained = attr_columns.number(attrs, "trained_tokens")
     trained = np.where(np.isnan(trained) & ~np.isnan(batch_tokens), batch_tokens * epochs, trained)
-    owner = [f"{host}:{pid}" for host, pid in zip(steps["host"], steps["pid"])]
+    owner = process_keys(steps)
     columns = (step[keep].astype(np.int64), owner, batch_tokens, generated, trained, prompt,
                response)  # fmt: skip
     return pd.DataFrame({c: _as_column(v) for c, v in zip(cols, columns)})
 
 
 _TOKEN_COLUMNS = ("batch_tokens", "generated", "trained", "prompt_mean", "response_mean")
+
+
+def process_keys(spans: pd.DataFrame) -> np.ndarray:
+    """Each span's process as ``host:pid`` (object array): the key that figures over several
+    processes order their rows by, so that any division of the processes gives one order."""
+    return np.array([f"{h}:{p}" for h, p in zip(spans["host"], spans["pid"])], dtype=object)
 
 
 def _as_column(values: Any) -> Any:

@@ -36,6 +36,7 @@ from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.hardware import match_gpu
 from gpuprof.analyzers.model_size import model_size
 from gpuprof.analyzers.parts import Parts, median_of_counts, sampled, value_counts
+from gpuprof.analyzers.phase_work import process_keys
 from gpuprof.analyzers.roofline import FORWARD_PHASES, DecodeRoofline, decode_roofline, token_ratios
 from gpuprof.analyzers.settings import num, options_of, run_settings
 from gpuprof.analyzers.stalls._timing import timing
@@ -257,7 +258,7 @@ def _step_attr_columns(
     if steps.empty:
         return None
     attrs = list(steps["attrs"])
-    owners = np.array([f"{h}:{p}" for h, p in zip(steps["host"], steps["pid"])], dtype=object)
+    owners = process_keys(steps)
     return owners, {key: attr_columns.number(attrs, key) for key in keys}
 
 
