@@ -348,6 +348,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--group-size must be at least 2: advantages compare answers within a group")
     if not 1 <= args.mini_batches <= args.batch_size * args.group_size:
         p.error("--mini-batches must be between 1 and batch-size x group-size")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device {args.device!r}: not a device torch knows (cpu, cuda, cuda:1, ...)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: this torch sees no CUDA GPU")
     return args
 
 
