@@ -2,6 +2,7 @@
 
     python benchmarks/bench_analyze_scale.py [--gpus 64] [--hours 3 6 12 24] [--repeats 2]
                                              [--dir /tmp/gpuprof-scale] [--keep]
+                                             [--interval 0.1] [--write-only]
 
 Each size is a run directory as `watch` leaves it (SQLite host files with their Parquet sample
 side files), made by repeating a simulated one-hour GRPO run of the same GPUs (two injected
@@ -46,10 +47,13 @@ PATHOLOGIES = [Pathology("reward_bound", 0.6), Pathology("reshard_idle", 0.5)]
 _GRPO_STEP_S = sum(v for k, v in DEFAULT_PHASE_S.items() if k not in ("values", "update_critic"))
 
 
-def base_config(gpus: int, seed: int = 1) -> SimConfig:
-    """An hour of GRPO on ``gpus`` GPUs."""
+def base_config(gpus: int, seed: int = 1, interval_s: float = 0.1) -> SimConfig:
+    """An hour of GRPO on ``gpus`` GPUs, their samples ``interval_s`` apart (the host's and
+    processes' `SimConfig`'s default apart, or as far as the GPUs' when that is longer)."""
     steps = max(1, round(3600 / _GRPO_STEP_S))
-    return SimConfig(gpus=gpus, steps=steps, seed=seed, pathologies=PATHOLOGIES)
+    host_s = max(SimConfig.host_interval_s, interval_s)
+    return SimConfig(gpus=gpus, steps=steps, seed=seed, pathologies=PATHOLOGIES,
+                     interval_s=interval_s, host_interval_s=host_s)  # fmt: skip
 
 
 def base_run(gpus: int, seed: int = 1) -> Run:
@@ -192,12 +196,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/gpuprof-scale"))
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument(
+        "--interval", type=float, default=0.1,
+        help="seconds between a GPU's samples (a cluster-day's kept form at 1 s is that of "
+        "10 Hz: both are merged to the loader's budget, about a minute a bucket)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--write-only", action="store_true", help="write the runs (kept), analyse none"
+    )
     args = parser.parse_args()
+    if args.write_only:
+        args.keep = True
 
     t = time.perf_counter()
     base_dir = args.dir / "base-1h"
     shutil.rmtree(base_dir, ignore_errors=True)
-    base = simulate_to(base_config(args.gpus), base_dir)
+    base = simulate_to(base_config(args.gpus, interval_s=args.interval), base_dir)
     print(f"simulated 1 h x {args.gpus} GPUs in {time.perf_counter() - t:.0f} s "
           f"({base.gpu_samples:,} GPU samples)", flush=True)  # fmt: skip
     print(f"{'hours':>5s} {'GPU samples':>12s} {'analysed':>10s} {'median s':>9s} "
@@ -205,6 +219,9 @@ def main() -> None:
     for hours in args.hours:
         run_dir = args.dir / f"{hours}h"
         n = write_tiled_dir(base_dir, hours, run_dir)
+        if args.write_only:
+            print(f"{hours:5d} {n:12,d}  written to {run_dir}", flush=True)
+            continue
         results = [analyze_once(run_dir) for _ in range(args.repeats)]
         med = statistics.median(r["s"] for r in results)
         rss = statistics.median(r["rss"] for r in results) / 2**20

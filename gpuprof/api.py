@@ -797,6 +797,7 @@ def analyze(
     gpu: str | None = None,
     context=None,
     workers: int = 1,
+    series=None,
 ):
     """The diagnosis of a loaded run (`gpuprof.analyzers.diagnose.Diagnosis`).
 
@@ -805,8 +806,10 @@ def analyze(
     config.json or name, see `efficiency_options`); ``gpu`` names the GPU model (``H100``)
     when the run does not, or names it wrongly. ``context``: an `AnalysisContext` of
     ``run`` to reuse. ``workers`` > 1: part of the detectors run in a forked child at the
-    same time (`diagnose`'s ``workers``; the same diagnosis). Raises `ValueError` for a
-    ``model_params`` that is no count.
+    same time (`diagnose`'s ``workers``; the same diagnosis). ``series``: where the sampled
+    series of a run read without them are (`loader.load_for_diagnosis`). Raises
+    `ValueError` for a ``model_params`` that is no count, `RunError` for series that no
+    longer read.
     """
     from gpuprof.analyzers.diagnose import diagnose
     from gpuprof.analyzers.findings import AnalysisContext
@@ -817,7 +820,7 @@ def analyze(
     )
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
     attach_options(ctx, options)
-    return diagnose(run, thresholds, context=ctx, workers=workers)
+    return diagnose(run, thresholds, context=ctx, workers=workers, series=series)
 
 
 def efficiency(

@@ -81,14 +81,20 @@ def analyze_command(
         _by_steps_command(run_dir, by_steps, json_out, top, gpu_hour_price, model_params, gpu,
                           workers, ray, steps)  # fmt: skip
         return
-    run = _load_or_exit(run_dir, workers, ray, _window_or_exit(run_dir, steps))
-    diagnosis = api.analyze(
-        run,
-        gpu_hour_price=gpu_hour_price,
-        model_params=model_params,
-        gpu=gpu,
-        workers=_diagnosis_workers(workers),
-    )
+    from gpuprof.analyzers.diagnose import parts_min_samples
+    from gpuprof.loader import load_for_diagnosis
+
+    window = _window_or_exit(run_dir, steps)
+    cores = _diagnosis_workers(workers)
+    try:
+        # a long run's series are read node by node, by the workers that diagnose them
+        run, series = load_for_diagnosis(run_dir, workers=workers, ray=ray, steps=window,
+                                         defer_from=parts_min_samples(cores))  # fmt: skip
+        diagnosis = api.analyze(run, gpu_hour_price=gpu_hour_price, model_params=model_params,
+                                gpu=gpu, workers=cores, series=series)  # fmt: skip
+    except api.RunError as exc:
+        _err(str(exc))
+        raise SystemExit(EXIT_BAD_INPUT) from None
     if json_out:
         from gpuprof.reports.fmt import render_json
 

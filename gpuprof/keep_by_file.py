@@ -67,8 +67,7 @@ def build(run_dir: str | Path, workers: int | None = None) -> bool:
     enough to be merged (it loads whole in little memory), not finished, changed while it
     was read, or its directory cannot be written."""
     run_dir = Path(run_dir)
-    settings = {"max_gpu_samples": loader.MAX_GPU_SAMPLES, "merge": None,
-                "host_rows": loader.MAX_HOST_ROWS}  # fmt: skip
+    settings = loader.kept_settings(loader.MAX_GPU_SAMPLES, None)
     made_under = load_cache.key(run_dir, settings)
     if made_under is None or not os.access(run_dir, os.W_OK):  # nothing to keep, or nowhere
         return False

@@ -11,7 +11,9 @@ Each table is kept in batches whose times ``run.json`` records, so that a stretc
 (``--steps``, `step_window`) decodes only the batches that reach into it. A long run's kept
 form may also be made file by file (`keep_by_file`): each table is then a list of part files
 (`write_part`, put in place by `place`), read one after the other and sorted as the whole
-run's table is (`_in_order`); what is read is the same.
+run's table is (`_in_order`); what is read is the same. A run may also be read without its
+sampled series (`read_without_series`), which are then read node by node where they are
+analysed (`KeptSeries`: the rows of some hosts, filtered batch by batch as they are decoded).
 
 The key is the run files' names, sizes and modification times (the SQLite files and their
 columnar side files), the load settings and this format's version: any change to the run,
@@ -29,6 +31,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,14 @@ import numpy as np
 import pandas as pd
 
 from gpuprof import store
-from gpuprof.model import INTERNED_TABLES, RECORD_TYPES, Run, RunMeta, column_kinds
+from gpuprof.model import (
+    INTERNED_TABLES,
+    RECORD_TYPES,
+    SAMPLED_TABLES,
+    Run,
+    RunMeta,
+    column_kinds,
+)
 
 DIRNAME = ".gpuprof-loaded"
 ENV_CACHE = "GPUPROF_LOAD_CACHE"
@@ -89,14 +99,15 @@ def key(run_dir: str | os.PathLike, settings: dict[str, Any]) -> dict[str, Any] 
 
 
 def read(
-    run_dir: str | os.PathLike, want: dict[str, Any], span: tuple[int, int] | None = None
-) -> Run | None:
+    run_dir: str | os.PathLike, want: dict[str, Any], span: tuple[int, int] | None = None,
+    *, hosts: Sequence[str] | None = None, only: Collection[str] | None = None,
+) -> Run | None:  # fmt: skip
     """The kept form of ``run_dir`` when it was made under ``want``, else None. With ``span``
     (start, end epoch ns), only the rows of each table that may lie within it: the batches
     whose times reach into it, less the rows of those outside it (spans: those that do not
-    overlap it); `step_window.cut` makes the exact cut."""
-    import pyarrow as pa
-
+    overlap it); `step_window.cut` makes the exact cut. ``only``: just these tables (the
+    others without rows, with their kept columns); ``hosts``: of each table with a ``host``
+    column, only the rows these hosts recorded, in the table's order (`parts.cut`'s rows)."""
     where = Path(run_dir) / DIRNAME
     try:
         with open(where / "run.json", encoding="utf-8") as handle:
@@ -104,31 +115,149 @@ def read(
         if kept.get("key") != want:
             return None
         meta = RunMeta.from_dict(kept["meta"])
-        made = kept["made"].encode()
         tables = {}
         for table, spec in kept["tables"].items():
             if table not in RECORD_TYPES:
                 return None
-            pieces = []
-            for part in spec.get("parts") or [{"file": f"{table}.arrow", **spec}]:
-                with pa.memory_map(str(where / part["file"])) as source:
-                    reader = pa.ipc.open_file(source)
-                    # a file of another writing (two loads keeping at once, under different
-                    # settings, swapped the directory while this one read it)
-                    if (reader.schema.metadata or {}).get(_MADE) != made:
-                        return None
-                    times = {"times": part["times"]} if part.get("times") is not None else {}
-                    pieces.append(_batches(reader, {**spec, **times}, span))
-            data = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-            del pieces
-            if span is None and data.num_rows != spec["rows"]:
-                return None
-            frame = _frame(data, {**spec, "rows": data.num_rows})
-            del data
-            tables[table] = _in_order(table, frame) if "parts" in spec else frame
+            skip = only is not None and table not in only
+            tables[table] = _read_table(where, kept["made"], table, spec, span, hosts, skip)
     except Exception:  # missing, half-copied, from another version: made again
         return None
     return Run(meta=meta, **tables)
+
+
+def _read_table(
+    where: Path, made: str, table: str, spec: dict[str, Any], span: tuple[int, int] | None,
+    hosts: Sequence[str] | None, empty: bool = False,
+) -> pd.DataFrame:  # fmt: skip
+    """One kept table (`read`); ``empty``: none of its rows, its columns as kept. Raises
+    ValueError when a file is of another writing or holds other rows than it should."""
+    import pyarrow as pa
+
+    pieces = []
+    for part in spec.get("parts") or [{"file": f"{table}.arrow", **spec}]:
+        with pa.memory_map(str(where / part["file"])) as source:
+            reader = pa.ipc.open_file(source)
+            # a file of another writing (two loads keeping at once, under different
+            # settings, swapped the directory while this one read it)
+            if (reader.schema.metadata or {}).get(_MADE) != made.encode():
+                raise ValueError(f"{part['file']}: written by another making")
+            if empty:
+                pieces.append(reader.schema.empty_table())
+                break
+            times = {"times": part["times"]} if part.get("times") is not None else {}
+            pieces.append(_batches(reader, {**spec, **times}, span, hosts))
+    data = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+    del pieces
+    if span is None and hosts is None and not empty and data.num_rows != spec["rows"]:
+        raise ValueError(f"{table}: {data.num_rows} rows kept, {spec['rows']} recorded")
+    frame = _frame(data, {**spec, "rows": data.num_rows})
+    del data
+    return _in_order(table, frame) if "parts" in spec else frame
+
+
+class KeptSeries:
+    """Where the sampled series (`model.SAMPLED_TABLES`) of a run read without them
+    (`read_without_series`) are read from: node by node, by whoever analyses those nodes (a
+    worker holding a part of the run, `analyzers.part_workers`), or whole. What is read is
+    what `read` gives, the same rows in the same order."""
+
+    def __init__(self, run_dir: Path, want: dict[str, Any], kept: dict[str, Any]):
+        self.run_dir = Path(run_dir)
+        self._want = want
+        self._made = str(kept["made"])
+        self._specs = {t: kept["tables"][t] for t in SAMPLED_TABLES if t in kept["tables"]}
+        self.rows: dict[str, int] = {t: int(s["rows"]) for t, s in self._specs.items()}
+        """Rows of each sampled table."""
+
+    def read(self, hosts: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
+        """Each sampled table, whole or (``hosts``) the rows those hosts recorded. Raises
+        `store.RunError` when the kept form changed since the run was read (another load
+        kept it again): the run is to be read afresh."""
+        where = self.run_dir / DIRNAME
+        try:
+            return {t: _read_table(where, self._made, t, spec, None, hosts)
+                    for t, spec in self._specs.items()}  # fmt: skip
+        except Exception as exc:
+            raise store.RunError(
+                f"{self.run_dir}: its merged form changed while it was read "
+                f"({type(exc).__name__}); run the command again"
+            ) from None
+
+    def census(self) -> tuple[bool, dict[str, int], set[str]]:
+        """What the parts of the run are cut by, without reading the series: whether any GPU
+        utilisation reading is a finite number, the GPU samples each host recorded, and the
+        hosts with rows in any sampled table. Raises as `read` does."""
+        import pyarrow as pa
+
+        finite, counts, named = False, {}, set()
+        where = self.run_dir / DIRNAME
+        try:
+            for table, spec in self._specs.items():
+                names = [c["name"] for c in spec["columns"]]
+                wanted = [n for n in ("host", "util_gpu_pct") if n in names]
+                if not wanted or (table != "gpu" and "host" not in wanted):
+                    continue
+                fields = [names.index(n) for n in wanted]
+                options = pa.ipc.IpcReadOptions(included_fields=fields)
+                for part in spec.get("parts") or [{"file": f"{table}.arrow"}]:
+                    with pa.memory_map(str(where / part["file"])) as source:
+                        reader = pa.ipc.open_file(source, options=options)
+                        if (reader.schema.metadata or {}).get(_MADE) != self._made.encode():
+                            raise ValueError(f"{part['file']}: written by another making")
+                        for i in range(reader.num_record_batches):
+                            batch = reader.get_batch(i)
+                            if "host" in wanted:
+                                got = _host_counts(batch.column("host"))
+                                named |= set(got)
+                                if table == "gpu":
+                                    for host, n in got.items():
+                                        counts[host] = counts.get(host, 0) + n
+                            if table == "gpu" and "util_gpu_pct" in wanted and not finite:
+                                util = batch.column("util_gpu_pct").to_pandas()
+                                util = pd.to_numeric(util, errors="coerce").to_numpy(np.float64)
+                                finite = bool(np.isfinite(util).any())
+        except Exception as exc:
+            raise store.RunError(
+                f"{self.run_dir}: its merged form changed while it was read "
+                f"({type(exc).__name__}); run the command again"
+            ) from None
+        return finite, counts, named
+
+
+def _host_counts(column: Any) -> dict[str, int]:
+    """Rows per host of a kept ``host`` column (dictionary-encoded text; nulls not counted)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    indices = column.indices.to_numpy(zero_copy_only=False)
+    if column.null_count:
+        indices = indices[pc.is_valid(column).to_numpy(zero_copy_only=False)]
+    counts = np.bincount(indices.astype(np.int64), minlength=len(column.dictionary))
+    names = column.dictionary.to_pylist()
+    return {str(names[i]): int(counts[i]) for i in np.flatnonzero(counts)}
+
+
+def read_without_series(
+    run_dir: str | os.PathLike, want: dict[str, Any], least: int = 0
+) -> tuple[Run, KeptSeries] | None:
+    """The kept form of ``run_dir`` (made under ``want``) without its sampled series (empty,
+    with their kept columns), and where they are read from; None when it is not kept, or it
+    holds fewer than ``least`` GPU samples (it is then read whole, with `read`)."""
+    try:
+        with open(Path(run_dir) / DIRNAME / "run.json", encoding="utf-8") as handle:
+            kept = json.load(handle)
+        if kept.get("key") != want or int(kept["tables"]["gpu"]["rows"]) < least:
+            return None
+        series = KeptSeries(Path(run_dir), want, kept)
+    except Exception:  # none kept, another version, cut short: read as the caller would
+        return None
+    run = read(run_dir, want, only=[t for t in RECORD_TYPES if t not in SAMPLED_TABLES])
+    if run is None:
+        return None
+    return run, series
 
 
 def step_times(run_dir: str | os.PathLike) -> pd.DataFrame | None:
@@ -149,34 +278,58 @@ def step_times(run_dir: str | os.PathLike) -> pd.DataFrame | None:
     return pd.DataFrame({"start_ns": rows[:, 1], "end_ns": rows[:, 2]}, index=index)
 
 
-def _batches(reader: Any, spec: dict[str, Any], span: tuple[int, int] | None) -> Any:
+def _batches(
+    reader: Any, spec: dict[str, Any], span: tuple[int, int] | None,
+    hosts: Sequence[str] | None = None,
+) -> Any:  # fmt: skip
     """The kept table ``reader`` reads, whole, or with ``span`` its batches that reach into
-    it (by the times kept in ``spec``), each less its rows outside it, decoded one at a
-    time."""
+    it (by the times kept in ``spec``), each less its rows outside it, or with ``hosts``
+    (a table with a ``host`` column) each less the rows other hosts recorded, decoded one at
+    a time."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if span is None or "times" not in spec:  # a table without times: whole
+    by_host = hosts is not None and "host" in reader.schema.names
+    if (span is None or "times" not in spec) and not by_host:  # whole
         return reader.read_all()
-    times = spec["times"]
-    if len(times) != reader.num_record_batches:
+    times = spec.get("times") if span is not None else None
+    if times is not None and len(times) != reader.num_record_batches:
         raise ValueError("batch times do not match the batches")
-    start, end = span
+    wanted = pa.array(sorted({str(h) for h in hosts}), type=pa.string()) if by_host else None
     parts = []
-    for i, (first, last) in enumerate(times):
-        if first is None or last < start or first > end:  # `end` itself: a step's event
-            continue
+    for i in range(reader.num_record_batches):
+        if times is not None:
+            first, last = times[i]
+            if first is None or last < span[0] or first > span[1]:
+                continue  # `end` itself counts: a step's event
         batch = reader.get_batch(i)
-        if spec.get("overlap"):  # spans: kept when they overlap the stretch
-            keep = pc.and_(pc.less(batch["start_ns"], end), pc.greater(batch["end_ns"], start))
-        else:
-            t = batch[spec["time"]]
-            keep = pc.and_(pc.greater_equal(t, start), pc.less_equal(t, end))
-        parts.append(batch.filter(keep))
+        keep = None
+        if times is not None:
+            start, end = span
+            if spec.get("overlap"):  # spans: kept when they overlap the stretch
+                keep = pc.and_(pc.less(batch["start_ns"], end), pc.greater(batch["end_ns"], start))
+            else:
+                t = batch[spec["time"]]
+                keep = pc.and_(pc.greater_equal(t, start), pc.less_equal(t, end))
+        if by_host:
+            mine = _of_hosts(batch.column("host"), wanted)
+            keep = mine if keep is None else pc.and_(keep, mine)
+        parts.append(batch.filter(keep) if keep is not None else batch)
         del batch
     if not parts:
         return reader.schema.empty_table()
     return pa.Table.from_batches(parts, schema=reader.schema)
+
+
+def _of_hosts(column: Any, wanted: Any) -> Any:
+    """Whether each row of a kept ``host`` column is one of ``wanted`` (a null is not)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(column.type):  # each distinct name looked up once
+        known = pc.is_in(column.dictionary, value_set=wanted)
+        return pc.fill_null(pc.take(known, column.indices), False)
+    return pc.fill_null(pc.is_in(column, value_set=wanted), False)
 
 
 def _in_order(table: str, frame: pd.DataFrame) -> pd.DataFrame:

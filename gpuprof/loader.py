@@ -97,15 +97,46 @@ def load_for_analysis(
         step_window.cut(run, window)
     else:
         run = _load(run_dir, max_gpu_samples, merge, workers, ray)
-        if len(run.spans) > MANY_SPANS:
-            run.meta.notices = [
-                *run.meta.notices,
-                f"{len(run.spans):,} spans held in memory (they are not merged): --steps A:B "
-                "reads one stretch of the run's steps, in memory that follows its length; "
-                "--by-steps N the whole run N steps at a time, on every core",
-            ]
+        _note_many_spans(run)
     merge_run_events(run)
     return run
+
+
+def load_for_diagnosis(
+    run_dir: str | os.PathLike, *, workers: int | None = None, ray: str | None = None,
+    steps: str | StepWindow | None = None, defer_from: int | None = None,
+) -> tuple[Run, load_cache.KeptSeries | None]:  # fmt: skip
+    """The run `load_for_analysis` loads (default budget), and None; or, when the whole run
+    is asked for, its merged form is kept and holds at least ``defer_from`` GPU samples, the
+    run without its sampled series (`model.SAMPLED_TABLES`, left empty) and where they are:
+    a diagnosis in parts reads each node's in the worker that analyses it
+    (`analyzers.diagnose`'s ``series``), so that no process holds them all."""
+    if steps is None and ray is None and defer_from is not None:
+        made_under = load_cache.key(run_dir, kept_settings(MAX_GPU_SAMPLES, None))
+        got = None
+        if made_under is not None:
+            got = load_cache.read_without_series(run_dir, made_under, defer_from)
+        if got is not None:
+            run, series = got
+            _note_many_spans(run)
+            merge_run_events(run)
+            return run, series
+    return load_for_analysis(run_dir, MAX_GPU_SAMPLES, workers=workers, ray=ray, steps=steps), None
+
+
+def kept_settings(max_gpu_samples: int | None, merge: int | None) -> dict[str, Any]:
+    """The load settings a kept form is made under (`load_cache.key`)."""
+    return {"max_gpu_samples": max_gpu_samples, "merge": merge, "host_rows": MAX_HOST_ROWS}
+
+
+def _note_many_spans(run: Run) -> None:
+    if len(run.spans) > MANY_SPANS:
+        run.meta.notices = [
+            *run.meta.notices,
+            f"{len(run.spans):,} spans held in memory (they are not merged): --steps A:B "
+            "reads one stretch of the run's steps, in memory that follows its length; "
+            "--by-steps N the whole run N steps at a time, on every core",
+        ]
 
 
 def _load(
@@ -119,8 +150,7 @@ def _load(
     # a finished run loaded before under the same settings is read as it was kept; a
     # stretch of its steps, from the kept batches that reach into it (merged as the whole
     # run was, so its steps read as they do in the whole run's diagnosis)
-    settings = {"max_gpu_samples": max_gpu_samples, "merge": merge, "host_rows": MAX_HOST_ROWS}
-    made_under = load_cache.key(run_dir, settings)
+    made_under = load_cache.key(run_dir, kept_settings(max_gpu_samples, merge))
     span = (window.start_ns, window.end_ns) if window is not None else None
     kept = load_cache.read(run_dir, made_under, span) if made_under is not None else None
     if (

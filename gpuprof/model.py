@@ -248,6 +248,9 @@ without their tables reads as having no rows in them (see docs/STORE.md)."""
 
 STACK_TABLES: tuple[str, ...] = ("threads", "stack_frames", "stacks", "stack_samples")
 """Tables a run file may lack (written before they existed): read as empty."""
+SAMPLED_TABLES: tuple[str, ...] = ("gpu", "procs", "gpu_procs", "host")
+"""The run's sampled series: what grows with the run's length and GPUs, read node by node
+where a run is analysed in parts (`load_cache.KeptSeries`, `analyzers.parts`)."""
 INTERNED_TABLES: dict[str, str] = {"stack_frames": "frame_id", "stacks": "stack_id"}
 """Tables keyed by a content hash rather than time: rows repeat across files and are kept
 once when a run is loaded."""

@@ -212,9 +212,9 @@ def test_a_stretch_reads_the_same_from_the_kept_form(two_nodes, tmp_path, monkey
     assert (run_dir / load_cache.DIRNAME / "run.json").exists()
     decoded = []
     real_batches = load_cache._batches
-    monkeypatch.setattr(load_cache, "_batches", lambda r, spec, span: decoded.append(
+    monkeypatch.setattr(load_cache, "_batches", lambda r, spec, span, *hosts: decoded.append(
         sum(1 for f, last in spec.get("times", []) if f is not None and last >= span[0]
-            and f <= span[1])) or real_batches(r, spec, span))  # fmt: skip
+            and f <= span[1])) or real_batches(r, spec, span, *hosts))  # fmt: skip
     kept = load_for_analysis(run_dir, steps="5:7")
     assert decoded  # read from the kept form
     monkeypatch.setenv(load_cache.ENV_CACHE, "0")

@@ -77,8 +77,9 @@ def diagnose(
     *,
     context: AnalysisContext | None = None,
     workers: int = 1,
+    series: Any = None,
 ) -> Diagnosis:
-    """Findings, recommendations and summary of ``run`` (no I/O).
+    """Findings, recommendations and summary of ``run`` (no I/O but ``series``).
 
     ``context``: an `AnalysisContext` of the same run whose alignment the caller also uses
     (the report's per-step table), so it is computed once. ``workers`` ≥ `PARTS_MIN_WORKERS`:
@@ -90,25 +91,44 @@ def diagnose(
     other (`stalls.SIDE_BY_SIDE`) at once, one in a forked child (`lanes`). The diagnosis is
     the same either way. Only a process without threads that may hold locks should ask for
     it.
+
+    ``series``: where the sampled series of a ``run`` read without them are
+    (`load_cache.KeptSeries`, `loader.load_for_diagnosis`): in parts, each worker reads its
+    nodes' own; otherwise they are read here first. Raises `store.RunError` when they no
+    longer read (the run was kept again meanwhile).
     """
     th = thresholds or Thresholds()
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
-    few = workers < FEW_WORKERS  # the lanes hold out longer against few parts
-    least = PARTS_MIN_SAMPLES_FEW if few else PARTS_MIN_SAMPLES
-    parted = workers >= PARTS_MIN_WORKERS and len(run.gpu) >= least
-    if parted and "samples" not in ctx.__dict__:
+    samples = series.rows.get("gpu", 0) if series is not None else len(run.gpu)
+    least = parts_min_samples(workers)
+    if least is not None and samples >= least and "samples" not in ctx.__dict__:
         from gpuprof.analyzers.part_workers import PartsLost, WorkerParts
         from gpuprof.analyzers.parts import node_groups
 
-        groups = node_groups(run, workers)
+        groups = node_groups(run, workers, series=series)
         if groups is not None and len(groups) > 1:
             options = ctx.__dict__.get("_efficiency_options")
             try:
-                with WorkerParts(run, workers, options=options) as parts:
+                with WorkerParts(run, workers, options=options, series=series) as parts:
                     return diagnose_parts(parts, th)
             except PartsLost:  # a worker died: the run is diagnosed here, from the start
                 pass
+    if series is not None:  # in this process after all: with its series
+        run = replace(run, **series.read())
+        options = ctx.__dict__.get("_efficiency_options")
+        ctx = AnalysisContext(run)
+        if options is not None:
+            ctx.__dict__["_efficiency_options"] = options
     return diagnose_parts(Parts.of(ctx), th, workers=workers)
+
+
+def parts_min_samples(workers: int) -> int | None:
+    """GPU samples from which a run of several nodes is diagnosed in ``workers`` parts (None:
+    never, on so few workers)."""
+    if workers < PARTS_MIN_WORKERS:
+        return None
+    # the lanes hold out longer against few parts
+    return PARTS_MIN_SAMPLES_FEW if workers < FEW_WORKERS else PARTS_MIN_SAMPLES
 
 
 PARTS_MIN_SAMPLES = 200_000

@@ -8,8 +8,8 @@ figures through a pipe. This process holds the first part itself, keeps the run'
 without samples (`parts.whole_view`) and takes every decision on the combined figures — so
 the detectors' per-sample work, most of a diagnosis, is divided between the cores, and the
 diagnosis is `diagnose`'s, to the byte (tests/test_parts.py, tests/test_part_workers.py).
-What reads the run's spans whole (efficiency, the bound, the per-node figures) is still done
-here, once: on two cores the two lanes of `diagnose` are faster, and it is used from four.
+A run read without its sampled series (its kept form, `load_cache.KeptSeries`) is never
+whole in any process: each worker reads its own nodes' series (tests/test_kept_series.py).
 
 A worker that dies (killed, out of memory) or sends what does not unpickle ends the parts:
 the call raises `PartsLost`, which no detector catches, and the caller diagnoses the run in one
@@ -19,6 +19,7 @@ hold locks (the same rule as `lanes`).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import multiprocessing
 import pickle
@@ -47,16 +48,23 @@ class PartsLost(BaseException):
     detector must not hide the others) lets it through to the caller."""
 
 
-def _serve(conn: Any, run: Run, hosts: list[list[str]], options: Any, inherited: list[Any]) -> None:
+def _serve(
+    conn: Any, run: Run, hosts: list[list[str]], options: Any, inherited: list[Any],
+    series: Any = None,
+) -> None:  # fmt: skip
     """A worker: the contexts of the parts of ``run`` that ``hosts`` recorded (cut here, on
-    the worker's core), answering ``(fn, args, found)`` calls until told to stop (None).
-    ``inherited``: the parent's ends of the pipes, closed here so that the parent closing
-    its own is seen (a broken pipe, the end of the input)."""
+    the worker's core; their sampled series read here from ``series`` when ``run`` holds
+    none), answering ``(fn, args, found)`` calls until told to stop (None). ``inherited``:
+    the parent's ends of the pipes, closed here so that the parent closing its own is seen
+    (a broken pipe, the end of the input)."""
     for end in inherited:
         end.close()
     gc.disable()  # the inherited run is never freed here: a pass would only copy its pages
     found: list = []
-    contexts = _contexts(run, hosts, found, options)
+    try:
+        contexts = _contexts(run, hosts, found, options, series)
+    except Exception:  # its series do not read: the parent sees the pipe close (PartsLost)
+        return
     while True:
         try:
             msg = conn.recv()
@@ -77,10 +85,15 @@ def _serve(conn: Any, run: Run, hosts: list[list[str]], options: Any, inherited:
             return
 
 
-def _contexts(run: Run, hosts: list[list[str]], found: list, options: Any) -> list:
+def _contexts(
+    run: Run, hosts: list[list[str]], found: list, options: Any, series: Any = None
+) -> list:
     out = []
     for group in hosts:
-        ctx = AnalysisContext(cut(run, group))
+        part = cut(run, group)
+        if series is not None:  # the run was read without its series: this part's, here
+            part = dataclasses.replace(part, **series.read(group))
+        ctx = AnalysisContext(part)
         ctx.__dict__["_found"] = found  # the run's findings, not the part's
         if options is not None:
             ctx.__dict__["_efficiency_options"] = options
@@ -99,11 +112,13 @@ class WorkerParts(Parts):
     """The parts of ``run`` (`parts.by_node` into ``workers`` parts of consecutive nodes):
     the first held by this process, each other by a forked worker. ``options``: the
     efficiency options (`settings.attach_options`) every part and the whole run's view
-    carry. Use as a context manager, or call `close`. Raises ValueError for a run that is
-    not cut (`parts.node_groups`)."""
+    carry. ``series``: where the sampled series of a ``run`` read without them are
+    (`load_cache.KeptSeries`): each part's are read by the process that holds it. Use as a
+    context manager, or call `close`. Raises ValueError for a run that is not cut
+    (`parts.node_groups`), `PartsLost` when a part's series do not read."""
 
-    def __init__(self, run: Run, workers: int, *, options: Any = None):
-        groups = node_groups(run, workers)
+    def __init__(self, run: Run, workers: int, *, options: Any = None, series: Any = None):
+        groups = node_groups(run, workers, series=series)
         if groups is None or len(groups) < 2:
             raise ValueError("a run of one part is diagnosed in one process")
         self._n = len(groups)
@@ -118,8 +133,9 @@ class WorkerParts(Parts):
                 mine, theirs = mp.Pipe()
                 ends = [mine, *self._conns]
                 proc = mp.Process(
-                    target=_serve, args=(theirs, run, [group], options, ends), daemon=True
-                )
+                    target=_serve, args=(theirs, run, [group], options, ends, series),
+                    daemon=True,
+                )  # fmt: skip
                 proc.start()
                 theirs.close()
                 self._procs.append(proc)
@@ -129,7 +145,12 @@ class WorkerParts(Parts):
             raise
         found: list = []
         self.whole = whole_context(run, self, found, options)
-        self.contexts = _contexts(run, groups[:1], found, options)  # while the workers cut
+        try:
+            # while the workers cut theirs
+            self.contexts = _contexts(run, groups[:1], found, options, series)
+        except Exception as exc:  # its series do not read (kept again meanwhile)
+            self.close()
+            raise PartsLost(f"this process's part does not read ({type(exc).__name__})") from exc
         try:
             self.facts = combined_facts(run.meta, self.map(partial_facts))
             self.whole.__dict__["_facts"] = self.facts

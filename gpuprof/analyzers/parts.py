@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.analyzers.findings import AnalysisContext, Finding
-from gpuprof.model import Run
+from gpuprof.model import SAMPLED_TABLES, Run
 
 __all__ = [
     "Facts",
@@ -73,7 +73,7 @@ _BY_HOST = ("gpu", "host", "procs", "gpu_procs", "spans", "events", "logs", "thr
 """The run's tables whose rows belong to one node (a ``host`` column); the others (stack
 frames and stacks, looked up by id) are shared by every part."""
 
-_SERIES = ("gpu", "procs", "gpu_procs", "host")
+_SERIES = SAMPLED_TABLES
 """The run's sampled series: what the parts hold and the whole run's view (`whole_view`) does
 not — its figures of them come from the parts (`sampled`, `Parts.map`)."""
 
@@ -399,13 +399,22 @@ def by_node(run: Run, parts: int | None = None) -> list[Run]:
     return [run] if groups is None else [cut(run, group) for group in groups]
 
 
-def node_groups(run: Run, parts: int | None = None) -> list[list[str]] | None:
-    """The hosts of each part `by_node` cuts ``run`` into, or None when it is not cut."""
-    util = pd.to_numeric(run.gpu["util_gpu_pct"], errors="coerce") if len(run.gpu) else None
-    if util is None or not np.isfinite(util.to_numpy(np.float64)).any():
+def node_groups(
+    run: Run, parts: int | None = None, *, series: Any = None
+) -> list[list[str]] | None:
+    """The hosts of each part `by_node` cuts ``run`` into, or None when it is not cut.
+    ``series``: where the sampled series of a run read without them are (a
+    `load_cache.KeptSeries`): what is found in them is found there."""
+    if series is not None:
+        util_finite, counts, hosts = series.census()
+    else:
+        util = pd.to_numeric(run.gpu["util_gpu_pct"], errors="coerce") if len(run.gpu) else None
+        util_finite = util is not None and bool(np.isfinite(util.to_numpy(np.float64)).any())
+        counts, hosts = None, set()
+    if not util_finite:
         return None  # phase times alone (a framework's log, a memory-only capture): as one
     listed = [g for g in run.meta.gpus or [] if isinstance(g, dict) and g.get("host") is not None]
-    hosts = {str(g["host"]) for g in listed}
+    hosts |= {str(g["host"]) for g in listed}
     # every node with rows is in a part: one with spans and no GPU (a CPU-only head running
     # the driver, whose step spans time the run) as much as one with GPUs
     for name in _BY_HOST:
@@ -417,7 +426,8 @@ def node_groups(run: Run, parts: int | None = None) -> list[list[str]] | None:
         return None
     if parts is None:
         return [[h] for h in hosts]
-    counts = run.gpu["host"].astype(object).value_counts()
+    if counts is None:
+        counts = run.gpu["host"].astype(object).value_counts()
     return [[hosts[i] for i in g] for g in deal([counts.get(h, 0) for h in hosts], parts)]
 
 

@@ -1,0 +1,178 @@
+"""A long run's sampled series read node by node from its kept form (`load_cache.KeptSeries`).
+
+`analyze` of a run whose merged form is kept reads the run without its series in this
+process, and each worker of the diagnosis in parts reads its own nodes' (`part_workers`),
+so that no process holds them all. What must hold: a node's rows read so are exactly the rows
+`parts.cut` takes from the whole run (kept whole or file by file); the parts are cut as the
+whole run is; the JSON document is the single process's, to the byte; a run diagnosed in one
+process after all reads its series first; and a kept form made again meanwhile gives one line
+and a non-zero exit, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pandas.testing as pdt
+import pytest
+
+from gpuprof import api, keep_by_file, load_cache, loader, store
+from gpuprof.analyzers import diagnose as diagnose_module
+from gpuprof.analyzers.part_workers import WorkerParts
+from gpuprof.analyzers.parts import cut, node_groups
+from gpuprof.model import RECORD_TYPES, SAMPLED_TABLES
+from gpuprof.reports.fmt import render_json
+from gpuprof.sim import Pathology, SimConfig, simulate
+
+HOST_ROWS = {"host": 1000, "procs": 2000, "gpu_procs": 1000}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """Three nodes (8, 8 and 4 GPUs) with a straggler and slow reward scoring, as written."""
+    cfg = SimConfig(gpus=20, gpus_per_host=8, steps=10, seed=7,
+                    pathologies=[Pathology("reward_bound", 0.6),
+                                 Pathology("imbalance", 0.6)])  # fmt: skip
+    path = tmp_path_factory.mktemp("kept_series") / "run"
+    store.save_run(simulate(cfg).run, path)
+    return path
+
+
+@pytest.fixture
+def kept(recorded, tmp_path, monkeypatch):
+    """Make the run's kept form (``how``: whole, or file by file), merged as a long run is;
+    returns the run directory and the whole run as `load_for_analysis` loads it."""
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
+    monkeypatch.setattr(loader, "MAX_HOST_ROWS", HOST_ROWS)
+    monkeypatch.setattr(keep_by_file, "PART_ROWS", 1000)
+    budget = store.count_rows(recorded, "gpu") // 10
+    monkeypatch.setattr(loader, "MAX_GPU_SAMPLES", budget)
+
+    def make(how: str):
+        run_dir = tmp_path / how
+        shutil.copytree(recorded, run_dir)
+        if how == "by file":
+            assert keep_by_file.build(run_dir, workers=2)
+        whole = loader.load_for_analysis(run_dir, budget, workers=1)  # whole: keeps its form
+        assert (run_dir / load_cache.DIRNAME / "run.json").exists()
+        return run_dir, whole
+
+    return make
+
+
+@pytest.fixture
+def small_runs_in_parts(monkeypatch):
+    """Every multi-node run goes to the workers, however small; the parts made are listed."""
+    monkeypatch.setattr(diagnose_module, "PARTS_MIN_SAMPLES", 1)
+    monkeypatch.setattr(diagnose_module, "PARTS_MIN_SAMPLES_FEW", 1)
+    monkeypatch.setattr(diagnose_module, "PARTS_MIN_WORKERS", 2)
+    made = []
+    real = WorkerParts.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(kwargs.get("series"))
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(WorkerParts, "__init__", counting)
+    return made
+
+
+@pytest.mark.parametrize("how", ["whole", "by file"])
+def test_a_nodes_series_read_alone_are_the_rows_the_part_cuts(kept, how):
+    run_dir, whole = kept(how)
+    got = loader.load_for_diagnosis(run_dir, defer_from=1)
+    light, series = got[0], got[1]
+    assert series is not None and series.rows["gpu"] == len(whole.gpu)
+    for table in SAMPLED_TABLES:  # read without them: no rows, the kept columns
+        assert len(getattr(light, table)) == 0
+        assert list(getattr(light, table).columns) == list(getattr(whole, table).columns)
+    for table in set(RECORD_TYPES) - set(SAMPLED_TABLES):
+        pdt.assert_frame_equal(getattr(light, table), getattr(whole, table), check_exact=True)
+    assert light.meta.to_dict() == whole.meta.to_dict()
+    hosts = sorted(whole.gpu["host"].unique())
+    assert len(hosts) == 3
+    for group in ([hosts[0]], hosts[1:], hosts, ["no such node"]):
+        want = cut(whole, group)
+        read = series.read(group)
+        assert sorted(read) == sorted(SAMPLED_TABLES)
+        for table, frame in read.items():
+            pdt.assert_frame_equal(frame, getattr(want, table), check_exact=True)
+            assert frame.attrs == getattr(want, table).attrs, table
+    everything = series.read()
+    for table in SAMPLED_TABLES:
+        pdt.assert_frame_equal(everything[table], getattr(whole, table), check_exact=True)
+
+
+@pytest.mark.parametrize("parts", [None, 2, 3, 5])
+def test_the_parts_are_cut_as_the_whole_runs_are(kept, parts):
+    run_dir, whole = kept("whole")
+    light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
+    assert node_groups(light, parts, series=series) == node_groups(whole, parts)
+    finite, counts, named = series.census()
+    assert finite
+    assert counts == whole.gpu["host"].astype(object).value_counts().to_dict()
+    assert named == {str(h) for t in SAMPLED_TABLES for h in getattr(whole, t)["host"].unique()}
+
+
+@pytest.mark.parametrize("how", ["whole", "by file"])
+def test_the_diagnosis_from_series_read_node_by_node_is_the_single_process_one(
+    kept, how, small_runs_in_parts
+):
+    run_dir, whole = kept(how)
+    want = render_json(api.analyze(whole, workers=1, gpu="A100").to_dict())
+    light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
+    got = api.analyze(light, workers=3, gpu="A100", series=series).to_dict()
+    assert small_runs_in_parts == [series]  # in parts, each reading its own nodes
+    assert len(light.gpu) == 0  # this process read none of the series
+    assert render_json(got) == want
+
+
+def test_in_one_process_after_all_the_series_are_read_first(kept, small_runs_in_parts):
+    run_dir, whole = kept("whole")
+    want = render_json(api.analyze(whole, workers=1).to_dict())
+    light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
+    assert render_json(api.analyze(light, workers=1, series=series).to_dict()) == want
+    assert not small_runs_in_parts  # one worker: no parts
+
+
+def test_a_run_under_the_threshold_is_read_whole(kept):
+    run_dir, whole = kept("whole")
+    run, series = loader.load_for_diagnosis(run_dir, defer_from=len(whole.gpu) + 1)
+    assert series is None
+    pdt.assert_frame_equal(run.gpu, whole.gpu)
+    run, series = loader.load_for_diagnosis(run_dir, defer_from=None)
+    assert series is None and len(run.gpu) == len(whole.gpu)
+
+
+def test_a_kept_form_made_again_meanwhile_is_one_clear_error(kept, small_runs_in_parts):
+    run_dir, whole = kept("whole")
+    light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
+    census = series.census()
+    made = load_cache.key(run_dir, loader.kept_settings(loader.MAX_GPU_SAMPLES, None))
+    assert load_cache.write(run_dir, made, whole)  # another load kept it again: a new writing
+    for read in (lambda: series.read(["node0"]), series.read, series.census):
+        with pytest.raises(store.RunError, match="changed while it was read"):
+            read()
+    with pytest.raises(store.RunError, match="changed while it was read"):
+        api.analyze(light, workers=2, series=series)
+    assert not small_runs_in_parts  # found before any part was made
+    # the parts made before it changed: no worker reads its part, nor then this process
+    series.census = lambda: census
+    with pytest.raises(store.RunError, match="changed while it was read"):
+        api.analyze(light, workers=2, series=series)
+    assert small_runs_in_parts == [series]
+
+
+def test_analyze_reads_the_series_node_by_node_with_the_same_document(
+    kept, small_runs_in_parts, capsys
+):
+    from gpuprof.cli import analyze_command
+
+    run_dir, whole = kept("whole")
+    want = render_json(api.analyze(whole, workers=1).to_dict())
+    analyze_command(run_dir, json_out=True, workers=2)
+    assert len(small_runs_in_parts) == 1 and small_runs_in_parts[0] is not None
+    assert capsys.readouterr().out.strip() == want.strip()
+    analyze_command(run_dir, json_out=True, workers=1)  # one process: the run read whole
+    assert len(small_runs_in_parts) == 1
+    assert capsys.readouterr().out.strip() == want.strip()
