@@ -3,6 +3,7 @@
     python benchmarks/bench_analyze_parallel.py --gpus 256 --hours 4 [--workers 1 2]
                                                 [--repeats 3] [--dir /tmp/gpuprof-par]
     python benchmarks/bench_analyze_parallel.py --run RUN_DIR [--workers 1 2] [--repeats 3]
+    python benchmarks/bench_analyze_parallel.py --run RUN_DIR --kept-only [--roots A B]
 
 A run directory as `watch` leaves it (made like `bench_analyze_scale.py`'s: a simulated hour
 of GRPO on the GPUs, repeated back to back), or one given with ``--run``. For each number of
@@ -25,6 +26,11 @@ tree (polled every 0.1 s, the workers included; RSS counts a page that forked pr
 share in each of them, PSS once over all). The JSON documents of every run must be
 byte-identical whatever the workers and whether the merged form was kept (the diagnosis
 depends on neither).
+
+``--kept-only``: only ``kept``, from the merged form the run already has (a run too large to
+merge and analyse more than once here), and with ``--first`` ``first`` before it (the kept
+form removed first); ``--roots``: the same for each checkout given (its ``gpuprof``
+imported first), interleaved in every round, to compare versions side by side.
 """
 
 from __future__ import annotations
@@ -85,6 +91,10 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/gpuprof-par"))
     parser.add_argument("--kept", action="store_true",
                         help="also analyze keeping the merged form, then reading it")  # fmt: skip
+    parser.add_argument("--kept-only", action="store_true",
+                        help="only analyze from the merged form the run has kept")  # fmt: skip
+    parser.add_argument("--first", action="store_true", help="with --kept-only: first too")
+    parser.add_argument("--roots", type=Path, nargs="+", help="checkouts to compare (kept-only)")
     args = parser.parse_args()
     run_dir = args.run or make_run(args.gpus, args.hours, args.dir)
     print(f"run: {run_dir}")
@@ -99,6 +109,9 @@ def main() -> None:
     measure.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "gpuprof")], env=off)
     measure.run([sys.executable, "-c", WARM], env=off)
     kept_dir = run_dir / load_cache.DIRNAME
+    if args.kept_only:
+        _kept_only(args, run_dir, on)
+        return
     figures: dict[tuple[str, int], list[dict]] = {}
     digests: set[str] = set()
     for _ in range(args.repeats):
@@ -133,6 +146,40 @@ def main() -> None:
         print(f"{part:8} {workers:7d}  {wall:13.2f}  {cpu:12.2f}  {peak / 2**20:16.0f}  "
               f"{pss / 2**20:16.0f}")  # fmt: skip
     print("JSON identical for every number of workers (and kept or not):", len(digests) == 1)
+
+
+def _kept_only(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> None:
+    """``analyze`` from the kept form only, per checkout and number of workers."""
+    from gpuprof import load_cache
+
+    kept_dir = run_dir / load_cache.DIRNAME
+    if not args.first and not (kept_dir / "run.json").exists():
+        raise SystemExit(f"{run_dir} has no kept form: analyze it once first")
+    roots = args.roots or [ROOT]
+    parts = ("first", "kept") if args.first else ("kept",)
+    figures: dict[tuple[str, int], list[dict]] = {}
+    digests: set[str] = set()
+    for _ in range(args.repeats):
+        for root in roots:
+            for workers in args.workers:
+                cmd = [sys.executable, "-m", "gpuprof", "analyze", str(run_dir), "--json",
+                       "--workers", str(workers)]  # fmt: skip
+                for part in parts:
+                    if part == "first":
+                        shutil.rmtree(kept_dir, ignore_errors=True)
+                    got = measure.run(cmd, poll=True, check=True, cwd=root,
+                                      env={**env, "PYTHONPATH": str(root)})  # fmt: skip
+                    digests.add(hashlib.sha256(got["stdout"]).hexdigest())
+                    figures.setdefault((part, str(root), workers), []).append(got)
+    print("part   checkout                      workers  median wall s  median CPU s  "
+          "peak tree PSS MB")  # fmt: skip
+    for (part, root, workers), runs in figures.items():
+        wall = statistics.median(r["wall_s"] for r in runs)
+        cpu = statistics.median(r["user_s"] + r["sys_s"] for r in runs)
+        pss = max(r.get("tree_pss_bytes") or 0 for r in runs)
+        print(f"{part:6} {root:28} {workers:8d}  {wall:13.2f}  {cpu:12.2f}  "
+              f"{pss / 2**20:16.0f}")  # fmt: skip
+    print("JSON identical for every checkout and number of workers:", len(digests) == 1)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ no more of them run at once than hold `MEMORY_BUDGET_BYTES` together.
 
 from __future__ import annotations
 
-import concurrent.futures
-import multiprocessing
 import os
 from pathlib import Path
 from typing import Any
@@ -68,10 +66,10 @@ def diagnose(
     if load_cache.enabled() and load_cache.step_times(run_dir) is None:
         spans = _spans(run_dir)
         # a long run: kept file by file; a short one (not merged) read whole when it fits
-        if not _in_child(keep_by_file.build, run_dir, workers) and (
+        if not loader.in_child(keep_by_file.build, run_dir, workers) and (
             spans * KEEP_SPAN_BYTES <= max(MEMORY_BUDGET_BYTES, _available_bytes() // 2)
         ):
-            _in_child(_keep_whole, run_dir)
+            loader.in_child(_keep_whole, run_dir)
         if load_cache.step_times(run_dir) is not None:
             windows = step_window.consecutive(run_dir, per)  # on the kept form's aligned clock
         else:
@@ -126,20 +124,6 @@ def _spans(run_dir: str | os.PathLike) -> int:
 def _keep_whole(run_dir: str | os.PathLike) -> None:
     """Read the run whole as `analyze` does, which keeps its form beside it."""
     loader.load_for_analysis(run_dir, loader.MAX_GPU_SAMPLES)
-
-
-def _in_child(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` in a forked child process (its memory goes back when it ends), or here
-    where forking is not available; a child that fails leaves the work to the stretches."""
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return fn(*args)
-    try:
-        with concurrent.futures.ProcessPoolExecutor(
-            max_workers=1, mp_context=multiprocessing.get_context("fork")
-        ) as pool:
-            return pool.submit(fn, *args).result()
-    except Exception:  # the stretches then read the run files themselves
-        return None
 
 
 def _diagnose_stretch(

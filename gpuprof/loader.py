@@ -116,12 +116,46 @@ def load_for_diagnosis(
         got = None
         if made_under is not None:
             got = load_cache.read_without_series(run_dir, made_under, defer_from)
+            if got is None and _first_of_long(run_dir, defer_from):
+                # analysed the first time: its form kept file by file (one file or part of
+                # the GPUs per worker, in a child whose memory goes back), then read so
+                from gpuprof import keep_by_file
+
+                if in_child(keep_by_file.build, run_dir, workers):
+                    got = load_cache.read_without_series(run_dir, made_under, defer_from)
         if got is not None:
             run, series = got
             _note_many_spans(run)
             merge_run_events(run)
             return run, series
     return load_for_analysis(run_dir, MAX_GPU_SAMPLES, workers=workers, ray=ray, steps=steps), None
+
+
+def _first_of_long(run_dir: str | os.PathLike, least: int) -> bool:
+    """Whether ``run_dir`` has no kept form yet, and holds more GPU samples than the budget
+    and at least ``least``: a long run, merged when read, analysed the first time."""
+    if load_cache.step_times(run_dir) is not None:  # kept, under other settings
+        return False
+    try:
+        total = store.count_rows(run_dir, "gpu")
+    except Exception:  # unreadable: the load says why
+        return False
+    return total > MAX_GPU_SAMPLES and total >= least
+
+
+def in_child(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a forked child process (its memory goes back when it ends), or here
+    where forking is not available; None when the child fails (the caller reads the run
+    files instead)."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return fn(*args)
+    try:
+        with concurrent.futures.ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("fork")
+        ) as pool:
+            return pool.submit(fn, *args).result()
+    except Exception:
+        return None
 
 
 def kept_settings(max_gpu_samples: int | None, merge: int | None) -> dict[str, Any]:

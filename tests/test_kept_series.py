@@ -11,6 +11,7 @@ and a non-zero exit, never a wrong answer.
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pandas.testing as pdt
@@ -39,21 +40,28 @@ def recorded(tmp_path_factory):
 
 
 @pytest.fixture
-def kept(recorded, tmp_path, monkeypatch):
-    """Make the run's kept form (``how``: whole, or file by file), merged as a long run is;
-    returns the run directory and the whole run as `load_for_analysis` loads it."""
+def long_budgets(recorded, monkeypatch):
+    """Budgets small enough that the run is merged, as a long run is; kept forms on. Returns
+    the GPU samples' budget."""
     monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
     monkeypatch.setattr(loader, "MAX_HOST_ROWS", HOST_ROWS)
     monkeypatch.setattr(keep_by_file, "PART_ROWS", 1000)
     budget = store.count_rows(recorded, "gpu") // 10
     monkeypatch.setattr(loader, "MAX_GPU_SAMPLES", budget)
+    return budget
+
+
+@pytest.fixture
+def kept(recorded, tmp_path, long_budgets):
+    """Make the run's kept form (``how``: whole, or file by file), merged as a long run is;
+    returns the run directory and the whole run as `load_for_analysis` loads it."""
 
     def make(how: str):
         run_dir = tmp_path / how
         shutil.copytree(recorded, run_dir)
         if how == "by file":
             assert keep_by_file.build(run_dir, workers=2)
-        whole = loader.load_for_analysis(run_dir, budget, workers=1)  # whole: keeps its form
+        whole = loader.load_for_analysis(run_dir, long_budgets, workers=1)  # keeps its form
         assert (run_dir / load_cache.DIRNAME / "run.json").exists()
         return run_dir, whole
 
@@ -133,6 +141,42 @@ def test_in_one_process_after_all_the_series_are_read_first(kept, small_runs_in_
     light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
     assert render_json(api.analyze(light, workers=1, series=series).to_dict()) == want
     assert not small_runs_in_parts  # one worker: no parts
+
+
+def test_a_long_run_analysed_the_first_time_is_kept_file_by_file_then_read_so(
+    recorded, tmp_path, long_budgets, small_runs_in_parts, monkeypatch
+):
+    """No process holds the whole run, not even the first time: its form is kept file by
+    file (`keep_by_file`, in a child), then read without its series, as any later time."""
+    run_dir = tmp_path / "first"
+    shutil.copytree(recorded, run_dir)
+    monkeypatch.setenv(load_cache.ENV_CACHE, "0")
+    want = render_json(api.analyze(loader.load_for_analysis(run_dir, long_budgets)).to_dict())
+    monkeypatch.delenv(load_cache.ENV_CACHE)
+    wholes = []
+    real = loader.load_for_analysis
+    monkeypatch.setattr(
+        loader, "load_for_analysis", lambda *a, **k: wholes.append(a) or real(*a, **k)
+    )
+    light, series = loader.load_for_diagnosis(run_dir, workers=2, defer_from=1)
+    assert series is not None and not wholes  # never loaded whole
+    assert len(json.loads((run_dir / load_cache.DIRNAME / "run.json").read_text())
+               ["tables"]["gpu"]["parts"]) > 1  # made file by file  # fmt: skip
+    assert render_json(api.analyze(light, workers=2, series=series).to_dict()) == want
+    assert small_runs_in_parts == [series]
+
+
+def test_a_short_run_analysed_the_first_time_is_loaded_whole(recorded, tmp_path, monkeypatch):
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
+    run_dir = tmp_path / "short"
+    shutil.copytree(recorded, run_dir)
+    built = []
+    monkeypatch.setattr(keep_by_file, "build", lambda *a: built.append(a))
+    run, series = loader.load_for_diagnosis(run_dir, workers=2, defer_from=1)
+    assert series is None and not built  # under the budget: read whole, as recorded
+    assert len(run.gpu) == store.count_rows(run_dir, "gpu")
+    # kept as it was loaded: the next time, its series are read by the workers
+    assert loader.load_for_diagnosis(run_dir, workers=2, defer_from=1)[1] is not None
 
 
 def test_a_run_under_the_threshold_is_read_whole(kept):
