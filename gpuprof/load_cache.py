@@ -151,9 +151,11 @@ def _read_table(
     del pieces
     if span is None and hosts is None and not empty and data.num_rows != spec["rows"]:
         raise ValueError(f"{table}: {data.num_rows} rows kept, {spec['rows']} recorded")
+    if "parts" in spec:
+        data = _in_order(table, data)
     frame = _frame(data, {**spec, "rows": data.num_rows})
     del data
-    return _in_order(table, frame) if "parts" in spec else frame
+    return frame
 
 
 class KeptSeries:
@@ -332,23 +334,28 @@ def _of_hosts(column: Any, wanted: Any) -> Any:
     return pc.fill_null(pc.is_in(column, value_set=wanted), False)
 
 
-def _in_order(table: str, frame: pd.DataFrame) -> pd.DataFrame:
-    """A table kept in parts (`keep_by_file`), its parts' rows one after the other, in the
-    order of the whole run's table: stably by time, GPU samples at the same instant in their
-    stream's order (their kept place, then dropped)."""
-    if table in INTERNED_TABLES or frame.empty:
-        return frame.drop(columns=[PLACE]) if PLACE in frame else frame
-    key = store._SORT_KEY.get(table, "t_ns")
-    if PLACE in frame:
-        order = np.lexsort((frame[PLACE].to_numpy(), frame[key].to_numpy()))
-        frame = frame.drop(columns=[PLACE])
-    elif frame[key].is_monotonic_increasing:
-        return frame
+def _in_order(table: str, data: Any) -> Any:
+    """A table kept in parts (`keep_by_file`; Arrow, as read), its parts' rows one after the
+    other, in the order of the whole run's table: stably by time, GPU samples at the same
+    instant in their stream's order (their kept place, then dropped). Ordered before it is
+    made a frame: a dictionary-encoded text column moves its codes, not its objects."""
+    if PLACE in data.column_names:
+        place = data.column(PLACE).to_numpy()
+        data = data.drop_columns([PLACE])
     else:
-        order = np.argsort(frame[key].to_numpy(), kind="stable")
+        place = None
+    if table in INTERNED_TABLES or data.num_rows == 0:
+        return data
+    t = data.column(store._SORT_KEY.get(table, "t_ns")).to_numpy()
+    if place is not None:
+        order = np.lexsort((place, t))
+    elif (t[1:] >= t[:-1]).all():
+        return data
+    else:
+        order = np.argsort(t, kind="stable")
     if (order[1:] > order[:-1]).all():
-        return frame
-    return frame.take(order).reset_index(drop=True)
+        return data
+    return data.take(order)
 
 
 def _times(table: str, frame: pd.DataFrame) -> dict[str, Any]:
