@@ -132,15 +132,23 @@ def load_for_diagnosis(
 
 
 def _first_of_long(run_dir: str | os.PathLike, least: int) -> bool:
-    """Whether ``run_dir`` has no kept form yet, and holds more GPU samples than the budget
-    and at least ``least``: a long run, merged when read, analysed the first time."""
+    """Whether ``run_dir`` has no kept form yet, holds more GPU samples than the budget and at
+    least ``least``, and more spans than reading it whole may hold (`by_steps`'s rule:
+    ~`KEEP_SPAN_BYTES` a span, past `MEMORY_BUDGET_BYTES`): a long run, analysed the first
+    time, that is kept file by file. A smaller one is read whole, as before: the whole kept
+    form then reads faster every later time (0.19 against 0.64 s at 256 GPUs × 4 h,
+    `bench_kept_read.py`)."""
+    from gpuprof.by_steps import KEEP_SPAN_BYTES, MEMORY_BUDGET_BYTES
+
     if load_cache.step_times(run_dir) is not None:  # kept, under other settings
         return False
     try:
         total = store.count_rows(run_dir, "gpu")
+        spans = store.count_rows(run_dir, "spans")
     except Exception:  # unreadable: the load says why
         return False
-    return total > MAX_GPU_SAMPLES and total >= least
+    long = total > MAX_GPU_SAMPLES and total >= least
+    return long and spans * KEEP_SPAN_BYTES > MEMORY_BUDGET_BYTES
 
 
 def in_child(fn: Callable[..., Any], *args: Any) -> Any:

@@ -148,8 +148,13 @@ def test_a_long_run_analysed_the_first_time_is_kept_file_by_file_then_read_so(
 ):
     """No process holds the whole run, not even the first time: its form is kept file by
     file (`keep_by_file`, in a child), then read without its series, as any later time."""
+    from gpuprof import by_steps
+
     run_dir = tmp_path / "first"
     shutil.copytree(recorded, run_dir)
+    # more spans than reading it whole may hold
+    monkeypatch.setattr(by_steps, "MEMORY_BUDGET_BYTES", 1000 * by_steps.KEEP_SPAN_BYTES)
+    assert store.count_rows(run_dir, "spans") > 1000
     monkeypatch.setenv(load_cache.ENV_CACHE, "0")
     want = render_json(api.analyze(loader.load_for_analysis(run_dir, long_budgets)).to_dict())
     monkeypatch.delenv(load_cache.ENV_CACHE)
@@ -164,6 +169,21 @@ def test_a_long_run_analysed_the_first_time_is_kept_file_by_file_then_read_so(
                ["tables"]["gpu"]["parts"]) > 1  # made file by file  # fmt: skip
     assert render_json(api.analyze(light, workers=2, series=series).to_dict()) == want
     assert small_runs_in_parts == [series]
+
+
+def test_a_long_run_with_few_spans_analysed_the_first_time_is_loaded_whole(
+    recorded, tmp_path, long_budgets, monkeypatch
+):
+    """Its whole kept form reads faster every later time than one made file by file."""
+    run_dir = tmp_path / "few spans"
+    shutil.copytree(recorded, run_dir)
+    built = []
+    monkeypatch.setattr(keep_by_file, "build", lambda *a: built.append(a))
+    run, series = loader.load_for_diagnosis(run_dir, workers=2, defer_from=1)
+    assert series is None and not built and len(run.gpu) < store.count_rows(run_dir, "gpu")
+    kept = json.loads((run_dir / load_cache.DIRNAME / "run.json").read_text())
+    assert "parts" not in kept["tables"]["gpu"]  # made whole
+    assert loader.load_for_diagnosis(run_dir, workers=2, defer_from=1)[1] is not None
 
 
 def test_a_short_run_analysed_the_first_time_is_loaded_whole(recorded, tmp_path, monkeypatch):
