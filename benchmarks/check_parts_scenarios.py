@@ -1,7 +1,7 @@
 """Is the diagnosis in worker processes the single process's, over the simulator's scenarios?
 
     python benchmarks/check_parts_scenarios.py [--scenarios 240] [--seed 0] [--workers 2]
-                                               [--merge 1]
+                                               [--merge 1] [--kept]
 
 For every multi-node scenario of `diagnosis.py` (the others are never cut into parts), the
 run is diagnosed in this process (`diagnose(run, workers=1)`) and in ``--workers`` parts of
@@ -9,13 +9,17 @@ consecutive nodes, each in a forked worker (`part_workers`), whatever its size (
 thresholds set to 1). With ``--merge N`` each run is first written and loaded with N GPU
 samples merged, as a long run is analysed. The two ``--json`` documents must be the same to
 the byte; printed: how many scenarios, how many identical, and the first differing lines of
-any that are not. Exits 1 on a difference.
+any that are not. Exits 1 on a difference. With ``--kept`` each run is written, loaded once
+(which keeps its form) and diagnosed in parts as ``analyze`` does it: read without its
+sampled series, each worker reading its own nodes' from the kept form
+(`loader.load_for_diagnosis`).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 import tempfile
 import time
@@ -26,10 +30,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from diagnosis import scenarios  # noqa: E402
 
-from gpuprof import store  # noqa: E402
+from gpuprof import load_cache, store  # noqa: E402
 from gpuprof.analyzers import diagnose as diagnose_module  # noqa: E402
 from gpuprof.analyzers.parts import node_groups  # noqa: E402
-from gpuprof.loader import load_for_analysis  # noqa: E402
+from gpuprof.loader import load_for_analysis, load_for_diagnosis  # noqa: E402
 from gpuprof.reports.fmt import render_json  # noqa: E402
 from gpuprof.sim import simulate  # noqa: E402
 
@@ -40,6 +44,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--merge", type=int, default=1)
+    parser.add_argument("--kept", action="store_true", help="the parts read the kept form")
     args = parser.parse_args()
     # every multi-node run to the workers, however small
     diagnose_module.PARTS_MIN_SAMPLES = diagnose_module.PARTS_MIN_SAMPLES_FEW = 1
@@ -51,12 +56,15 @@ def main() -> None:
         groups = node_groups(run, args.workers)
         if groups is None or len(groups) < 2:
             continue
-        if args.merge > 1:
-            with tempfile.TemporaryDirectory() as tmp:
-                store.save_run(run, Path(tmp) / "run")
-                run = load_for_analysis(Path(tmp) / "run", merge=args.merge)
-        one = render_json(diagnose_module.diagnose(run, workers=1).to_dict())
-        parts = render_json(diagnose_module.diagnose(run, workers=args.workers).to_dict())
+        if args.kept:
+            one, parts = _from_kept(run, args.workers)
+        else:
+            if args.merge > 1:
+                with tempfile.TemporaryDirectory() as tmp:
+                    store.save_run(run, Path(tmp) / "run")
+                    run = load_for_analysis(Path(tmp) / "run", merge=args.merge)
+            one = render_json(diagnose_module.diagnose(run, workers=1).to_dict())
+            parts = render_json(diagnose_module.diagnose(run, workers=args.workers).to_dict())
         checked += 1
         if one != parts:
             lines = difflib.unified_diff(one.splitlines(), parts.splitlines(), lineterm="", n=0)
@@ -69,6 +77,22 @@ def main() -> None:
           f"({time.monotonic() - started:.0f} s)")  # fmt: skip
     if differ:
         raise SystemExit(1)
+
+
+def _from_kept(run, workers: int) -> tuple[str, str]:
+    """The run written and loaded whole (its form kept), diagnosed in one process; and read
+    again without its series, diagnosed in ``workers`` parts that read their own."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        store.save_run(run, run_dir)
+        os.environ.pop(load_cache.ENV_CACHE, None)
+        whole = load_for_analysis(run_dir)
+        one = render_json(diagnose_module.diagnose(whole, workers=1).to_dict())
+        light, series = load_for_diagnosis(run_dir, defer_from=1)
+        if series is None:
+            raise SystemExit("the run's form was not kept")
+        parts = diagnose_module.diagnose(light, workers=workers, series=series)
+    return one, render_json(parts.to_dict())
 
 
 if __name__ == "__main__":
