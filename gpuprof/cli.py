@@ -82,16 +82,21 @@ def analyze_command(
                           workers, ray, steps)  # fmt: skip
         return
     from gpuprof.analyzers.diagnose import parts_min_samples
+    from gpuprof.load_cache import SeriesUnreadable
     from gpuprof.loader import load_for_diagnosis
 
     window = _window_or_exit(run_dir, steps)
     cores = _diagnosis_workers(workers)
+    options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
     try:
         # a long run's series are read node by node, by the workers that diagnose them
         run, series = load_for_diagnosis(run_dir, workers=workers, ray=ray, steps=window,
                                          defer_from=parts_min_samples(cores))  # fmt: skip
-        diagnosis = api.analyze(run, gpu_hour_price=gpu_hour_price, model_params=model_params,
-                                gpu=gpu, workers=cores, series=series)  # fmt: skip
+        try:
+            diagnosis = api.analyze(run, workers=cores, series=series, **options)
+        except SeriesUnreadable:  # kept again, or damaged, since: the run read afresh
+            run = api.load_for_analysis(run_dir, workers=workers, ray=ray, steps=window)
+            diagnosis = api.analyze(run, workers=cores, **options)
     except api.RunError as exc:
         _err(str(exc))
         raise SystemExit(EXIT_BAD_INPUT) from None

@@ -158,6 +158,11 @@ def _read_table(
     return frame
 
 
+class SeriesUnreadable(store.RunError):
+    """The sampled series of a run read without them no longer read: its kept form was made
+    again (another load, other settings) or damaged since. The run is to be read afresh."""
+
+
 class KeptSeries:
     """Where the sampled series (`model.SAMPLED_TABLES`) of a run read without them
     (`read_without_series`) are read from: node by node, by whoever analyses those nodes (a
@@ -174,17 +179,18 @@ class KeptSeries:
 
     def read(self, hosts: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
         """Each sampled table, whole or (``hosts``) the rows those hosts recorded. Raises
-        `store.RunError` when the kept form changed since the run was read (another load
-        kept it again): the run is to be read afresh."""
+        `SeriesUnreadable` when the kept form changed since the run was read (another load
+        kept it again) or does not read: the run is to be read afresh."""
         where = self.run_dir / DIRNAME
         try:
             return {t: _read_table(where, self._made, t, spec, None, hosts)
                     for t, spec in self._specs.items()}  # fmt: skip
         except Exception as exc:
-            raise store.RunError(
-                f"{self.run_dir}: its merged form changed while it was read "
-                f"({type(exc).__name__}); run the command again"
-            ) from None
+            raise SeriesUnreadable(self._unreadable(exc)) from None
+
+    def _unreadable(self, exc: Exception) -> str:
+        return (f"{self.run_dir}: its kept form changed, or does not read, since the run was "
+                f"read ({type(exc).__name__})")  # fmt: skip
 
     def census(self) -> tuple[bool, dict[str, int], set[str]]:
         """What the parts of the run are cut by, without reading the series: whether any GPU
@@ -220,10 +226,7 @@ class KeptSeries:
                                 util = pd.to_numeric(util, errors="coerce").to_numpy(np.float64)
                                 finite = bool(np.isfinite(util).any())
         except Exception as exc:
-            raise store.RunError(
-                f"{self.run_dir}: its merged form changed while it was read "
-                f"({type(exc).__name__}); run the command again"
-            ) from None
+            raise SeriesUnreadable(self._unreadable(exc)) from None
         return finite, counts, named
 
 

@@ -208,23 +208,41 @@ def test_a_run_under_the_threshold_is_read_whole(kept):
     assert series is None and len(run.gpu) == len(whole.gpu)
 
 
-def test_a_kept_form_made_again_meanwhile_is_one_clear_error(kept, small_runs_in_parts):
+def test_a_kept_form_made_again_meanwhile_is_told(kept, small_runs_in_parts):
     run_dir, whole = kept("whole")
     light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
     census = series.census()
     made = load_cache.key(run_dir, loader.kept_settings(loader.MAX_GPU_SAMPLES, None))
     assert load_cache.write(run_dir, made, whole)  # another load kept it again: a new writing
     for read in (lambda: series.read(["node0"]), series.read, series.census):
-        with pytest.raises(store.RunError, match="changed while it was read"):
+        with pytest.raises(store.RunError, match="changed, or does not read"):
             read()
-    with pytest.raises(store.RunError, match="changed while it was read"):
+    with pytest.raises(store.RunError, match="changed, or does not read"):
         api.analyze(light, workers=2, series=series)
     assert not small_runs_in_parts  # found before any part was made
     # the parts made before it changed: no worker reads its part, nor then this process
     series.census = lambda: census
-    with pytest.raises(store.RunError, match="changed while it was read"):
+    with pytest.raises(store.RunError, match="changed, or does not read"):
         api.analyze(light, workers=2, series=series)
     assert small_runs_in_parts == [series]
+
+
+def test_analyze_reads_the_run_afresh_when_its_kept_series_do_not_read(
+    kept, small_runs_in_parts, capsys
+):
+    """A damaged series file (or a kept form made again while the parts were made) costs
+    time, never a wrong answer or a failed command: the run is read afresh, as any load
+    does with a kept form that does not read."""
+    from gpuprof.cli import analyze_command
+
+    run_dir, whole = kept("whole")
+    want = render_json(api.analyze(whole, workers=1).to_dict())
+    (run_dir / load_cache.DIRNAME / "gpu.arrow").write_bytes(b"not arrow")
+    analyze_command(run_dir, json_out=True, workers=2)
+    assert capsys.readouterr().out.strip() == want.strip()
+    assert small_runs_in_parts == [None]  # the census did not read: parts of the run read afresh
+    # and the kept form is whole again
+    assert loader.load_for_diagnosis(run_dir, defer_from=1)[1].census()[0]
 
 
 def test_analyze_reads_the_series_node_by_node_with_the_same_document(

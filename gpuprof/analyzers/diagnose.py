@@ -94,8 +94,8 @@ def diagnose(
 
     ``series``: where the sampled series of a ``run`` read without them are
     (`load_cache.KeptSeries`, `loader.load_for_diagnosis`): in parts, each worker reads its
-    nodes' own; otherwise they are read here first. Raises `store.RunError` when they no
-    longer read (the run was kept again meanwhile).
+    nodes' own; otherwise they are read here first. Raises `load_cache.SeriesUnreadable`
+    when they no longer read (the run was kept again meanwhile, or its kept form damaged).
     """
     th = thresholds or Thresholds()
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
