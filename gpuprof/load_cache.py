@@ -176,6 +176,7 @@ class KeptSeries:
         self._specs = {t: kept["tables"][t] for t in SAMPLED_TABLES if t in kept["tables"]}
         self.rows: dict[str, int] = {t: int(s["rows"]) for t, s in self._specs.items()}
         """Rows of each sampled table."""
+        self._census: tuple[bool, dict[str, int], set[str]] | None = None
 
     def read(self, hosts: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
         """Each sampled table, whole or (``hosts``) the rows those hosts recorded. Raises
@@ -195,9 +196,12 @@ class KeptSeries:
     def census(self) -> tuple[bool, dict[str, int], set[str]]:
         """What the parts of the run are cut by, without reading the series: whether any GPU
         utilisation reading is a finite number, the GPU samples each host recorded, and the
-        hosts with rows in any sampled table. Raises as `read` does."""
+        hosts with rows in any sampled table (read once). Raises as `read` does."""
         import pyarrow as pa
 
+        if self._census is not None:
+            finite, counts, named = self._census
+            return finite, dict(counts), set(named)
         finite, counts, named = False, {}, set()
         where = self.run_dir / DIRNAME
         try:
@@ -227,7 +231,8 @@ class KeptSeries:
                                 finite = bool(np.isfinite(util).any())
         except Exception as exc:
             raise SeriesUnreadable(self._unreadable(exc)) from None
-        return finite, counts, named
+        self._census = (finite, counts, named)
+        return finite, dict(counts), set(named)
 
 
 def _host_counts(column: Any) -> dict[str, int]:

@@ -211,18 +211,19 @@ def test_a_run_under_the_threshold_is_read_whole(kept):
 def test_a_kept_form_made_again_meanwhile_is_told(kept, small_runs_in_parts):
     run_dir, whole = kept("whole")
     light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
-    census = series.census()
+    _, unread = loader.load_for_diagnosis(run_dir, defer_from=1)
+    census = series.census()  # read once, kept
     made = load_cache.key(run_dir, loader.kept_settings(loader.MAX_GPU_SAMPLES, None))
     assert load_cache.write(run_dir, made, whole)  # another load kept it again: a new writing
-    for read in (lambda: series.read(["node0"]), series.read, series.census):
-        with pytest.raises(store.RunError, match="changed, or does not read"):
+    for read in (lambda: series.read(["node0"]), series.read, unread.census):
+        with pytest.raises(load_cache.SeriesUnreadable, match="changed, or does not read"):
             read()
-    with pytest.raises(store.RunError, match="changed, or does not read"):
-        api.analyze(light, workers=2, series=series)
+    assert series.census() == census
+    with pytest.raises(load_cache.SeriesUnreadable, match="changed, or does not read"):
+        api.analyze(light, workers=2, series=unread)
     assert not small_runs_in_parts  # found before any part was made
-    # the parts made before it changed: no worker reads its part, nor then this process
-    series.census = lambda: census
-    with pytest.raises(store.RunError, match="changed, or does not read"):
+    # the parts cut before it changed: no worker reads its part, nor then this process
+    with pytest.raises(load_cache.SeriesUnreadable, match="changed, or does not read"):
         api.analyze(light, workers=2, series=series)
     assert small_runs_in_parts == [series]
 
