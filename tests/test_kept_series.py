@@ -88,8 +88,7 @@ def small_runs_in_parts(monkeypatch):
 @pytest.mark.parametrize("how", ["whole", "by file"])
 def test_a_nodes_series_read_alone_are_the_rows_the_part_cuts(kept, how):
     run_dir, whole = kept(how)
-    got = loader.load_for_diagnosis(run_dir, defer_from=1)
-    light, series = got[0], got[1]
+    light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
     assert series is not None and series.rows["gpu"] == len(whole.gpu)
     for table in SAMPLED_TABLES:  # read without them: no rows, the kept columns
         assert len(getattr(light, table)) == 0
@@ -120,6 +119,18 @@ def test_the_parts_are_cut_as_the_whole_runs_are(kept, parts):
     assert finite
     assert counts == whole.gpu["host"].astype(object).value_counts().to_dict()
     assert named == {str(h) for t in SAMPLED_TABLES for h in getattr(whole, t)["host"].unique()}
+
+
+def test_a_run_without_utilisation_readings_is_not_cut(recorded, tmp_path, monkeypatch):
+    """Phase times alone (a memory-only capture): one part, as the whole run says."""
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
+    run = store.load_run(recorded)
+    run.gpu["util_gpu_pct"] = float("nan")
+    store.save_run(run, tmp_path / "no util")
+    whole = loader.load_for_analysis(tmp_path / "no util")  # keeps its form
+    light, series = loader.load_for_diagnosis(tmp_path / "no util", defer_from=1)
+    assert series.census()[0] is False
+    assert node_groups(light, 2, series=series) is None is node_groups(whole, 2)
 
 
 @pytest.mark.parametrize("how", ["whole", "by file"])
