@@ -16,6 +16,7 @@ import shutil
 
 import pandas.testing as pdt
 import pytest
+from conftest import SHARED_FIXTURES
 
 from gpuprof import api, keep_by_file, load_cache, loader, store
 from gpuprof.analyzers import diagnose as diagnose_module
@@ -270,3 +271,54 @@ def test_analyze_reads_the_series_node_by_node_with_the_same_document(
     analyze_command(run_dir, json_out=True, workers=1)  # one process: the run read whole
     assert len(small_runs_in_parts) == 1
     assert capsys.readouterr().out.strip() == want.strip()
+
+
+REAL = sorted(p for p in SHARED_FIXTURES.rglob("*") if p.is_file() and p.name != "README.md")
+TOGETHER = ("rtx4090_inference.csv", "repeated_header.csv", "epoch_custom_header.csv",
+            "v100_node_scrape_excerpt.txt")  # fmt: skip
+"""Real files of four GPUs' samples imported as one run: four hosts, real dtypes and gaps."""
+
+
+@pytest.mark.skipif(not REAL, reason="no shared fixtures")
+@pytest.mark.parametrize(
+    "paths", [[p] for p in REAL] + [[p for p in REAL if p.name in TOGETHER]],
+    ids=[p.name for p in REAL] + ["four files as one run"],
+)  # fmt: skip
+def test_real_third_party_files_read_without_their_series_give_the_same(
+    paths, tmp_path, monkeypatch, small_runs_in_parts
+):
+    """Files users have (nvidia-smi, DCGM, profiler traces, verl logs), kept as any finished
+    run is: read without their series, each host's series read alone are its rows of the whole
+    run, the parts are cut as the whole run's are, and the document is the same, in one
+    process and (several hosts) in parts that read their own."""
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
+    try:
+        run_dir = api.import_files(paths, tmp_path / "run")
+    except Exception as exc:  # a file the importer refuses has nothing to keep
+        pytest.skip(f"not importable alone: {exc}")
+    whole = loader.load_for_analysis(run_dir, workers=1)
+    light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
+    if series is None:  # not kept (unfinished), or no GPU sample to read apart
+        assert whole.meta.end_ns is None or not len(whole.gpu)
+        pytest.skip("not kept, or no GPU sample")
+    for table, frame in series.read().items():
+        pdt.assert_frame_equal(frame, getattr(whole, table), check_exact=True)
+    hosts = {str(h) for t in SAMPLED_TABLES for h in getattr(whole, t)["host"].dropna()}
+    assert len(hosts) == (4 if len(paths) > 1 else 1)
+    for host in hosts:
+        want = cut(whole, [host])
+        for table, frame in series.read([host]).items():
+            pdt.assert_frame_equal(frame, getattr(want, table), check_exact=True)
+    for parts in (None, 2):
+        assert node_groups(light, parts, series=series) == node_groups(whole, parts)
+    want = render_json(api.analyze(whole, workers=1).to_dict())
+    assert render_json(api.analyze(light, workers=1, series=series).to_dict()) == want
+    if len(hosts) > 1:
+        # one node a part: these nodes' samples are too uneven for `deal` to cut them in two
+        from gpuprof.analyzers import parts as parts_module
+
+        monkeypatch.setattr(
+            parts_module, "deal", lambda weights, n: [[i] for i in range(len(weights))]
+        )
+        assert render_json(api.analyze(light, workers=2, series=series).to_dict()) == want
+        assert small_runs_in_parts == [series]
