@@ -15,7 +15,8 @@ read. Variants are interleaved repeat by repeat; each runs from a fresh spawner
 total PSS (the loader's worker processes share pages with it). The table gives medians: wall
 seconds, CPU seconds (user + system), peak RSS of the command and peak PSS of its tree, with
 the stretch the diagnosis says it read. ``--by-steps N``: the whole run diagnosed N steps at a
-time (`gpuprof.by_steps`), its stretches on ``--workers`` processes.
+time (`gpuprof.by_steps`), its stretches on ``--workers`` processes. ``--no-whole``: the
+whole run is not analysed (nor its form kept first: the first variant then keeps it).
 """
 
 from __future__ import annotations
@@ -66,10 +67,14 @@ def _said(document: dict) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default="/tmp/gpuprof-scale256/4h")
-    parser.add_argument("--steps", nargs="+", default=["0:12", "0:72", "0:144"])
+    parser.add_argument("--steps", nargs="*", default=["0:12", "0:72", "0:144"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--by-steps", nargs="*", type=int, default=[])
+    parser.add_argument(
+        "--no-whole", action="store_true",
+        help="time no whole-run analysis (a cluster-day's takes minutes and ~20 GB)",
+    )  # fmt: skip
     parser.add_argument(
         "--before", help="another checkout whose whole-run analysis is timed alongside, on a "
         "copy of the run (hard links) with a kept form of its own",
@@ -83,7 +88,8 @@ def main() -> None:
     if args.before:
         before = {**os.environ, "PYTHONPATH": str(Path(args.before).resolve())}
         variants["before: whole run (kept)"] = (_linked_copy(args.dir, "before"), None, before)
-    variants["whole run (kept form)"] = (args.dir, None, here)
+    if not args.no_whole:
+        variants["whole run (kept form)"] = (args.dir, None, here)
     variants.update({f"--steps {s}": (args.dir, s, here) for s in args.steps})
     variants.update({f"--by-steps {n}": (args.dir, f"by {n}", here) for n in args.by_steps})
     for run_dir, steps, env in variants.values():

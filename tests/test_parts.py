@@ -354,6 +354,26 @@ def test_the_diagnosis_node_by_node_is_the_whole_runs(case, merge, groups, tmp_p
     assert render_json(got) == render_json(want)  # the same document, to the byte
 
 
+def test_a_node_without_bubbles_still_bounds_the_steps_of_the_job():
+    """Split placement, generation slow and bubbles on one node only: each step's busiest
+    GPU and its GPU count are the whole job's, so the node without a bubble counts in the
+    bubbles' loss as in one process (node by node it was once left out, and the loss of
+    the other node's bubbles then crossed the threshold: a finding one process never made)."""
+    cfg = SimConfig(
+        gpus=16, gpus_per_host=8, framework="swift", placement="split", steps=8,
+        time_scale=0.2969177174150182, noise=0.07400701582810754, seed=901155168,
+        pathologies=[Pathology("rollout_bound", 0.7846472393185382),
+                     Pathology("pipeline_bubble", 0.6528831012635254)],
+        phase_s={"dataload": 0.3, "rollout": 20.0, "reward": 1.0, "old_logprob": 3.0,
+                 "ref_logprob": 3.0, "values": 3.0, "advantage": 0.2, "update_actor": 10.0,
+                 "update_critic": 8.0, "reshard": 1.0},
+    )  # fmt: skip
+    run = simulate(cfg).run
+    got, want = _diagnoses(run)
+    assert [f["kind"] for f in want["findings"]] == ["rollout_bound"]
+    assert render_json(got) == render_json(want)
+
+
 @pytest.mark.parametrize("groups", [None, 2])
 def test_a_node_with_spans_and_no_gpu_is_in_a_part(groups):
     """A node that recorded spans but no GPU sample and no GPU in the inventory (a CPU-only

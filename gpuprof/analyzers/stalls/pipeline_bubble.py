@@ -34,8 +34,10 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     if n_gpus < 2:
         return None
     grid, heads = wait_inputs(parts, th)
+    # every part with samples counts, bubbles or not: a step's busiest GPU and its GPUs are
+    # the whole job's
     got = [g for g in parts.map(_bubbles, th, grid, heads) if g is not None]
-    if not got:
+    if not any(g["gpus"] for g in got):
         return None
     per_gpu = pd.concat([g["per_gpu"] for g in got]) if len(got) > 1 else got[0]["per_gpu"]
     per_step = per_gpu.groupby(level="step").agg(
@@ -89,15 +91,14 @@ def _n_gpus(ctx: AnalysisContext) -> int:
 
 def _bubbles(ctx: AnalysisContext, th: Thresholds, grid: dict, heads: bool) -> dict | None:
     """One part's bubbles: per (step, GPU) wall, working and bubble seconds; per time bin its
-    samples and those in a bubble; the GPUs, phases and stretches of the bubbles. None when
-    the part has none (``grid``, ``heads``: `_phase.wait_inputs`)."""
+    samples and those in a bubble; the GPUs, phases and stretches of the bubbles (none when
+    the part has no bubble). None without samples (``grid``, ``heads``:
+    `_phase.wait_inputs`)."""
     got = _split_of(ctx, th, grid, heads)
     if got is None:
         return None
     s, split = got
     mask, idle = split["bubble"], split["idle"]
-    if not mask.any():
-        return None
     step = s["step"].fillna(-1.0).to_numpy(np.float64)
     hosts = s["host"].astype(str).to_numpy(object)
     dt = s["dt_s"].to_numpy(np.float64)
@@ -115,11 +116,12 @@ def _bubbles(ctx: AnalysisContext, th: Thresholds, grid: dict, heads: bool) -> d
         }
     )
     bins = split["bins"]
+    in_bin = np.bincount(bins) if len(bins) else np.zeros(0, np.int64)
     sub = s[mask]
     return {
         "per_gpu": frame.groupby(["step", "host", "g"], sort=False).sum(),
-        "in_bin": np.bincount(bins) if len(bins) else np.zeros(0, np.int64),
-        "bubbled": np.bincount(bins[mask], minlength=int(bins.max()) + 1),
+        "in_bin": in_bin,
+        "bubbled": np.bincount(bins[mask], minlength=len(in_bin)),
         "gpus": _gpu_pairs(sub),
         "phases": {str(p) for p in sub["phase"].unique()},
         "stretches": stretches(s["t_ns"].to_numpy(np.int64), dt, mask, idle),
