@@ -41,8 +41,8 @@ import pandas as pd
 from gpuprof import store
 from gpuprof.model import (
     INTERNED_TABLES,
+    NODE_READ_TABLES,
     RECORD_TYPES,
-    SAMPLED_TABLES,
     Run,
     RunMeta,
     column_kinds,
@@ -164,22 +164,22 @@ class SeriesUnreadable(store.RunError):
 
 
 class KeptSeries:
-    """Where the sampled series (`model.SAMPLED_TABLES`) of a run read without them
-    (`read_without_series`) are read from: node by node, by whoever analyses those nodes (a
-    worker holding a part of the run, `analyzers.part_workers`), or whole. What is read is
-    what `read` gives, the same rows in the same order."""
+    """Where the sampled series and the spans (`model.NODE_READ_TABLES`) of a run read
+    without them (`read_without_series`) are read from: node by node, by whoever analyses
+    those nodes (a worker holding a part of the run, `analyzers.part_workers`), or whole.
+    What is read is what `read` gives, the same rows in the same order."""
 
     def __init__(self, run_dir: Path, want: dict[str, Any], kept: dict[str, Any]):
         self.run_dir = Path(run_dir)
         self._want = want
         self._made = str(kept["made"])
-        self._specs = {t: kept["tables"][t] for t in SAMPLED_TABLES if t in kept["tables"]}
+        self._specs = {t: kept["tables"][t] for t in NODE_READ_TABLES if t in kept["tables"]}
         self.rows: dict[str, int] = {t: int(s["rows"]) for t, s in self._specs.items()}
-        """Rows of each sampled table."""
+        """Rows of each table read here."""
         self._census: tuple[bool, dict[str, int], set[str]] | None = None
 
     def read(self, hosts: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
-        """Each sampled table, whole or (``hosts``) the rows those hosts recorded. Raises
+        """Each table read here, whole or (``hosts``) the rows those hosts recorded. Raises
         `SeriesUnreadable` when the kept form changed since the run was read (another load
         kept it again) or does not read: the run is to be read afresh."""
         where = self.run_dir / DIRNAME
@@ -196,7 +196,7 @@ class KeptSeries:
     def census(self) -> tuple[bool, dict[str, int], set[str]]:
         """What the parts of the run are cut by, without reading the series: whether any GPU
         utilisation reading is a finite number, the GPU samples each host recorded, and the
-        hosts with rows in any sampled table (read once). Raises as `read` does."""
+        hosts with rows in any table read here (read once). Raises as `read` does."""
         import pyarrow as pa
 
         if self._census is not None:
@@ -253,9 +253,10 @@ def _host_counts(column: Any) -> dict[str, int]:
 def read_without_series(
     run_dir: str | os.PathLike, want: dict[str, Any], least: int = 0
 ) -> tuple[Run, KeptSeries] | None:
-    """The kept form of ``run_dir`` (made under ``want``) without its sampled series (empty,
-    with their kept columns), and where they are read from; None when it is not kept, or it
-    holds fewer than ``least`` GPU samples (it is then read whole, with `read`)."""
+    """The kept form of ``run_dir`` (made under ``want``) without its sampled series and its
+    spans (`model.NODE_READ_TABLES`: empty, with their kept columns), and where they are read
+    from; None when it is not kept, or it holds fewer than ``least`` GPU samples (it is then
+    read whole, with `read`)."""
     try:
         with open(Path(run_dir) / DIRNAME / "run.json", encoding="utf-8") as handle:
             kept = json.load(handle)
@@ -264,7 +265,7 @@ def read_without_series(
         series = KeptSeries(Path(run_dir), want, kept)
     except Exception:  # none kept, another version, cut short: read as the caller would
         return None
-    run = read(run_dir, want, only=[t for t in RECORD_TYPES if t not in SAMPLED_TABLES])
+    run = read(run_dir, want, only=[t for t in RECORD_TYPES if t not in NODE_READ_TABLES])
     if run is None:
         return None
     return run, series

@@ -108,8 +108,8 @@ def load_for_diagnosis(
 ) -> tuple[Run, load_cache.KeptSeries | None]:  # fmt: skip
     """The run `load_for_analysis` loads (default budget), and None; or, when the whole run
     is asked for, its merged form is kept and holds at least ``defer_from`` GPU samples, the
-    run without its sampled series (`model.SAMPLED_TABLES`, left empty) and where they are:
-    a diagnosis in parts reads each node's in the worker that analyses it
+    run without its sampled series and its spans (`model.NODE_READ_TABLES`, left empty) and
+    where they are: a diagnosis in parts reads each node's in the worker that analyses it
     (`analyzers.diagnose`'s ``series``), so that no process holds them all. A long run not
     kept yet whose spans are more than loading it whole may hold (`_first_of_long`) is kept
     file by file first (`keep_by_file`), so that it is never whole in one process either."""
@@ -127,7 +127,7 @@ def load_for_diagnosis(
                     got = load_cache.read_without_series(run_dir, made_under, defer_from)
         if got is not None:
             run, series = got
-            _note_many_spans(run)
+            _note_many_spans(run, series.rows.get("spans", 0))
             merge_run_events(run)
             return run, series
     return load_for_analysis(run_dir, MAX_GPU_SAMPLES, workers=workers, ray=ray, steps=steps), None
@@ -173,11 +173,14 @@ def kept_settings(max_gpu_samples: int | None, merge: int | None) -> dict[str, A
     return {"max_gpu_samples": max_gpu_samples, "merge": merge, "host_rows": MAX_HOST_ROWS}
 
 
-def _note_many_spans(run: Run) -> None:
-    if len(run.spans) > MANY_SPANS:
+def _note_many_spans(run: Run, spans: int | None = None) -> None:
+    """Say so in ``run``'s notices when it holds more than `MANY_SPANS` spans (``spans``:
+    how many, when they are not in ``run.spans`` but read node by node)."""
+    spans = len(run.spans) if spans is None else spans
+    if spans > MANY_SPANS:
         run.meta.notices = [
             *run.meta.notices,
-            f"{len(run.spans):,} spans held in memory (they are not merged): --steps A:B "
+            f"{spans:,} spans held in memory (they are not merged): --steps A:B "
             "reads one stretch of the run's steps, in memory that follows its length; "
             "--by-steps N the whole run N steps at a time, on every core",
         ]

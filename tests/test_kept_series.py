@@ -22,7 +22,7 @@ from gpuprof import api, keep_by_file, load_cache, loader, store
 from gpuprof.analyzers import diagnose as diagnose_module
 from gpuprof.analyzers.part_workers import WorkerParts
 from gpuprof.analyzers.parts import cut, node_groups
-from gpuprof.model import RECORD_TYPES, SAMPLED_TABLES
+from gpuprof.model import NODE_READ_TABLES, RECORD_TYPES
 from gpuprof.reports.fmt import render_json
 from gpuprof.sim import Pathology, SimConfig, simulate
 
@@ -91,10 +91,10 @@ def test_a_nodes_series_read_alone_are_the_rows_the_part_cuts(kept, how):
     run_dir, whole = kept(how)
     light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
     assert series is not None and series.rows["gpu"] == len(whole.gpu)
-    for table in SAMPLED_TABLES:  # read without them: no rows, the kept columns
+    for table in NODE_READ_TABLES:  # read without them: no rows, the kept columns
         assert len(getattr(light, table)) == 0
         assert list(getattr(light, table).columns) == list(getattr(whole, table).columns)
-    for table in set(RECORD_TYPES) - set(SAMPLED_TABLES):
+    for table in set(RECORD_TYPES) - set(NODE_READ_TABLES):
         pdt.assert_frame_equal(getattr(light, table), getattr(whole, table), check_exact=True)
     assert light.meta.to_dict() == whole.meta.to_dict()
     hosts = sorted(whole.gpu["host"].unique())
@@ -102,12 +102,12 @@ def test_a_nodes_series_read_alone_are_the_rows_the_part_cuts(kept, how):
     for group in ([hosts[0]], hosts[1:], hosts, ["no such node"]):
         want = cut(whole, group)
         read = series.read(group)
-        assert sorted(read) == sorted(SAMPLED_TABLES)
+        assert sorted(read) == sorted(NODE_READ_TABLES)
         for table, frame in read.items():
             pdt.assert_frame_equal(frame, getattr(want, table), check_exact=True)
             assert frame.attrs == getattr(want, table).attrs, table
     everything = series.read()
-    for table in SAMPLED_TABLES:
+    for table in NODE_READ_TABLES:
         pdt.assert_frame_equal(everything[table], getattr(whole, table), check_exact=True)
 
 
@@ -119,7 +119,7 @@ def test_the_parts_are_cut_as_the_whole_runs_are(kept, parts):
     finite, counts, named = series.census()
     assert finite
     assert counts == whole.gpu["host"].astype(object).value_counts().to_dict()
-    assert named == {str(h) for t in SAMPLED_TABLES for h in getattr(whole, t)["host"].unique()}
+    assert named == {str(h) for t in NODE_READ_TABLES for h in getattr(whole, t)["host"].unique()}
 
 
 def test_a_run_without_utilisation_readings_is_not_cut(recorded, tmp_path, monkeypatch):
@@ -303,7 +303,7 @@ def test_real_third_party_files_read_without_their_series_give_the_same(
         pytest.skip("not kept, or no GPU sample")
     for table, frame in series.read().items():
         pdt.assert_frame_equal(frame, getattr(whole, table), check_exact=True)
-    hosts = {str(h) for t in SAMPLED_TABLES for h in getattr(whole, t)["host"].dropna()}
+    hosts = {str(h) for t in NODE_READ_TABLES for h in getattr(whole, t)["host"].dropna()}
     assert len(hosts) == (4 if len(paths) > 1 else 1)
     for host in hosts:
         want = cut(whole, [host])

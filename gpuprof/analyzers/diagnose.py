@@ -10,13 +10,14 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gpuprof.analyzers import lanes
-from gpuprof.analyzers.basic import finite_or_none, step_times, tokens_per_s
+from gpuprof.analyzers.basic import finite_or_none, step_times
 from gpuprof.analyzers.basis import data_basis
 from gpuprof.analyzers.efficiency import efficiency_summary
 from gpuprof.analyzers.findings import (
@@ -27,7 +28,7 @@ from gpuprof.analyzers.findings import (
     Thresholds,
 )
 from gpuprof.analyzers.nodes import node_summary
-from gpuprof.analyzers.parts import Parts, sampled
+from gpuprof.analyzers.parts import Parts, exact_sum, facts, sampled
 from gpuprof.analyzers.stacks import attach_stacks
 from gpuprof.analyzers.stalls import DETECTORS, SIDE_BY_SIDE, STALLS, Stall
 from gpuprof.analyzers.stalls._bound import bound_summary
@@ -385,8 +386,7 @@ def summarize(
     run = ctx.run
     got = sampled(ctx)
     totals = ctx.totals if got.samples else {}
-    steps = step_times(run)
-    durations = steps["duration_s"].to_numpy(dtype=float) if len(steps) else np.array([])
+    steps = step_figures(ctx)
     idle_total = finite_or_none(totals.get("idle_gpu_s"))
     by_cause: dict[str, float] = {}
     busy_loss: dict[str, float] = {}
@@ -399,7 +399,7 @@ def summarize(
     if idle_total is not None:
         by_cause["other_idle"] = round(max(0.0, idle_total - sum(by_cause.values())), 3)
     phases = []
-    if len(run.spans) and got.samples:
+    if facts(ctx).spans and got.samples:
         table = ctx.by_phase
         for row in table.itertuples(index=False):
             phases.append(
@@ -441,14 +441,57 @@ def summarize(
         "idle_gpu_s": idle_total,
         "idle_gpu_s_by_cause": by_cause,
         "busy_loss_gpu_s_by_cause": busy_loss,
-        "steps": int(steps["step"].nunique()) if len(steps) else 0,
-        "step_time_p50_s": finite_or_none(np.percentile(durations, 50)) if len(durations) else None,
-        "step_time_p95_s": finite_or_none(np.percentile(durations, 95)) if len(durations) else None,
-        "tokens_per_s": tokens_per_s(steps),
+        "steps": steps["steps"],
+        "step_time_p50_s": steps["p50_s"],
+        "step_time_p95_s": steps["p95_s"],
+        "tokens_per_s": steps["tokens_per_s"],
         "phases": phases,
         "startup": startup,
         "efficiency": efficiency_summary(ctx, findings),
-        "data_basis": data_basis(ctx, int(steps["step"].nunique()) if len(steps) else 0),
+        "data_basis": data_basis(ctx, steps["steps"]),
+    }
+
+
+def step_figures(ctx: AnalysisContext) -> dict[str, Any]:
+    """The run's recorded steps (``step`` spans of every process, `basic.step_times`) as the
+    summary gives them: ``steps`` (distinct step numbers), ``p50_s`` and ``p95_s`` of the
+    processes' step durations (s), ``tokens_per_s`` (`basic.tokens_per_s`, its sums exact:
+    the same however the run is divided into parts), from every part's step spans."""
+    got = Parts.of(ctx).map(_step_part)
+    numbers = np.concatenate([g["numbers"] for g in got])
+    durations = np.concatenate([g["durations"] for g in got])
+    tokens = sum((g["tokens"] for g in got), Fraction(0))
+    seconds = sum((g["seconds"] for g in got), Fraction(0))
+    processes = len(set().union(*(g["processes"] for g in got)))
+    throughput = None
+    if processes and seconds > 0:
+        throughput = float(tokens) / (float(seconds) / processes)
+    return {
+        "steps": len(np.unique(numbers)),
+        "p50_s": finite_or_none(np.percentile(durations, 50)) if len(durations) else None,
+        "p95_s": finite_or_none(np.percentile(durations, 95)) if len(durations) else None,
+        "tokens_per_s": throughput,
+    }
+
+
+def _step_part(ctx: AnalysisContext) -> dict[str, Any]:
+    """One part's share of `step_figures`: its step numbers (distinct, not NaN), its step
+    durations (s), and over its steps that report tokens, their tokens and seconds (exact
+    sums) and their processes."""
+    steps = step_times(ctx.run)
+    if steps.empty:
+        return {"numbers": np.zeros(0), "durations": np.zeros(0), "tokens": Fraction(0),
+                "seconds": Fraction(0), "processes": set()}  # fmt: skip
+    numbers = pd.to_numeric(steps["step"], errors="coerce").to_numpy(np.float64)
+    tokens = steps["tokens"].to_numpy(dtype=float)
+    durations = steps["duration_s"].to_numpy(dtype=float)
+    ok = np.isfinite(tokens) & np.isfinite(durations)
+    return {
+        "numbers": np.unique(numbers[~np.isnan(numbers)]),
+        "durations": durations,
+        "tokens": exact_sum(tokens[ok]),
+        "seconds": exact_sum(durations[ok]),
+        "processes": set(zip(steps["host"][ok], steps["pid"][ok])),
     }
 
 
@@ -520,15 +563,14 @@ def data_notes(run: Run | AnalysisContext, th: Thresholds | None = None) -> list
                 "no GPM SM-activity (pre-Hopper GPU or not supported): utilization is NVML's "
                 "'a kernel was running', which overstates how busy the SMs were"
             )
-    if run.spans.empty:
+    recorded = facts(ctx)
+    if not recorded.spans:
         notes.append(
             "no phase spans: idle time can't be attributed to phases "
             "(use gpuprof.phase() or a framework integration)"
         )
-    else:
-        bad = int((run.spans["end_ns"] < run.spans["start_ns"]).sum())
-        if bad:
-            notes.append(f"{bad} spans end before they start and were ignored")
+    elif recorded.backwards_spans:
+        notes.append(f"{recorded.backwards_spans} spans end before they start and were ignored")
     dropped = dropped_spans(run)
     if dropped:
         notes.append(

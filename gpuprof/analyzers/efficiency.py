@@ -33,7 +33,7 @@ from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.findings import AnalysisContext, Finding
 from gpuprof.analyzers.hardware import match_gpu
 from gpuprof.analyzers.model_size import CRITIC_PATH_KNOBS, model_path, model_size, params_from_name
-from gpuprof.analyzers.parts import Parts, sampled
+from gpuprof.analyzers.parts import Parts, facts, sampled
 from gpuprof.analyzers.phase_work import (
     CRITIC_PHASES,
     PHASE_WORK,
@@ -127,7 +127,7 @@ def _run_gpus(ctx: AnalysisContext, settings: Mapping[str, Any]) -> tuple[int | 
 
 
 def _phase_gpus(ctx: AnalysisContext) -> dict[str, int]:
-    if not (sampled(ctx).samples and len(ctx.run.spans)):
+    if not (sampled(ctx).samples and facts(ctx).spans):
         return {}
     table = ctx.by_phase
     if "gpus" not in table:

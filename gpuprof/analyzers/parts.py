@@ -15,10 +15,11 @@ reads (a GPU's owner runs on the GPU's node), so each part's samples are exactly
 run's samples of its GPUs.
 
 The run-wide figures every part needs (`Facts`: GPU-seconds, duration, the first and last
-step) are combined once, when the parts are made, and set on every part's context
-(`AnalysisContext.facts`). What reads no sample — the phase times, the efficiency figures, the
-notes, the summary — reads the run as a whole (`Parts.whole`: the run less its sampled
-series, `whole_view`) and asks the parts for what the samples hold (`sampled`, ``map``);
+step, how many spans) are combined once, when the parts are made, and set on every part's
+context (`AnalysisContext.facts`). The figures of the run as a whole — the efficiency
+figures, the notes, the summary — read its metadata and events (`Parts.whole`: the run less
+its sampled series and its spans, `whole_view`) and ask the parts for what the samples and
+the spans hold (`sampled`, `facts`, ``map``);
 `diagnose.diagnose_parts` makes the whole diagnosis that way, and `part_workers` keeps the
 parts in worker processes.
 
@@ -42,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.analyzers.findings import AnalysisContext, Finding
-from gpuprof.model import SAMPLED_TABLES, Run
+from gpuprof.model import NODE_READ_TABLES, Run
 
 __all__ = [
     "Facts",
@@ -54,6 +55,7 @@ __all__ = [
     "cut",
     "deal",
     "exact_sum",
+    "facts",
     "facts_of",
     "median_of_counts",
     "node_groups",
@@ -73,9 +75,10 @@ _BY_HOST = ("gpu", "host", "procs", "gpu_procs", "spans", "events", "logs", "thr
 """The run's tables whose rows belong to one node (a ``host`` column); the others (stack
 frames and stacks, looked up by id) are shared by every part."""
 
-_SERIES = SAMPLED_TABLES
-"""The run's sampled series: what the parts hold and the whole run's view (`whole_view`) does
-not — its figures of them come from the parts (`sampled`, `Parts.map`)."""
+_SERIES = NODE_READ_TABLES
+"""The run's sampled series and its spans: what the parts hold and the whole run's view
+(`whole_view`) does not — its figures of them come from the parts (`sampled`, `facts`,
+`Parts.map`)."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,9 @@ class Facts:
     ``steps``: per recorded step, the earliest start and latest end of its ``step`` spans
     over every node (``step``, ``start``, ``end``; ns), sorted by start; ``first_span_ns``:
     the earliest start of any span (None without spans); ``t_min_ns``/``t_max_ns``: the
-    first and last GPU sample (None without samples); ``phases``: the phase of every span."""
+    first and last GPU sample (None without samples); ``phases``: the phase of every span;
+    ``spans``: how many spans the run recorded, ``valid_spans`` how many of them are usable
+    (`AnalysisContext.spans`), ``backwards_spans`` how many end before they start."""
 
     gpu_s: float
     duration_s: float | None
@@ -96,6 +101,9 @@ class Facts:
     t_min_ns: int | None
     t_max_ns: int | None
     phases: frozenset = frozenset()
+    spans: int = 0
+    valid_spans: int = 0
+    backwards_spans: int = 0
 
 
 def partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
@@ -117,9 +125,16 @@ def partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
     times = run.extent_ns() if meta.start_ns is None or meta.end_ns is None else (None, None)
     # per host, added in the hosts' order (`breakdown.add_hosts`): the same however cut
     gpu_s = host_sums(s, gpu_s=s["dt_s"].to_numpy(np.float64))["gpu_s"] if s is not None else {}
+    recorded = run.spans
+    backwards = 0
+    if recorded is not None and len(recorded):
+        backwards = int((recorded["end_ns"] < recorded["start_ns"]).sum())
     return {
         "gpu_s": gpu_s,
         "steps": steps,
+        "spans": len(recorded) if recorded is not None else 0,
+        "valid_spans": len(spans),
+        "backwards_spans": backwards,
         "first_span_ns": int(spans["start_ns"].min()) if len(spans) else None,
         "t_min_ns": int(t.min()) if t is not None else None,
         "t_max_ns": int(t.max()) if t is not None else None,
@@ -156,7 +171,16 @@ def combined_facts(meta: Any, partials: Sequence[dict[str, Any]]) -> Facts:
         t_min_ns=pick("t_min_ns", min),
         t_max_ns=pick("t_max_ns", max),
         phases=frozenset().union(*(p["phases"] for p in partials)),
+        spans=sum(p["spans"] for p in partials),
+        valid_spans=sum(p["valid_spans"] for p in partials),
+        backwards_spans=sum(p["backwards_spans"] for p in partials),
     )
+
+
+def facts(ctx: AnalysisContext | Parts) -> Facts:
+    """The run-wide `Facts` of the run ``ctx`` is (a context: the run of the parts it belongs
+    to, see `Parts.of`): what its spans hold, however they are divided between parts."""
+    return (ctx if isinstance(ctx, Parts) else Parts.of(ctx)).facts
 
 
 def facts_of(contexts: Sequence[AnalysisContext]) -> Facts:
@@ -187,7 +211,7 @@ class Parts:
         if len(self.contexts) == 1:
             self.whole = self.contexts[0]
         else:
-            # the run's spans, events and metadata, for figures of the run as a whole
+            # the run's events and metadata, for figures of the run as a whole
             if whole is None:
                 raise ValueError("a run of several parts needs the whole run's view (whole=)")
             options = self.contexts[0].__dict__.get("_efficiency_options")
@@ -209,10 +233,10 @@ class Parts:
         return finish_breakdown(by, self.map(_breakdown_part, by))
 
     whole: AnalysisContext
-    """The run as a whole for the figures that read no sample (its spans, events, stacks and
-    metadata: the phase times, the efficiency figures, the notes): the one part itself when
-    there is one, else a context of `whole_view` whose sample figures come from the parts
-    (`sampled`, `Parts.of`)."""
+    """The run as a whole for the figures of the whole run (its events, stacks and metadata:
+    the efficiency figures, the notes, the summary): the one part itself when there is one,
+    else a context of `whole_view` whose figures of the samples and the spans come from the
+    parts (`sampled`, `facts`, `Parts.of`)."""
 
     @classmethod
     def of(cls, ctx: AnalysisContext) -> Parts:
@@ -331,9 +355,9 @@ def _sampled_part(ctx: AnalysisContext) -> Sampled | None:
 
 
 def whole_view(run: Run) -> Run:
-    """``run`` without its sampled series (`_SERIES`, left empty with their columns): its
-    spans, events, stacks and metadata, as the run as a whole is seen by a diagnosis made of
-    parts."""
+    """``run`` without its sampled series and its spans (`_SERIES`, left empty with their
+    columns): its events, stacks and metadata, as the run as a whole is seen by a diagnosis
+    made of parts."""
     return dataclasses.replace(
         run, **{n: getattr(run, n).iloc[:0] for n in _SERIES if getattr(run, n) is not None}
     )

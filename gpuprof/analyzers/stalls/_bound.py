@@ -35,7 +35,7 @@ from gpuprof.analyzers.efficiency import FRAMEWORK_MFU_PHASE, figures
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.hardware import match_gpu
 from gpuprof.analyzers.model_size import model_size
-from gpuprof.analyzers.parts import Parts, median_of_counts, sampled, value_counts
+from gpuprof.analyzers.parts import Parts, facts, median_of_counts, sampled, value_counts
 from gpuprof.analyzers.phase_work import process_keys
 from gpuprof.analyzers.roofline import FORWARD_PHASES, DecodeRoofline, decode_roofline, token_ratios
 from gpuprof.analyzers.settings import num, options_of, run_settings
@@ -482,7 +482,7 @@ def assess(ctx: AnalysisContext, th: Thresholds | None = None) -> Assessment:
 
 
 def _nothing(ctx: AnalysisContext) -> str:
-    if ctx.run.spans is None or ctx.run.spans.empty:
+    if not facts(ctx).spans:
         return "nothing to judge: the run has no phase timing (no spans, no framework step times)"
     return "nothing to judge: the phases cover no step time"
 

@@ -4,7 +4,7 @@ on either basis and what earlier findings already explain in it."""
 from __future__ import annotations
 
 from gpuprof.analyzers.findings import AnalysisContext
-from gpuprof.analyzers.parts import sampled
+from gpuprof.analyzers.parts import facts, sampled
 from gpuprof.analyzers.stalls._timing import phase_seconds, timing
 
 
@@ -14,7 +14,7 @@ def phase_gpu_s(ctx: AnalysisContext, phase: str) -> tuple[float, float, str]:
     t = timing(ctx)
     if t is not None:
         return float(phase_seconds(t, [phase]).sum()) * t.gpus, t.total_gpu_s, "phase_timing"
-    table = ctx.by_phase if sampled(ctx).samples and len(ctx.spans) else None
+    table = ctx.by_phase if sampled(ctx).samples and facts(ctx).valid_spans else None
     if table is None or table.empty:
         return 0.0, 0.0, "gpu_samples"
     rows = table[table["phase"] == phase]

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.efficiency import figures
 from gpuprof.analyzers.evidence import RolloutBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
@@ -25,7 +24,7 @@ from gpuprof.analyzers.model_size import model_size
 from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.roofline import rollout_settings
 from gpuprof.analyzers.settings import num, options_of, run_settings
-from gpuprof.analyzers.stalls._bound import FORWARD_NAME, assess
+from gpuprof.analyzers.stalls._bound import FORWARD_NAME, _step_attr_means, assess
 from gpuprof.analyzers.stalls._busy import explained_in, phase_gpu_s
 from gpuprof.analyzers.stalls._phase import _phase_intervals
 from gpuprof.analyzers.stalls._resource import _finding, _fmt_gpu_s
@@ -174,9 +173,6 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
 
 
 def _response_mean(ctx: AnalysisContext) -> float | None:
-    spans = ctx.run.spans
-    if spans is None or spans.empty or "attrs" not in spans:
-        return None
-    attrs = spans.loc[spans["phase"] == "step", "attrs"]
-    mean = attr_columns.mean_of(attr_columns.number(attrs, "response_length/mean"))
+    """The mean ``response_length/mean`` the step spans of every part report."""
+    mean = _step_attr_means(ctx, ("response_length/mean",)).get("response_length/mean")
     return None if mean is None else round(mean, 1)
