@@ -91,6 +91,9 @@ def test_a_nodes_series_read_alone_are_the_rows_the_part_cuts(kept, how):
     run_dir, whole = kept(how)
     light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
     assert series is not None and series.rows["gpu"] == len(whole.gpu)
+    assert len(whole.spans) and series.rows["spans"] == len(whole.spans)
+    # the sampled series and the spans are read by whoever holds the nodes, not the parent
+    assert set(NODE_READ_TABLES) == {"gpu", "procs", "gpu_procs", "host", "spans"}
     for table in NODE_READ_TABLES:  # read without them: no rows, the kept columns
         assert len(getattr(light, table)) == 0
         assert list(getattr(light, table).columns) == list(getattr(whole, table).columns)

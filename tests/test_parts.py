@@ -354,6 +354,19 @@ def test_the_diagnosis_node_by_node_is_the_whole_runs(case, merge, groups, tmp_p
     assert render_json(got) == render_json(want)  # the same document, to the byte
 
 
+def test_the_notes_on_spans_node_by_node_are_the_whole_runs():
+    """The whole run's view holds no span: how many spans end before they start, and whether
+    there are any, come from the parts (`parts.Facts`), so the notes say what one process
+    says."""
+    run = _run("busy")
+    spans = run.spans.copy()
+    rows = np.flatnonzero((spans["host"] == "node1").to_numpy())[:3]
+    spans.loc[rows, "end_ns"] = spans.loc[rows, "start_ns"] - 1_000
+    got, want = _diagnoses(dataclasses.replace(run, spans=spans))
+    assert "3 spans end before they start and were ignored" in want["notes"]
+    assert render_json(got) == render_json(want)
+
+
 def test_a_node_without_bubbles_still_bounds_the_steps_of_the_job():
     """Split placement, generation slow and bubbles on one node only: each step's busiest
     GPU and its GPU count are the whole job's, so the node without a bubble counts in the
