@@ -133,6 +133,11 @@ def test_nodes_are_dealt_in_consecutive_groups_of_about_equal_samples():
     assert deal([100, 1, 1, 1, 1], 2) == [[0], [1, 2, 3, 4]]
     assert deal([5, 5], 8) == [[0], [1]]
     assert deal([0, 0, 0], 1) == [[0, 1, 2]]
+    # a heavy node last: the cut falls before it (once, all of them fell after it: one group)
+    assert deal([90, 1, 224, 2619], 2) == [[0, 1, 2], [3]]
+    assert deal([90, 1, 224, 2619], 4) == [[0, 1, 2], [3]]
+    assert deal([2619, 90, 1, 224], 2) == [[0], [1, 2, 3]]
+    assert deal([1, 50, 1], 2) == [[0, 1], [2]]
     groups = deal([7] * 32, 16)
     assert [i for g in groups for i in g] == list(range(32)) and len(groups) == 16
 

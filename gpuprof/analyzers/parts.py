@@ -474,12 +474,19 @@ def cut(run: Run, hosts: Sequence[str]) -> Run:
 
 def deal(weights: Sequence[int], n: int) -> list[list[int]]:
     """Items ``0…len(weights)-1`` dealt to at most ``n`` groups of consecutive items, of
-    about equal weight (each item weighs one more than its weight: an empty one counts)."""
+    about equal weight (each item weighs one more than its weight: an empty one counts).
+    Each cut falls before or after the item that reaches its share of the weight, whichever
+    is nearer: a heavy node is a group of its own rather than pulling its light neighbours
+    into one group with it (real captures of 90, 1, 224 and 2 619 samples: two groups,
+    not one)."""
     count = len(weights)
     n = max(1, min(n, count))
     cum = np.cumsum(np.asarray(weights, dtype=np.float64) + 1.0)
-    bounds = np.searchsorted(cum, cum[-1] * np.arange(1, n) / n, side="left")
-    edges = sorted({0, *(int(b) + 1 for b in bounds), count})
+    targets = cum[-1] * np.arange(1, n) / n
+    at = np.searchsorted(cum, targets, side="left")  # the item that reaches each share
+    before = np.where(at > 0, cum[np.maximum(at - 1, 0)], 0.0)
+    cuts = np.where(targets - before < cum[at] - targets, at, at + 1)
+    edges = sorted({0, *(int(c) for c in cuts), count})
     return [list(range(a, b)) for a, b in itertools.pairwise(edges) if b > a]
 
 
