@@ -5,11 +5,12 @@ inherits the loaded run (``fork``: nothing is copied until written), keeps the c
 nodes (labels their samples, holds their claims), and answers the diagnosis's calls
 (``map(fn, …)``: ``fn`` a module-level function of one part's context) with small partial
 figures through a pipe. This process holds the first part itself, keeps the run's view
-without samples (`parts.whole_view`) and takes every decision on the combined figures — so
-the detectors' per-sample work, most of a diagnosis, is divided between the cores, and the
-diagnosis is `diagnose`'s, to the byte (tests/test_parts.py, tests/test_part_workers.py).
-A run read without its sampled series (its kept form, `load_cache.KeptSeries`) is never
-whole in any process: each worker reads its own nodes' series (tests/test_kept_series.py).
+without samples or spans (`parts.whole_view`) and takes every decision on the combined
+figures — so the detectors' per-sample work, most of a diagnosis, is divided between the
+cores, and the diagnosis is `diagnose`'s, to the byte (tests/test_parts.py,
+tests/test_part_workers.py). A run read without its sampled series and spans (its kept form,
+`load_cache.KeptSeries`) is never whole in any process: each worker reads its own nodes'
+(tests/test_kept_series.py).
 
 A worker that dies (killed, out of memory) or sends what does not unpickle ends the parts:
 the call raises `PartsLost`, which no detector catches, and the caller diagnoses the run in one
