@@ -28,6 +28,7 @@ from typing import Any
 
 from gpuprof import keep_by_file, load_cache, loader, step_window, store
 from gpuprof.analyzers.over_steps import combine
+from gpuprof.footprint import available_bytes
 from gpuprof.step_window import StepWindow
 
 MEMORY_BUDGET_BYTES = 2 * 1024**3
@@ -67,7 +68,7 @@ def diagnose(
         spans = _spans(run_dir)
         # a long run: kept file by file; a short one (not merged) read whole when it fits
         if not loader.in_child(keep_by_file.build, run_dir, workers) and (
-            spans * KEEP_SPAN_BYTES <= max(MEMORY_BUDGET_BYTES, _available_bytes() // 2)
+            spans * KEEP_SPAN_BYTES <= max(MEMORY_BUDGET_BYTES, available_bytes() // 2)
         ):
             loader.in_child(_keep_whole, run_dir)
         if load_cache.step_times(run_dir) is not None:
@@ -103,15 +104,6 @@ def stretch_bytes(gpus: int, steps: int) -> int:
     """About what one worker holds to diagnose a stretch of ``steps`` steps of ``gpus``
     GPUs (bytes)."""
     return STRETCH_BASE_BYTES + STRETCH_GPU_STEP_BYTES * max(1, gpus) * max(1, steps)
-
-
-def _available_bytes() -> int:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except Exception:  # unknown: the budget alone decides
-        return 0
 
 
 def _spans(run_dir: str | os.PathLike) -> int:

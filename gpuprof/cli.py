@@ -9,7 +9,8 @@ or repeated option, a value typer would reject) goes to the typer app, which the
 same result or its own message. The command bodies below serve both paths.
 
 Exit codes: the watched command's own code for ``watch``; 2 for bad input (a run that can't be
-read, bad options); 0 otherwise.
+read, bad options); 3 for a whole-run diagnosis that would not fit in the memory free now
+(``analyze``; `footprint`); 0 otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 EXIT_BAD_INPUT = 2
+EXIT_TOO_LARGE = 3
 
 
 def _err(message: str) -> None:
@@ -72,9 +74,12 @@ def analyze_command(
     ray: str | None = None,
     steps: str | None = None,
     by_steps: int | None = None,
+    ignore_memory: bool = False,
 ) -> None:
     """``gpuprof analyze``: the diagnosis as text, or as one JSON document (no rich);
-    ``by_steps``: stretch by stretch (`by_steps`)."""
+    ``by_steps``: stretch by stretch (`by_steps`). A run diagnosed node by node whose whole
+    diagnosis would hold more memory than is free now (`footprint`) is not diagnosed: one
+    line says so and what to do, exit 3 (``ignore_memory``: diagnosed all the same)."""
     from gpuprof import api
 
     if by_steps is not None:
@@ -92,6 +97,8 @@ def analyze_command(
         # a long run's series are read node by node, by the workers that diagnose them
         run, series = load_for_diagnosis(run_dir, workers=workers, ray=ray, steps=window,
                                          defer_from=parts_min_samples(cores))  # fmt: skip
+        if series is not None and not ignore_memory:
+            _exit_if_too_large(run_dir, series.rows, cores)
         try:
             diagnosis = api.analyze(run, workers=cores, series=series, **options)
         except SeriesUnreadable:  # kept again, or damaged, since: the run read afresh
@@ -110,6 +117,25 @@ def analyze_command(
         from gpuprof.reports.terminal import diagnosis_renderable
 
         Console().print(diagnosis_renderable(diagnosis, top=top))
+
+
+def _exit_if_too_large(run_dir: Path, rows: dict[str, int], workers: int) -> None:
+    """One line and exit 3 when the whole diagnosis of the run read with ``rows`` (per table)
+    on ``workers`` processes would hold more memory than is free now (`footprint`)."""
+    from gpuprof import footprint
+
+    need = footprint.whole_diagnosis_bytes(rows, workers)
+    free = footprint.available_bytes()
+    if not free or need <= free:
+        return
+    _err(
+        f"{run_dir}: its whole diagnosis would hold about {need / 1e9:.1f} GB "
+        f"({rows.get('gpu', 0):,} merged GPU samples, {rows.get('spans', 0):,} spans) and "
+        f"{free / 1e9:.1f} GB of memory are free: diagnose it stretch by stretch "
+        "(--by-steps 24: one stretch per worker), one stretch of it (--steps A:B), or on a "
+        "machine with more memory (--ignore-memory tries here all the same)"
+    )
+    raise SystemExit(EXIT_TOO_LARGE)
 
 
 def _by_steps_or_exit(
@@ -262,7 +288,8 @@ _FIGURES: dict[str, tuple[str, Callable[[str], Any]]] = {
 _Options = dict[str, tuple[str, Callable[[str], Any] | None]]
 _PLAIN: dict[str, tuple[Callable[..., None], _Options]] = {
     "analyze": (analyze_command, {"--json": ("json_out", None), "--top": ("top", _count),
-                                  "--by-steps": ("by_steps", _count), **_FIGURES}),
+                                  "--by-steps": ("by_steps", _count),
+                                  "--ignore-memory": ("ignore_memory", None), **_FIGURES}),
     "report": (report_command, {"-o": ("output", _path), "--output": ("output", _path),
                                 "--by-steps": ("by_steps", _count), **_FIGURES}),
 }  # fmt: skip

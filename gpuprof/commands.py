@@ -405,9 +405,18 @@ def analyze(
     ray: RayAddress = None,
     steps: Steps = None,
     by_steps: BySteps = None,
+    ignore_memory: Annotated[
+        bool,
+        typer.Option(
+            "--ignore-memory",
+            help="Diagnose the whole run even where it looks too large for the memory free "
+            "now (without it: one line says how much it needs, and exit 3).",
+        ),
+    ] = False,
 ) -> None:
     analyze_command(
-        run_dir, json_out, top, gpu_hour_price, model_params, gpu, workers, ray, steps, by_steps
+        run_dir, json_out, top, gpu_hour_price, model_params, gpu, workers, ray, steps, by_steps,
+        ignore_memory,
     )  # fmt: skip
 
 

@@ -234,7 +234,7 @@ def test_memory_decides_how_many_stretches_at_once_and_whether_to_read_whole(
     assert _json(by_steps.diagnose(run_dir, 4, workers=2))["notes"] == both["notes"]  # as told
     # too large to read whole here: every stretch reads the run files, and the notes say so
     monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
-    monkeypatch.setattr(by_steps, "_available_bytes", lambda: 0)
+    monkeypatch.setattr(by_steps, "available_bytes", lambda: 0)
     monkeypatch.setattr(by_steps, "KEEP_SPAN_BYTES", by_steps.MEMORY_BUDGET_BYTES)
     copy = tmp_path / "run"
     store.save_run(store.load_run(run_dir), copy)

@@ -276,6 +276,54 @@ def test_analyze_reads_the_series_node_by_node_with_the_same_document(
     assert capsys.readouterr().out.strip() == want.strip()
 
 
+def test_a_whole_diagnosis_too_large_for_the_memory_free_is_not_started(
+    kept, small_runs_in_parts, capsys, monkeypatch
+):
+    """Before the parts are made, `analyze` estimates the memory the whole diagnosis will
+    hold (`footprint`): more than is free, it says so in one line, names the ways out and
+    exits 3, nothing diagnosed and nothing on stdout; ``--ignore-memory`` diagnoses all the
+    same, and memory that cannot be told judges nothing."""
+    from gpuprof import footprint
+    from gpuprof.cli import analyze_command, plain_call
+
+    run_dir, whole = kept("whole")
+    want = render_json(api.analyze(whole, workers=1).to_dict())
+    rows = {"gpu": len(whole.gpu), "spans": len(whole.spans)}
+    need = footprint.whole_diagnosis_bytes(rows, 2)
+    assert need == 650 * rows["gpu"] + 460 * rows["spans"] + 2 * footprint.BASE_BYTES
+    monkeypatch.setattr(footprint, "available_bytes", lambda: need - 1)
+    with pytest.raises(SystemExit) as stopped:
+        analyze_command(run_dir, json_out=True, workers=2)
+    assert stopped.value.code == 3
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.count("\n") == 1
+    assert f"about {need / 1e9:.1f} GB ({rows['gpu']:,} merged GPU samples" in said.err
+    assert "--by-steps" in said.err and "--ignore-memory" in said.err
+    assert small_runs_in_parts == []  # no part made
+    body, kwargs = plain_call(["analyze", str(run_dir), "--json", "--ignore-memory"])
+    body(**kwargs, workers=2)
+    assert capsys.readouterr().out.strip() == want.strip()
+    monkeypatch.setattr(footprint, "available_bytes", lambda: need)  # it fits
+    analyze_command(run_dir, json_out=True, workers=2)
+    assert capsys.readouterr().out.strip() == want.strip()
+    monkeypatch.setattr(footprint, "available_bytes", lambda: 0)  # unknown
+    analyze_command(run_dir, json_out=True, workers=2)
+    assert capsys.readouterr().out.strip() == want.strip()
+    assert len(small_runs_in_parts) == 3
+
+
+def test_a_run_read_whole_is_not_judged_by_the_estimate(kept, capsys, monkeypatch):
+    """A run below the parts' threshold is read whole, as every small run is: the estimate,
+    made for the diagnosis in parts, does not stop it."""
+    from gpuprof import footprint
+    from gpuprof.cli import analyze_command
+
+    run_dir, _ = kept("whole")
+    monkeypatch.setattr(footprint, "available_bytes", lambda: 1)
+    analyze_command(run_dir, json_out=True, workers=2)
+    assert json.loads(capsys.readouterr().out)["summary"]["gpus"] > 0
+
+
 REAL = sorted(p for p in SHARED_FIXTURES.rglob("*") if p.is_file() and p.name != "README.md")
 TOGETHER = ("rtx4090_inference.csv", "repeated_header.csv", "epoch_custom_header.csv",
             "v100_node_scrape_excerpt.txt")  # fmt: skip
