@@ -367,6 +367,25 @@ def test_the_notes_on_spans_node_by_node_are_the_whole_runs():
     assert render_json(got) == render_json(want)
 
 
+def test_untimed_step_events_node_by_node_are_the_whole_runs():
+    """Step events a log gave figures for but no duration (``untimed``), on both nodes and
+    interleaved in time: the framework's figures and the data basis's counters come from each
+    part's events, and read what one process reads."""
+    run = _run("busy")
+    rows = []
+    for i in range(40):
+        host = f"node{i % 2}"
+        attrs = {"untimed": True, "perf/mfu/actor": 0.1 + i / 7, "perf/custom": i * 1.1}
+        rows.append({"host": host, "pid": 1, "rank": 0, "t_ns": run.meta.start_ns + i,
+                     "kind": "step", "name": str(i), "attrs": attrs})  # fmt: skip
+    events = pd.concat([run.events, pd.DataFrame(rows)], ignore_index=True)
+    got, want = _diagnoses(dataclasses.replace(run, events=events))
+    metrics = want["summary"]["efficiency"]["framework"]["metrics"]
+    assert metrics["perf/mfu/actor"]["steps"] == 40
+    assert "perf/custom" in want["summary"]["data_basis"]["framework_counters"]
+    assert render_json(got) == render_json(want)
+
+
 def test_a_node_without_bubbles_still_bounds_the_steps_of_the_job():
     """Split placement, generation slow and bubbles on one node only: each step's busiest
     GPU and its GPU count are the whole job's, so the node without a bubble counts in the

@@ -42,13 +42,12 @@ def data_basis(ctx: AnalysisContext, steps: int) -> dict[str, Any]:
     (``perf/mfu/actor``…), ``perf/*`` first; ``line``: all of it in one sentence. ``gpus``:
     the distinct (host, gpu) pairs of every GPU sample.
     """
-    run = ctx.run
     gpu = _gpu_samples(ctx)
-    # each part's spans: their phases and the counters their steps carry
+    # each part's spans and step events: their phases and the counters their steps carry
     got = Parts.of(ctx).map(_span_basis)
     phases = sorted(set().union(*(p for p, _ in got)) - {"step"})
     timing = {"steps": int(steps), "phases": phases} if steps or phases else None
-    names = set().union(*(n for _, n in got)) | _counter_names(_untimed_attrs(run.events))
+    names = set().union(*(n for _, n in got))
     counters = _ordered(names)
     return {
         "gpu_samples": gpu,
@@ -112,20 +111,22 @@ def _gap_counts(ctx: AnalysisContext) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _span_basis(ctx: AnalysisContext) -> tuple[set[str], set[str]]:
-    """One part's span phases and the counters its step spans carry."""
+    """One part's span phases and the counters its step spans and step events carry."""
     spans = ctx.run.spans
-    if not len(spans):
-        return set(), set()
-    phases = set(spans["phase"].dropna())
-    if "attrs" not in spans:
-        return phases, set()
-    return phases, _counter_names(list(spans.loc[spans["phase"] == "step", "attrs"]))
+    phases = set(spans["phase"].dropna()) if len(spans) else set()
+    steps = len(spans) and "attrs" in spans
+    attrs = list(spans.loc[spans["phase"] == "step", "attrs"]) if steps else []
+    return phases, _counter_names(attrs + _untimed_attrs(ctx.run.events))
 
 
 def _untimed_attrs(events: pd.DataFrame) -> list[Any]:
-    """The attrs of step events: steps a log gives figures for but no duration."""
+    """The attrs of step events (steps a log gives figures for but no duration) that have a
+    host: a run cut into parts by host has no other in any part."""
     if len(events) and "attrs" in events and "kind" in events:
-        return list(events.loc[events["kind"] == "step", "attrs"])
+        keep = events["kind"] == "step"
+        if "host" in events:
+            keep &= events["host"].notna()
+        return list(events.loc[keep, "attrs"])
     return []
 
 

@@ -22,6 +22,7 @@ Definitions (units in the names):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,26 +159,50 @@ def perf_values(spans: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]
 def _framework_metrics(
     spans: pd.DataFrame, events: pd.DataFrame, framework: str | None
 ) -> dict[str, Any]:
-    return framework_metrics([perf_values(spans)], events, framework)
+    return framework_metrics([perf_values(spans)], [untimed_values(events)], framework)
+
+
+def untimed_values(events: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The ``perf/*`` figures of step events that have no span (``untimed``: steps a log
+    gives figures for but no duration), per key, the finite values in the events' order
+    (a part's share of `framework_metrics`). Events without a host count nowhere: a run cut
+    into parts by host has none of them in any part."""
+    if not len(events) or "kind" not in events or "attrs" not in events:
+        return {}
+    keep = (events["kind"] == "step").to_numpy(bool)
+    if "host" in events:
+        keep = keep & events["host"].notna().to_numpy(bool)
+    attrs = [a for a in events["attrs"][keep] if isinstance(a, Mapping) and a.get("untimed")]
+    if not attrs:
+        return {}
+    out = {}
+    for key in attr_columns.key_names(attrs):
+        if str(key).startswith("perf/"):
+            column = attr_columns.number(attrs, key)
+            if (~np.isnan(column)).any():
+                out[str(key)] = column[~np.isnan(column)]
+    return out
+
+
+def _mean(values: np.ndarray) -> float:
+    """The mean of ``values`` from their correctly rounded sum: the same in any order."""
+    try:
+        return math.fsum(values) / len(values)
+    except (ValueError, OverflowError):  # infinities of both signs, or a sum past float
+        return float(np.mean(values))
 
 
 def framework_metrics(
     parts: list[dict[str, tuple[np.ndarray, np.ndarray]]],
-    events: pd.DataFrame,
+    untimed: list[dict[str, np.ndarray]],
     framework: str | None,
 ) -> dict[str, Any]:
     """The framework's own ``perf/*`` figures over the steps, from `perf_values` of
-    disjoint sets of processes (each key's values in the order of their processes, the same
-    however the processes are divided) and the run's step events that have no span."""
-    # steps a log gives figures for but no duration are step events (``untimed``)
-    untimed = events[events["kind"] == "step"] if len(events) and "kind" in events else events
-    untimed_attrs = (
-        [a for a in untimed["attrs"] if isinstance(a, Mapping) and a.get("untimed")]
-        if (len(untimed) and "attrs" in untimed)
-        else []
-    )
-    keys = {k for part in parts for k in part}
-    keys |= {str(k) for k in attr_columns.key_names(untimed_attrs) if str(k).startswith("perf/")}
+    disjoint sets of processes (each key's values in the order of their processes) and
+    `untimed_values` of the step events that have no span. Each figure (mean, min, max,
+    count) is the same however the run is divided into parts: the mean is of the correctly
+    rounded sum (`math.fsum`)."""
+    keys = {k for part in parts for k in part} | {k for part in untimed for k in part}
     values: dict[str, np.ndarray] = {}
     for key in keys:
         held = [part[key] for part in parts if key in part]
@@ -185,13 +210,13 @@ def framework_metrics(
         if len(column) > 1:  # process by process, however the processes were divided
             owners = np.concatenate([o for o, _ in held])
             column = column[np.argsort(owners, kind="stable")]
-        logged = attr_columns.number(untimed_attrs, key) if untimed_attrs else np.empty(0)
-        column = np.concatenate([column, logged[~np.isnan(logged)]])
+        logged = [part[key] for part in untimed if key in part]
+        column = np.concatenate([column, *logged])
         if len(column):
             values[key] = column
     metrics = {
         key: {
-            "mean": float(np.mean(v)),
+            "mean": _mean(v),
             "min": float(np.min(v)),
             "max": float(np.max(v)),
             "steps": len(v),
@@ -396,7 +421,9 @@ def figures(ctx: AnalysisContext) -> _Figures:
         phases=phases,
         run=run_fig,
         framework=_with_throughput_mfu(
-            framework_metrics([w["perf"] for w in work], run.events, run.meta.framework),
+            framework_metrics(
+                [w["perf"] for w in work], [w["untimed"] for w in work], run.meta.framework
+            ),
             peak,
             gpu.get("model"),
         ),
@@ -411,14 +438,16 @@ def figures(ctx: AnalysisContext) -> _Figures:
 
 
 def span_work(ctx: AnalysisContext, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """One part's share of the figures read off the spans (the spans of its processes): its
-    `step_rows`, `wall_sums`, `steps_wall_sums` and `perf_values`."""
+    """One part's share of the figures read off the spans and step events (those of its
+    processes): its `step_rows`, `wall_sums`, `steps_wall_sums`, `perf_values` and
+    `untimed_values`."""
     spans = valid_spans(ctx.run.spans)
     return {
         "step_rows": step_rows(spans, settings),
         "walls": wall_sums(spans),
         "steps_wall": steps_wall_sums(spans),
         "perf": perf_values(spans),
+        "untimed": untimed_values(ctx.run.events),
     }
 
 

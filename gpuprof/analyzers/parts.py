@@ -355,12 +355,14 @@ def _sampled_part(ctx: AnalysisContext) -> Sampled | None:
 
 
 def whole_view(run: Run) -> Run:
-    """``run`` without its sampled series and its spans (`_SERIES`, left empty with their
-    columns): its events, stacks and metadata, as the run as a whole is seen by a diagnosis
-    made of parts."""
-    return dataclasses.replace(
-        run, **{n: getattr(run, n).iloc[:0] for n in _SERIES if getattr(run, n) is not None}
-    )
+    """``run`` without its sampled series, its spans (`_SERIES`, left empty with their
+    columns) and its step events (which grow with ranks × steps like the spans): its other
+    events, stacks and metadata, as the run as a whole is seen by a diagnosis made of parts."""
+    tables = {n: getattr(run, n).iloc[:0] for n in _SERIES if getattr(run, n) is not None}
+    events = run.events
+    if events is not None and len(events) and "kind" in events:
+        tables["events"] = events[(events["kind"] != "step").to_numpy(bool)]
+    return dataclasses.replace(run, **tables)
 
 
 def _totals_part(ctx: AnalysisContext) -> dict[str, Any] | None:
