@@ -101,13 +101,16 @@ def key(run_dir: str | os.PathLike, settings: dict[str, Any]) -> dict[str, Any] 
 def read(
     run_dir: str | os.PathLike, want: dict[str, Any], span: tuple[int, int] | None = None,
     *, hosts: Sequence[str] | None = None, only: Collection[str] | None = None,
+    without_step_events: bool = False,
 ) -> Run | None:  # fmt: skip
     """The kept form of ``run_dir`` when it was made under ``want``, else None. With ``span``
     (start, end epoch ns), only the rows of each table that may lie within it: the batches
     whose times reach into it, less the rows of those outside it (spans: those that do not
     overlap it); `step_window.cut` makes the exact cut. ``only``: just these tables (the
     others without rows, with their kept columns); ``hosts``: of each table with a ``host``
-    column, only the rows these hosts recorded, in the table's order (`parts.cut`'s rows)."""
+    column, only the rows these hosts recorded, in the table's order (`parts.cut`'s rows);
+    ``without_step_events``: the events less those of kind ``step`` (which grow with ranks
+    × steps)."""
     where = Path(run_dir) / DIRNAME
     try:
         with open(where / "run.json", encoding="utf-8") as handle:
@@ -120,7 +123,9 @@ def read(
             if table not in RECORD_TYPES:
                 return None
             skip = only is not None and table not in only
-            tables[table] = _read_table(where, kept["made"], table, spec, span, hosts, skip)
+            drop = ("step",) if without_step_events and table == "events" else None
+            tables[table] = _read_table(where, kept["made"], table, spec, span, hosts, skip,
+                                        drop)  # fmt: skip
     except Exception:  # missing, half-copied, from another version: made again
         return None
     return Run(meta=meta, **tables)
@@ -128,10 +133,11 @@ def read(
 
 def _read_table(
     where: Path, made: str, table: str, spec: dict[str, Any], span: tuple[int, int] | None,
-    hosts: Sequence[str] | None, empty: bool = False,
+    hosts: Sequence[str] | None, empty: bool = False, drop_kinds: Sequence[str] | None = None,
 ) -> pd.DataFrame:  # fmt: skip
-    """One kept table (`read`); ``empty``: none of its rows, its columns as kept. Raises
-    ValueError when a file is of another writing or holds other rows than it should."""
+    """One kept table (`read`); ``empty``: none of its rows, its columns as kept;
+    ``drop_kinds``: less its rows of these kinds. Raises ValueError when a file is of
+    another writing or holds other rows than it should."""
     import pyarrow as pa
 
     pieces = []
@@ -146,10 +152,11 @@ def _read_table(
                 pieces.append(reader.schema.empty_table())
                 break
             times = {"times": part["times"]} if part.get("times") is not None else {}
-            pieces.append(_batches(reader, {**spec, **times}, span, hosts))
+            pieces.append(_batches(reader, {**spec, **times}, span, hosts, drop_kinds))
     data = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
     del pieces
-    if span is None and hosts is None and not empty and data.num_rows != spec["rows"]:
+    whole = span is None and hosts is None and not drop_kinds
+    if whole and not empty and data.num_rows != spec["rows"]:
         raise ValueError(f"{table}: {data.num_rows} rows kept, {spec['rows']} recorded")
     if "parts" in spec:
         data = _in_order(table, data)
@@ -253,10 +260,10 @@ def _host_counts(column: Any) -> dict[str, int]:
 def read_without_series(
     run_dir: str | os.PathLike, want: dict[str, Any], least: int = 0
 ) -> tuple[Run, KeptSeries] | None:
-    """The kept form of ``run_dir`` (made under ``want``) without its sampled series and its
-    spans (`model.NODE_READ_TABLES`: empty, with their kept columns), and where they are read
-    from; None when it is not kept, or it holds fewer than ``least`` GPU samples (it is then
-    read whole, with `read`)."""
+    """The kept form of ``run_dir`` (made under ``want``) without its sampled series, its spans
+    and its step events (`model.NODE_READ_TABLES`: empty, with their kept columns; of the
+    events, those of other kinds), and where they are read from; None when it is not kept,
+    or it holds fewer than ``least`` GPU samples (it is then read whole, with `read`)."""
     try:
         with open(Path(run_dir) / DIRNAME / "run.json", encoding="utf-8") as handle:
             kept = json.load(handle)
@@ -265,7 +272,9 @@ def read_without_series(
         series = KeptSeries(Path(run_dir), want, kept)
     except Exception:  # none kept, another version, cut short: read as the caller would
         return None
-    run = read(run_dir, want, only=[t for t in RECORD_TYPES if t not in NODE_READ_TABLES])
+    # the events less the step events, which each part reads with its own
+    only = [t for t in RECORD_TYPES if t not in NODE_READ_TABLES or t == "events"]
+    run = read(run_dir, want, only=only, without_step_events=True)
     if run is None:
         return None
     return run, series
@@ -291,22 +300,25 @@ def step_times(run_dir: str | os.PathLike) -> pd.DataFrame | None:
 
 def _batches(
     reader: Any, spec: dict[str, Any], span: tuple[int, int] | None,
-    hosts: Sequence[str] | None = None,
+    hosts: Sequence[str] | None = None, drop_kinds: Sequence[str] | None = None,
 ) -> Any:  # fmt: skip
     """The kept table ``reader`` reads, whole, or with ``span`` its batches that reach into
     it (by the times kept in ``spec``), each less its rows outside it, or with ``hosts``
-    (a table with a ``host`` column) each less the rows other hosts recorded, decoded one at
-    a time."""
+    (a table with a ``host`` column) each less the rows other hosts recorded, or with
+    ``drop_kinds`` (a table with a ``kind`` column) each less its rows of those kinds,
+    decoded one at a time."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     by_host = hosts is not None and "host" in reader.schema.names
-    if (span is None or "times" not in spec) and not by_host:  # whole
+    by_kind = bool(drop_kinds) and "kind" in reader.schema.names
+    if (span is None or "times" not in spec) and not by_host and not by_kind:  # whole
         return reader.read_all()
     times = spec.get("times") if span is not None else None
     if times is not None and len(times) != reader.num_record_batches:
         raise ValueError("batch times do not match the batches")
     wanted = pa.array(sorted({str(h) for h in hosts}), type=pa.string()) if by_host else None
+    dropped = pa.array(sorted(drop_kinds), type=pa.string()) if by_kind else None
     parts = []
     for i in range(reader.num_record_batches):
         if times is not None:
@@ -325,6 +337,9 @@ def _batches(
         if by_host:
             mine = _of_hosts(batch.column("host"), wanted)
             keep = mine if keep is None else pc.and_(keep, mine)
+        if by_kind:
+            other = pc.invert(_of_hosts(batch.column("kind"), dropped))
+            keep = other if keep is None else pc.and_(keep, other)
         parts.append(batch.filter(keep) if keep is not None else batch)
         del batch
     if not parts:
@@ -333,7 +348,8 @@ def _batches(
 
 
 def _of_hosts(column: Any, wanted: Any) -> Any:
-    """Whether each row of a kept ``host`` column is one of ``wanted`` (a null is not)."""
+    """Whether each row of a kept text column (``host``, ``kind``) is one of ``wanted`` (a
+    null is not)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -251,11 +251,12 @@ STACK_TABLES: tuple[str, ...] = ("threads", "stack_frames", "stacks", "stack_sam
 SAMPLED_TABLES: tuple[str, ...] = ("gpu", "procs", "gpu_procs", "host")
 """The run's sampled series: what grows with the run's length and GPUs, read node by node
 where a run is analysed in parts (`load_cache.KeptSeries`, `analyzers.parts`)."""
-NODE_READ_TABLES: tuple[str, ...] = (*SAMPLED_TABLES, "spans")
+NODE_READ_TABLES: tuple[str, ...] = (*SAMPLED_TABLES, "spans", "events")
 """What a run analysed in parts leaves to the processes that hold its nodes
-(`load_cache.KeptSeries`): its sampled series and its spans, which grow with ranks × steps
-(18 M spans for 1 024 GPUs over a day). The whole run's figures of the spans come from the
-parts (`parts.Facts`, `Parts.map`)."""
+(`load_cache.KeptSeries`): its sampled series, and its spans and step events, which grow
+with ranks × steps (18 M spans and 1.8 M step events for 1 024 GPUs over a day; the events
+of other kinds are read by the whole run's view too). The whole run's figures of them come
+from the parts (`parts.Facts`, `Parts.map`)."""
 INTERNED_TABLES: dict[str, str] = {"stack_frames": "frame_id", "stacks": "stack_id"}
 """Tables keyed by a content hash rather than time: rows repeat across files and are kept
 once when a run is loaded."""

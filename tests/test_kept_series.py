@@ -11,9 +11,11 @@ and a non-zero exit, never a wrong answer.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
+import pandas as pd
 import pandas.testing as pdt
 import pytest
 from conftest import SHARED_FIXTURES
@@ -31,12 +33,23 @@ HOST_ROWS = {"host": 1000, "procs": 2000, "gpu_procs": 1000}
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    """Three nodes (8, 8 and 4 GPUs) with a straggler and slow reward scoring, as written."""
+    """Three nodes (8, 8 and 4 GPUs) with a straggler and slow reward scoring, as written;
+    besides its step events, a framework's knobs (node0) and spans a full queue dropped
+    (node1)."""
     cfg = SimConfig(gpus=20, gpus_per_host=8, steps=10, seed=7,
                     pathologies=[Pathology("reward_bound", 0.6),
                                  Pathology("imbalance", 0.6)])  # fmt: skip
+    run = simulate(cfg).run
+    t = int(run.meta.start_ns)
+    other = pd.DataFrame([
+        {"host": "node0", "pid": 10000, "rank": 0, "t_ns": t + 5, "kind": "knobs",
+         "name": "verl", "attrs": {"knobs": {"actor_rollout_ref.rollout.n": 8}}},
+        {"host": "node1", "pid": 10008, "rank": 8, "t_ns": t + 9, "kind": "dropped",
+         "name": "spans", "attrs": {"spans": 5}},
+    ])  # fmt: skip
+    events = pd.concat([run.events, other], ignore_index=True)
     path = tmp_path_factory.mktemp("kept_series") / "run"
-    store.save_run(simulate(cfg).run, path)
+    store.save_run(dataclasses.replace(run, events=events), path)
     return path
 
 
@@ -92,9 +105,14 @@ def test_a_nodes_series_read_alone_are_the_rows_the_part_cuts(kept, how):
     light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
     assert series is not None and series.rows["gpu"] == len(whole.gpu)
     assert len(whole.spans) and series.rows["spans"] == len(whole.spans)
-    # the sampled series and the spans are read by whoever holds the nodes, not the parent
-    assert set(NODE_READ_TABLES) == {"gpu", "procs", "gpu_procs", "host", "spans"}
-    for table in NODE_READ_TABLES:  # read without them: no rows, the kept columns
+    # the sampled series, the spans and the step events are read by whoever holds the nodes;
+    # the parent reads the other events
+    assert set(NODE_READ_TABLES) == {"gpu", "procs", "gpu_procs", "host", "spans", "events"}
+    steps = (whole.events["kind"] == "step").to_numpy(bool)
+    assert steps.sum() > 100 and set(whole.events["kind"][~steps]) == {"knobs", "dropped"}
+    pdt.assert_frame_equal(light.events, whole.events[~steps].reset_index(drop=True),
+                           check_exact=True)  # fmt: skip
+    for table in set(NODE_READ_TABLES) - {"events"}:  # no rows, the kept columns
         assert len(getattr(light, table)) == 0
         assert list(getattr(light, table).columns) == list(getattr(whole, table).columns)
     for table in set(RECORD_TYPES) - set(NODE_READ_TABLES):

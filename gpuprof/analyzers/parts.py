@@ -75,10 +75,10 @@ _BY_HOST = ("gpu", "host", "procs", "gpu_procs", "spans", "events", "logs", "thr
 """The run's tables whose rows belong to one node (a ``host`` column); the others (stack
 frames and stacks, looked up by id) are shared by every part."""
 
-_SERIES = NODE_READ_TABLES
+_SERIES = tuple(t for t in NODE_READ_TABLES if t != "events")
 """The run's sampled series and its spans: what the parts hold and the whole run's view
-(`whole_view`) does not — its figures of them come from the parts (`sampled`, `facts`,
-`Parts.map`)."""
+(`whole_view`) does not, nor its step events — its figures of them come from the parts
+(`sampled`, `facts`, `Parts.map`)."""
 
 
 @dataclass(frozen=True)
