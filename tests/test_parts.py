@@ -357,11 +357,13 @@ def test_the_diagnosis_node_by_node_is_the_whole_runs(case, merge, groups, tmp_p
 def test_the_notes_on_spans_node_by_node_are_the_whole_runs():
     """The whole run's view holds no span: how many spans end before they start, and whether
     there are any, come from the parts (`parts.Facts`), so the notes say what one process
-    says."""
+    says. A span without a host is in no part, and counts nowhere."""
     run = _run("busy")
     spans = run.spans.copy()
-    rows = np.flatnonzero((spans["host"] == "node1").to_numpy())[:3]
+    rows = np.flatnonzero((spans["host"] == "node1").to_numpy())[:4]
     spans.loc[rows, "end_ns"] = spans.loc[rows, "start_ns"] - 1_000
+    spans["host"] = spans["host"].astype(object)
+    spans.loc[rows[3], "host"] = None
     got, want = _diagnoses(dataclasses.replace(run, spans=spans))
     assert "3 spans end before they start and were ignored" in want["notes"]
     assert render_json(got) == render_json(want)

@@ -477,8 +477,9 @@ def step_figures(ctx: AnalysisContext) -> dict[str, Any]:
 def _step_part(ctx: AnalysisContext) -> dict[str, Any]:
     """One part's share of `step_figures`: its step numbers (distinct, not NaN), its step
     durations (s), and over its steps that report tokens, their tokens and seconds (exact
-    sums) and their processes."""
+    sums) and their processes. A step without a host is in no part: counted nowhere."""
     steps = step_times(ctx.run)
+    steps = steps[steps["host"].notna().to_numpy(bool)] if len(steps) else steps
     if steps.empty:
         return {"numbers": np.zeros(0), "durations": np.zeros(0), "tokens": Fraction(0),
                 "seconds": Fraction(0), "processes": set()}  # fmt: skip

@@ -91,8 +91,9 @@ class Facts:
     over every node (``step``, ``start``, ``end``; ns), sorted by start; ``first_span_ns``:
     the earliest start of any span (None without spans); ``t_min_ns``/``t_max_ns``: the
     first and last GPU sample (None without samples); ``phases``: the phase of every span;
-    ``spans``: how many spans the run recorded, ``valid_spans`` how many of them are usable
-    (`AnalysisContext.spans`), ``backwards_spans`` how many end before they start."""
+    ``spans``: how many spans the run recorded with a host (one without is in no part, and
+    never usable), ``valid_spans`` how many of them are usable (`AnalysisContext.spans`),
+    ``backwards_spans`` how many end before they start."""
 
     gpu_s: float
     duration_s: float | None
@@ -126,6 +127,8 @@ def partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
     # per host, added in the hosts' order (`breakdown.add_hosts`): the same however cut
     gpu_s = host_sums(s, gpu_s=s["dt_s"].to_numpy(np.float64))["gpu_s"] if s is not None else {}
     recorded = run.spans
+    if recorded is not None and len(recorded) and "host" in recorded:
+        recorded = recorded[recorded["host"].notna().to_numpy(bool)]  # in no part: unusable
     backwards = 0
     if recorded is not None and len(recorded):
         backwards = int((recorded["end_ns"] < recorded["start_ns"]).sum())
