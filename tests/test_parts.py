@@ -364,6 +364,10 @@ def test_the_notes_on_spans_node_by_node_are_the_whole_runs():
     spans.loc[rows, "end_ns"] = spans.loc[rows, "start_ns"] - 1_000
     spans["host"] = spans["host"].astype(object)
     spans.loc[rows[3], "host"] = None
+    # a step without a host, in a phase of its own, with figures of its own: read nowhere
+    lost = spans[spans["phase"] == "step"].iloc[:1].assign(host=None)
+    lost["attrs"] = [{"response_length/mean": 9e9, "custom/figure": 1.0}]
+    spans = pd.concat([spans, lost, lost.assign(phase="lost_phase")], ignore_index=True)
     got, want = _diagnoses(dataclasses.replace(run, spans=spans))
     assert "3 spans end before they start and were ignored" in want["notes"]
     assert render_json(got) == render_json(want)

@@ -111,8 +111,11 @@ def _gap_counts(ctx: AnalysisContext) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _span_basis(ctx: AnalysisContext) -> tuple[set[str], set[str]]:
-    """One part's span phases and the counters its step spans and step events carry."""
+    """One part's span phases and the counters its step spans and step events carry (a span
+    without a host is in no part: read nowhere)."""
     spans = ctx.run.spans
+    if len(spans) and "host" in spans:
+        spans = spans[spans["host"].notna().to_numpy(bool)]
     phases = set(spans["phase"].dropna()) if len(spans) else set()
     steps = len(spans) and "attrs" in spans
     attrs = list(spans.loc[spans["phase"] == "step", "attrs"]) if steps else []

@@ -250,11 +250,12 @@ def _step_attr_columns(
     ctx: AnalysisContext, keys: tuple[str, ...]
 ) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
     """One part's step spans: their processes (``host:pid``) and each key's values (NaN where
-    a step has none), in the spans' order; None without step spans."""
+    a step has none), in the spans' order; None without step spans. A span without a host is
+    in no part: read nowhere."""
     spans = ctx.run.spans
     if spans is None or spans.empty or "attrs" not in spans:
         return None
-    steps = spans[spans["phase"] == "step"]
+    steps = spans[((spans["phase"] == "step") & spans["host"].notna()).to_numpy(bool)]
     if steps.empty:
         return None
     attrs = list(steps["attrs"])
