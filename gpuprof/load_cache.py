@@ -171,9 +171,10 @@ class SeriesUnreadable(store.RunError):
 
 
 class KeptSeries:
-    """Where the sampled series and the spans (`model.NODE_READ_TABLES`) of a run read
-    without them (`read_without_series`) are read from: node by node, by whoever analyses
-    those nodes (a worker holding a part of the run, `analyzers.part_workers`), or whole.
+    """Where the sampled series, the spans and the events (`model.NODE_READ_TABLES`) of a
+    run read without them (`read_without_series`) are read from: node by node, by whoever
+    analyses those nodes (a worker holding a part of the run, `analyzers.part_workers`), or
+    whole.
     What is read is what `read` gives, the same rows in the same order."""
 
     def __init__(self, run_dir: Path, want: dict[str, Any], kept: dict[str, Any]):

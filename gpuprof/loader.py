@@ -108,11 +108,12 @@ def load_for_diagnosis(
 ) -> tuple[Run, load_cache.KeptSeries | None]:  # fmt: skip
     """The run `load_for_analysis` loads (default budget), and None; or, when the whole run
     is asked for, its merged form is kept and holds at least ``defer_from`` GPU samples, the
-    run without its sampled series and its spans (`model.NODE_READ_TABLES`, left empty) and
-    where they are: a diagnosis in parts reads each node's in the worker that analyses it
-    (`analyzers.diagnose`'s ``series``), so that no process holds them all. A long run not
-    kept yet whose spans are more than loading it whole may hold (`_first_of_long`) is kept
-    file by file first (`keep_by_file`), so that it is never whole in one process either."""
+    run without its sampled series, its spans and its step events (`model.NODE_READ_TABLES`,
+    left empty; the events of other kinds are read) and where they are: a diagnosis in parts
+    reads each node's in the worker that analyses it (`analyzers.diagnose`'s ``series``), so
+    that no process holds them all. A long run not kept yet whose spans are more than loading
+    it whole may hold (`_first_of_long`) is kept file by file first (`keep_by_file`), so
+    that it is never whole in one process either."""
     if steps is None and ray is None and defer_from is not None:
         made_under = load_cache.key(run_dir, kept_settings(MAX_GPU_SAMPLES, None))
         got = None

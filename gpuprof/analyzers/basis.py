@@ -115,7 +115,9 @@ def _span_basis(ctx: AnalysisContext) -> tuple[set[str], set[str]]:
     without a host is in no part: read nowhere)."""
     spans = ctx.run.spans
     if len(spans) and "host" in spans:
-        spans = spans[spans["host"].notna().to_numpy(bool)]
+        missing = spans["host"].isna().to_numpy(bool)
+        if missing.any():  # a copy only where there is something to leave out
+            spans = spans[~missing]
     phases = set(spans["phase"].dropna()) if len(spans) else set()
     steps = len(spans) and "attrs" in spans
     attrs = list(spans.loc[spans["phase"] == "step", "attrs"]) if steps else []

@@ -127,15 +127,17 @@ def partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
     # per host, added in the hosts' order (`breakdown.add_hosts`): the same however cut
     gpu_s = host_sums(s, gpu_s=s["dt_s"].to_numpy(np.float64))["gpu_s"] if s is not None else {}
     recorded = run.spans
-    if recorded is not None and len(recorded) and "host" in recorded:
-        recorded = recorded[recorded["host"].notna().to_numpy(bool)]  # in no part: unusable
-    backwards = 0
+    counted, backwards = 0, 0
     if recorded is not None and len(recorded):
-        backwards = int((recorded["end_ns"] < recorded["start_ns"]).sum())
+        # a span without a host is in no part: counted nowhere (a mask, not a copy)
+        hosted = recorded["host"].notna().to_numpy(bool) if "host" in recorded else None
+        ends = (recorded["end_ns"] < recorded["start_ns"]).to_numpy(bool)
+        counted = int(hosted.sum()) if hosted is not None else len(recorded)
+        backwards = int((ends & hosted).sum()) if hosted is not None else int(ends.sum())
     return {
         "gpu_s": gpu_s,
         "steps": steps,
-        "spans": len(recorded) if recorded is not None else 0,
+        "spans": counted,
         "valid_spans": len(spans),
         "backwards_spans": backwards,
         "first_span_ns": int(spans["start_ns"].min()) if len(spans) else None,
