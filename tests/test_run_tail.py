@@ -306,3 +306,32 @@ def test_the_driver_records_each_nodes_address_in_rays_node_table(tmp_path):
     conn.close()
     status = json.loads(doc)["nodes"]["10.0.0.12 (cccccccc)"]
     assert status["address"] == "10.0.0.12" and status["state"] == "never_recorded"
+
+
+def test_a_scrape_never_serves_a_nodes_readings_before_its_gpus_and_clock(run_dir):
+    # the follower's round takes the files' rows node by node; a scrape may come between any
+    # two of its steps (the HTTP server's threads), as one did in a cluster test
+    from gpuprof.reports.live_run import RunFollower
+
+    seen: list[dict] = []
+
+    class Scraped(GpuprofCollector):
+        def take_rows(self, node: str, rows: NodeRows) -> None:
+            super().take_rows(node, rows)
+            seen.append(_exposition(self))
+
+    collector = Scraped(LiveState(), "n0")
+    follower = RunFollower(collector, run_dir / "n0.sqlite", run_dir=run_dir, run_id="run",
+                           what="metrics endpoint", name="test-follower")  # fmt: skip
+    try:
+        follower._round(force=True)
+    finally:
+        follower.tail.close()
+    served = [got for got in seen if "gpuprof_gpu_utilization_ratio" in got]
+    assert served  # n1's readings were served once its rows were taken
+    for got in served:
+        models = {s["gpu"]: s["model_name"] for s, _ in got["gpuprof_gpu_info"]}
+        assert models == {"0": "NVIDIA H200", "1": "NVIDIA H200"}
+    # n1's phase end on the watcher's clock: its offset known when the end was served
+    ends = {s["node"]: t for s, t in served[-1]["gpuprof_rank_phase_end_timestamp_seconds"]}
+    assert ends["n1.rack.2"] == pytest.approx(0.1 - 0.25)

@@ -264,10 +264,12 @@ class RunFollower:
                 live.take(live.readings())
             if force or started >= self._next_poll:
                 batches = self.tail.poll()  # outside the lock: file I/O
-                for node, rows in batches.items():
-                    live.take_rows(node, rows)
+                # the nodes' GPUs, clocks and addresses before their rows: a scrape between
+                # the two would serve a GPU's readings without its model or its clock offset
                 live.set_others(self.tail.inventory(), self.tail.offsets(),
                                 self.tail.addresses())  # fmt: skip
+                for node, rows in batches.items():
+                    live.take_rows(node, rows)
                 self._next_poll = started + STORE_POLL_S
             if self.on_tick is not None and not force:
                 self.on_tick()
