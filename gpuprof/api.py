@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from gpuprof import __version__, hooks, launch, nodes, store
 from gpuprof.collectors.child import ChildProcess, CommandNotFound
@@ -596,33 +596,30 @@ def finish_log_to(
     result: WatchResult,
     report_path: Path | None = None,
     *,
-    diagnosis=None,
-    gpu_hour_price: float | None = None,
-    model_params: str | float | None = None,
-    gpu: str | None = None,
+    document: dict[str, Any] | None = None,
 ) -> list[str]:
-    """After `watch` (and its summary and report): hand the trackers of ``--log-to`` the
-    diagnosis's figures and attach ``report_path`` and the diagnosis JSON (written to
-    ``RUN_DIR/diagnosis.json``), waiting at most ``log_timeout_s`` for them. ``diagnosis``:
-    the run's, when the caller has it (else it is made here, with ``gpu_hour_price``,
-    ``model_params`` and ``gpu`` as for `analyze`). A run cut short or not summarized here
-    sends the last live figures alone. Prints one line per tracker saying where its figures
-    went, stores notices that came up meanwhile in the run, and returns those lines. Never
-    raises: the command's exit code is what matters."""
+    """After `watch` (and its summary and report, `watch_end`): hand the trackers of
+    ``--log-to`` the diagnosis's figures and attach ``report_path`` and the diagnosis JSON
+    (``document``, `Diagnosis.to_dict`, written to ``RUN_DIR/diagnosis.json``), waiting at
+    most ``log_timeout_s`` for them. A run cut short, not summarized here, or left without a
+    diagnosis (too large for the memory free, or a failure: `watch_end` said why) sends the
+    last live figures alone. Prints one line per tracker saying where its figures went,
+    stores notices that came up meanwhile in the run, and returns those lines. Never raises:
+    the command's exit code is what matters."""
     handle = result.log_to
     if handle is None:
         return []
     logger = handle.logger
-    document, files = None, []
-    if result.complete and result.summarize:
+    files: list[Path] = []
+    if not (result.complete and result.summarize):
+        document = None
+    elif document is None:
+        logger.notices.append("--log-to: the diagnosis is not logged (none was made at the end "
+                              "of the watch)")  # fmt: skip
+    else:
         try:
-            if diagnosis is None:
-                run = load_for_analysis(result.run_dir)
-                diagnosis = analyze(run, gpu_hour_price=gpu_hour_price,
-                                    model_params=model_params, gpu=gpu)  # fmt: skip
             from gpuprof.reports.terminal import render_json
 
-            document = diagnosis.to_dict()
             path = Path(result.run_dir) / "diagnosis.json"
             path.write_text(render_json(document) + "\n", encoding="utf-8")
             files = [p for p in (report_path, path) if p is not None]
@@ -630,6 +627,7 @@ def finish_log_to(
             line = f"--log-to: the diagnosis is not logged ({type(exc).__name__}: {exc})"
             logger.notices.append(line)
             _notify(line, handle.quiet)
+            document = None
     try:
         lines = logger.finish(document, files)
     except Exception as exc:
@@ -921,14 +919,16 @@ def report(
     model_params: str | float | None = None,
     gpu: str | None = None,
     workers: int = 1,
+    context=None,
 ) -> Path:
     """Write the self-contained HTML report of a run; return its path.
 
     ``output`` defaults to ``RUN_DIR/report.html``. ``run`` / ``diagnosis`` skip loading and
-    diagnosing again when the caller has them; ``gpu_hour_price``, ``model_params``, ``gpu``
-    and ``workers`` are `analyze`'s. The file is written to a temporary name and renamed, so
-    a failure leaves no partial report. Raises `RunError` when the run can't be read or the
-    report can't be written.
+    diagnosing again when the caller has them (``context``: the `AnalysisContext` of ``run``
+    the diagnosis was made with, whose alignment the per-step table reuses);
+    ``gpu_hour_price``, ``model_params``, ``gpu`` and ``workers`` are `analyze`'s. The file
+    is written to a temporary name and renamed, so a failure leaves no partial report. Raises
+    `RunError` when the run can't be read or the report can't be written.
     """
     from gpuprof.reports.html import write_html
 
@@ -951,6 +951,8 @@ def report(
         )
         if len(run.spans) and len(run.gpu):
             extra["phase_steps"] = ctx.by_phase_step
+    elif context is not None and context.run is run and len(run.spans) and len(run.gpu):
+        extra["phase_steps"] = context.by_phase_step
     try:
         return write_html(run, path, diagnosis, **extra)
     except OSError as exc:

@@ -315,63 +315,11 @@ def watch(
     if not result.complete or not result.summarize:  # a cut run, or not node rank 0
         api.finish_log_to(result)
         raise typer.Exit(result.exit_code)
-    diagnosis = _print_summary(result.run_dir, figures) if not quiet else None
-    report_path = _write_report(result.run_dir, quiet, figures)
-    api.finish_log_to(result, report_path, diagnosis=diagnosis, **figures)
+    from gpuprof import watch_end
+
+    made = watch_end.make(result.run_dir, quiet=quiet, figures=figures)
+    api.finish_log_to(result, made.report, document=made.document)
     raise typer.Exit(result.exit_code)
-
-
-def _write_report(run_dir: Path, quiet: bool, figures: dict | None = None) -> Path | None:
-    """Write RUN_DIR/report.html at the end of watch and return its path; a failure prints
-    one line, returns None and never changes the exit code (the run itself is saved)."""
-    try:
-        path = api.report(run_dir, **(figures or {}))
-    except Exception as exc:
-        if not quiet:
-            _err(f"report not written ({type(exc).__name__}: {exc}); try: gpuprof report {run_dir}")
-        return None
-    if not quiet:
-        Console(stderr=True).print(f"report: {path}", soft_wrap=True)
-    return path
-
-
-def _print_summary(run_dir: Path, figures: dict | None = None):
-    """Print the run's summary and its diagnosis's headline; return the diagnosis (None when
-    there is none)."""
-    from gpuprof.reports.summary import summary_renderable
-
-    try:
-        run = api.load_for_analysis(run_dir)
-    except api.RunError as exc:
-        _err(str(exc))
-        return None
-    console = Console(stderr=True)
-    console.print(summary_renderable(run, str(run_dir)))
-    if run.spans.empty:
-        return None  # nothing to diagnose yet: the summary's notes say what is missing
-    from rich.console import Group
-
-    from gpuprof.reports.terminal import (
-        basis_parts,
-        bound_parts,
-        efficiency_renderable,
-        findings_renderable,
-    )
-
-    try:
-        diagnosis = api.analyze(run, **(figures or {}))
-    except Exception as exc:  # the run is saved; a diagnosis bug must not cost the exit code
-        _err(f"diagnosis failed ({type(exc).__name__}: {exc}); try: gpuprof analyze {run_dir}")
-        return None
-    summary = diagnosis.summary
-    console.print(Group(*basis_parts(summary), *bound_parts(summary.get("bound"))))
-    if run.gpu.empty:
-        return diagnosis  # findings need GPU samples; the step's bound needs only its phases
-    console.print(efficiency_renderable(diagnosis.summary.get("efficiency")))
-    console.print(findings_renderable(diagnosis, top=3))
-    # soft_wrap: a path must stay on one line to be copied
-    console.print(f"full diagnosis: gpuprof analyze {run_dir}", soft_wrap=True)
-    return diagnosis
 
 
 @app.command(help="Print the summary of a recorded run.")

@@ -387,3 +387,32 @@ def test_real_third_party_files_read_without_their_series_give_the_same(
         assert len(node_groups(light, 2, series=series)) == 2
         assert render_json(api.analyze(light, workers=2, series=series).to_dict()) == want
         assert small_runs_in_parts == [series]
+
+
+def test_the_end_of_a_watch_diagnoses_a_long_run_in_parts_then_reports_it(
+    kept, small_runs_in_parts, capsys, monkeypatch
+):
+    """The end of a watch reads a long run as ``analyze`` does (each worker its own nodes'
+    series), then whole for the summary and the report: the same document; too large for
+    the memory free, one line naming the stretch-by-stretch commands, and nothing made."""
+    from gpuprof import footprint, watch_end
+
+    run_dir, whole = kept("whole")
+    want = json.loads(render_json(api.analyze(whole, workers=1).to_dict()))
+    monkeypatch.setenv("GPUPROF_WORKERS", "2")
+    made = watch_end.finish(run_dir, quiet=False)
+    assert len(small_runs_in_parts) == 1 and small_runs_in_parts[0] is not None
+    assert made.document == want
+    assert made.report == run_dir / "report.html" and made.report.exists()
+    err = capsys.readouterr().err
+    assert "run saved to" in err and "full diagnosis:" in err and "gpuprof: error" not in err
+    made.report.unlink()
+    rows = {"gpu": len(whole.gpu), "spans": len(whole.spans)}
+    monkeypatch.setattr(footprint, "available_bytes",
+                        lambda: footprint.whole_diagnosis_bytes(rows, 2) - 1)  # fmt: skip
+    made = watch_end.finish(run_dir, quiet=False)
+    assert made.report is None and made.document is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "are not made here" in err[0]
+    assert f"gpuprof analyze {run_dir} --by-steps 24" in err[0]
+    assert not (run_dir / "report.html").exists() and len(small_runs_in_parts) == 1

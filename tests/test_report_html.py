@@ -310,14 +310,18 @@ def test_watch_writes_the_report_and_keeps_the_exit_code(tmp_path):
 
 
 def test_a_failed_report_at_the_end_of_watch_is_one_line(tmp_path, capsys):
-    from gpuprof.cli import _write_report
+    from gpuprof import watch_end
 
     run_dir = tmp_path / "w"
     store.save_run(sim_run(gpus=1, steps=2), run_dir)
     (run_dir / "report.html").mkdir()  # the report can't be put there
-    _write_report(Path(run_dir), quiet=False)  # must not raise: watch's exit code is the command's
+    # must not raise: watch's exit code is the command's
+    made = watch_end.finish(Path(run_dir), quiet=True)
+    assert made.report is None and made.document["findings"] is not None
+    made = watch_end.finish(Path(run_dir), quiet=False)
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("gpuprof: error: report not written")
+    assert err[-1].startswith("gpuprof: error: report not written")
+    assert sum("gpuprof: error:" in line for line in err) == 1
 
 
 def test_precomputed_diagnosis_and_phase_steps_are_used_as_given():

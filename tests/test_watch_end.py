@@ -1,0 +1,96 @@
+"""The end of a watch (`gpuprof.watch_end`): the summary, the diagnosis and the report made
+from one reading and one diagnosis of the run, in a process of their own whose death costs
+them alone — the watcher still exits with the watched command's code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+from conftest import clean_env, gpuprof_cmd
+
+from gpuprof import api, loader, store, watch_end
+from gpuprof.reports.fmt import render_json
+from gpuprof.sim import SimConfig, simulate
+
+
+def _saved(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    store.save_run(simulate(SimConfig(gpus=4, steps=6, seed=3)).run, run_dir)
+    return run_dir
+
+
+def test_the_run_is_read_and_diagnosed_once_for_summary_headline_and_report(
+    tmp_path, monkeypatch, capsys
+):
+    run_dir = _saved(tmp_path)
+    want = json.loads(render_json(api.analyze(loader.load_for_analysis(run_dir)).to_dict()))
+    loads, diagnoses = [], []
+    real_load, real_analyze = loader.load_for_analysis, api.analyze
+
+    def load(*args, **kwargs):
+        loads.append(args)
+        return real_load(*args, **kwargs)
+
+    def analyze(*args, **kwargs):
+        diagnoses.append(kwargs.get("workers"))
+        return real_analyze(*args, **kwargs)
+
+    monkeypatch.setattr(loader, "load_for_analysis", load)
+    monkeypatch.setattr(api, "load_for_analysis", load)
+    monkeypatch.setattr(api, "analyze", analyze)
+    monkeypatch.setenv("GPUPROF_WORKERS", "2")
+    made = watch_end.finish(run_dir, quiet=False)
+    assert len(loads) == 1 and diagnoses == [2]  # every core (here: as many as asked)
+    assert made.report == run_dir / "report.html" and made.report.stat().st_size > 10_000
+    assert made.document == want
+    err = capsys.readouterr().err
+    for said in ("mean GPU util", f"run saved to {run_dir}", "full diagnosis:",
+                 f"report: {made.report}"):  # fmt: skip
+        assert said in err, said
+    assert err.index("run saved to") < err.index("full diagnosis:") < err.index("report:")
+
+
+def test_an_unreadable_run_is_one_line_and_nothing_made(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    made = watch_end.finish(tmp_path / "run", quiet=False)
+    assert made.report is None and made.document is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpuprof: error:")
+
+
+def test_a_kill_of_the_end_of_the_watch_costs_the_summary_not_the_exit_code(tmp_path):
+    # the end's process killed as the kernel kills the largest process when memory runs out
+    run_dir = tmp_path / "w"
+    watcher = subprocess.Popen(
+        gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", "python", "-c",
+                    "import sys, time; time.sleep(0.5); sys.exit(5)"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+    )  # fmt: skip
+    killed = None
+    deadline = time.monotonic() + 60
+    while killed is None and watcher.poll() is None and time.monotonic() < deadline:
+        try:
+            children = psutil.Process(watcher.pid).children()
+        except psutil.NoSuchProcess:
+            break
+        for child in children:
+            try:
+                if any("gpuprof.watch_end" in part for part in child.cmdline()):
+                    child.kill()
+                    killed = child.pid
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.01)
+    _, err = watcher.communicate(timeout=60)
+    assert killed is not None, err
+    assert watcher.returncode == 5
+    lines = [line for line in err.splitlines() if line.startswith("gpuprof: error:")]
+    assert len(lines) == 1, err
+    assert "killed (SIGKILL, out of memory?)" in lines[0]
+    assert f"gpuprof analyze {run_dir} --by-steps 24" in lines[0]
+    assert not (run_dir / "report.html").exists()
+    assert store.load_run(run_dir).meta.exit_code == 5  # the run itself is saved
