@@ -80,33 +80,15 @@ def analyze_command(
     ``by_steps``: stretch by stretch (`by_steps`). A run diagnosed node by node whose whole
     diagnosis would hold more memory than is free now (`footprint`) is not diagnosed: one
     line says so and what to do, exit 3 (``ignore_memory``: diagnosed all the same)."""
-    from gpuprof import api
 
     if by_steps is not None:
         _by_steps_command(run_dir, by_steps, json_out, top, gpu_hour_price, model_params, gpu,
                           workers, ray, steps)  # fmt: skip
         return
-    from gpuprof.analyzers.diagnose import parts_min_samples
-    from gpuprof.load_cache import SeriesUnreadable
-    from gpuprof.loader import load_for_diagnosis
-
     window = _window_or_exit(run_dir, steps)
-    cores = _diagnosis_workers(workers)
     options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
-    try:
-        # a long run's series are read node by node, by the workers that diagnose them
-        run, series = load_for_diagnosis(run_dir, workers=workers, ray=ray, steps=window,
-                                         defer_from=parts_min_samples(cores))  # fmt: skip
-        if series is not None and not ignore_memory:
-            _exit_if_too_large(run_dir, series.rows, cores)
-        try:
-            diagnosis = api.analyze(run, workers=cores, series=series, **options)
-        except SeriesUnreadable:  # kept again, or damaged, since: the run read afresh
-            run = api.load_for_analysis(run_dir, workers=workers, ray=ray, steps=window)
-            diagnosis = api.analyze(run, workers=cores, **options)
-    except api.RunError as exc:
-        _err(str(exc))
-        raise SystemExit(EXIT_BAD_INPUT) from None
+    run, series = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
+    diagnosis = _diagnosis_or_exit(run_dir, run, series, workers, ray, window, options)
     if json_out:
         from gpuprof.reports.fmt import render_json
 
@@ -117,6 +99,51 @@ def analyze_command(
         from gpuprof.reports.terminal import diagnosis_renderable
 
         Console().print(diagnosis_renderable(diagnosis, top=top))
+
+
+def _read_or_exit(
+    run_dir: Path, workers: int | None, ray: str | None, window: Any, ignore_memory: bool
+) -> tuple[Any, Any]:
+    """``(run, series)`` of ``run_dir`` for a diagnosis on ``workers``: a long run read
+    without its series (`loader.load_for_diagnosis`), ``series`` where they are, each
+    worker of the diagnosis reading its own nodes'; else the run read whole and None. A run
+    read so whose whole diagnosis would not fit in the memory free is not diagnosed
+    (`_exit_if_too_large`, unless ``ignore_memory``); an unreadable one: one line, exit 2."""
+    from gpuprof import api
+    from gpuprof.analyzers.diagnose import parts_min_samples
+    from gpuprof.loader import load_for_diagnosis
+
+    cores = _diagnosis_workers(workers)
+    try:
+        run, series = load_for_diagnosis(run_dir, workers=workers, ray=ray, steps=window,
+                                         defer_from=parts_min_samples(cores))  # fmt: skip
+    except api.RunError as exc:
+        _err(str(exc))
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    if series is not None and not ignore_memory:
+        _exit_if_too_large(run_dir, series.rows, cores)
+    return run, series
+
+
+def _diagnosis_or_exit(
+    run_dir: Path, run: Any, series: Any, workers: int | None, ray: str | None, window: Any,
+    options: dict[str, Any],
+) -> Any:  # fmt: skip
+    """The diagnosis of ``run`` (`_read_or_exit`'s) on ``workers``, with `analyze`'s figures
+    ``options``; series kept again or damaged since they were found are read afresh."""
+    from gpuprof import api
+    from gpuprof.load_cache import SeriesUnreadable
+
+    cores = _diagnosis_workers(workers)
+    try:
+        try:
+            return api.analyze(run, workers=cores, series=series, **options)
+        except SeriesUnreadable:  # kept again, or damaged, since: the run read afresh
+            run = api.load_for_analysis(run_dir, workers=workers, ray=ray, steps=window)
+            return api.analyze(run, workers=cores, **options)
+    except api.RunError as exc:
+        _err(str(exc))
+        raise SystemExit(EXIT_BAD_INPUT) from None
 
 
 def _exit_if_too_large(run_dir: Path, rows: dict[str, int], workers: int) -> None:
@@ -186,10 +213,13 @@ def report_command(
     ray: str | None = None,
     steps: str | None = None,
     by_steps: int | None = None,
+    ignore_memory: bool = False,
 ) -> None:
     """``gpuprof report``: write the HTML report and print its path (a stretch of steps:
     ``report-steps-A-B.html`` by default, beside the whole run's; stretch by stretch:
-    ``report-by-steps-N.html``)."""
+    ``report-by-steps-N.html``). A long run is diagnosed as ``analyze`` diagnoses it (its
+    series node by node; too large for the memory free: one line, exit 3), then read whole
+    for the charts."""
     from gpuprof import api
 
     if by_steps is not None:
@@ -205,19 +235,27 @@ def report_command(
         print(path)
         return
     window = _window_or_exit(run_dir, steps)
-    run = _load_or_exit(run_dir, workers, ray, window)
+    options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
+    run, series = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
+    diagnosis = None
+    if series is not None:
+        # a long run diagnosed as `analyze` diagnoses it, then read whole for the charts:
+        # the diagnosis in parts and the whole run are never held at once
+        diagnosis = _diagnosis_or_exit(run_dir, run, series, workers, ray, window, options)
+        del run, series
+        from gpuprof import loader
+
+        try:  # under the budget its kept form was made with: that form is what is read
+            run = loader.load_for_analysis(run_dir, loader.MAX_GPU_SAMPLES, workers=workers)
+        except api.RunError as exc:
+            _err(str(exc))
+            raise SystemExit(EXIT_BAD_INPUT) from None
     if output is None and window is not None:
         output = Path(run_dir) / f"report-steps-{window.first}-{window.last}.html"
     try:
-        path = api.report(
-            run_dir,
-            output,
-            run=run,
-            gpu_hour_price=gpu_hour_price,
-            model_params=model_params,
-            gpu=gpu,
-            workers=_diagnosis_workers(workers),
-        )
+        # a run read whole is diagnosed there, its alignment shared with the per-step table
+        path = api.report(run_dir, output, run=run, diagnosis=diagnosis,
+                          workers=_diagnosis_workers(workers), **options)  # fmt: skip
     except api.RunError as exc:
         _err(str(exc))
         raise SystemExit(EXIT_BAD_INPUT) from None
@@ -291,7 +329,8 @@ _PLAIN: dict[str, tuple[Callable[..., None], _Options]] = {
                                   "--by-steps": ("by_steps", _count),
                                   "--ignore-memory": ("ignore_memory", None), **_FIGURES}),
     "report": (report_command, {"-o": ("output", _path), "--output": ("output", _path),
-                                "--by-steps": ("by_steps", _count), **_FIGURES}),
+                                "--by-steps": ("by_steps", _count),
+                                "--ignore-memory": ("ignore_memory", None), **_FIGURES}),
 }  # fmt: skip
 """Command → its body and its options (name → keyword, value parser; None: a flag)."""
 

@@ -46,6 +46,15 @@ def _checked(check: Callable[[str], Any]) -> Callable[[str | None], str | None]:
 
 _model_params = _checked(cli._model_params)
 
+IgnoreMemory = Annotated[
+    bool,
+    typer.Option(
+        "--ignore-memory",
+        help="Diagnose the whole run even where it looks too large for the memory free now "
+        "(without it: one line says how much it needs, and exit 3).",
+    ),
+]
+
 
 GpuHourPrice = Annotated[
     float | None,
@@ -353,14 +362,7 @@ def analyze(
     ray: RayAddress = None,
     steps: Steps = None,
     by_steps: BySteps = None,
-    ignore_memory: Annotated[
-        bool,
-        typer.Option(
-            "--ignore-memory",
-            help="Diagnose the whole run even where it looks too large for the memory free "
-            "now (without it: one line says how much it needs, and exit 3).",
-        ),
-    ] = False,
+    ignore_memory: IgnoreMemory = False,
 ) -> None:
     analyze_command(
         run_dir, json_out, top, gpu_hour_price, model_params, gpu, workers, ray, steps, by_steps,
@@ -446,9 +448,11 @@ def report(
     ray: RayAddress = None,
     steps: Steps = None,
     by_steps: BySteps = None,
+    ignore_memory: IgnoreMemory = False,
 ) -> None:
     report_command(
-        run_dir, output, gpu_hour_price, model_params, gpu, workers, ray, steps, by_steps
+        run_dir, output, gpu_hour_price, model_params, gpu, workers, ray, steps, by_steps,
+        ignore_memory,
     )  # fmt: skip
 
 

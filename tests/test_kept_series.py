@@ -12,6 +12,7 @@ and a non-zero exit, never a wrong answer.
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import shutil
 
@@ -416,3 +417,37 @@ def test_the_end_of_a_watch_diagnoses_a_long_run_in_parts_then_reports_it(
     assert len(err) == 1 and "are not made here" in err[0]
     assert f"gpuprof analyze {run_dir} --by-steps 24" in err[0]
     assert not (run_dir / "report.html").exists() and len(small_runs_in_parts) == 1
+
+
+def test_report_diagnoses_a_long_run_as_analyze_does_and_says_when_it_will_not_fit(
+    kept, small_runs_in_parts, capsys, monkeypatch
+):
+    """``report`` of a long run: its diagnosis in parts that read their own series (the one
+    ``analyze`` prints), then the run read whole for the charts; too large for the memory
+    free: one line and exit 3, no report; ``--ignore-memory``: made all the same."""
+    from test_report_html import report_data
+
+    from gpuprof import footprint
+    from gpuprof.cli import plain_call, report_command
+
+    run_dir, whole = kept("whole")
+    want = api.analyze(whole, workers=1).to_dict()
+    report_command(run_dir, workers=2)
+    assert capsys.readouterr().out.strip() == str(run_dir / "report.html")
+    assert len(small_runs_in_parts) == 1 and small_runs_in_parts[0] is not None
+    page = (run_dir / "report.html").read_text()
+    assert want["findings"] and all(html.escape(f["summary"]) in page for f in want["findings"])
+    assert report_data(page)["figures"]["gp-steps"]["data"]  # the charts of the whole run
+    (run_dir / "report.html").unlink()
+    rows = {"gpu": len(whole.gpu), "spans": len(whole.spans)}
+    monkeypatch.setattr(footprint, "available_bytes",
+                        lambda: footprint.whole_diagnosis_bytes(rows, 2) - 1)  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        report_command(run_dir, workers=2)
+    assert stopped.value.code == 3
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.count("\n") == 1 and "--by-steps" in said.err
+    assert not (run_dir / "report.html").exists() and len(small_runs_in_parts) == 1
+    body, kwargs = plain_call(["report", str(run_dir), "--ignore-memory"])
+    body(**kwargs, workers=2)
+    assert (run_dir / "report.html").exists() and len(small_runs_in_parts) == 2
