@@ -4,6 +4,7 @@ them alone — the watcher still exits with the watched command's code."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import time
@@ -65,8 +66,9 @@ def test_an_unreadable_run_is_one_line_and_nothing_made(tmp_path, capsys):
 def test_a_kill_of_the_end_of_the_watch_costs_the_summary_not_the_exit_code(tmp_path):
     # the end's process killed as the kernel kills the largest process when memory runs out
     run_dir = tmp_path / "w"
+    trackers = ["--log-to", "tensorboard"] if importlib.util.find_spec("tensorboard") else []
     watcher = subprocess.Popen(
-        gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", "python", "-c",
+        gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), *trackers, "--", "python", "-c",
                     "import sys, time; time.sleep(0.5); sys.exit(5)"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
     )  # fmt: skip
@@ -93,4 +95,8 @@ def test_a_kill_of_the_end_of_the_watch_costs_the_summary_not_the_exit_code(tmp_
     assert "killed (SIGKILL, out of memory?)" in lines[0]
     assert f"gpuprof analyze {run_dir} --by-steps 24" in lines[0]
     assert not (run_dir / "report.html").exists()
-    assert store.load_run(run_dir).meta.exit_code == 5  # the run itself is saved
+    run = store.load_run(run_dir)
+    assert run.meta.exit_code == 5  # the run itself is saved
+    if trackers:  # the trackers got the live figures alone, and the run says why
+        assert not (run_dir / "diagnosis.json").exists()
+        assert any("the diagnosis is not logged" in n for n in run.meta.notices), err
