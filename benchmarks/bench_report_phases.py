@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-import measure  # noqa: E402
+import measure
 
 
 def _pss_peak(done: threading.Event, peak: list[int]) -> None:
@@ -41,13 +41,13 @@ def _pss_peak(done: threading.Event, peak: list[int]) -> None:
         peak[0] = max(peak[0], total)
 
 
-def _watched(fn):
+def _watched(fn, *args, **kwargs):
     done, peak = threading.Event(), [0]
     thread = threading.Thread(target=_pss_peak, args=(done, peak), daemon=True)
     thread.start()
     t0 = time.perf_counter()
     try:
-        out = fn()
+        out = fn(*args, **kwargs)
     finally:
         done.set()
         thread.join()
@@ -69,7 +69,7 @@ def main() -> None:
         raise SystemExit(f"{args.run_dir}: not read node by node (no kept form, or too short)")
     print(f"# {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; rows {series.rows}")
     # the threads that sample memory start after the workers fork (they must not be inherited)
-    diagnosis, wall, pss = _watched(lambda: api.analyze(run, workers=args.workers, series=series))
+    diagnosis, wall, pss = _watched(api.analyze, run, workers=args.workers, series=series)
     print(f"diagnosis in parts: {wall:.1f} s, peak PSS {measure.mb(pss)} MB")
     del run, series
     gc.collect()
@@ -82,8 +82,9 @@ def main() -> None:
         return len(whole.gpu), len(whole.spans)
 
     rows, wall, pss = _watched(whole_and_report)
-    print(f"whole reading and report: {wall:.1f} s, peak RSS {measure.mb(measure.hwm_bytes())} "
-          f"MB, peak PSS {measure.mb(pss)} MB ({rows[0]:,} samples, {rows[1]:,} spans)")  # fmt: skip
+    hwm = measure.mb(measure.hwm_bytes())
+    print(f"whole reading and report: {wall:.1f} s, peak RSS {hwm} MB, peak PSS "
+          f"{measure.mb(pss)} MB ({rows[0]:,} samples, {rows[1]:,} spans)")  # fmt: skip
 
 
 if __name__ == "__main__":

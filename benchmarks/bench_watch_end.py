@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-import measure  # noqa: E402
+import measure
 
 ROOT = Path(__file__).resolve().parent.parent
 
