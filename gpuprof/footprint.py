@@ -19,6 +19,11 @@ run                        merged samples  spans       measured     estimate
 (`SAMPLE_BYTES` and `SPAN_BYTES` fitted to the last two, `BASE_BYTES` the interpreter, pandas
 and pyarrow of two processes.) Stretch by stretch (``--by-steps``) holds one stretch per
 worker instead: 1.44 GB for the cluster-day in stretches of 24 steps.
+
+``report`` and the end of a watch diagnose a long run so, then read it whole for the charts
+and render the report: 967 MB at 256 GPUs × 1 h, 15.2 GB at the cluster-day
+(`bench_report_phases.py`, session 15), i.e. ~604 B a merged sample, ~296 B a span and one
+process — below the diagnosis's estimate on every term, so the one estimate judges all three.
 """
 
 from __future__ import annotations
