@@ -459,3 +459,24 @@ def test_an_exact_sum_is_fsums_however_the_values_are_divided(seed):
         pieces = np.split(values, cuts)
         assert float(sum(exact_sum(p) for p in pieces)) == want
         assert float(exact_sum(values)) == want
+
+
+@pytest.mark.parametrize("case", ["bubbles", "comm", "straggler"])
+@pytest.mark.parametrize("hostless", [False, True])
+def test_runs_missing_spans_node_by_node_are_the_whole_runs(case, hostless):
+    """Spans dropped at random (a full queue, a rank that died) or left without a host: the
+    per-(step, GPU) sums of the bubbles and of throttling are each GPU's own rows summed in
+    order (`breakdown.keyed_sums`), which pandas' group-by sums are not (the same rows sum
+    to another last bit inside the larger frame of one process), and a collective without a
+    host is on no node, in one process as in parts (`nodes.collectives`)."""
+    run = _run(case)
+    rng = np.random.default_rng(1)
+    spans = run.spans.copy()
+    spans["host"] = spans["host"].astype(object)
+    picked = np.flatnonzero(rng.random(len(spans)) < 0.05)
+    if hostless:
+        spans.loc[picked, "host"] = None
+    else:
+        spans = spans.drop(index=picked).reset_index(drop=True)
+    got, want = _diagnoses(dataclasses.replace(run, spans=spans))
+    assert render_json(got) == render_json(want)

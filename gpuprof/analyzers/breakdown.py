@@ -236,6 +236,25 @@ def group_sums(
     return out
 
 
+def keyed_sums(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
+    """Per group of ``keys`` (rows with a missing key left out; groups in order of first
+    appearance, indexed by their keys), the sums of ``columns`` in row order (`group_sums`):
+    each group's sums depend on its own rows alone. pandas' group-by sums do not — the same
+    rows of one GPU sum to another last bit inside a larger frame — so a part's sums would
+    not be the whole run's."""
+    codes = frame.groupby(keys, sort=False, observed=True, dropna=True).ngroup().to_numpy()
+    ok = codes >= 0
+    if not ok.all():
+        frame, codes = frame[ok], codes[ok]
+    n = int(codes.max()) + 1 if len(codes) else 0
+    _, first = np.unique(codes, return_index=True)
+    index = pd.MultiIndex.from_frame(frame[keys].iloc[first]) if len(keys) > 1 else (
+        pd.Index(frame[keys[0]].iloc[first], name=keys[0]))  # fmt: skip
+    return pd.DataFrame(
+        {c: group_sums(codes, n, frame[c].to_numpy(np.float64)) for c in columns}, index=index
+    )
+
+
 def _distinct_per_group(group: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarray:
     """How many distinct ``values`` (integer codes; -1 not counted) each group has."""
     ok = values >= 0

@@ -213,10 +213,15 @@ def _per_node(
 
 
 def collectives(spans: pd.DataFrame) -> pd.DataFrame:
-    """Blocking collective spans with ``bytes``, ``group_size`` and ``seconds`` columns."""
+    """Blocking collective spans with ``bytes``, ``group_size`` and ``seconds`` columns. A
+    span without a host is on no node: it counts nowhere, as in a run diagnosed node by node
+    (`parts.by_node` puts it in no part)."""
     if spans.empty or "attrs" not in spans:
         return spans.iloc[:0]
-    coll = spans[(spans["phase"] == "collective") & (spans["end_ns"] >= spans["start_ns"])]
+    keep = (spans["phase"] == "collective") & (spans["end_ns"] >= spans["start_ns"])
+    if "host" in spans:
+        keep &= spans["host"].notna()
+    coll = spans[keep]
     if coll.empty:
         return coll
     attrs = list(coll["attrs"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers.breakdown import group_sums, keyed_sums
 from gpuprof.analyzers.evidence import PipelineBubbleEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.parts import Parts, stretches, top_stretches
@@ -39,9 +40,19 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     got = [g for g in parts.map(_bubbles, th, grid, heads) if g is not None]
     if not any(g["gpus"] for g in got):
         return None
-    per_gpu = pd.concat([g["per_gpu"] for g in got]) if len(got) > 1 else got[0]["per_gpu"]
-    per_step = per_gpu.groupby(level="step").agg(
-        wall=("wall", "max"), work=("work", "max"), bubble=("bubble", "sum"), gpus=("wall", "size")
+    # per step over its GPUs in (step, host, GPU) order, in row order (`group_sums`): the
+    # same sums however the run was cut into parts
+    per_gpu = pd.concat([g["per_gpu"] for g in got]).sort_index()
+    step_of = per_gpu.index.get_level_values("step").to_numpy(np.float64)
+    codes, steps = pd.factorize(step_of, sort=True)
+    per_step = pd.DataFrame(
+        {
+            "wall": per_gpu["wall"].groupby(codes).max().to_numpy(),
+            "work": per_gpu["work"].groupby(codes).max().to_numpy(),
+            "bubble": group_sums(codes, len(steps), per_gpu["bubble"].to_numpy()),
+            "gpus": np.bincount(codes, minlength=len(steps)),
+        },
+        index=pd.Index(steps, name="step"),
     )
     extra_s = (per_step["wall"] - per_step["work"]).clip(lower=0.0)
     lost_step = np.minimum(per_step["bubble"], extra_s * per_step["gpus"])
@@ -119,7 +130,7 @@ def _bubbles(ctx: AnalysisContext, th: Thresholds, grid: dict, heads: bool) -> d
     in_bin = np.bincount(bins) if len(bins) else np.zeros(0, np.int64)
     sub = s[mask]
     return {
-        "per_gpu": frame.groupby(["step", "host", "g"], sort=False).sum(),
+        "per_gpu": keyed_sums(frame, ["step", "host", "g"], ["wall", "work", "bubble"]),
         "in_bin": in_bin,
         "bubbled": np.bincount(bins[mask], minlength=len(in_bin)),
         "gpus": _gpu_pairs(sub),

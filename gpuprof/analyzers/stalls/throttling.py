@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers.breakdown import keyed_sums
 from gpuprof.analyzers.evidence import ThrottlingEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.parts import Parts, exact_sum
@@ -113,7 +114,7 @@ def _throttled(
     m = m.assign(lost_s=m["dt_s"] * m["lost_frac"], step_k=m["step"].fillna(-1.0))
     hot = m[m["hot"]]
     return {
-        "per": m.groupby(["step_k", "host", "gpu"], sort=False)["lost_s"].sum(),
+        "per": keyed_sums(m, ["step_k", "host", "gpu"], ["lost_s"])["lost_s"],
         "n_gpus": int(m[["host", "gpu"]].drop_duplicates().shape[0]),
         "hot": {
             k: hot[k].to_numpy() for k in ("bits", "dt_s", "sm_clock_mhz", "temp_c", "power_w")
