@@ -1,7 +1,8 @@
 """Is the diagnosis in worker processes the single process's, over the simulator's scenarios?
 
     python benchmarks/check_parts_scenarios.py [--scenarios 240] [--seed 0] [--workers 2]
-                                               [--merge 1] [--kept]
+                                               [--merge 1] [--kept] [--drop-spans 0.05]
+                                               [--hostless-spans 0.05]
 
 For every multi-node scenario of `diagnosis.py` (the others are never cut into parts), the
 run is diagnosed in this process (`diagnose(run, workers=1)`) and in ``--workers`` parts of
@@ -12,7 +13,9 @@ the byte; printed: how many scenarios, how many identical, and the first differi
 any that are not. Exits 1 on a difference. With ``--kept`` each run is written, loaded once
 (which keeps its form) and diagnosed in parts as ``analyze`` does it: read without its
 sampled series, each worker reading its own nodes' from the kept form
-(`loader.load_for_diagnosis`).
+(`loader.load_for_diagnosis`). ``--drop-spans F`` drops that share of each run's spans at
+random (a full queue, a rank that died: the runs users have), ``--hostless-spans F`` leaves
+that share without a host (in no part, counted nowhere).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--merge", type=int, default=1)
     parser.add_argument("--kept", action="store_true", help="the parts read the kept form")
+    parser.add_argument("--drop-spans", type=float, default=0.0)
+    parser.add_argument("--hostless-spans", type=float, default=0.0)
     args = parser.parse_args()
     # every multi-node run to the workers, however small
     diagnose_module.PARTS_MIN_SAMPLES = diagnose_module.PARTS_MIN_SAMPLES_FEW = 1
@@ -52,7 +57,7 @@ def main() -> None:
     started = time.monotonic()
     checked, differ = 0, []
     for i, (group, cfg) in enumerate(scenarios(args.scenarios, args.seed)):
-        run = simulate(cfg).run
+        run = _spans_cut(simulate(cfg).run, args.drop_spans, args.hostless_spans, i)
         groups = node_groups(run, args.workers)
         if groups is None or len(groups) < 2:
             continue
@@ -77,6 +82,23 @@ def main() -> None:
           f"({time.monotonic() - started:.0f} s)")  # fmt: skip
     if differ:
         raise SystemExit(1)
+
+
+def _spans_cut(run, drop: float, hostless: float, seed: int):
+    """``run`` with a share ``drop`` of its spans dropped and a share ``hostless`` left
+    without a host, drawn at random (seeded by the scenario's number)."""
+    if not drop and not hostless:
+        return run
+    import dataclasses
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    spans = run.spans.copy()
+    spans["host"] = spans["host"].astype(object)
+    spans.loc[rng.random(len(spans)) < hostless, "host"] = None
+    spans = spans[rng.random(len(spans)) >= drop].reset_index(drop=True)
+    return dataclasses.replace(run, spans=spans)
 
 
 def _from_kept(run, workers: int) -> tuple[str, str]:

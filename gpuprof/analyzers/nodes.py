@@ -310,13 +310,17 @@ def _sync_part(ctx: AnalysisContext) -> dict[str, Any]:
 def _inside_reshard(coll: pd.DataFrame, reshard: pd.DataFrame) -> pd.DataFrame:
     """The collectives that start inside a reshard span of their own process."""
     keys = ["host", "pid"]
+    right = reshard[[*keys, "start_ns", "end_ns"]].sort_values("start_ns", kind="stable")
+    ends = right["end_ns"].to_numpy(np.int64)
     inside = pd.merge_asof(
         coll[[*keys, "start_ns", "group_size"]].sort_values("start_ns", kind="stable"),
-        reshard[[*keys, "start_ns", "end_ns"]].sort_values("start_ns", kind="stable")
-        .rename(columns={"start_ns": "r_start", "end_ns": "r_end"}),
+        right[[*keys, "start_ns"]].assign(r_row=np.arange(len(right), dtype=np.float64))
+        .rename(columns={"start_ns": "r_start"}),
         left_on="start_ns", right_on="r_start", by=keys, direction="backward",
-    )  # fmt: skip
-    return inside[inside["r_end"].notna() & (inside["start_ns"] <= inside["r_end"])]
+    ).dropna(subset=["r_row"])  # fmt: skip
+    # the reshard's end compared as an integer (a merged column with gaps is float64)
+    r_end = ends[inside["r_row"].to_numpy(np.int64)]
+    return inside[inside["start_ns"].to_numpy(np.int64) <= r_end]
 
 
 def ranks_per_node(spans: pd.DataFrame) -> int:

@@ -28,6 +28,7 @@ idle share from the samples.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -823,20 +824,22 @@ def _split_of(
 
 def _waiting_idle(
     ctx: AnalysisContext, th: Thresholds, grid: dict[str, Any], heads: bool, phases: list[str]
-) -> float:
-    """One part's idle GPU-seconds of GPUs that only waited while the job was in ``phases``."""
+) -> Fraction:
+    """One part's idle GPU-seconds of GPUs that only waited while the job was in ``phases``
+    (exact: `parts.exact_sum`)."""
     got = _split_of(ctx, th, grid, heads)
     if got is None:
-        return 0.0
+        return Fraction(0)
     split = got[1]
     mask = np.zeros(len(split["idle"]), dtype=bool)
     for p in phases:
         mask |= split["claimed"].get(p, mask)
-    return float(split["idle"][mask].sum())
+    return exact_sum(split["idle"][mask])
 
 
 def _waiting_on(parts: Parts, th: Thresholds, phases: list[str]) -> float:
-    """Idle GPU-seconds of GPUs that only waited while the rest of the job was in ``phases``."""
+    """Idle GPU-seconds of GPUs that only waited while the rest of the job was in ``phases``:
+    the same to the last bit however the run is cut into parts."""
     grid, heads = wait_inputs(parts, th)
     return float(sum(parts.map(_waiting_idle, th, grid, heads, list(phases))))
 

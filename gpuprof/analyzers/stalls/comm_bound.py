@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers.breakdown import keyed_sums
 from gpuprof.analyzers.evidence import CommBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.nodes import link_figures, run_collectives, run_ranks_per_node
@@ -138,14 +139,20 @@ def _find_update_collectives(ctx: AnalysisContext) -> tuple[pd.DataFrame, pd.Dat
     upd = upd.sort_values("start_ns", kind="stable").reset_index(drop=True)
     m = pd.merge_asof(
         coll[["host", "pid", "start_ns", "end_ns"]].sort_values("start_ns", kind="stable"),
-        upd[["host", "pid", "start_ns", "end_ns"]].rename(
-            columns={"start_ns": "u_start", "end_ns": "u_end"}
-        ),
+        upd[["host", "pid", "start_ns"]]
+        .assign(u_row=np.arange(len(upd), dtype=np.float64))
+        .rename(columns={"start_ns": "u_start"}),
         left_on="start_ns",
         right_on="u_start",
         by=_KEYS,
         direction="backward",
-    ).dropna(subset=["u_end"])
+    ).dropna(subset=["u_row"])
+    # the update span's times taken as integers: a column merged with gaps is float64, whose
+    # 256 ns steps at epoch nanoseconds would make the overlaps depend on the other hosts
+    # merged alongside (a run diagnosed node by node has none, and no gap)
+    rows = m.pop("u_row").to_numpy(np.int64)
+    m = m.assign(u_start=upd["start_ns"].to_numpy(np.int64)[rows],
+                 u_end=upd["end_ns"].to_numpy(np.int64)[rows])  # fmt: skip
     return (upd, m) if not m.empty else None
 
 
@@ -161,8 +168,10 @@ def _owner_seconds(ctx: AnalysisContext) -> pd.DataFrame | None:
     if got is None:
         return None
     upd, m = got
-    coll_s = m.assign(c=_overlap(m)).groupby(_KEYS)["c"].sum()
-    upd_s = upd.assign(d=(upd["end_ns"] - upd["start_ns"]) / 1e9).groupby(_KEYS)["d"].sum()
+    # each owner's sums in row order (`keyed_sums`): the same however the run is cut
+    coll_s = keyed_sums(m.assign(c=_overlap(m)), _KEYS, ["c"])["c"].sort_index()
+    d = upd.assign(d=(upd["end_ns"] - upd["start_ns"]) / 1e9)
+    upd_s = keyed_sums(d, _KEYS, ["d"])["d"].sort_index()
     return pd.DataFrame({"coll_s": coll_s, "upd_s": upd_s}).fillna(0.0)
 
 
@@ -182,7 +191,7 @@ def _in_update(ctx: AnalysisContext) -> dict | None:
     coll = spans[_collectives(ctx) & ~spans["wait"].to_numpy()].reset_index(drop=True)
     in_coll = (_inside(s, coll) >= 0) & window
     return {
-        "gpu_upd": w[window].groupby(_KEYS)["dt"].sum(),
+        "gpu_upd": keyed_sums(w[window], _KEYS, ["dt"])["dt"].sort_index(),
         "in_coll": {
             "nvl": _num(s, "nvlink_bytes")[in_coll],
             "sm": _num(s, "sm_active_pct")[in_coll],
