@@ -515,3 +515,20 @@ def test_scenarios_with_spans_dropped_node_by_node_are_the_whole_runs(
     got, want = _diagnoses(run)
     assert kind in {f["kind"] for f in want["findings"]}
     assert render_json(got) == render_json(want)
+
+
+def test_spans_without_a_host_leave_a_split_placement_split():
+    """A rollout span and an update span without a host are on no node: the rollout's and
+    the update's nodes stay disjoint, and weight sync crosses nodes in one process as node
+    by node (the host-less spans once put one node, None, in both sets)."""
+    cfg = SimConfig(gpus=16, gpus_per_host=8, framework="openrlhf", placement="split",
+                    algorithm="ppo", steps=6, time_scale=0.2, seed=667934971, phase_s=_PHASE_S,
+                    pathologies=[Pathology("pipeline_bubble", 0.6)])  # fmt: skip
+    run = simulate(cfg).run
+    spans = run.spans.copy()
+    spans["host"] = spans["host"].astype(object)
+    for phase in ("rollout", "update_actor"):
+        spans.loc[np.flatnonzero((spans["phase"] == phase).to_numpy())[:1], "host"] = None
+    got, want = _diagnoses(dataclasses.replace(run, spans=spans))
+    assert want["summary"]["nodes"]["weight_sync_crosses_nodes"] is True
+    assert render_json(got) == render_json(want)

@@ -453,9 +453,12 @@ def sync_crosses_nodes(
     """True when weight sync moves data between nodes (rollout and update on disjoint nodes,
     or a reshard span holding a collective that crosses nodes); None without reshard spans.
     ``coll`` gives `collectives` of ``spans`` and ``ranks`` their `ranks_per_node`, when the
-    caller has them."""
+    caller has them. A span without a host is on no node: it counts nowhere, as in a run
+    diagnosed node by node."""
     if spans is None or spans.empty or "phase" not in spans:
         return None
+    if "host" in spans and spans["host"].isna().any():
+        spans = spans[spans["host"].notna().to_numpy(bool)]
     reshard = spans[spans["phase"] == "reshard"]
     if reshard.empty:
         return None
