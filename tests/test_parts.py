@@ -532,3 +532,20 @@ def test_spans_without_a_host_leave_a_split_placement_split():
     got, want = _diagnoses(dataclasses.replace(run, spans=spans))
     assert want["summary"]["nodes"]["weight_sync_crosses_nodes"] is True
     assert render_json(got) == render_json(want)
+
+
+def test_the_hot_gpus_stretches_keep_their_nanoseconds_node_by_node():
+    """A part without a hot GPU has no throttled stretch: its empty table of stretches keeps
+    integer times, so the stretches of the part that has one, joined with it, are not turned
+    to float64 (rounded to 256 ns at epoch nanoseconds, as one process never rounds them)."""
+    cfg = SimConfig(gpus=32, gpus_per_host=8, framework="verl", steps=6, time_scale=0.11128,
+                    noise=0.04201, seed=5411422, phase_s=_PHASE_S,
+                    pathologies=[Pathology("hot_gpu", 0.4389),
+                                 Pathology("imbalance", 0.8891)])  # fmt: skip
+    run = simulate(cfg).run
+    # a real clock's nanoseconds (the simulator's samples fall on multiples of 256 ns)
+    run = dataclasses.replace(run, gpu=run.gpu.assign(t_ns=run.gpu["t_ns"] + 37))
+    got, want = _diagnoses(run, 2)
+    hot = [f for f in want["findings"] if f["kind"] == "hot_gpu"]
+    assert hot and any(a % 256 or b % 256 for a, b in hot[0]["evidence"]["intervals"])
+    assert render_json(got) == render_json(want)

@@ -586,7 +586,8 @@ def _loader_cpu(ctx: AnalysisContext, head: bool) -> tuple[dict, dict]:
     return _cpu_part(ctx, where, {"dataloader"}), _cpu_part(ctx, where, {"main", "trainer"})
 
 
-_NO_WHERE = pd.DataFrame({"host": pd.Series([], dtype=object), "start_ns": [], "end_ns": []})
+_NO_WHERE = pd.DataFrame({"host": pd.Series([], dtype=object), "start_ns": np.zeros(0, np.int64),
+                          "end_ns": np.zeros(0, np.int64)})  # fmt: skip
 
 
 def _loader_joined(

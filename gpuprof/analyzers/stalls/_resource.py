@@ -293,7 +293,10 @@ def _runs(samples: pd.DataFrame, mask: np.ndarray, weight: np.ndarray) -> pd.Dat
     """Contiguous runs of masked samples per GPU: start_ns, end_ns, summed weight."""
     s = samples
     if s.empty or not mask.any():
-        return pd.DataFrame({"start_ns": [], "end_ns": [], "w": []})
+        # integer times even when empty: a float64 part would turn the runs of every part
+        # joined with it (`pd.concat`) into float64, rounded to 256 ns at epoch nanoseconds
+        return pd.DataFrame({"start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64),
+                             "w": np.zeros(0)})  # fmt: skip
     host = label_codes(s["host"])[0]
     gpu = s["gpu"].to_numpy()
     m = mask.astype(bool)
