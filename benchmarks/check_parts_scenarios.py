@@ -2,7 +2,7 @@
 
     python benchmarks/check_parts_scenarios.py [--scenarios 240] [--seed 0] [--workers 2]
                                                [--merge 1] [--kept] [--drop-spans 0.05]
-                                               [--hostless-spans 0.05]
+                                               [--hostless-spans 0.05] [--shift-ns 37]
 
 For every multi-node scenario of `diagnosis.py` (the others are never cut into parts), the
 run is diagnosed in this process (`diagnose(run, workers=1)`) and in ``--workers`` parts of
@@ -15,12 +15,15 @@ any that are not. Exits 1 on a difference. With ``--kept`` each run is written, 
 sampled series, each worker reading its own nodes' from the kept form
 (`loader.load_for_diagnosis`). ``--drop-spans F`` drops that share of each run's spans at
 random (a full queue, a rank that died: the runs users have), ``--hostless-spans F`` leaves
-that share without a host (in no part, counted nowhere).
+that share without a host (in no part, counted nowhere). ``--shift-ns N`` moves every GPU
+sample by N ns: the simulator's samples fall on multiples of 256 ns, where a time turned to
+float64 somewhere loses nothing, and a real clock's do not.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import sys
@@ -50,6 +53,7 @@ def main() -> None:
     parser.add_argument("--kept", action="store_true", help="the parts read the kept form")
     parser.add_argument("--drop-spans", type=float, default=0.0)
     parser.add_argument("--hostless-spans", type=float, default=0.0)
+    parser.add_argument("--shift-ns", type=int, default=0)
     args = parser.parse_args()
     # every multi-node run to the workers, however small
     diagnose_module.PARTS_MIN_SAMPLES = diagnose_module.PARTS_MIN_SAMPLES_FEW = 1
@@ -58,6 +62,9 @@ def main() -> None:
     checked, differ = 0, []
     for i, (group, cfg) in enumerate(scenarios(args.scenarios, args.seed)):
         run = _spans_cut(simulate(cfg).run, args.drop_spans, args.hostless_spans, i)
+        if args.shift_ns:
+            gpu = run.gpu.assign(t_ns=run.gpu["t_ns"] + args.shift_ns)
+            run = dataclasses.replace(run, gpu=gpu)
         groups = node_groups(run, args.workers)
         if groups is None or len(groups) < 2:
             continue
@@ -89,8 +96,6 @@ def _spans_cut(run, drop: float, hostless: float, seed: int):
     without a host, drawn at random (seeded by the scenario's number)."""
     if not drop and not hostless:
         return run
-    import dataclasses
-
     import numpy as np
 
     rng = np.random.default_rng(seed)
