@@ -98,6 +98,8 @@ def _main(args_json: str) -> None:
     args = json.loads(args_json)
     try:
         made = finish(Path(args["run_dir"]), quiet=bool(args["quiet"]), figures=args["figures"])
+    except KeyboardInterrupt:  # Ctrl-C reached the watcher too: it says so, in one line
+        sys.exit(130)
     except Exception as exc:  # a bug here: one line, and the watcher goes on
         _err(f"the summary and report were not made ({type(exc).__name__}: {exc})")
         made = Made()

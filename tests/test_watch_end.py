@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -100,3 +102,37 @@ def test_a_kill_of_the_end_of_the_watch_costs_the_summary_not_the_exit_code(tmp_
     if trackers:  # the trackers got the live figures alone, and the run says why
         assert not (run_dir / "diagnosis.json").exists()
         assert any("the diagnosis is not logged" in n for n in run.meta.notices), err
+
+
+def test_ctrl_c_during_the_end_of_the_watch_is_one_line_and_the_exit_code(tmp_path):
+    # Ctrl-C in a terminal signals the whole foreground process group: watcher and end alike
+    run_dir = tmp_path / "w"
+    watcher = subprocess.Popen(
+        gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", "python", "-c",
+                    "import sys, time; time.sleep(0.5); sys.exit(4)"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+        start_new_session=True,
+    )  # fmt: skip
+    sent = False
+    deadline = time.monotonic() + 60
+    while not sent and watcher.poll() is None and time.monotonic() < deadline:
+        try:
+            children = psutil.Process(watcher.pid).children()
+        except psutil.NoSuchProcess:
+            break
+        for child in children:
+            try:
+                if any("gpuprof.watch_end" in part for part in child.cmdline()):
+                    time.sleep(0.3)  # inside its imports or its work
+                    os.killpg(watcher.pid, signal.SIGINT)
+                    sent = True
+                    break
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.01)
+    _, err = watcher.communicate(timeout=60)
+    assert sent, err
+    assert watcher.returncode == 4, err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("gpuprof: error:")]
+    assert len(lines) == 1 and "interrupted" in lines[0], err
