@@ -49,8 +49,9 @@ def ref_inside(samples: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
 
 
 def ref_runs(s: pd.DataFrame, mask: np.ndarray, weight: np.ndarray) -> pd.DataFrame:
-    if s.empty or not mask.any():
-        return pd.DataFrame({"start_ns": [], "end_ns": [], "w": []})
+    if s.empty or not mask.any():  # integer times even when empty (they are joined)
+        return pd.DataFrame({"start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64),
+                             "w": np.zeros(0)})  # fmt: skip
     gid = s.groupby(["host", "gpu"], sort=False).ngroup().to_numpy()
     m = mask.astype(bool)
     brk = np.ones(len(s), dtype=bool)
