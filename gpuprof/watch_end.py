@@ -50,10 +50,14 @@ def make(run_dir: Path, *, quiet: bool, figures: dict[str, Any] | None = None) -
         "from gpuprof.watch_end import _main; _main(sys.argv[2])"
     )
     try:
+        # a session of its own: Ctrl-C at the terminal reaches the watcher alone, which
+        # stops this process and says so in one line (interrupted in its imports, it would
+        # print a traceback)
         proc = subprocess.Popen(
             [sys.executable, "-c", code, package_root, args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
+            start_new_session=True,
         )
     except OSError as exc:
         _err(f"the summary and report were not made ({exc}); the run is saved: "
@@ -98,7 +102,7 @@ def _main(args_json: str) -> None:
     args = json.loads(args_json)
     try:
         made = finish(Path(args["run_dir"]), quiet=bool(args["quiet"]), figures=args["figures"])
-    except KeyboardInterrupt:  # Ctrl-C reached the watcher too: it says so, in one line
+    except KeyboardInterrupt:  # a SIGINT sent to this process alone: the watcher says so
         sys.exit(130)
     except Exception as exc:  # a bug here: one line, and the watcher goes on
         _err(f"the summary and report were not made ({type(exc).__name__}: {exc})")
