@@ -108,12 +108,19 @@ def test_ctrl_c_during_the_end_of_the_watch_is_one_line_and_the_exit_code(tmp_pa
     # Ctrl-C in a terminal signals the foreground process group: the watcher's (the end runs
     # in a session of its own, the watcher stops it)
     run_dir = tmp_path / "w"
-    watcher = subprocess.Popen(
-        gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", "python", "-c",
-                    "import sys, time; time.sleep(0.5); sys.exit(4)"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
-        start_new_session=True,
-    )  # fmt: skip
+    # as at a terminal: a shell without job control starts background commands (CI's, so
+    # perhaps this test) with SIGINT ignored, which the watcher would inherit; a handler
+    # here is reset to the default in the watcher by exec
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        watcher = subprocess.Popen(
+            gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", "python", "-c",
+                        "import sys, time; time.sleep(0.5); sys.exit(4)"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+            start_new_session=True,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, before)
     sent = False
     deadline = time.monotonic() + 60
     while not sent and watcher.poll() is None and time.monotonic() < deadline:
