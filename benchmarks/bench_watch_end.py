@@ -12,8 +12,8 @@ and one diagnosis on every core); with an older one, its ``_print_summary`` and
 run's kept form and report are removed, so every round reads the run as a watch's end does:
 for the first time. ``--roots`` are checkouts (the first is usually one of the previous
 commit), interleaved round by round with each other; the table gives medians, min and max
-of the end's wall time, and the largest tree PSS and RSS. The summary's text goes to
-/dev/null. ``GPUPROF_WORKERS`` is passed on (default: every core).
+of the end's wall time, and the largest tree PSS and RSS. The summary's text is
+captured, not shown. ``GPUPROF_WORKERS`` is passed on (default: every core).
 """
 
 from __future__ import annotations

@@ -26,6 +26,26 @@ def _saved(tmp_path: Path) -> Path:
     return run_dir
 
 
+def _when_the_end_starts(watcher: subprocess.Popen, act) -> bool:
+    """``act(process)`` on the watcher's end-of-watch process as soon as it runs (polled every
+    10 ms, for at most 60 s); whether it was found before the watcher ended."""
+    deadline = time.monotonic() + 60
+    while watcher.poll() is None and time.monotonic() < deadline:
+        try:
+            children = psutil.Process(watcher.pid).children()
+        except psutil.NoSuchProcess:
+            return False
+        for child in children:
+            try:
+                if any("gpuprof.watch_end" in part for part in child.cmdline()):
+                    act(child)
+                    return True
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.01)
+    return False
+
+
 def test_the_run_is_read_and_diagnosed_once_for_summary_headline_and_report(
     tmp_path, monkeypatch, capsys
 ):
@@ -74,23 +94,9 @@ def test_a_kill_of_the_end_of_the_watch_costs_the_summary_not_the_exit_code(tmp_
                     "import sys, time; time.sleep(0.5); sys.exit(5)"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
     )  # fmt: skip
-    killed = None
-    deadline = time.monotonic() + 60
-    while killed is None and watcher.poll() is None and time.monotonic() < deadline:
-        try:
-            children = psutil.Process(watcher.pid).children()
-        except psutil.NoSuchProcess:
-            break
-        for child in children:
-            try:
-                if any("gpuprof.watch_end" in part for part in child.cmdline()):
-                    child.kill()
-                    killed = child.pid
-            except psutil.NoSuchProcess:
-                continue
-        time.sleep(0.01)
+    killed = _when_the_end_starts(watcher, lambda end: end.kill())
     _, err = watcher.communicate(timeout=60)
-    assert killed is not None, err
+    assert killed, err
     assert watcher.returncode == 5
     lines = [line for line in err.splitlines() if line.startswith("gpuprof: error:")]
     assert len(lines) == 1, err
@@ -121,23 +127,8 @@ def test_ctrl_c_during_the_end_of_the_watch_is_one_line_and_the_exit_code(tmp_pa
         )  # fmt: skip
     finally:
         signal.signal(signal.SIGINT, before)
-    sent = False
-    deadline = time.monotonic() + 60
-    while not sent and watcher.poll() is None and time.monotonic() < deadline:
-        try:
-            children = psutil.Process(watcher.pid).children()
-        except psutil.NoSuchProcess:
-            break
-        for child in children:
-            try:
-                if any("gpuprof.watch_end" in part for part in child.cmdline()):
-                    # at once: the end is still starting (its imports alone take ~0.3 s)
-                    os.killpg(watcher.pid, signal.SIGINT)
-                    sent = True
-                    break
-            except psutil.NoSuchProcess:
-                continue
-        time.sleep(0.01)
+    # at once: the end is still starting (its imports alone take ~0.3 s)
+    sent = _when_the_end_starts(watcher, lambda _: os.killpg(watcher.pid, signal.SIGINT))
     _, err = watcher.communicate(timeout=60)
     assert sent, err
     assert watcher.returncode == 4, err
