@@ -4,6 +4,7 @@
                                                 [--repeats 3] [--dir /tmp/gpuprof-par]
     python benchmarks/bench_analyze_parallel.py --run RUN_DIR [--workers 1 2] [--repeats 3]
     python benchmarks/bench_analyze_parallel.py --run RUN_DIR --kept-only [--roots A B]
+                                                [--first] [--save-json FILE]
 
 A run directory as `watch` leaves it (made like `bench_analyze_scale.py`'s: a simulated hour
 of GRPO on the GPUs, repeated back to back), or one given with ``--run``. For each number of
@@ -95,6 +96,8 @@ def main() -> None:
                         help="only analyze from the merged form the run has kept")  # fmt: skip
     parser.add_argument("--first", action="store_true", help="with --kept-only: first too")
     parser.add_argument("--roots", type=Path, nargs="+", help="checkouts to compare (kept-only)")
+    parser.add_argument("--save-json", type=Path,
+                        help="kept-only: write the first run's JSON document here")  # fmt: skip
     args = parser.parse_args()
     run_dir = args.run or make_run(args.gpus, args.hours, args.dir)
     print(f"run: {run_dir}")
@@ -171,6 +174,8 @@ def _kept_only(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> 
                                       env={**env, "PYTHONPATH": str(root)})  # fmt: skip
                     digests.add(hashlib.sha256(got["stdout"]).hexdigest())
                     figures.setdefault((part, str(root), workers), []).append(got)
+                    if args.save_json and not args.save_json.exists():
+                        args.save_json.write_bytes(got["stdout"])
     print("part   checkout                      workers  median wall s  median CPU s  "
           "peak tree PSS MB")  # fmt: skip
     for (part, root, workers), runs in figures.items():

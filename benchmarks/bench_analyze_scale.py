@@ -2,7 +2,7 @@
 
     python benchmarks/bench_analyze_scale.py [--gpus 64] [--hours 3 6 12 24] [--repeats 2]
                                              [--dir /tmp/gpuprof-scale] [--keep]
-                                             [--interval 0.1] [--write-only]
+                                             [--interval 0.1] [--write-only] [--jobs 1]
 
 Each size is a run directory as `watch` leaves it (SQLite host files with their Parquet sample
 side files), made by repeating a simulated one-hour GRPO run of the same GPUs (two injected
@@ -29,6 +29,7 @@ import sqlite3
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -128,9 +129,10 @@ def write_tiled_run(base: Run, hours: float, run_dir: Path) -> int:
     return total
 
 
-def write_tiled_dir(base_dir: Path, hours: float, run_dir: Path) -> int:
+def write_tiled_dir(base_dir: Path, hours: float, run_dir: Path, jobs: int = 1) -> int:
     """`write_tiled_run` for a base run directory (as `simulate_to` writes it), one host file
     at a time: memory holds one GPU's repeated samples, or one host's repeated other rows.
+    With ``jobs`` > 1, that many host files are written at once, each in a process of its own.
     Returns the GPU samples written."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -144,37 +146,46 @@ def write_tiled_dir(base_dir: Path, hours: float, run_dir: Path) -> int:
     n_steps = int(first_spans["step"].max()) + 1
     del first_spans
     meta.update(start_ns=t0, end_ns=t0 + tiles * period)
+    args = [(path, run_dir, period, tiles, n_steps, meta) for path in files]
+    if jobs <= 1:
+        return sum(_tile_file(*a) for a in args)
+    with ProcessPoolExecutor(jobs) as pool:
+        return sum(pool.map(_tile_file, *zip(*args)))
+
+
+def _tile_file(path: Path, run_dir: Path, period: int, tiles: int, n_steps: int,
+               meta: dict) -> int:  # fmt: skip
+    """One host file of `write_tiled_dir`; the GPU samples it wrote."""
+    db = store.host_file(run_dir, path.stem)
+    listing = {}
     total = 0
-    for path in files:
-        db = store.host_file(run_dir, path.stem)
-        listing = {}
-        with contextlib.closing(sqlite3.connect(path)) as conn:
-            sides = columnar.listed(conn)
-            has_run = conn.execute("SELECT 1 FROM meta WHERE key = 'run'").fetchone()
-        for table in RECORD_TYPES:
-            if table not in sides:
-                continue
-            src, dest = path.with_name(sides[table]), columnar.side_file(db, table)
-            if table == "gpu":
-                total += columnar.write_groups(dest, table, (
-                    pd.concat([_shift(g, table, k * period, 0) for k in range(tiles)],
-                              ignore_index=True)
-                    for g in columnar.read_groups(src, table)))  # fmt: skip
-            else:
-                frame = columnar.read(src, table)
-                columnar.write(dest, table, pd.concat(
-                    [_shift(frame, table, k * period, k * n_steps) for k in range(tiles)],
-                    ignore_index=True))  # fmt: skip
-                del frame
-            listing[table] = dest.name
-        conn = store.connect(db)
-        try:
-            store.write_meta(conn, columnar.META_KEY, listing)
-            if has_run:
-                store.write_meta(conn, "run", meta)
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        finally:
-            conn.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        sides = columnar.listed(conn)
+        has_run = conn.execute("SELECT 1 FROM meta WHERE key = 'run'").fetchone()
+    for table in RECORD_TYPES:
+        if table not in sides:
+            continue
+        src, dest = path.with_name(sides[table]), columnar.side_file(db, table)
+        if table == "gpu":
+            total += columnar.write_groups(dest, table, (
+                pd.concat([_shift(g, table, k * period, 0) for k in range(tiles)],
+                          ignore_index=True)
+                for g in columnar.read_groups(src, table)))  # fmt: skip
+        else:
+            frame = columnar.read(src, table)
+            columnar.write(dest, table, pd.concat(
+                [_shift(frame, table, k * period, k * n_steps) for k in range(tiles)],
+                ignore_index=True))  # fmt: skip
+            del frame
+        listing[table] = dest.name
+    conn = store.connect(db)
+    try:
+        store.write_meta(conn, columnar.META_KEY, listing)
+        if has_run:
+            store.write_meta(conn, "run", meta)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
     return total
 
 
@@ -204,6 +215,9 @@ def main() -> None:
     parser.add_argument(
         "--write-only", action="store_true", help="write the runs (kept), analyse none"
     )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="host files written at once (processes)"
+    )
     args = parser.parse_args()
     if args.write_only:
         args.keep = True
@@ -218,7 +232,7 @@ def main() -> None:
           f"{'s / M samples':>14s} {'peak RSS MB':>12s}  findings (share)")  # fmt: skip
     for hours in args.hours:
         run_dir = args.dir / f"{hours}h"
-        n = write_tiled_dir(base_dir, hours, run_dir)
+        n = write_tiled_dir(base_dir, hours, run_dir, args.jobs)
         if args.write_only:
             print(f"{hours:5d} {n:12,d}  written to {run_dir}", flush=True)
             continue
