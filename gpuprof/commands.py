@@ -321,13 +321,16 @@ def watch(
         _err(str(exc))
         raise typer.Exit(EXIT_BAD_INPUT) from None
     figures = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
-    if not result.complete or not result.summarize:  # a cut run, or not node rank 0
-        api.finish_log_to(result)
-        raise typer.Exit(result.exit_code)
-    from gpuprof import watch_end
+    try:
+        if not result.complete or not result.summarize:  # a cut run, or not node rank 0
+            api.finish_log_to(result)
+            raise typer.Exit(result.exit_code)
+        from gpuprof import watch_end
 
-    made = watch_end.make(result.run_dir, quiet=quiet, figures=figures)
-    api.finish_log_to(result, made.report, document=made.document)
+        made = watch_end.make(result.run_dir, quiet=quiet, figures=figures)
+        api.finish_log_to(result, made.report, document=made.document)
+    except KeyboardInterrupt:  # Ctrl-C once the command ended: its exit code stands
+        _err(f"interrupted after the command ended; the run is saved in {result.run_dir}")
     raise typer.Exit(result.exit_code)
 
 

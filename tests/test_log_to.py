@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -540,3 +541,59 @@ def test_a_tracker_that_never_answers_costs_the_end_of_run_timeout_only(tmp_path
     assert step_s.median() == pytest.approx(0.185, abs=0.04)
     assert run.meta.notices[-1] == tracker_lines(result.stderr)[0].removeprefix("gpuprof: ")
     assert took < 45  # a request waits 120 s for its answer
+
+
+def test_ctrl_c_while_the_watch_waits_for_a_tracker_is_one_line_and_the_exit_code(
+    tmp_path, simnvml_lib
+):
+    """Ctrl-C once the command ended, while the watch waits for a tracker that never answers:
+    the wait stops, the tracker's process is stopped, one line says so (and the run keeps
+    it), and the watch exits with the command's code, without a traceback."""
+    pytest.importorskip("mlflow")
+    import psutil
+
+    with socket.socket() as server:  # listens, never accepts: requests hang
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        env = tracker_env(tmp_path, simnvml_lib, MLFLOW_TRACKING_URI=url,
+                          MLFLOW_HTTP_REQUEST_TIMEOUT="120")  # fmt: skip
+        argv = gpuprof_cmd("watch", "--interval", "0.05", "--log-interval", "1", "-o",
+                           str(tmp_path / "run"), "--log-to", "mlflow", "--log-timeout", "120",
+                           "--", sys.executable, "-c", training_loop(4))  # fmt: skip
+        # as at a terminal (see test_watch_end.py): the watcher starts with SIGINT's default
+        before = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            watcher = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                       start_new_session=True)  # fmt: skip
+        finally:
+            signal.signal(signal.SIGINT, before)
+        # the end of the watch (its own process) came and went: the watcher now waits
+        seen_end, deadline = False, time.monotonic() + 120
+        while watcher.poll() is None and time.monotonic() < deadline:
+            try:
+                names = [" ".join(c.cmdline()) for c in psutil.Process(watcher.pid).children()]
+            except psutil.Error:
+                names = []
+            ending = any("gpuprof.watch_end" in n for n in names)
+            if seen_end and not ending:
+                break
+            seen_end = seen_end or ending
+            time.sleep(0.02)
+        time.sleep(1.0)
+        assert seen_end and watcher.poll() is None
+        signalled = time.monotonic()
+        os.killpg(watcher.pid, signal.SIGINT)
+        _, err = watcher.communicate(timeout=60)
+        took = time.monotonic() - signalled
+    assert watcher.returncode == 3, err
+    _no_tracebacks(err)
+    assert tracker_lines(err) == [
+        "gpuprof: --log-to mlflow: the end-of-run upload was interrupted (Ctrl-C); "
+        "going on without it"
+    ], err
+    assert took < 15, took  # not the 120 s the tracker would have been given
+    assert store.load_run(tmp_path / "run").meta.notices[-1] == tracker_lines(err)[0].removeprefix(
+        "gpuprof: "
+    )

@@ -574,10 +574,16 @@ class TrackerLogger:
         if present:
             messages.append({"op": "attach", "files": present})
         deadline = time.monotonic() + self.timeout_s
-        for sink in self.sinks:
-            sink.close(messages, deadline)
-        for sink in self.sinks:
-            sink.wait(deadline, self.timeout_s)
+        try:
+            for sink in self.sinks:
+                sink.close(messages, deadline)
+            for sink in self.sinks:
+                sink.wait(deadline, self.timeout_s)
+        except KeyboardInterrupt:  # Ctrl-C: the user stopped the wait, not the watch
+            for sink in self.sinks:
+                if sink.proc is not None and sink.proc.poll() is None:
+                    sink.notice("the end-of-run upload was interrupted (Ctrl-C)")
+                    sink.kill()
         lines = []
         for sink in self.sinks:
             if sink.dropped and not sink.failed:
