@@ -88,7 +88,8 @@ def analyze_command(
     window = _window_or_exit(run_dir, steps)
     options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
     run, series = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
-    diagnosis = _diagnosis_or_exit(run_dir, run, series, workers, ray, window, options)
+    diagnosis = _diagnosis_or_exit(run_dir, run, series, workers, ray, window, options,
+                                   ignore_memory)  # fmt: skip
     if json_out:
         from gpuprof.reports.fmt import render_json
 
@@ -127,10 +128,11 @@ def _read_or_exit(
 
 def _diagnosis_or_exit(
     run_dir: Path, run: Any, series: Any, workers: int | None, ray: str | None, window: Any,
-    options: dict[str, Any],
+    options: dict[str, Any], ignore_memory: bool = False,
 ) -> Any:  # fmt: skip
     """The diagnosis of ``run`` (`_read_or_exit`'s) on ``workers``, with `analyze`'s figures
-    ``options``; series kept again or damaged since they were found are read afresh."""
+    ``options``. Series kept again or damaged since they were found: the run is read afresh
+    as `_read_or_exit` reads it (the memory judged again), once."""
     from gpuprof import api
     from gpuprof.load_cache import SeriesUnreadable
 
@@ -139,8 +141,9 @@ def _diagnosis_or_exit(
         try:
             return api.analyze(run, workers=cores, series=series, **options)
         except SeriesUnreadable:  # kept again, or damaged, since: the run read afresh
-            run = api.load_for_analysis(run_dir, workers=workers, ray=ray, steps=window)
-            return api.analyze(run, workers=cores, **options)
+            series.discard()
+            run, series = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
+            return api.analyze(run, workers=cores, series=series, **options)
     except api.RunError as exc:
         _err(str(exc))
         raise SystemExit(EXIT_BAD_INPUT) from None
@@ -241,7 +244,8 @@ def report_command(
     if series is not None:
         # a long run diagnosed as `analyze` diagnoses it, then read whole for the charts:
         # the diagnosis in parts and the whole run are never held at once
-        diagnosis = _diagnosis_or_exit(run_dir, run, series, workers, ray, window, options)
+        diagnosis = _diagnosis_or_exit(run_dir, run, series, workers, ray, window, options,
+                                       ignore_memory)  # fmt: skip
         del run, series
         from gpuprof import loader
 

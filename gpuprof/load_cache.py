@@ -197,6 +197,25 @@ class KeptSeries:
         except Exception as exc:
             raise SeriesUnreadable(self._unreadable(exc)) from None
 
+    def discard(self) -> None:
+        """Remove the kept form these series were to be read from when it is still that
+        writing (one kept again meanwhile by another load stays), so that the next load reads
+        the run's files afresh: a damaged form would otherwise be found again, whose tables
+        without the series still read."""
+        where = self.run_dir / DIRNAME
+        try:
+            with open(where / "run.json", encoding="utf-8") as handle:
+                if str(json.load(handle).get("made")) != self._made:
+                    return
+        except FileNotFoundError:
+            return
+        except Exception:  # its own description damaged too: it goes as well
+            pass
+        old = self.run_dir / f"{DIRNAME}.old-{uuid.uuid4().hex[:8]}"
+        with contextlib.suppress(OSError):
+            where.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+
     def _unreadable(self, exc: Exception) -> str:
         return (f"{self.run_dir}: its kept form changed, or does not read, since the run was "
                 f"read ({type(exc).__name__})")  # fmt: skip

@@ -280,6 +280,48 @@ def test_analyze_reads_the_run_afresh_when_its_kept_series_do_not_read(
     assert loader.load_for_diagnosis(run_dir, defer_from=1)[1].census()[0]
 
 
+def test_a_long_runs_kept_form_damaged_once_found_is_read_afresh_under_the_memory_rule(
+    kept, small_runs_in_parts, capsys, monkeypatch
+):
+    """A long run's kept form damaged (or made again) between its finding and the reading of
+    its series is read afresh as the first time reads a long run (kept file by file, its
+    series read by the workers), and the memory its diagnosis needs is judged again: the run
+    is never read whole behind the rule's back."""
+    from gpuprof import footprint
+    from gpuprof.cli import analyze_command
+
+    run_dir, whole = kept("whole")
+    want = render_json(api.analyze(whole, workers=1).to_dict())
+    monkeypatch.setattr(loader, "_first_of_long", lambda *a: True)  # read as a long run is
+    real_load, loads = loader.load_for_diagnosis, []
+
+    def damaged_once_found(*args, **kwargs):
+        got = real_load(*args, **kwargs)
+        loads.append(got[1])
+        if len(loads) % 2:  # the first of each command's two readings
+            for table in (run_dir / load_cache.DIRNAME).glob("gpu*.arrow"):  # whole or by file
+                table.write_bytes(b"not arrow")
+        return got
+
+    monkeypatch.setattr(loader, "load_for_diagnosis", damaged_once_found)
+    asked = []
+    monkeypatch.setattr(footprint, "available_bytes", lambda: asked.append(1) or 10**15)
+    analyze_command(run_dir, json_out=True, workers=2)
+    assert capsys.readouterr().out.strip() == want.strip()
+    assert len(loads) == 2 and all(series is not None for series in loads)
+    assert len(asked) == 2  # judged when found, and again when read afresh
+    assert small_runs_in_parts == [loads[1]]  # the damage was found before a part was made
+    # and now too large for the memory free when read afresh: one line, exit 3
+    monkeypatch.setattr(footprint, "available_bytes",
+                        lambda: asked.append(1) or (10**15 if len(asked) == 3 else 1))  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        analyze_command(run_dir, json_out=True, workers=2)
+    assert stopped.value.code == 3
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.count("\n") == 1 and "--by-steps" in said.err
+    assert len(loads) == 4 and len(asked) == 4 and len(small_runs_in_parts) == 1
+
+
 def test_analyze_reads_the_series_node_by_node_with_the_same_document(
     kept, small_runs_in_parts, capsys
 ):
