@@ -10,10 +10,11 @@ import pandas as pd
 import pytest
 
 from gpuprof.analyzers import resample
-from gpuprof.analyzers.grouping import _factorize, appearance_codes, asof_backward
+from gpuprof.analyzers.grouping import _factorize, appearance_codes, asof_backward, stable_order
 from gpuprof.analyzers.ownership import _first_rows
 from gpuprof.analyzers.stalls._resource import _first_of_each, _inside, _runs
 from gpuprof.analyzers.stalls.phantom_util import _with_process
+from gpuprof.analyzers.texts import as_texts
 
 # --------------------------------------------------------------------------------------------
 # Reference implementations: as the helpers were first written
@@ -179,6 +180,44 @@ def test_factorize_on_runs_is_pandas_factorize(seed):
     codes = _factorize(values)
     assert codes.dtype == np.int64
     assert (codes == pd.factorize(values)[0]).all()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_stable_order_is_a_stable_argsort_of_the_texts(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 3000))
+    # processes' keys as `process_keys` writes them: prefixes of each other, digits that sort
+    # as text (node10 before node2), many ties
+    names = np.array([f"node{h}:{p}" for h in (1, 2, 10, 11, 100) for p in (7, 70, 700)],
+                     dtype=object)  # fmt: skip
+    keys = names[rng.integers(0, int(rng.integers(1, len(names) + 1)), n)]
+    assert (stable_order(keys) == np.argsort(keys, kind="stable")).all()
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pd.Series(["node0", "node1", "node0"], dtype=object),
+        pd.Series(["node0", "node1"], dtype="category"),
+        pd.Series(["rollout", None, "reward"], dtype=object),
+        pd.Series(["rollout", np.nan], dtype=object),
+        pd.Series([3, 4], dtype=np.int64),
+        pd.Series([1.0, np.nan]),
+        pd.Series(["a", 7, 2.5], dtype=object),
+        pd.Series([], dtype=object),
+        pd.Series(["x", "y"], dtype="string"),
+        np.array(["h0", "h1"]),
+    ],
+)
+def test_as_texts_is_astype_str_to_objects(column):
+    want = pd.Series(column).astype(str).to_numpy(object)
+    got = as_texts(column)
+    assert got.dtype == object
+    assert [(type(v), v) for v in map(str, got)] == [(type(v), v) for v in map(str, want)]
+    assert (
+        pd.isna(pd.Series(got, dtype=object)).tolist()
+        == pd.isna(pd.Series(want, dtype=object)).tolist()
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -32,6 +32,7 @@ import pandas as pd
 
 from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.findings import AnalysisContext, Finding
+from gpuprof.analyzers.grouping import stable_order
 from gpuprof.analyzers.hardware import match_gpu
 from gpuprof.analyzers.model_size import CRITIC_PATH_KNOBS, model_path, model_size, params_from_name
 from gpuprof.analyzers.parts import Parts, facts, sampled
@@ -209,7 +210,7 @@ def framework_metrics(
         column = np.concatenate([v for _, v in held]) if held else np.empty(0)
         if len(column) > 1:  # process by process, however the processes were divided
             owners = np.concatenate([o for o, _ in held])
-            column = column[np.argsort(owners, kind="stable")]
+            column = column[stable_order(owners)]
         logged = [part[key] for part in untimed if key in part]
         column = np.concatenate([column, *logged])
         if len(column):

@@ -36,6 +36,17 @@ def dense_codes(values: np.ndarray) -> tuple[np.ndarray, int]:
     return codes.astype(np.int64, copy=False), len(uniques)
 
 
+def stable_order(keys: np.ndarray | pd.Series) -> np.ndarray:
+    """The permutation ``np.argsort(keys, kind="stable")`` gives for text keys (processes'
+    ``host:pid``, one per step row), found by sorting the distinct keys alone: an argsort of
+    Python strings compares objects, ~0.7 s for the 1.8 M step rows of a cluster-day."""
+    keys = np.asarray(keys, dtype=object)
+    if len(keys) < 2:
+        return np.arange(len(keys))
+    codes, _ = pd.factorize(keys, sort=True)
+    return np.argsort(codes, kind="stable")
+
+
 def appearance_codes(
     columns: Sequence[np.ndarray | pd.Series], missing_is_value: bool = False
 ) -> np.ndarray:

@@ -33,6 +33,7 @@ from gpuprof.analyzers.spans import (
     _steps,
     valid_spans,
 )
+from gpuprof.analyzers.texts import as_texts
 from gpuprof.model import Run
 
 _SAMPLE_COLUMNS = [
@@ -307,7 +308,7 @@ def _samples_joined(run: Run, spans: pd.DataFrame, owners: pd.DataFrame) -> pd.D
         return _empty_samples()
     frame = pd.DataFrame(
         {
-            "host": g["host"].astype(str).to_numpy(object),
+            "host": as_texts(g["host"]),
             "gpu": _num(g, "gpu").astype(np.int64),
             "t_ns": t_raw[keep].to_numpy(np.int64),
             "row": np.flatnonzero(keep),

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.analyzers import attr_columns
+from gpuprof.analyzers.grouping import stable_order
 from gpuprof.analyzers.model_size import ModelSize
 from gpuprof.analyzers.settings import num as _num
 from gpuprof.intervals import covered_ns
@@ -287,7 +288,7 @@ def combine_step_rows(frames: list[pd.DataFrame]) -> pd.DataFrame:
             frame[column] = _as_column(values)
     if len(frame) < 2:
         return frame.reset_index(drop=True)
-    order = np.argsort(frame["owner"].to_numpy(dtype=object), kind="stable")
+    order = stable_order(frame["owner"].to_numpy(dtype=object))
     return frame.take(order).reset_index(drop=True)
 
 

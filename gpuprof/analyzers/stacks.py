@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers.texts import as_texts
 from gpuprof.intervals import union
 from gpuprof.model import Run
 
@@ -200,7 +201,7 @@ class StackIndex:
         keep = ~samples["thread"].astype(str).str.startswith(OWN_THREAD_PREFIX).to_numpy()
         samples = samples[keep]
         fid = frames["frame_id"].to_numpy(np.int64)
-        self.names = frames["name"].astype(str).to_numpy(object)
+        self.names = as_texts(frames["name"])
         self.files = frames["file"].fillna("").astype(str).to_numpy(object)
         lines = pd.to_numeric(frames["line"], errors="coerce").to_numpy(np.float64)
         self.lines = [None if not np.isfinite(v) else int(v) for v in lines]
@@ -232,8 +233,8 @@ class StackIndex:
         self.window_ns = int(np.median(window[np.isfinite(window)]) * 1e9) if (
             np.isfinite(window).any()) else 1_000_000_000  # fmt: skip
         self.pid = _floats(samples["pid"], np.nan)
-        self.role = samples["role"].astype(str).to_numpy(object)
-        self.thread = samples["thread"].astype(str).to_numpy(object)
+        self.role = as_texts(samples["role"])
+        self.thread = as_texts(samples["thread"])
         role_code, roles = pd.factorize(self.role)
         pid = np.where(np.isfinite(self.pid), self.pid, -1).astype(np.int64)
         self.proc_code, keys = pd.factorize((role_code.astype(np.int64) << 32) | (pid & 0xFFFFFFFF))
@@ -445,8 +446,8 @@ def busy_fraction(samples: pd.DataFrame, threads: pd.DataFrame,
     ok = np.isfinite(t) & np.isfinite(iv) & (iv > 0) & np.isfinite(pct)
     t, iv_ns = t[ok].astype(np.int64), (iv[ok] * 1e9).astype(np.int64)
     busy_s = np.minimum(pct[ok], 100.0) / 100.0 * iv[ok]
-    reading_hosts = threads["host"].astype(str).to_numpy(object)[ok]
-    sample_hosts = samples["host"].astype(str).to_numpy(object)
+    reading_hosts = as_texts(threads["host"])[ok]
+    sample_hosts = as_texts(samples["host"])
     codes, _ = pd.factorize(np.concatenate([reading_hosts, sample_hosts]))
     host, sample_host = codes[: len(reading_hosts)], codes[len(reading_hosts) :]
     pid = _ints(threads["pid"])[ok]

@@ -16,6 +16,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers.texts import as_texts
 from gpuprof.model import Run
 
 THREAD_KINDS: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -48,7 +49,7 @@ def python_tids(run: Run) -> dict[tuple[str, int], set[int]]:
     if samples is not None and len(samples):
         tid = pd.to_numeric(samples["tid"], errors="coerce")
         ok = tid.notna().to_numpy()
-        keys = pd.DataFrame({"host": samples["host"].astype(str).to_numpy(object)[ok],
+        keys = pd.DataFrame({"host": as_texts(samples["host"])[ok],
                              "pid": samples["pid"].to_numpy()[ok].astype(np.int64),
                              "tid": tid.to_numpy()[ok].astype(np.int64)})  # fmt: skip
         keys = keys.drop_duplicates()
@@ -68,13 +69,13 @@ def thread_table(run: Run) -> pd.DataFrame | None:
     if threads is None or threads.empty:
         return None
     py = python_tids(run)
-    host = threads["host"].astype(str).to_numpy(object)
+    host = as_texts(threads["host"])
     pid = threads["pid"].to_numpy().astype(np.int64)
     tid = threads["tid"].to_numpy().astype(np.int64)
     known = pd.MultiIndex.from_tuples([(h, p, t) for (h, p), ts in py.items() for t in ts],
                                       names=["host", "pid", "tid"])  # fmt: skip
     is_py = pd.MultiIndex.from_arrays([host, pid, tid]).isin(known)
-    names = threads["name"].astype(str).to_numpy(object)
+    names = as_texts(threads["name"])
     kinds = {n: thread_kind(n) for n in pd.unique(names)}
     return pd.DataFrame({
         "host": host, "pid": pid, "tid": tid, "t_ns": threads["t_ns"].to_numpy(np.int64),

@@ -33,6 +33,7 @@ import pandas as pd
 from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.efficiency import FRAMEWORK_MFU_PHASE, figures
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+from gpuprof.analyzers.grouping import stable_order
 from gpuprof.analyzers.hardware import match_gpu
 from gpuprof.analyzers.model_size import model_size
 from gpuprof.analyzers.parts import Parts, facts, median_of_counts, sampled, value_counts
@@ -238,7 +239,7 @@ def _step_attr_means(ctx: AnalysisContext, keys: tuple[str, ...]) -> dict[str, f
     if not got:
         return {}
     owners = np.concatenate([o for o, _ in got])
-    order = np.argsort(owners, kind="stable")
+    order = stable_order(owners)
     columns = {key: np.concatenate([c[key] for _, c in got])[order] for key in keys}
     first = {key: np.flatnonzero(~np.isnan(c))[:1] for key, c in columns.items()}
     # in the order the keys first appear over the steps, as they are reported

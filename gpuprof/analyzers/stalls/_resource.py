@@ -31,6 +31,7 @@ from gpuprof.analyzers.evidence import Evidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.grouping import appearance_codes, first_rows, label_codes, per_frame
 from gpuprof.analyzers.stalls._phase import _gpu_key, _memo, _minutes
+from gpuprof.analyzers.texts import as_texts
 
 UPDATE_PHASES = ("update_actor", "update_critic")
 
@@ -118,11 +119,11 @@ def _usable_spans(ctx: AnalysisContext) -> pd.DataFrame:
     wait = np.fromiter(map(bool, attr_columns.values(attrs, "wait")), bool, len(attrs))
     out = pd.DataFrame(
         {
-            "host": kept["host"].astype(str).to_numpy(object),
+            "host": as_texts(kept["host"]),
             "pid": pid[ok],
             "rank": _num(kept, "rank"),
             "phase": phase.to_numpy(object) if phase is not None else "(unnamed)",
-            "name": name.astype(str).to_numpy(object) if name is not None else "",
+            "name": as_texts(name) if name is not None else "",
             "step": _num(kept, "step"),
             "start_ns": pd.to_numeric(kept["start_ns"]).to_numpy(np.int64),
             "end_ns": pd.to_numeric(kept["end_ns"]).to_numpy(np.int64),

@@ -32,6 +32,7 @@ from gpuprof.analyzers.stalls._resource import (
     _spans,
     _update_windows,
 )
+from gpuprof.analyzers.texts import as_texts
 
 
 def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
@@ -217,7 +218,7 @@ def _owned_update_gpus(ctx: AnalysisContext, owners: list[tuple]) -> list[tuple[
     window = _update_windows(ctx, _spans(ctx))
     frame = s[window & s["owner_host"].notna().to_numpy()]
     keys = pd.MultiIndex.from_arrays(
-        [frame["owner_host"].astype(str).to_numpy(object), frame["pid"].to_numpy(np.float64)]
+        [as_texts(frame["owner_host"]), frame["pid"].to_numpy(np.float64)]
     )
     return _gpu_pairs(frame[keys.isin(owners)])
 

@@ -22,6 +22,7 @@ from gpuprof.analyzers.stalls._phase import (
     _span_attr,
 )
 from gpuprof.analyzers.stalls._timing import phase_seconds, timing
+from gpuprof.analyzers.texts import as_texts
 from gpuprof.intervals import top_intervals, union
 
 
@@ -150,7 +151,7 @@ def _rollouts(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | None:
     r["deficit"] = np.where(after, (base - r["busy"].to_numpy()) * r["dt"].to_numpy(), 0.0)
     per["deficit"] = r.groupby("inst", sort=False)["deficit"].sum().clip(lower=0.0)
     at = first_rows(inst)[per.index.to_numpy() - 1]  # inst counts from 1
-    per["host"] = s["host"].iloc[at].astype(str).to_numpy(object)
+    per["host"] = as_texts(s["host"].iloc[at])
     per["gpu"] = s["gpu"].to_numpy()[at].astype(np.int64)
     return per.reset_index(drop=True)
 

@@ -22,6 +22,7 @@ from gpuprof.analyzers.stalls._resource import (
     _runs,
     _sorted_gpus,
 )
+from gpuprof.analyzers.texts import as_texts
 from gpuprof.analyzers.threads import thread_kind, thread_table
 from gpuprof.intervals import in_union, union
 
@@ -120,7 +121,7 @@ def _proc_samples(ctx: AnalysisContext) -> pd.DataFrame | None:
         p = pd.DataFrame(
             {
                 # object columns: pandas would otherwise turn every string into an Arrow string
-                "host": pd.Series(procs["host"].astype(str).to_numpy(object), dtype=object),
+                "host": pd.Series(as_texts(procs["host"]), dtype=object),
                 "pid": _num(procs, "pid"),
                 "t_ns": _num(procs, "t_ns"),
                 "cpu": cpu,

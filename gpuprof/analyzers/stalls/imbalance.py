@@ -61,17 +61,16 @@ def _stragglers(parts: Parts, th: Thresholds) -> Finding | None:
     per = per[np.isfinite(per["n_gpu"].to_numpy(np.float64))]
     if per.empty:
         return None
-    grp = per.groupby(["phase", "step", "hot"], sort=False)
-    per["ranks"] = grp["dur"].transform("size")
-    per["mx"] = grp["dur"].transform("max")
+    phase_step, subgroup = _group_keys(per)
+    by = per["dur"].groupby(subgroup, sort=False)
+    per["ranks"] = by.transform("size")
+    per["mx"] = by.transform("max")
     # the pace the others kept: the median of every rank but the slowest (with two ranks the
     # median of both would hide half the delay)
     others = per["dur"].where(per["dur"] < per["mx"])
-    per["med"] = others.groupby([per["phase"], per["step"], per["hot"]], sort=False).transform(
-        "median"
-    )
+    per["med"] = others.groupby(subgroup, sort=False).transform("median")
     per["med"] = per["med"].fillna(per["mx"])
-    per["all_gpus"] = per.groupby(["phase", "step"], sort=False)["n_gpu"].transform("sum")
+    per["all_gpus"] = per["n_gpu"].groupby(phase_step, sort=False).transform("sum")
     per = per[per["ranks"] >= 2]
     if per.empty:
         return None
@@ -170,6 +169,19 @@ def _spread(ctx: AnalysisContext) -> dict:
         ).groupby(gpu[keep], sort=True)  # fmt: skip
         out["per_gpu"] = pd.DataFrame({"util": per_gpu["util"].mean(), "mem": per_gpu["mem"].max()})
     return out
+
+
+def _group_keys(per: pd.DataFrame) -> tuple[pd.Series | np.ndarray, pd.Series | np.ndarray]:
+    """The keys ``per``'s rows are grouped by: (phase, step), and (phase, step, on a throttled
+    GPU), each as one int64 code when every row has a phase and a step (a group-by on the
+    text phase column factorizes it again for every figure: ~2 s of the parent's own time on
+    a cluster-day's 10⁶-10⁷ rank-steps), else as the columns (rows without one in no group)."""
+    phase = pd.factorize(per["phase"])[0].astype(np.int64)
+    step = pd.factorize(per["step"])[0].astype(np.int64)
+    if (phase < 0).any() or (step < 0).any():
+        return [per["phase"], per["step"]], [per["phase"], per["step"], per["hot"]]
+    phase_step = phase * (int(step.max(initial=0)) + 1) + step
+    return phase_step, phase_step * 2 + per["hot"].to_numpy(bool)
 
 
 def _rank_work(ctx: AnalysisContext, throttled: set[tuple[str, int]]) -> dict | None:

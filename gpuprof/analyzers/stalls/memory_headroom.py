@@ -22,6 +22,7 @@ from gpuprof.analyzers.stalls._resource import (
     _runs,
     _sorted_gpus,
 )
+from gpuprof.analyzers.texts import as_texts
 
 
 def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
@@ -109,7 +110,7 @@ def _headroom(ctx: AnalysisContext, th: Thresholds, rollout: bool) -> dict | Non
         inv["gpu"] = pd.to_numeric(inv["gpu"], errors="coerce")
         inv["total"] = pd.to_numeric(inv["total"], errors="coerce").astype(np.float64)
         inv = inv.dropna(subset=["gpu"]).drop_duplicates(["host", "gpu"])
-        keys = pd.DataFrame({"host": s["host"].astype(str).to_numpy(object),
+        keys = pd.DataFrame({"host": as_texts(s["host"]),
                              "gpu": s["gpu"].to_numpy(np.float64)})  # fmt: skip
         fill = keys.merge(inv.astype({"gpu": np.float64}), on=["host", "gpu"], how="left")
         fill = fill["total"].to_numpy(np.float64)

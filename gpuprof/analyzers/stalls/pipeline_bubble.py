@@ -20,6 +20,7 @@ from gpuprof.analyzers.stalls._phase import (
     _split_of,
     wait_inputs,
 )
+from gpuprof.analyzers.texts import as_texts
 
 
 def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
@@ -111,7 +112,7 @@ def _bubbles(ctx: AnalysisContext, th: Thresholds, grid: dict, heads: bool) -> d
     s, split = got
     mask, idle = split["bubble"], split["idle"]
     step = s["step"].fillna(-1.0).to_numpy(np.float64)
-    hosts = s["host"].astype(str).to_numpy(object)
+    hosts = as_texts(s["host"])
     dt = s["dt_s"].to_numpy(np.float64)
     waiting = split["bubble"] | split["alone"]
     busy = s["busy_frac"].to_numpy(np.float64) >= th.busy_util_pct / 100.0
