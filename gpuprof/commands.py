@@ -277,6 +277,14 @@ def watch(
             max=1000,
         ),
     ] = None,
+    no_report: Annotated[
+        bool,
+        typer.Option(
+            "--no-report",
+            help="Don't diagnose the run nor write report.html when the command ends (a "
+            "long run's take minutes, holding the job): gpuprof analyze / report RUN later.",
+        ),
+    ] = False,
     gpu_hour_price: GpuHourPrice = None,
     model_params: ModelParams = None,
     gpu: GpuName = None,
@@ -323,6 +331,12 @@ def watch(
     figures = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
     try:
         if not result.complete or not result.summarize:  # a cut run, or not node rank 0
+            api.finish_log_to(result)
+            raise typer.Exit(result.exit_code)
+        if no_report:
+            if not quiet:
+                print(f"gpuprof: the run is saved in {result.run_dir} (--no-report): "
+                      f"gpuprof analyze {result.run_dir}", file=sys.stderr)  # fmt: skip
             api.finish_log_to(result)
             raise typer.Exit(result.exit_code)
         from gpuprof import watch_end

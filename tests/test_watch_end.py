@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 from conftest import clean_env, gpuprof_cmd
 
-from gpuprof import api, loader, store, watch_end
+from gpuprof import api, load_cache, loader, store, watch_end
 from gpuprof.reports.fmt import render_json
 from gpuprof.sim import SimConfig, simulate
 
@@ -135,3 +135,22 @@ def test_ctrl_c_during_the_end_of_the_watch_is_one_line_and_the_exit_code(tmp_pa
     assert "Traceback" not in err, err
     lines = [line for line in err.splitlines() if line.startswith("gpuprof: error:")]
     assert len(lines) == 1 and "interrupted" in lines[0], err
+
+
+def test_no_report_leaves_the_run_saved_and_undiagnosed(tmp_path):
+    """``--no-report``: the command's exit code, one line naming the run and how to diagnose
+    it, and nothing read or made at the end (no report, no kept form)."""
+    run_dir = tmp_path / "w"
+    got = subprocess.run(
+        gpuprof_cmd("watch", "--no-nvml", "--no-report", "-o", str(run_dir), "--", "python", "-c",
+                    "import sys, time; time.sleep(0.3); sys.exit(4)"),
+        capture_output=True, text=True, env=clean_env(), timeout=120,
+    )  # fmt: skip
+    assert got.returncode == 4, got.stderr
+    assert "Traceback" not in got.stderr
+    lines = [line for line in got.stderr.splitlines() if "--no-report" in line]
+    assert lines == [f"gpuprof: the run is saved in {run_dir} (--no-report): "
+                     f"gpuprof analyze {run_dir}"], got.stderr  # fmt: skip
+    assert not (run_dir / "report.html").exists()
+    assert not (run_dir / load_cache.DIRNAME).exists()
+    assert store.load_run(run_dir).meta.exit_code == 4
