@@ -171,15 +171,13 @@ def _spread(ctx: AnalysisContext) -> dict:
     return out
 
 
-def _group_keys(per: pd.DataFrame) -> tuple[pd.Series | np.ndarray, pd.Series | np.ndarray]:
-    """The keys ``per``'s rows are grouped by: (phase, step), and (phase, step, on a throttled
-    GPU), each as one int64 code when every row has a phase and a step (a group-by on the
-    text phase column factorizes it again for every figure: ~2 s of the parent's own time on
-    a cluster-day's 10⁶-10⁷ rank-steps), else as the columns (rows without one in no group)."""
+def _group_keys(per: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The keys ``per``'s rows are grouped by, each as one int64 code: (phase, step), and
+    (phase, step, on a throttled GPU). A group-by on the text phase column factorizes it
+    again for every figure: ~2 s of the parent's own time on a cluster-day's 10⁶-10⁷
+    rank-steps. Every row has a phase and a step (`_rank_work`'s group-by keeps no other)."""
     phase = pd.factorize(per["phase"])[0].astype(np.int64)
     step = pd.factorize(per["step"])[0].astype(np.int64)
-    if (phase < 0).any() or (step < 0).any():
-        return [per["phase"], per["step"]], [per["phase"], per["step"], per["hot"]]
     phase_step = phase * (int(step.max(initial=0)) + 1) + step
     return phase_step, phase_step * 2 + per["hot"].to_numpy(bool)
 
