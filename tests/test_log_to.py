@@ -9,6 +9,7 @@ temporary directory, MLflow writes a local file store, TensorBoard a local direc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -518,16 +519,23 @@ def test_a_missing_tracker_package_is_one_line_naming_the_extra(tmp_path):
     ]
 
 
-def test_a_tracker_that_never_answers_costs_the_end_of_run_timeout_only(tmp_path, simnvml_lib):
-    """A tracking server that takes connections and never answers: the command's steps keep
-    their pace, and the watch ends once --log-timeout is spent, with one line."""
-    pytest.importorskip("mlflow")
+@contextlib.contextmanager
+def _silent_mlflow(tmp_path: Path, simnvml_lib: Path):
+    """The watch's environment with MLflow pointed at a server that takes connections and
+    never answers (its requests hang for 120 s), for as long as the block runs."""
     with socket.socket() as server:  # listens, never accepts: requests hang
         server.bind(("127.0.0.1", 0))
         server.listen(16)
         url = f"http://127.0.0.1:{server.getsockname()[1]}"
-        env = tracker_env(tmp_path, simnvml_lib, MLFLOW_TRACKING_URI=url,
+        yield tracker_env(tmp_path, simnvml_lib, MLFLOW_TRACKING_URI=url,
                           MLFLOW_HTTP_REQUEST_TIMEOUT="120")  # fmt: skip
+
+
+def test_a_tracker_that_never_answers_costs_the_end_of_run_timeout_only(tmp_path, simnvml_lib):
+    """A tracking server that takes connections and never answers: the command's steps keep
+    their pace, and the watch ends once --log-timeout is spent, with one line."""
+    pytest.importorskip("mlflow")
+    with _silent_mlflow(tmp_path, simnvml_lib) as env:
         result, took = watch(tmp_path, env, "--log-to", "mlflow", "--log-timeout", "2",
                              child=training_loop(8))  # fmt: skip
     assert result.returncode == 3, result.stderr
@@ -552,12 +560,7 @@ def test_ctrl_c_while_the_watch_waits_for_a_tracker_is_one_line_and_the_exit_cod
     pytest.importorskip("mlflow")
     import psutil
 
-    with socket.socket() as server:  # listens, never accepts: requests hang
-        server.bind(("127.0.0.1", 0))
-        server.listen(16)
-        url = f"http://127.0.0.1:{server.getsockname()[1]}"
-        env = tracker_env(tmp_path, simnvml_lib, MLFLOW_TRACKING_URI=url,
-                          MLFLOW_HTTP_REQUEST_TIMEOUT="120")  # fmt: skip
+    with _silent_mlflow(tmp_path, simnvml_lib) as env:
         argv = gpuprof_cmd("watch", "--interval", "0.05", "--log-interval", "1", "-o",
                            str(tmp_path / "run"), "--log-to", "mlflow", "--log-timeout", "120",
                            "--", sys.executable, "-c", training_loop(4))  # fmt: skip
