@@ -87,7 +87,7 @@ def analyze_command(
         return
     window = _window_or_exit(run_dir, steps)
     options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
-    run, series = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
+    run, series, workers = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
     diagnosis = _diagnosis_or_exit(run_dir, run, series, workers, ray, window, options,
                                    ignore_memory)  # fmt: skip
     if json_out:
@@ -104,12 +104,14 @@ def analyze_command(
 
 def _read_or_exit(
     run_dir: Path, workers: int | None, ray: str | None, window: Any, ignore_memory: bool
-) -> tuple[Any, Any]:
-    """``(run, series)`` of ``run_dir`` for a diagnosis on ``workers``: a long run read
-    without its series (`loader.load_for_diagnosis`), ``series`` where they are, each
+) -> tuple[Any, Any, int | None]:
+    """``(run, series, workers)`` of ``run_dir`` for a diagnosis on ``workers``: a long run
+    read without its series (`loader.load_for_diagnosis`), ``series`` where they are, each
     worker of the diagnosis reading its own nodes'; else the run read whole and None. A run
-    read so whose whole diagnosis would not fit in the memory free is not diagnosed
-    (`_exit_if_too_large`, unless ``ignore_memory``); an unreadable one: one line, exit 2."""
+    read so whose whole diagnosis would not fit in the memory free is diagnosed on fewer
+    workers where those fit and none were asked for, else not at all (`_workers_that_fit`,
+    unless ``ignore_memory``); the workers to diagnose on come back. An unreadable run: one
+    line, exit 2."""
     from gpuprof import api
     from gpuprof.analyzers.diagnose import parts_min_samples
     from gpuprof.loader import load_for_diagnosis
@@ -122,8 +124,8 @@ def _read_or_exit(
         _err(str(exc))
         raise SystemExit(EXIT_BAD_INPUT) from None
     if series is not None and not ignore_memory:
-        _exit_if_too_large(run_dir, series.rows, cores)
-    return run, series
+        workers = _workers_that_fit(run_dir, series.rows, cores, asked=workers is not None)
+    return run, series, workers
 
 
 def _diagnosis_or_exit(
@@ -142,28 +144,43 @@ def _diagnosis_or_exit(
             return api.analyze(run, workers=cores, series=series, **options)
         except SeriesUnreadable:  # kept again, or damaged, since: the run read afresh
             series.discard()
-            run, series = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
-            return api.analyze(run, workers=cores, series=series, **options)
+            run, series, workers = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
+            return api.analyze(run, workers=_diagnosis_workers(workers), series=series,
+                               **options)  # fmt: skip
     except api.RunError as exc:
         _err(str(exc))
         raise SystemExit(EXIT_BAD_INPUT) from None
 
 
-def _exit_if_too_large(run_dir: Path, rows: dict[str, int], workers: int) -> None:
-    """One line and exit 3 when the whole diagnosis of the run read with ``rows`` (per table)
-    on ``workers`` processes would hold more memory than is free now (`footprint`)."""
+def _workers_that_fit(run_dir: Path, rows: dict[str, int], workers: int, asked: bool) -> int:
+    """``workers``, when the whole diagnosis of the run read with ``rows`` (per table) on that
+    many processes fits in the memory free now (`footprint`); else, when they were not
+    ``asked`` for (all cores by default), the most fewer that fit, said in one line; else
+    one line naming the ways out and exit 3."""
     from gpuprof import footprint
 
     need = footprint.whole_diagnosis_bytes(rows, workers)
     free = footprint.available_bytes()
     if not free or need <= free:
-        return
+        return workers
+    fewer = footprint.workers_that_fit(rows, workers, free)
+    if fewer and not asked:  # each worker holds copies of whole-run figures: fewer fit
+        fits = footprint.whole_diagnosis_bytes(rows, fewer)
+        print(f"gpuprof: {run_dir} is diagnosed on {fewer} workers, not {workers}: about "
+              f"{fits / 1e9:.1f} GB, and {free / 1e9:.1f} GB of memory are free",
+              file=sys.stderr)  # fmt: skip
+        return fewer
+    on_fewer = ""
+    if fewer:  # memory grows with the workers: fewer may fit
+        fits = footprint.whole_diagnosis_bytes(rows, fewer)
+        on_fewer = f"on fewer workers (--workers {fewer}: about {fits / 1e9:.1f} GB), "
     _err(
         f"{run_dir}: its whole diagnosis would hold about {need / 1e9:.1f} GB "
-        f"({rows.get('gpu', 0):,} merged GPU samples, {rows.get('spans', 0):,} spans) and "
-        f"{free / 1e9:.1f} GB of memory are free: diagnose it stretch by stretch "
-        "(--by-steps 24: one stretch per worker), one stretch of it (--steps A:B), or on a "
-        "machine with more memory (--ignore-memory tries here all the same)"
+        f"({rows.get('gpu', 0):,} merged GPU samples, {rows.get('spans', 0):,} spans, "
+        f"{workers} workers) and {free / 1e9:.1f} GB of memory are free: diagnose it "
+        f"{on_fewer}stretch by stretch (--by-steps 24: one stretch per worker), one stretch "
+        "of it (--steps A:B), or on a machine with more memory (--ignore-memory tries here "
+        "all the same)"
     )
     raise SystemExit(EXIT_TOO_LARGE)
 
@@ -239,7 +256,7 @@ def report_command(
         return
     window = _window_or_exit(run_dir, steps)
     options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
-    run, series = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
+    run, series, workers = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
     diagnosis = None
     if series is not None:
         # a long run diagnosed as `analyze` diagnoses it, then read whole for the charts:

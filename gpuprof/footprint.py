@@ -11,14 +11,23 @@ session 14):
 =========================  ==============  ==========  ===========  =========
 run                        merged samples  spans       measured     estimate
 =========================  ==============  ==========  ===========  =========
-256 GPUs × 1 h             1.30 M          0.24 M      1.17 GB      1.27 GB
-256 GPUs × 4 h             1.15 M          0.72 M      1.39 GB      1.40 GB
-1 024 GPUs × 30.7 h        17.10 M         18.29 M     19.92 GB     19.84 GB
+256 GPUs × 1 h             1.30 M          0.24 M      1.17 GB      1.32 GB
+256 GPUs × 4 h             1.15 M          0.72 M      1.39 GB      1.45 GB
+1 024 GPUs × 30.7 h        17.10 M         18.29 M     19.92 GB     20.98 GB
 =========================  ==============  ==========  ===========  =========
 
 (`SAMPLE_BYTES` and `SPAN_BYTES` fitted to the last two, `BASE_BYTES` the interpreter, pandas
-and pyarrow of two processes.) Stretch by stretch (``--by-steps``) holds one stretch per
-worker instead: 1.44 GB for the cluster-day in stretches of 24 steps.
+and pyarrow of two processes; the estimates as they are now, with `PROCESS_ROW_BYTES`.)
+Stretch by stretch (``--by-steps``) holds one stretch per worker instead: 1.44 GB for the
+cluster-day in stretches of 24 steps.
+
+Each worker also holds its own copies of figures of the whole run (what the parts combine,
+the run read without its series, touched after the fork). The cluster-day's tree PSS, in
+bytes (10⁹ = GB; the benchmarks print MiB and GiB), at this session's code (session 16):
+19.40 GB on two workers here (`bench_parts_parent.py`), 22.30, 24.41 and 26.82 GB on 4, 8
+and 16 on a 16-core machine (`many_core_check.sh`): 0.3-0.5 GB a worker where `BASE_BYTES`
+says 0.16. `PROCESS_ROW_BYTES` a row (merged sample or span) a process covers every one of
+these: the estimate is 21.0, 22.4, 25.3 and 31.1 GB (up to 16 % over, on 16 workers).
 
 ``report`` and the end of a watch diagnose a long run so, then read it whole for the charts
 and render the report: 967 MB at 256 GPUs × 1 h, 15.2 GB at the cluster-day
@@ -36,8 +45,11 @@ SPAN_BYTES = 460
 """Memory of the whole diagnosis per span."""
 BASE_BYTES = 150 * 2**20
 """Memory of each process of the diagnosis before the run: the interpreter and its libraries."""
+PROCESS_ROW_BYTES = 16
+"""Memory of each process of the diagnosis per merged sample and span of the whole run: its
+copies of the whole run's figures (the cluster-day on 2, 4, 8 and 16 workers)."""
 
-__all__ = ["available_bytes", "whole_diagnosis_bytes"]
+__all__ = ["available_bytes", "whole_diagnosis_bytes", "workers_that_fit"]
 
 
 def whole_diagnosis_bytes(rows: Mapping[str, int], workers: int) -> int:
@@ -46,7 +58,18 @@ def whole_diagnosis_bytes(rows: Mapping[str, int], workers: int) -> int:
     samples ``gpu``, its ``spans``), diagnosed by ``workers`` processes."""
     samples = int(rows.get("gpu", 0))
     spans = int(rows.get("spans", 0))
-    return SAMPLE_BYTES * samples + SPAN_BYTES * spans + BASE_BYTES * max(1, int(workers))
+    per_process = BASE_BYTES + PROCESS_ROW_BYTES * (samples + spans)
+    return SAMPLE_BYTES * samples + SPAN_BYTES * spans + per_process * max(1, int(workers))
+
+
+def workers_that_fit(rows: Mapping[str, int], workers: int, free: int) -> int:
+    """The most processes, fewer than ``workers``, whose whole diagnosis of the run read with
+    ``rows`` fits in ``free`` bytes; 0 when none does (two at the least: one process reads
+    the run whole, `analyzers.diagnose`)."""
+    for fewer in range(int(workers) - 1, 1, -1):
+        if whole_diagnosis_bytes(rows, fewer) <= free:
+            return fewer
+    return 0
 
 
 def available_bytes() -> int:

@@ -132,7 +132,8 @@ def finish(run_dir: Path, *, quiet: bool, figures: dict[str, Any] | None = None)
     diagnosis = None
     if series is not None:
         # judged as ``analyze`` judges it: a run read whole has been read
-        if _too_large(run_dir, series.rows, cores):
+        cores = _workers_that_fit(run_dir, series.rows, cores)
+        if not cores:
             return Made()
         # a long run: diagnosed first in parts that read their own nodes' series, then read
         # whole for the summary and the report (both never held at once)
@@ -160,13 +161,23 @@ def finish(run_dir: Path, *, quiet: bool, figures: dict[str, Any] | None = None)
     return Made(report, _document(diagnosis))
 
 
-def _too_large(run_dir: Path, rows: dict[str, int], workers: int) -> bool:
+def _workers_that_fit(run_dir: Path, rows: dict[str, int], workers: int) -> int:
+    """``workers`` when the whole diagnosis of the run read with ``rows`` fits in the memory
+    free on that many processes, else the most fewer that fit (one line), else 0 (one line
+    naming the commands that diagnose it later)."""
     from gpuprof import footprint
 
     need = footprint.whole_diagnosis_bytes(rows, workers)
     free = footprint.available_bytes()
     if not free or need <= free:
-        return False
+        return workers
+    fewer = footprint.workers_that_fit(rows, workers, free)
+    if fewer:  # each worker holds copies of whole-run figures: fewer fit
+        fits = footprint.whole_diagnosis_bytes(rows, fewer)
+        print(f"gpuprof: {run_dir} is diagnosed on {fewer} workers, not {workers}: about "
+              f"{fits / 1e9:.1f} GB, and {free / 1e9:.1f} GB of memory are free",
+              file=sys.stderr)  # fmt: skip
+        return fewer
     _err(
         f"the summary and report of {run_dir} are not made here: its whole diagnosis would "
         f"hold about {need / 1e9:.1f} GB ({rows.get('gpu', 0):,} merged GPU samples, "
@@ -174,7 +185,7 @@ def _too_large(run_dir: Path, rows: dict[str, int], workers: int) -> bool:
         f"is saved: gpuprof analyze {run_dir} --by-steps {BY_STEPS} (and gpuprof report "
         f"--by-steps {BY_STEPS}) diagnoses it stretch by stretch"
     )
-    return True
+    return 0
 
 
 def _diagnose(run_dir: Path, run: Any, figures: dict[str, Any], workers: int, **kw: Any):

@@ -351,7 +351,8 @@ def test_a_whole_diagnosis_too_large_for_the_memory_free_is_not_started(
     want = render_json(api.analyze(whole, workers=1).to_dict())
     rows = {"gpu": len(whole.gpu), "spans": len(whole.spans)}
     need = footprint.whole_diagnosis_bytes(rows, 2)
-    assert need == 650 * rows["gpu"] + 460 * rows["spans"] + 2 * footprint.BASE_BYTES
+    per_process = footprint.BASE_BYTES + 16 * (rows["gpu"] + rows["spans"])
+    assert need == 650 * rows["gpu"] + 460 * rows["spans"] + 2 * per_process
     monkeypatch.setattr(footprint, "available_bytes", lambda: need - 1)
     with pytest.raises(SystemExit) as stopped:
         analyze_command(run_dir, json_out=True, workers=2)
@@ -371,6 +372,23 @@ def test_a_whole_diagnosis_too_large_for_the_memory_free_is_not_started(
     analyze_command(run_dir, json_out=True, workers=2)
     assert capsys.readouterr().out.strip() == want.strip()
     assert len(small_runs_in_parts) == 3
+    # each worker holds its own copies of whole-run figures: on fewer, it may fit
+    monkeypatch.setattr(footprint, "available_bytes", lambda: need)
+    with pytest.raises(SystemExit) as stopped:
+        analyze_command(run_dir, json_out=True, workers=4)
+    assert stopped.value.code == 3
+    said = capsys.readouterr().err
+    assert f"4 workers) and {need / 1e9:.1f} GB of memory are free" in said
+    assert f"on fewer workers (--workers 2: about {need / 1e9:.1f} GB)" in said
+    assert footprint.workers_that_fit(rows, 4, need - 1) == 0  # not even two
+    # not asked for (all the cores, here four): diagnosed on the fewer that fit, said so
+    monkeypatch.setenv("GPUPROF_WORKERS", "4")
+    analyze_command(run_dir, json_out=True)
+    said = capsys.readouterr()
+    assert said.out.strip() == want.strip()
+    gb = f"{need / 1e9:.1f} GB"
+    assert said.err == (f"gpuprof: {run_dir} is diagnosed on 2 workers, not 4: about {gb}, "
+                        f"and {gb} of memory are free\n")  # fmt: skip
 
 
 def test_a_run_read_whole_is_not_judged_by_the_estimate(kept, capsys, monkeypatch):
@@ -459,6 +477,13 @@ def test_the_end_of_a_watch_diagnoses_a_long_run_in_parts_then_reports_it(
     assert len(err) == 1 and "are not made here" in err[0]
     assert f"gpuprof analyze {run_dir} --by-steps 24" in err[0]
     assert not (run_dir / "report.html").exists() and len(small_runs_in_parts) == 1
+    # four cores, memory for two: diagnosed on two, said in one line, the same document
+    monkeypatch.setenv("GPUPROF_WORKERS", "4")
+    monkeypatch.setattr(footprint, "available_bytes",
+                        lambda: footprint.whole_diagnosis_bytes(rows, 2))  # fmt: skip
+    made = watch_end.finish(run_dir, quiet=True)
+    assert made.document == want and made.report.exists()
+    assert "is diagnosed on 2 workers, not 4" in capsys.readouterr().err
 
 
 def test_report_diagnoses_a_long_run_as_analyze_does_and_says_when_it_will_not_fit(
