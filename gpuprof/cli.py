@@ -165,10 +165,7 @@ def _workers_that_fit(run_dir: Path, rows: dict[str, int], workers: int, asked: 
         return workers
     fewer = footprint.workers_that_fit(rows, workers, free)
     if fewer and not asked:  # each worker holds copies of whole-run figures: fewer fit
-        fits = footprint.whole_diagnosis_bytes(rows, fewer)
-        print(f"gpuprof: {run_dir} is diagnosed on {fewer} workers, not {workers}: about "
-              f"{fits / 1e9:.1f} GB, and {free / 1e9:.1f} GB of memory are free",
-              file=sys.stderr)  # fmt: skip
+        print(footprint.fewer_workers_line(run_dir, rows, fewer, workers, free), file=sys.stderr)
         return fewer
     on_fewer = ""
     if fewer:  # memory grows with the workers: fewer may fit

@@ -49,7 +49,7 @@ PROCESS_ROW_BYTES = 16
 """Memory of each process of the diagnosis per merged sample and span of the whole run: its
 copies of the whole run's figures (the cluster-day on 2, 4, 8 and 16 workers)."""
 
-__all__ = ["available_bytes", "whole_diagnosis_bytes", "workers_that_fit"]
+__all__ = ["available_bytes", "fewer_workers_line", "whole_diagnosis_bytes", "workers_that_fit"]
 
 
 def whole_diagnosis_bytes(rows: Mapping[str, int], workers: int) -> int:
@@ -70,6 +70,14 @@ def workers_that_fit(rows: Mapping[str, int], workers: int, free: int) -> int:
         if whole_diagnosis_bytes(rows, fewer) <= free:
             return fewer
     return 0
+
+
+def fewer_workers_line(run_dir: object, rows: Mapping[str, int], fewer: int, workers: int,
+                       free: int) -> str:  # fmt: skip
+    """The line saying the run is diagnosed on ``fewer`` workers than ``workers``, and why."""
+    fits = whole_diagnosis_bytes(rows, fewer)
+    return (f"gpuprof: {run_dir} is diagnosed on {fewer} workers, not {workers}: about "
+            f"{fits / 1e9:.1f} GB, and {free / 1e9:.1f} GB of memory are free")  # fmt: skip
 
 
 def available_bytes() -> int:

@@ -132,7 +132,7 @@ def finish(run_dir: Path, *, quiet: bool, figures: dict[str, Any] | None = None)
     diagnosis = None
     if series is not None:
         # judged as ``analyze`` judges it: a run read whole has been read
-        cores = _workers_that_fit(run_dir, series.rows, cores)
+        cores = _workers_that_fit(run_dir, series.rows, cores, quiet)
         if not cores:
             return Made()
         # a long run: diagnosed first in parts that read their own nodes' series, then read
@@ -161,10 +161,10 @@ def finish(run_dir: Path, *, quiet: bool, figures: dict[str, Any] | None = None)
     return Made(report, _document(diagnosis))
 
 
-def _workers_that_fit(run_dir: Path, rows: dict[str, int], workers: int) -> int:
+def _workers_that_fit(run_dir: Path, rows: dict[str, int], workers: int, quiet: bool) -> int:
     """``workers`` when the whole diagnosis of the run read with ``rows`` fits in the memory
-    free on that many processes, else the most fewer that fit (one line), else 0 (one line
-    naming the commands that diagnose it later)."""
+    free on that many processes, else the most fewer that fit (one line, unless ``quiet``),
+    else 0 (one line naming the commands that diagnose it later)."""
     from gpuprof import footprint
 
     need = footprint.whole_diagnosis_bytes(rows, workers)
@@ -173,10 +173,9 @@ def _workers_that_fit(run_dir: Path, rows: dict[str, int], workers: int) -> int:
         return workers
     fewer = footprint.workers_that_fit(rows, workers, free)
     if fewer:  # each worker holds copies of whole-run figures: fewer fit
-        fits = footprint.whole_diagnosis_bytes(rows, fewer)
-        print(f"gpuprof: {run_dir} is diagnosed on {fewer} workers, not {workers}: about "
-              f"{fits / 1e9:.1f} GB, and {free / 1e9:.1f} GB of memory are free",
-              file=sys.stderr)  # fmt: skip
+        if not quiet:
+            print(footprint.fewer_workers_line(run_dir, rows, fewer, workers, free),
+                  file=sys.stderr)  # fmt: skip
         return fewer
     _err(
         f"the summary and report of {run_dir} are not made here: its whole diagnosis would "

@@ -481,9 +481,12 @@ def test_the_end_of_a_watch_diagnoses_a_long_run_in_parts_then_reports_it(
     monkeypatch.setenv("GPUPROF_WORKERS", "4")
     monkeypatch.setattr(footprint, "available_bytes",
                         lambda: footprint.whole_diagnosis_bytes(rows, 2))  # fmt: skip
-    made = watch_end.finish(run_dir, quiet=True)
+    made = watch_end.finish(run_dir, quiet=False)
     assert made.document == want and made.report.exists()
     assert "is diagnosed on 2 workers, not 4" in capsys.readouterr().err
+    made.report.unlink()
+    assert watch_end.finish(run_dir, quiet=True).document == want  # --quiet: not a word
+    assert capsys.readouterr().err == ""
 
 
 def test_report_diagnoses_a_long_run_as_analyze_does_and_says_when_it_will_not_fit(
