@@ -584,3 +584,30 @@ def test_speedscope_document_validates_against_the_file_format():
         assert len(profile["samples"]) == len(profile["weights"])
         assert profile["endValue"] >= profile["startValue"]
     assert doc["exporter"].startswith("gpuprof@")
+
+
+def test_a_round_that_ended_before_it_was_stopped_still_counts_its_cpu(tmp_path):
+    """The end of the watch interrupts every running py-spy; one that had just ended is
+    reaped by ``wait4`` then, with its CPU time (the cost event's ``pyspy_cpu_s``), not by
+    `Popen.send_signal`'s poll, which loses it."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    sampler = collector.StackSampler(_Writer(), "h", list, pyspy="py-spy")
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    proc = subprocess.Popen([sys.executable, "-c", burn])
+    deadline = time.monotonic() + 30
+    while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:  # ended, not reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    target = collector.Target(os.getpid(), "main", "python")
+    out = tmp_path / "round.json"
+    sampler._running[proc.pid] = collector._Round(target, 2, proc, str(out), str(tmp_path / "log"),
+                                                  0, time.monotonic(), False)  # fmt: skip
+    sampler._finish_all()
+    assert proc.returncode == 0 and not sampler._running
+    assert sampler.pyspy_cpu_s >= 0.25
+    sampler.stop()

@@ -272,6 +272,15 @@ class _Round:
     interrupted: bool = False
 
 
+def _signal(rnd: _Round, signum: int) -> None:
+    """Send ``signum`` to a round's py-spy unless it has been reaped. Not `Popen.send_signal`:
+    that polls first, and a py-spy that had just exited would be reaped there, its CPU time
+    (what `_reap` adds up from ``wait4``) lost. Unreaped, its pid cannot have been reused."""
+    if rnd.proc.returncode is None:
+        with contextlib.suppress(OSError):
+            os.kill(rnd.proc.pid, signum)
+
+
 class StackSampler:
     """Samples the Python stacks of the processes ``targets()`` offers into ``writer``.
 
@@ -383,8 +392,7 @@ class StackSampler:
             elif boost and not rnd.idle and not rnd.interrupted and (
                     now_s - rnd.started_s >= MIN_ROUND_S):  # fmt: skip
                 rnd.interrupted = True  # the GPUs went idle: restart at the idle rate
-                with contextlib.suppress(OSError):
-                    rnd.proc.send_signal(signal.SIGINT)
+                _signal(rnd, signal.SIGINT)
 
     def idle_rate_for(self, processes: int) -> int:
         """The idle rate of each of ``processes`` processes wanting it: `idle_rate_hz`,
@@ -524,15 +532,13 @@ class StackSampler:
     def _finish_all(self) -> None:
         for rnd in self._running.values():
             rnd.interrupted = True
-            with contextlib.suppress(OSError):
-                rnd.proc.send_signal(signal.SIGINT)
+            _signal(rnd, signal.SIGINT)
         deadline = time.monotonic() + STOP_WAIT_S
         for pid, rnd in list(self._running.items()):
             while not self._reap(rnd, block=False) and time.monotonic() < deadline:
                 time.sleep(0.02)
             if rnd.proc.returncode is None:  # stuck: its round is lost
-                with contextlib.suppress(OSError):
-                    rnd.proc.kill()
+                _signal(rnd, signal.SIGKILL)
                 self._say(f"Python stacks: py-spy did not stop within {STOP_WAIT_S:g} s of "
                           f"SIGINT: the last {self.round_s} s of stacks of process "
                           f"{rnd.target.pid} ({rnd.target.name}) at most are lost",
