@@ -192,8 +192,10 @@ def _phase_wall(ctx: AnalysisContext, phase: str) -> float:
 def _owned_in_phase(ctx: AnalysisContext, s: pd.DataFrame, phase: str) -> int:
     """How many GPUs of ``s`` have an owner that recorded a ``phase`` span."""
     sp = _spans(ctx)
-    owners = sp.loc[sp["phase"] == phase, ["host", "pid"]]
-    owners = {(h, float(p)) for h, p in zip(owners["host"], owners["pid"])}
+    # distinct first: a set built over every span's row iterates pandas' text column in Python
+    # (seconds over a cluster-day's spans); a usable span's pid is finite, so each is one key
+    owners = sp.loc[sp["phase"] == phase, ["host", "pid"]].drop_duplicates()
+    owners = {(h, float(p)) for h, p in zip(owners["host"].tolist(), owners["pid"].tolist())}
 
     # the (owner_host, pid) of each distinct (owner_host, pid, host, gpu) of the samples
     def owned() -> list[tuple[Any, float]]:
