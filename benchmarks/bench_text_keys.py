@@ -10,7 +10,7 @@ medians:
 - the processes' order of step rows: ``np.argsort`` of ``host:pid`` strings against
   `grouping.stable_order`;
 - the straggler figures of `imbalance._stragglers`: group-bys on (phase, step, throttled)
-  text columns against one int64 code (`imbalance._group_keys`);
+  text columns against one int64 code (`imbalance._paces`);
 - the owners of a phase's spans (`_phase._owned_in_phase`): a set over every row against
   one over the distinct rows.
 
@@ -31,7 +31,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuprof.analyzers.grouping import stable_order
-from gpuprof.analyzers.stalls.imbalance import _group_keys
+from gpuprof.analyzers.stalls.imbalance import _paces
 
 PHASES = ["rollout", "reward", "old_log_prob", "ref", "update_actor", "reshard"]
 
@@ -59,19 +59,8 @@ def _figures_old(per: pd.DataFrame) -> pd.DataFrame:
     per["med"] = others.groupby([per["phase"], per["step"], per["hot"]], sort=False).transform(
         "median"
     )
+    per["med"] = per["med"].fillna(per["mx"])
     per["all_gpus"] = per.groupby(["phase", "step"], sort=False)["n_gpu"].transform("sum")
-    return per
-
-
-def _figures_new(per: pd.DataFrame) -> pd.DataFrame:
-    per = per.copy()
-    phase_step, subgroup = _group_keys(per)
-    by = per["dur"].groupby(subgroup, sort=False)
-    per["ranks"] = by.transform("size")
-    per["mx"] = by.transform("max")
-    others = per["dur"].where(per["dur"] < per["mx"])
-    per["med"] = others.groupby(subgroup, sort=False).transform("median")
-    per["all_gpus"] = per["n_gpu"].groupby(phase_step, sort=False).transform("sum")
     return per
 
 
@@ -88,7 +77,7 @@ def _owners_new(spans: pd.DataFrame) -> set:
 CASES = {
     "process order": (lambda d: np.argsort(d["owners"], kind="stable"),
                       lambda d: stable_order(d["owners"])),
-    "straggler figures": (lambda d: _figures_old(d["per"]), lambda d: _figures_new(d["per"])),
+    "straggler figures": (lambda d: _figures_old(d["per"]), lambda d: _paces(d["per"].copy())),
     "owners of a phase": (lambda d: _owners_old(d["spans"]), lambda d: _owners_new(d["spans"])),
 }  # fmt: skip
 

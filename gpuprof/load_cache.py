@@ -205,12 +205,13 @@ class KeptSeries:
         where = self.run_dir / DIRNAME
         try:
             with open(where / "run.json", encoding="utf-8") as handle:
-                if str(json.load(handle).get("made")) != self._made:
-                    return
+                made = str(json.load(handle).get("made"))
         except FileNotFoundError:
             return
         except Exception:  # its own description damaged too: it goes as well
-            pass
+            made = self._made
+        if made != self._made:
+            return
         old = self.run_dir / f"{DIRNAME}.old-{uuid.uuid4().hex[:8]}"
         with contextlib.suppress(OSError):
             where.rename(old)

@@ -61,16 +61,7 @@ def _stragglers(parts: Parts, th: Thresholds) -> Finding | None:
     per = per[np.isfinite(per["n_gpu"].to_numpy(np.float64))]
     if per.empty:
         return None
-    phase_step, subgroup = _group_keys(per)
-    by = per["dur"].groupby(subgroup, sort=False)
-    per["ranks"] = by.transform("size")
-    per["mx"] = by.transform("max")
-    # the pace the others kept: the median of every rank but the slowest (with two ranks the
-    # median of both would hide half the delay)
-    others = per["dur"].where(per["dur"] < per["mx"])
-    per["med"] = others.groupby(subgroup, sort=False).transform("median")
-    per["med"] = per["med"].fillna(per["mx"])
-    per["all_gpus"] = per["n_gpu"].groupby(phase_step, sort=False).transform("sum")
+    per = _paces(per)
     per = per[per["ranks"] >= 2]
     if per.empty:
         return None
@@ -169,6 +160,23 @@ def _spread(ctx: AnalysisContext) -> dict:
         ).groupby(gpu[keep], sort=True)  # fmt: skip
         out["per_gpu"] = pd.DataFrame({"util": per_gpu["util"].mean(), "mem": per_gpu["mem"].max()})
     return out
+
+
+def _paces(per: pd.DataFrame) -> pd.DataFrame:
+    """``per`` (rank-steps: ``phase``, ``step``, ``hot``, ``dur`` s, ``n_gpu``) with, per
+    (phase, step, throttled or not), its ``ranks``, the slowest's ``mx`` s and ``med`` s, the
+    pace the others kept; and ``all_gpus``, the GPUs of each (phase, step)."""
+    phase_step, subgroup = _group_keys(per)
+    by = per["dur"].groupby(subgroup, sort=False)
+    per["ranks"] = by.transform("size")
+    per["mx"] = by.transform("max")
+    # the pace the others kept: the median of every rank but the slowest (with two ranks the
+    # median of both would hide half the delay)
+    others = per["dur"].where(per["dur"] < per["mx"])
+    per["med"] = others.groupby(subgroup, sort=False).transform("median")
+    per["med"] = per["med"].fillna(per["mx"])
+    per["all_gpus"] = per["n_gpu"].groupby(phase_step, sort=False).transform("sum")
+    return per
 
 
 def _group_keys(per: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
