@@ -141,7 +141,14 @@ def _read_table(
     import pyarrow as pa
 
     pieces = []
-    for part in spec.get("parts") or [{"file": f"{table}.arrow", **spec}]:
+    listed = spec.get("parts") or [{"file": f"{table}.arrow", **spec}]
+    if hosts is not None and not empty:
+        # a part that names its hosts and none of these holds none of their rows: unopened
+        # (one node's spans of a cluster-day are one file of 128, not all of them decoded)
+        wanted = {str(h) for h in hosts}
+        named = [p for p in listed if p.get("hosts") is None or wanted & set(p["hosts"])]
+        listed = named or listed[:1]  # one read for the columns when no part holds them
+    for part in listed:
         with pa.memory_map(str(where / part["file"])) as source:
             reader = pa.ipc.open_file(source)
             # a file of another writing (two loads keeping at once, under different
@@ -474,6 +481,8 @@ def write_part(into: tuple[Path, str], table: str, index: int, frame: pd.DataFra
     where, made = into
     data, spec = _arrow(table, frame)
     spec.update(_times(table, frame))
+    if "host" in frame:  # a node's read (`KeptSeries.read`) opens only the parts it is in
+        spec["hosts"] = sorted({str(h) for h in frame["host"].dropna().unique()})
     name = f"{table}.{index:05d}.arrow"
     data = data.replace_schema_metadata({_MADE: made})
     options = pa.ipc.IpcWriteOptions(compression="lz4")
@@ -551,8 +560,12 @@ def _joined(table: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
         "columns": columns,
         "rows": sum(p["rows"] for p in parts),
         "attrs": first.get("attrs") or {},
-        "parts": [{"file": p["file"], "rows": p["rows"], "times": p.get("times")} for p in parts],
-    }
+        "parts": [
+            {"file": p["file"], "rows": p["rows"], "times": p.get("times"),
+             **({"hosts": p["hosts"]} if "hosts" in p else {})}
+            for p in parts
+        ],
+    }  # fmt: skip
     for key in ("time", "overlap"):
         if key in first:
             spec[key] = first[key]

@@ -79,6 +79,7 @@ def diagnose(
     context: AnalysisContext | None = None,
     workers: int = 1,
     series: Any = None,
+    budget: int | None = None,
 ) -> Diagnosis:
     """Findings, recommendations and summary of ``run`` (no I/O but ``series``).
 
@@ -97,9 +98,20 @@ def diagnose(
     (`load_cache.KeptSeries`, `loader.load_for_diagnosis`): in parts, each worker reads its
     nodes' own; otherwise they are read here first. Raises `load_cache.SeriesUnreadable`
     when they no longer read (the run was kept again meanwhile, or its kept form damaged).
+
+    ``budget``: bytes the parts of a run of several nodes may hold in memory, all processes
+    together: the run is diagnosed node by node on ``workers`` processes (one: this one
+    alone), the parts used longest ago written to disk when the budget is full
+    (`held_parts`); the same diagnosis, whatever the budget. Raises `store.RunError` when it
+    cannot go on so (a part does not read back, the disk is full) rather than read the run
+    whole here.
     """
     th = thresholds or Thresholds()
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
+    if budget is not None and "samples" not in ctx.__dict__:
+        got = _within(run, th, ctx, workers, series, budget)
+        if got is not None:
+            return got
     samples = series.rows.get("gpu", 0) if series is not None else len(run.gpu)
     least = parts_min_samples(workers)
     if least is not None and samples >= least and "samples" not in ctx.__dict__:
@@ -121,6 +133,27 @@ def diagnose(
         if options is not None:
             ctx.__dict__["_efficiency_options"] = options
     return diagnose_parts(Parts.of(ctx), th, workers=workers)
+
+
+def _within(
+    run: Run, th: Thresholds, ctx: AnalysisContext, workers: int, series: Any, budget: int
+) -> Diagnosis | None:
+    """`diagnose` within ``budget`` (node by node, parts written out when it is full); None
+    for a run of one node, which is not cut."""
+    from gpuprof.analyzers.held_parts import SpillFailed
+    from gpuprof.analyzers.part_workers import PartsLost, WorkerParts
+    from gpuprof.analyzers.parts import node_groups
+
+    if node_groups(run, None, series=series) is None:
+        return None
+    options = ctx.__dict__.get("_efficiency_options")
+    try:
+        with WorkerParts(run, workers, options=options, series=series, budget=budget) as parts:
+            return diagnose_parts(parts, th)
+    except (PartsLost, SpillFailed) as exc:
+        from gpuprof.store import RunError
+
+        raise RunError(f"the diagnosis within {budget / 1e9:.1f} GB stopped: {exc}") from None
 
 
 def parts_min_samples(workers: int) -> int | None:

@@ -1,0 +1,287 @@
+"""The parts one process holds, within a memory budget: those not in use spilled to disk.
+
+A diagnosis made of parts (`parts.Parts`) calls every part some 80 times (``map``), each call
+reading what earlier ones derived and claimed. `HeldParts` keeps the parts of one process
+(the worker's nodes, `part_workers`): without a budget all of them in memory, as made; with
+one, a part is made when first used (its nodes' rows read then, `load_cache.KeptSeries`),
+and after each use the parts used longest ago are written out — everything their context
+holds, its claims and figures as they are — until those left fit the budget. A part
+written out is read back, as it was, when next used. Each call visits the parts in the
+other direction than the last, so the parts it starts with are those the last one kept.
+
+What a context holds is written as one pickle per spill, with each large frame, series,
+index and array in it written once to the part's file of objects and named by a token:
+a frame shared by two figures is one frame again when read back, and a spill after a call
+writes only what that call made. The diagnosis is the same to the byte whether its parts
+stay in memory or go to disk after every call (tests/test_held_parts.py).
+
+The files are this process's own, in a directory removed when the parts close; pickle is
+safe here because nothing else writes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuprof.analyzers.findings import AnalysisContext
+
+__all__ = ["HeldParts", "SpillFailed", "context_bytes"]
+
+NOT_SPILLED = ("_found", "_parts", "_per_frame_cache")
+"""Context entries never written out: the run's findings (one list, shared by the process's
+parts and set again when read back), the parts themselves, and figures kept per frame
+object (the frames read back are other objects: computed again when asked)."""
+
+ITEM_ARRAY_BYTES = 64 * 1024
+"""Arrays from this size are written once as objects of their own; smaller ones are
+written with what holds them, at each spill."""
+
+ITEM_INDEX_ROWS = 4096
+"""Indexes from this length are written once as objects of their own."""
+
+
+class SpillFailed(BaseException):
+    """A part could not be written out or read back (disk full, the directory removed): the
+    diagnosis cannot go on within its budget. A `BaseException`, so that the detectors'
+    guard (``except Exception``) lets it through."""
+
+
+def context_bytes(ctx: AnalysisContext) -> int:
+    """About how many bytes ``ctx`` holds: the data of every frame, series, index and array
+    its entries reach (each counted once), which is most of a part."""
+    seen: set[int] = set()
+    total = 0
+    stack: list[Any] = [v for k, v in ctx.__dict__.items() if k not in ("_found", "_parts")]
+    stack.append(ctx.run)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, pd.DataFrame | pd.Series | pd.Index):
+            total += _frame_bytes(obj)
+        elif isinstance(obj, np.ndarray):
+            total += obj.nbytes if obj.base is None or id(obj.base) not in seen else 0
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+            stack.extend(k for k in obj if isinstance(k, tuple))
+        elif isinstance(obj, list | tuple | set | frozenset):
+            if len(obj) < 100_000:
+                stack.extend(obj)
+            else:  # a long list of plain values: its pointers and about as much again
+                total += 16 * len(obj)
+        elif hasattr(obj, "__dataclass_fields__"):
+            stack.extend(getattr(obj, f) for f in obj.__dataclass_fields__)
+    return total
+
+
+def _frame_bytes(obj: pd.DataFrame | pd.Series | pd.Index) -> int:
+    try:
+        got = obj.memory_usage(index=True, deep=False)
+        return int(got.sum()) if isinstance(got, pd.Series) else int(got)
+    except Exception:  # an exotic column: its length in pointers
+        return 8 * len(obj)
+
+
+class _Items:
+    """One part's file of large objects: each written once, read back by its token."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._at: dict[int, tuple[int, int]] = {}  # token → (offset, length)
+        self._by_id: dict[int, tuple[int, Any, tuple]] = {}  # id → (token, object, shape)
+        self._next = 0
+
+    def forget(self) -> None:
+        """The objects written so far are no longer in memory (their ids may be reused)."""
+        self._by_id.clear()
+
+    def token(self, obj: Any) -> int:
+        known = self._by_id.get(id(obj))
+        shape = _shape(obj)
+        if known is not None and known[1] is obj and known[2] == shape:
+            return known[0]
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        with open(self.path, "ab") as handle:
+            at = handle.seek(0, io.SEEK_END)
+            handle.write(data)
+        token = self._next
+        self._next += 1
+        self._at[token] = (at, len(data))
+        self._by_id[id(obj)] = (token, obj, shape)
+        return token
+
+    def load(self, token: int, handle: Any) -> Any:
+        at, length = self._at[token]
+        handle.seek(at)
+        obj = pickle.loads(handle.read(length))
+        self._by_id[id(obj)] = (token, obj, _shape(obj))
+        return obj
+
+
+def _shape(obj: Any) -> tuple:
+    """What tells an object written out from the same object changed in place since (a
+    column added to a frame)."""
+    if isinstance(obj, pd.DataFrame):
+        return (obj.shape, tuple(obj.columns))
+    return (getattr(obj, "shape", None), str(getattr(obj, "dtype", "")))
+
+
+def _is_item(obj: Any) -> bool:
+    if isinstance(obj, pd.DataFrame | pd.Series):
+        return True
+    if isinstance(obj, pd.Index):
+        return len(obj) >= ITEM_INDEX_ROWS
+    return isinstance(obj, np.ndarray) and obj.nbytes >= ITEM_ARRAY_BYTES and obj.dtype != object
+
+
+class _Writer(pickle.Pickler):
+    def __init__(self, file: Any, items: _Items):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._items = items
+
+    def persistent_id(self, obj: Any) -> int | None:
+        return self._items.token(obj) if _is_item(obj) else None
+
+
+class _Reader(pickle.Unpickler):
+    def __init__(self, file: Any, items: _Items, handle: Any):
+        super().__init__(file)
+        self._items = items
+        self._handle = handle
+        self._loaded: dict[int, Any] = {}
+
+    def persistent_load(self, pid: Any) -> Any:
+        token = int(pid)
+        if token not in self._loaded:  # one object, however many entries hold it
+            self._loaded[token] = self._items.load(token, self._handle)
+        return self._loaded[token]
+
+
+class HeldParts:
+    """``count`` parts, part ``i`` made by ``make(i)`` when first used. ``budget``: bytes
+    the parts may hold in memory together (`context_bytes`; at least the part in use
+    stays), None for no limit (all kept as made). ``spill_dir``: where this process's
+    directory of parts written out goes (a temporary directory by default). ``found``:
+    the run's findings, set on every part (made or read back)."""
+
+    def __init__(
+        self,
+        make: Callable[[int], AnalysisContext],
+        count: int,
+        *,
+        budget: int | None = None,
+        spill_dir: str | os.PathLike | None = None,
+        found: list | None = None,
+    ):
+        self._make = make
+        self.count = count
+        self.budget = budget
+        self._root = spill_dir
+        self._dir: Path | None = None
+        self._found = found if found is not None else []
+        self._held: dict[int, AnalysisContext] = {}  # in order of last use
+        self._sizes: dict[int, int] = {}
+        self._spilled: dict[int, tuple[Path, _Items]] = {}
+        self._forward = True
+        self.spills = 0
+        """Parts written out so far."""
+        self.restores = 0
+        """Parts read back so far."""
+
+    def map(self, fn: Callable[..., Any], args: tuple = ()) -> list[Any]:
+        """``fn(part, *args)`` of every part, in part order."""
+        order = range(self.count) if self._forward else range(self.count - 1, -1, -1)
+        self._forward = not self._forward
+        out: list[Any] = [None] * self.count
+        for i in order:
+            ctx = self._get(i)
+            try:
+                out[i] = fn(ctx, *args)
+            finally:
+                if self.budget is not None:
+                    self._sizes[i] = context_bytes(ctx)
+                    self._fit(keep=i)
+        return out
+
+    def contexts(self) -> list[AnalysisContext]:
+        """Every part, made or read back (all in memory: for a run of one part, or tests)."""
+        return [self._get(i) for i in range(self.count)]
+
+    def _get(self, i: int) -> AnalysisContext:
+        ctx = self._held.pop(i, None)
+        if ctx is None:
+            ctx = self._read_back(i) if i in self._spilled else self._make(i)
+            ctx.__dict__["_found"] = self._found
+        self._held[i] = ctx  # the last used, last
+        return ctx
+
+    def _fit(self, keep: int) -> None:
+        evicted = False
+        while len(self._held) > 1 and sum(self._sizes.get(i, 0) for i in self._held) > self.budget:
+            oldest = next(i for i in self._held if i != keep)
+            self._spill(oldest)
+            evicted = True
+        if evicted and not gc.isenabled():  # a worker runs without the collector
+            gc.collect()
+
+    def _spill(self, i: int) -> None:
+        ctx = self._held.pop(i)
+        self._sizes.pop(i, None)
+        try:
+            if self._dir is None:
+                self._dir = Path(tempfile.mkdtemp(prefix="gpuprof-spill-", dir=self._root))
+            entries, items = self._spilled.get(i) or (
+                self._dir / f"part-{i}.pkl",
+                _Items(self._dir / f"part-{i}.items"),
+            )
+            state = {k: v for k, v in ctx.__dict__.items() if k not in NOT_SPILLED}
+            items.path.touch()
+            tmp = entries.with_suffix(".tmp")
+            with open(tmp, "wb") as handle:
+                _Writer(handle, items).dump(state)
+            os.replace(tmp, entries)
+        except (OSError, pickle.PicklingError) as exc:
+            raise SpillFailed(f"a part could not be written out: {exc}") from exc
+        items.forget()
+        self._spilled[i] = (entries, items)
+        self.spills += 1
+
+    def _read_back(self, i: int) -> AnalysisContext:
+        entries, items = self._spilled[i]
+        try:
+            with open(items.path, "rb") as handle, open(entries, "rb") as source:
+                state = _Reader(source, items, handle).load()
+        except (OSError, pickle.UnpicklingError, EOFError) as exc:
+            raise SpillFailed(f"a part written out does not read back: {exc}") from exc
+        ctx = AnalysisContext.__new__(AnalysisContext)
+        ctx.__dict__.update(state)
+        self.restores += 1
+        return ctx
+
+    def close(self) -> None:
+        """Remove what was written out (idempotent)."""
+        self._held.clear()
+        self._spilled.clear()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> HeldParts:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
