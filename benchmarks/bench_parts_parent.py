@@ -1,6 +1,6 @@
 """Where the time of `analyze` goes when a long run is diagnosed in worker parts, measured.
 
-    python benchmarks/bench_parts_parent.py RUN_DIR [--workers 2]
+    python benchmarks/bench_parts_parent.py RUN_DIR [--workers 2] [--budget GB]
 
 `bench_parts_scaling.py` times the parts' calls in one process, so it holds every part at
 once: a cluster-day does not fit that way. This runs `analyze`'s own path in this process
@@ -37,7 +37,7 @@ from gpuprof.analyzers.diagnose import parts_min_samples  # noqa: E402
 from gpuprof.reports.fmt import render_json  # noqa: E402
 
 
-def clocked(run_dir: Path, workers: int) -> None:
+def clocked(run_dir: Path, workers: int, budget: int | None = None) -> None:
     """`analyze`'s path in this process, clocked; prints the figures and the digest."""
     clocks = {"made": 0.0, "waiting": 0.0}
     real_init, real_map = part_workers.WorkerParts.__init__, part_workers.WorkerParts.map
@@ -61,7 +61,15 @@ def clocked(run_dir: Path, workers: int) -> None:
     run, series = loader.load_for_diagnosis(run_dir, workers=workers,
                                             defer_from=parts_min_samples(workers))  # fmt: skip
     t1 = time.perf_counter()
-    doc = render_json(api.analyze(run, workers=workers, series=series).to_dict())
+    spilled = []
+    real_close = part_workers.WorkerParts.close
+
+    def counted_close(self):
+        spilled.append(self.spilled)
+        real_close(self)
+
+    part_workers.WorkerParts.close = counted_close
+    doc = render_json(api.analyze(run, workers=workers, series=series, budget=budget).to_dict())
     t2 = time.perf_counter()
     serial = (t2 - t1) - clocks["waiting"] - clocks["made"]
     print(f"series read by the workers: {series is not None}")
@@ -70,6 +78,9 @@ def clocked(run_dir: Path, workers: int) -> None:
     print(f"  made      {clocks['made']:8.2f} s  (the parts: census, forks, this process's part)")
     print(f"  waiting   {clocks['waiting']:8.2f} s  (in the parts' calls)")
     print(f"  serial    {serial:8.2f} s  (the rest)")
+    if budget is not None:
+        print(f"budget {budget / 1e9:.2f} GB: this process wrote out {spilled[0][0]} parts, "
+              f"read back {spilled[0][1]}")  # fmt: skip
     print("sha256", hashlib.sha256(doc.encode()).hexdigest())
 
 
@@ -77,14 +88,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--budget", type=float, default=None,
+                        help="GB the parts may hold, all processes together (analyze's "
+                             "--max-memory less the processes' own)")  # fmt: skip
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner:
-        clocked(args.run, args.workers)
+        clocked(args.run, args.workers, None if args.budget is None else int(args.budget * 1e9))
         return
     # measured from a small spawner: the tree's PSS is the analysis's own
+    budget = ["--budget", str(args.budget)] if args.budget is not None else []
     got = measure.run([sys.executable, __file__, str(args.run), "--workers", str(args.workers),
-                       "--inner"], poll=True, check=True)  # fmt: skip
+                       "--inner", *budget], poll=True, check=True)  # fmt: skip
     print(f"run: {args.run}  workers: {args.workers}")
     print(got["stdout"].decode(), end="")
     print(f"wall {got['wall_s']:.2f} s, CPU {got['user_s'] + got['sys_s']:.2f} s, "

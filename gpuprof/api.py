@@ -796,6 +796,8 @@ def analyze(
     context=None,
     workers: int = 1,
     series=None,
+    budget: int | None = None,
+    spill_dir: str | None = None,
 ):
     """The diagnosis of a loaded run (`gpuprof.analyzers.diagnose.Diagnosis`).
 
@@ -807,7 +809,9 @@ def analyze(
     same time (`diagnose`'s ``workers``; the same diagnosis). ``series``: where the sampled
     series of a run read without them are (`loader.load_for_diagnosis`). Raises
     `ValueError` for a ``model_params`` that is no count, `RunError` for series that no
-    longer read.
+    longer read. ``budget``: bytes a run of several nodes may hold in memory, all processes
+    together (the parts used longest ago written to disk meanwhile, into ``spill_dir``:
+    `diagnose`'s; the same diagnosis, slower).
     """
     from gpuprof.analyzers.diagnose import diagnose
     from gpuprof.analyzers.findings import AnalysisContext
@@ -818,7 +822,8 @@ def analyze(
     )
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
     attach_options(ctx, options)
-    return diagnose(run, thresholds, context=ctx, workers=workers, series=series)
+    return diagnose(run, thresholds, context=ctx, workers=workers, series=series, budget=budget,
+                    spill_dir=spill_dir)  # fmt: skip
 
 
 def efficiency(

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 EXIT_BAD_INPUT = 2
 EXIT_TOO_LARGE = 3
@@ -75,11 +76,14 @@ def analyze_command(
     steps: str | None = None,
     by_steps: int | None = None,
     ignore_memory: bool = False,
+    max_memory: int | None = None,
 ) -> None:
     """``gpuprof analyze``: the diagnosis as text, or as one JSON document (no rich);
     ``by_steps``: stretch by stretch (`by_steps`). A run diagnosed node by node whose whole
-    diagnosis would hold more memory than is free now (`footprint`) is not diagnosed: one
-    line says so and what to do, exit 3 (``ignore_memory``: diagnosed all the same)."""
+    diagnosis would hold more memory than is free now (`footprint`), or than ``max_memory``
+    (bytes), is diagnosed within that, its nodes not in use written to disk (one line says
+    so), or, where not even that fits, not at all: one line says so and what to do, exit 3
+    (``ignore_memory``: diagnosed all the same, in memory)."""
 
     if by_steps is not None:
         _by_steps_command(run_dir, by_steps, json_out, top, gpu_hour_price, model_params, gpu,
@@ -87,9 +91,10 @@ def analyze_command(
         return
     window = _window_or_exit(run_dir, steps)
     options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
-    run, series, workers = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
-    diagnosis = _diagnosis_or_exit(run_dir, run, series, workers, ray, window, options,
-                                   ignore_memory)  # fmt: skip
+    memory = _Memory(ignore_memory, max_memory)
+    run, series, workers, held = _read_or_exit(run_dir, workers, ray, window, memory)
+    diagnosis = _diagnosis_or_exit(run_dir, run, series, workers, ray, window, options, memory,
+                                   held)  # fmt: skip
     if json_out:
         from gpuprof.reports.fmt import render_json
 
@@ -102,16 +107,32 @@ def analyze_command(
         Console().print(diagnosis_renderable(diagnosis, top=top))
 
 
+class _Memory(NamedTuple):
+    """What the user said of the memory a diagnosis may hold: ``ignore`` (``--ignore-memory``:
+    all it needs, in memory) and ``limit`` (``--max-memory``, bytes; None: what is free)."""
+
+    ignore: bool = False
+    limit: int | None = None
+
+
+class _Held(NamedTuple):
+    """A diagnosis held within a budget (`diagnose`'s ``budget``, ``spill_dir``)."""
+
+    budget: int
+    spill_dir: str
+
+
 def _read_or_exit(
-    run_dir: Path, workers: int | None, ray: str | None, window: Any, ignore_memory: bool
-) -> tuple[Any, Any, int | None]:
-    """``(run, series, workers)`` of ``run_dir`` for a diagnosis on ``workers``: a long run
-    read without its series (`loader.load_for_diagnosis`), ``series`` where they are, each
-    worker of the diagnosis reading its own nodes'; else the run read whole and None. A run
-    read so whose whole diagnosis would not fit in the memory free is diagnosed on fewer
-    workers where those fit and none were asked for, else not at all (`_workers_that_fit`,
-    unless ``ignore_memory``); the workers to diagnose on come back. An unreadable run: one
-    line, exit 2."""
+    run_dir: Path, workers: int | None, ray: str | None, window: Any, memory: _Memory
+) -> tuple[Any, Any, int | None, _Held | None]:
+    """``(run, series, workers, held)`` of ``run_dir`` for a diagnosis on ``workers``: a long
+    run read without its series (`loader.load_for_diagnosis`), ``series`` where they are,
+    each worker of the diagnosis reading its own nodes'; else the run read whole and None.
+    A run read so whose whole diagnosis would not fit in the memory free (or ``memory``'s
+    limit) is diagnosed on fewer workers where those fit and none were asked for, else
+    within the memory (``held``: its budget), else not at all (`_within_memory`, unless
+    ``memory.ignore``); the workers to diagnose on come back. An unreadable run: one line,
+    exit 2."""
     from gpuprof import api
     from gpuprof.analyzers.diagnose import parts_min_samples
     from gpuprof.loader import load_for_diagnosis
@@ -123,63 +144,124 @@ def _read_or_exit(
     except api.RunError as exc:
         _err(str(exc))
         raise SystemExit(EXIT_BAD_INPUT) from None
-    if series is not None and not ignore_memory:
-        workers = _workers_that_fit(run_dir, series.rows, cores, asked=workers is not None)
-    return run, series, workers
+    held = None
+    if series is not None and not memory.ignore:
+        workers, held = _within_memory(run_dir, series, cores, workers is not None, memory.limit)
+    return run, series, workers, held
 
 
 def _diagnosis_or_exit(
     run_dir: Path, run: Any, series: Any, workers: int | None, ray: str | None, window: Any,
-    options: dict[str, Any], ignore_memory: bool = False,
+    options: dict[str, Any], memory: _Memory, held: _Held | None = None,
 ) -> Any:  # fmt: skip
-    """The diagnosis of ``run`` (`_read_or_exit`'s) on ``workers``, with `analyze`'s figures
-    ``options``. Series kept again or damaged since they were found: the run is read afresh
-    as `_read_or_exit` reads it (the memory judged again), once."""
+    """The diagnosis of ``run`` (`_read_or_exit`'s) on ``workers`` (within ``held``'s budget
+    when given), with `analyze`'s figures ``options``. Series kept again or damaged since
+    they were found: the run is read afresh as `_read_or_exit` reads it (the memory judged
+    again), once."""
     from gpuprof import api
     from gpuprof.load_cache import SeriesUnreadable
 
-    cores = _diagnosis_workers(workers)
+    def diagnosed(run: Any, series: Any, workers: int | None, held: _Held | None) -> Any:
+        within = held._asdict() if held is not None else {}
+        return api.analyze(run, workers=_diagnosis_workers(workers), series=series, **within,
+                           **options)  # fmt: skip
+
     try:
         try:
-            return api.analyze(run, workers=cores, series=series, **options)
+            return diagnosed(run, series, workers, held)
         except SeriesUnreadable:  # kept again, or damaged, since: the run read afresh
             series.discard()
-            run, series, workers = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
-            return api.analyze(run, workers=_diagnosis_workers(workers), series=series,
-                               **options)  # fmt: skip
+            run, series, workers, held = _read_or_exit(run_dir, workers, ray, window, memory)
+            return diagnosed(run, series, workers, held)
     except api.RunError as exc:
         _err(str(exc))
         raise SystemExit(EXIT_BAD_INPUT) from None
 
 
-def _workers_that_fit(run_dir: Path, rows: dict[str, int], workers: int, asked: bool) -> int:
-    """``workers``, when the whole diagnosis of the run read with ``rows`` (per table) on that
-    many processes fits in the memory free now (`footprint`); else, when they were not
-    ``asked`` for (all cores by default), the most fewer that fit, said in one line; else
-    one line naming the ways out and exit 3."""
+def _within_memory(
+    run_dir: Path, series: Any, workers: int, asked: bool, limit: int | None
+) -> tuple[int, _Held | None]:
+    """``(workers, None)`` when the whole diagnosis of the run whose series are ``series`` on
+    that many processes fits in ``limit`` bytes, or else in the memory free now
+    (`footprint`); else, when the free memory judges and the workers were not ``asked``
+    for (all cores by default), the most fewer that fit, said in one line; else the
+    processes and budget of a diagnosis held within ``limit`` (or most of the memory
+    free), its nodes not in use written to disk, said in one line; else one line naming
+    the ways out and exit 3."""
     from gpuprof import footprint
+    from gpuprof.analyzers import held_parts
 
+    rows = series.rows
     need = footprint.whole_diagnosis_bytes(rows, workers)
     free = footprint.available_bytes()
-    if not free or need <= free:
-        return workers
-    fewer = footprint.workers_that_fit(rows, workers, free)
-    if fewer and not asked:  # each worker holds copies of whole-run figures: fewer fit
-        print(footprint.fewer_workers_line(run_dir, rows, fewer, workers, free), file=sys.stderr)
-        return fewer
-    on_fewer = ""
-    if fewer:  # memory grows with the workers: fewer may fit
-        fits = footprint.whole_diagnosis_bytes(rows, fewer)
-        on_fewer = f"on fewer workers (--workers {fewer}: about {fits / 1e9:.1f} GB), "
-    _err(
-        f"{run_dir}: its whole diagnosis would hold about {need / 1e9:.1f} GB "
-        f"({rows.get('gpu', 0):,} merged GPU samples, {rows.get('spans', 0):,} spans, "
-        f"{workers} workers) and {free / 1e9:.1f} GB of memory are free: diagnose it "
-        f"{on_fewer}stretch by stretch (--by-steps 24: one stretch per worker), one stretch "
-        "of it (--steps A:B), or on a machine with more memory (--ignore-memory tries here "
-        "all the same)"
+    if limit is None:
+        if not free or need <= free:
+            return workers, None
+        fewer = footprint.workers_that_fit(rows, workers, free)
+        if fewer and not asked:  # each worker holds copies of whole-run figures: fewer fit
+            print(footprint.fewer_workers_line(run_dir, rows, fewer, workers, free),
+                  file=sys.stderr)  # fmt: skip
+            return fewer, None
+        if fewer:  # memory grows with the workers: fewer may fit
+            fits = footprint.whole_diagnosis_bytes(rows, fewer)
+            _err(
+                f"{run_dir}: its whole diagnosis would hold about {need / 1e9:.1f} GB "
+                f"({rows.get('gpu', 0):,} merged GPU samples, {rows.get('spans', 0):,} spans, "
+                f"{workers} workers) and {free / 1e9:.1f} GB of memory are free: diagnose it "
+                f"on fewer workers (--workers {fewer}: about {fits / 1e9:.1f} GB), within "
+                "the memory free (--max-memory), or stretch by stretch (--by-steps 24)"
+            )
+            raise SystemExit(EXIT_TOO_LARGE)
+        limit = int(free * FREE_SHARE)
+        why = (f"its whole diagnosis would hold about {need / 1e9:.1f} GB and "
+               f"{free / 1e9:.1f} GB of memory are free")  # fmt: skip
+    elif need <= limit:
+        return workers, None
+    else:
+        why = f"its whole diagnosis would hold about {need / 1e9:.1f} GB"
+    _, counts, _ = series.census()
+    largest = max(counts.values()) / max(1, sum(counts.values())) if counts else 1.0
+    got = footprint.within(rows, limit, workers, largest)
+    if got is None:
+        each = footprint.process_bytes(rows)
+        _err(
+            f"{run_dir}: {why}, and it cannot be held within {limit / 1e9:.1f} GB node by "
+            f"node: each process holds about {each / 1e9:.1f} GB of the whole run's figures "
+            f"({rows.get('gpu', 0):,} merged GPU samples, {rows.get('spans', 0):,} spans) "
+            "besides its nodes. Diagnose it stretch by stretch (--by-steps 24: one stretch "
+            "per worker), one stretch of it (--steps A:B), or with more memory "
+            "(--max-memory, --ignore-memory)"
+        )
+        raise SystemExit(EXIT_TOO_LARGE)
+    root = held_parts.spill_root(run_dir)
+    room = _disk_free(root)
+    if room is not None and room < need:
+        _err(
+            f"{run_dir}: {why}; held within {limit / 1e9:.1f} GB, the nodes not in use are "
+            f"written to disk, about {need / 1e9:.1f} GB, and {root} has "
+            f"{room / 1e9:.1f} GB free: set {held_parts.ENV_SPILL_DIR} to a directory with "
+            "room, or diagnose it stretch by stretch (--by-steps 24)"
+        )
+        raise SystemExit(EXIT_TOO_LARGE)
+    print(
+        f"gpuprof: {run_dir}: {why}: diagnosed within {limit / 1e9:.1f} GB on "
+        f"{got.processes} process{'es' if got.processes > 1 else ''}, node by node, the "
+        f"nodes not in use written to {root} meanwhile (slower; the same diagnosis)",
+        file=sys.stderr,
     )
-    raise SystemExit(EXIT_TOO_LARGE)
+    return got.processes, _Held(got.budget, str(root))
+
+
+FREE_SHARE = 0.8
+"""Share of the memory free a diagnosis too large for it is held within (the rest for what
+else runs meanwhile, and the estimate's error)."""
+
+
+def _disk_free(path: Path) -> int | None:
+    try:
+        return int(shutil.disk_usage(path).free)
+    except OSError:  # unknown: nothing is judged by it
+        return None
 
 
 def _by_steps_or_exit(
@@ -253,13 +335,19 @@ def report_command(
         return
     window = _window_or_exit(run_dir, steps)
     options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
-    run, series, workers = _read_or_exit(run_dir, workers, ray, window, ignore_memory)
+    memory = _Memory(ignore_memory)
+    run, series, workers, held = _read_or_exit(run_dir, workers, ray, window, memory)
+    if held is not None:  # its charts read the whole run, which holds about as much again
+        _err(f"{run_dir}: too large to report in the memory free; its diagnosis is made "
+             f"within it (gpuprof analyze {run_dir}), its report stretch by stretch "
+             f"(gpuprof report {run_dir} --by-steps 24)")  # fmt: skip
+        raise SystemExit(EXIT_TOO_LARGE)
     diagnosis = None
     if series is not None:
         # a long run diagnosed as `analyze` diagnoses it, then read whole for the charts:
         # the diagnosis in parts and the whole run are never held at once
         diagnosis = _diagnosis_or_exit(run_dir, run, series, workers, ray, window, options,
-                                       ignore_memory)  # fmt: skip
+                                       memory, held)  # fmt: skip
         del run, series
         from gpuprof import loader
 
@@ -312,6 +400,22 @@ def _steps(value: str) -> str:  # --steps: A:B
     return value
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)b?", re.IGNORECASE)
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def memory_size(value: str) -> int:
+    """``--max-memory``: bytes of ``2G``, ``1.5GB``, ``800M``, ``2000000000`` (decimal
+    units, as the lines that state memory print them); ValueError for anything else."""
+    got = _SIZE.fullmatch(value.strip())
+    if got is None:
+        raise ValueError(f"{value!r} is no memory size (2G, 1500M)")
+    size = int(float(got.group(1)) * _UNITS[got.group(2).lower()])
+    if size <= 0:
+        raise ValueError(f"{value!r} is no memory size (2G, 1500M)")
+    return size
+
+
 def _path(value: str) -> Path:
     if not value:
         raise ValueError(value)
@@ -345,7 +449,8 @@ _Options = dict[str, tuple[str, Callable[[str], Any] | None]]
 _PLAIN: dict[str, tuple[Callable[..., None], _Options]] = {
     "analyze": (analyze_command, {"--json": ("json_out", None), "--top": ("top", _count),
                                   "--by-steps": ("by_steps", _count),
-                                  "--ignore-memory": ("ignore_memory", None), **_FIGURES}),
+                                  "--ignore-memory": ("ignore_memory", None),
+                                  "--max-memory": ("max_memory", memory_size), **_FIGURES}),
     "report": (report_command, {"-o": ("output", _path), "--output": ("output", _path),
                                 "--by-steps": ("by_steps", _count),
                                 "--ignore-memory": ("ignore_memory", None), **_FIGURES}),

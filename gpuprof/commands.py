@@ -46,12 +46,34 @@ def _checked(check: Callable[[str], Any]) -> Callable[[str | None], str | None]:
 
 _model_params = _checked(cli._model_params)
 
+
+def _memory_size(value: str) -> int:
+    try:
+        return cli.memory_size(value)
+    except ValueError as exc:  # typer's bad-parameter message, without "Value error"
+        raise typer.BadParameter(str(exc)) from None
+
+
 IgnoreMemory = Annotated[
     bool,
     typer.Option(
         "--ignore-memory",
-        help="Diagnose the whole run even where it looks too large for the memory free now "
-        "(without it: one line says how much it needs, and exit 3).",
+        help="Diagnose the whole run in memory even where it looks too large for the memory "
+        "free now (without it: held within the memory free, nodes not in use written to "
+        "disk; where even that does not fit, one line says how much it needs, and exit 3).",
+    ),
+]
+
+MaxMemory = Annotated[
+    int | None,
+    typer.Option(
+        "--max-memory",
+        parser=_memory_size,
+        metavar="SIZE",
+        help="Hold the diagnosis of a long run within SIZE (2G, 1500M: all its processes "
+        "together): node by node, the nodes not in use written to disk (GPUPROF_SPILL_DIR, "
+        "else the run's directory). Slower; the same diagnosis. Without it, a run too large "
+        "for the memory free is held within most of it.",
     ),
 ]
 
@@ -380,10 +402,11 @@ def analyze(
     steps: Steps = None,
     by_steps: BySteps = None,
     ignore_memory: IgnoreMemory = False,
+    max_memory: MaxMemory = None,
 ) -> None:
     analyze_command(
         run_dir, json_out, top, gpu_hour_price, model_params, gpu, workers, ray, steps, by_steps,
-        ignore_memory,
+        ignore_memory, max_memory,
     )  # fmt: skip
 
 

@@ -38,6 +38,7 @@ process — below the diagnosis's estimate on every term, so the one estimate ju
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 SAMPLE_BYTES = 650
 """Memory of the whole diagnosis per GPU sample of the run's merged form."""
@@ -49,7 +50,15 @@ PROCESS_ROW_BYTES = 16
 """Memory of each process of the diagnosis per merged sample and span of the whole run: its
 copies of the whole run's figures (the cluster-day on 2, 4, 8 and 16 workers)."""
 
-__all__ = ["available_bytes", "fewer_workers_line", "whole_diagnosis_bytes", "workers_that_fit"]
+__all__ = [
+    "Within",
+    "available_bytes",
+    "fewer_workers_line",
+    "process_bytes",
+    "whole_diagnosis_bytes",
+    "within",
+    "workers_that_fit",
+]
 
 
 def whole_diagnosis_bytes(rows: Mapping[str, int], workers: int) -> int:
@@ -60,6 +69,42 @@ def whole_diagnosis_bytes(rows: Mapping[str, int], workers: int) -> int:
     spans = int(rows.get("spans", 0))
     per_process = BASE_BYTES + PROCESS_ROW_BYTES * (samples + spans)
     return SAMPLE_BYTES * samples + SPAN_BYTES * spans + per_process * max(1, int(workers))
+
+
+def process_bytes(rows: Mapping[str, int]) -> int:
+    """About how much memory each process of a diagnosis in parts holds before its parts:
+    the interpreter and its libraries, and its copies of the whole run's figures."""
+    return BASE_BYTES + PROCESS_ROW_BYTES * (int(rows.get("gpu", 0)) + int(rows.get("spans", 0)))
+
+
+def part_bytes(samples: int, spans: int) -> int:
+    """About how much memory one part holds with what the detectors derive from it: its
+    merged GPU samples and its spans."""
+    return SAMPLE_BYTES * int(samples) + SPAN_BYTES * int(spans)
+
+
+class Within(NamedTuple):
+    """How a diagnosis is held within a memory limit: on ``processes`` processes whose parts
+    hold at most ``budget`` bytes together (`analyzers.held_parts`)."""
+
+    processes: int
+    budget: int
+
+
+def within(rows: Mapping[str, int], limit: int, workers: int, largest_node: float) -> Within | None:
+    """The most processes, up to ``workers``, on which the diagnosis of the run read with
+    ``rows`` holds at most ``limit`` bytes, node by node (`within`: each process keeps at
+    least the node in use), and the budget left to their parts; None when not even one
+    process fits. ``largest_node``: the share (0–1) of the run's samples the largest node
+    recorded (its spans taken to be in the same share)."""
+    node = part_bytes(
+        int(rows.get("gpu", 0)) * largest_node, int(rows.get("spans", 0)) * largest_node
+    )
+    for processes in range(max(1, int(workers)), 0, -1):
+        budget = int(limit) - processes * process_bytes(rows)
+        if budget >= processes * node:
+            return Within(processes, budget)
+    return None
 
 
 def workers_that_fit(rows: Mapping[str, int], workers: int, free: int) -> int:

@@ -80,6 +80,7 @@ def diagnose(
     workers: int = 1,
     series: Any = None,
     budget: int | None = None,
+    spill_dir: str | None = None,
 ) -> Diagnosis:
     """Findings, recommendations and summary of ``run`` (no I/O but ``series``).
 
@@ -102,14 +103,15 @@ def diagnose(
     ``budget``: bytes the parts of a run of several nodes may hold in memory, all processes
     together: the run is diagnosed node by node on ``workers`` processes (one: this one
     alone), the parts used longest ago written to disk when the budget is full
-    (`held_parts`); the same diagnosis, whatever the budget. Raises `store.RunError` when it
+    (`held_parts`, into ``spill_dir``: by default `held_parts.spill_root`); the same
+    diagnosis, whatever the budget. Raises `store.RunError` when it
     cannot go on so (a part does not read back, the disk is full) rather than read the run
     whole here.
     """
     th = thresholds or Thresholds()
     ctx = context if context is not None and context.run is run else AnalysisContext(run)
     if budget is not None and "samples" not in ctx.__dict__:
-        got = _within(run, th, ctx, workers, series, budget)
+        got = _within(run, th, ctx, workers, series, budget, spill_dir)
         if got is not None:
             return got
     samples = series.rows.get("gpu", 0) if series is not None else len(run.gpu)
@@ -136,19 +138,24 @@ def diagnose(
 
 
 def _within(
-    run: Run, th: Thresholds, ctx: AnalysisContext, workers: int, series: Any, budget: int
-) -> Diagnosis | None:
+    run: Run, th: Thresholds, ctx: AnalysisContext, workers: int, series: Any, budget: int,
+    spill_dir: str | None,
+) -> Diagnosis | None:  # fmt: skip
     """`diagnose` within ``budget`` (node by node, parts written out when it is full); None
     for a run of one node, which is not cut."""
-    from gpuprof.analyzers.held_parts import SpillFailed
+    from gpuprof.analyzers.held_parts import SpillFailed, clear_stale, spill_root
     from gpuprof.analyzers.part_workers import PartsLost, WorkerParts
     from gpuprof.analyzers.parts import node_groups
 
     if node_groups(run, None, series=series) is None:
         return None
     options = ctx.__dict__.get("_efficiency_options")
+    spill_dir = str(spill_dir if spill_dir is not None else spill_root())
+    clear_stale(spill_dir)
     try:
-        with WorkerParts(run, workers, options=options, series=series, budget=budget) as parts:
+        with WorkerParts(
+            run, workers, options=options, series=series, budget=budget, spill_dir=spill_dir
+        ) as parts:
             return diagnose_parts(parts, th)
     except (PartsLost, SpillFailed) as exc:
         from gpuprof.store import RunError

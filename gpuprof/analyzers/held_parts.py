@@ -37,7 +37,14 @@ import pandas as pd
 
 from gpuprof.analyzers.findings import AnalysisContext
 
-__all__ = ["HeldParts", "SpillFailed", "context_bytes"]
+__all__ = ["ENV_SPILL_DIR", "HeldParts", "SpillFailed", "context_bytes", "spill_root"]
+
+ENV_SPILL_DIR = "GPUPROF_SPILL_DIR"
+"""Where parts are written out (default: the run's directory when it can be written, else
+the system's temporary directory, `spill_root`)."""
+
+PREFIX = "gpuprof-spill-"
+"""Name of a process's directory of parts written out: ``gpuprof-spill-PID-XXXX``."""
 
 NOT_SPILLED = ("_found", "_parts", "_per_frame_cache")
 """Context entries never written out: the run's findings (one list, shared by the process's
@@ -58,9 +65,43 @@ class SpillFailed(BaseException):
     guard (``except Exception``) lets it through."""
 
 
-def context_bytes(ctx: AnalysisContext) -> int:
+def spill_root(run_dir: str | os.PathLike | None = None) -> Path:
+    """Where the parts of ``run_dir``'s diagnosis are written out: ``GPUPROF_SPILL_DIR``,
+    else the run's directory (on the disk that holds the run, seldom a memory-backed
+    ``/tmp``) when it can be written, else the system's temporary directory."""
+    named = os.environ.get(ENV_SPILL_DIR, "").strip()
+    if named:
+        return Path(named)
+    if run_dir is not None and os.access(run_dir, os.W_OK):
+        return Path(run_dir)
+    return Path(tempfile.gettempdir())
+
+
+def clear_stale(root: str | os.PathLike) -> None:
+    """Remove the directories of parts written out in ``root`` by processes that are gone
+    (killed before they could remove their own)."""
+    with contextlib.suppress(OSError):
+        for entry in Path(root).glob(f"{PREFIX}*"):
+            pid = entry.name[len(PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
+
+
+def context_bytes(ctx: AnalysisContext, known: dict[int, tuple[Any, int]] | None = None) -> int:
     """About how many bytes ``ctx`` holds: the data of every frame, series, index and array
-    its entries reach (each counted once), which is most of a part."""
+    its entries reach (each counted once), which is most of a part. ``known``: the sizes of
+    frames measured before (id → (frame, bytes)), filled in as frames are measured."""
+    known = {} if known is None else known
     seen: set[int] = set()
     total = 0
     stack: list[Any] = [v for k, v in ctx.__dict__.items() if k not in ("_found", "_parts")]
@@ -71,7 +112,10 @@ def context_bytes(ctx: AnalysisContext) -> int:
             continue
         seen.add(id(obj))
         if isinstance(obj, pd.DataFrame | pd.Series | pd.Index):
-            total += _frame_bytes(obj)
+            hit = known.get(id(obj))
+            if hit is None or hit[0] is not obj:
+                hit = known[id(obj)] = (obj, _frame_bytes(obj))
+            total += hit[1]
         elif isinstance(obj, np.ndarray):
             total += obj.nbytes if obj.base is None or id(obj.base) not in seen else 0
         elif isinstance(obj, dict):
@@ -88,9 +132,24 @@ def context_bytes(ctx: AnalysisContext) -> int:
 
 
 def _frame_bytes(obj: pd.DataFrame | pd.Series | pd.Index) -> int:
+    """The bytes of the arrays ``obj`` holds (its columns' and its index's; text held as
+    Python objects counted as pointers)."""
     try:
-        got = obj.memory_usage(index=True, deep=False)
-        return int(got.sum()) if isinstance(got, pd.Series) else int(got)
+        if isinstance(obj, pd.DataFrame):
+            if not hasattr(obj, "_get_column_array"):  # pandas without it: slower, the same
+                return int(obj.memory_usage(index=True, deep=False).sum())
+            # each column's array as it is held (memory_usage makes a series per column)
+            columns = (obj._get_column_array(i) for i in range(obj.shape[1]))
+            return sum(int(a.nbytes) for a in columns) + _frame_bytes(obj.index)
+        if isinstance(obj, pd.Series):
+            return int(obj.array.nbytes) + _frame_bytes(obj.index)
+        if isinstance(obj, pd.RangeIndex):
+            return 0
+        if isinstance(obj, pd.MultiIndex):
+            return sum(int(c.nbytes) for c in obj.codes) + sum(
+                _frame_bytes(level) for level in obj.levels
+            )
+        return int(obj.array.nbytes)
     except Exception:  # an exotic column: its length in pointers
         return 8 * len(obj)
 
@@ -194,6 +253,7 @@ class HeldParts:
         self._found = found if found is not None else []
         self._held: dict[int, AnalysisContext] = {}  # in order of last use
         self._sizes: dict[int, int] = {}
+        self._measured: dict[int, dict[int, tuple[Any, int]]] = {}  # part → frames' sizes
         self._spilled: dict[int, tuple[Path, _Items]] = {}
         self._forward = True
         self.spills = 0
@@ -212,7 +272,7 @@ class HeldParts:
                 out[i] = fn(ctx, *args)
             finally:
                 if self.budget is not None:
-                    self._sizes[i] = context_bytes(ctx)
+                    self._sizes[i] = context_bytes(ctx, self._measured.setdefault(i, {}))
                     self._fit(keep=i)
         return out
 
@@ -240,9 +300,11 @@ class HeldParts:
     def _spill(self, i: int) -> None:
         ctx = self._held.pop(i)
         self._sizes.pop(i, None)
+        self._measured.pop(i, None)
         try:
             if self._dir is None:
-                self._dir = Path(tempfile.mkdtemp(prefix="gpuprof-spill-", dir=self._root))
+                root = self._root if self._root is not None else spill_root()
+                self._dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
             entries, items = self._spilled.get(i) or (
                 self._dir / f"part-{i}.pkl",
                 _Items(self._dir / f"part-{i}.items"),
