@@ -113,6 +113,9 @@ class _Memory(NamedTuple):
 
     ignore: bool = False
     limit: int | None = None
+    hold: bool = True
+    """Whether a diagnosis too large for the memory may be held within it (``report`` reads
+    the whole run for its charts after: it may not)."""
 
 
 class _Held(NamedTuple):
@@ -146,7 +149,7 @@ def _read_or_exit(
         raise SystemExit(EXIT_BAD_INPUT) from None
     held = None
     if series is not None and not memory.ignore:
-        workers, held = _within_memory(run_dir, series, cores, workers is not None, memory.limit)
+        workers, held = _within_memory(run_dir, series, cores, workers is not None, memory)
     return run, series, workers, held
 
 
@@ -179,21 +182,22 @@ def _diagnosis_or_exit(
 
 
 def _within_memory(
-    run_dir: Path, series: Any, workers: int, asked: bool, limit: int | None
+    run_dir: Path, series: Any, workers: int, asked: bool, memory: _Memory
 ) -> tuple[int, _Held | None]:
     """``(workers, None)`` when the whole diagnosis of the run whose series are ``series`` on
     that many processes fits in ``limit`` bytes, or else in the memory free now
     (`footprint`); else, when the free memory judges and the workers were not ``asked``
     for (all cores by default), the most fewer that fit, said in one line; else the
     processes and budget of a diagnosis held within ``limit`` (or most of the memory
-    free), its nodes not in use written to disk, said in one line; else one line naming
-    the ways out and exit 3."""
+    free), its nodes not in use written to disk, said in one line (where ``memory.hold``);
+    else one line naming the ways out and exit 3."""
     from gpuprof import footprint
     from gpuprof.analyzers import held_parts
 
     rows = series.rows
     need = footprint.whole_diagnosis_bytes(rows, workers)
     free = footprint.available_bytes()
+    limit = memory.limit
     if limit is None:
         if not free or need <= free:
             return workers, None
@@ -219,6 +223,13 @@ def _within_memory(
         return workers, None
     else:
         why = f"its whole diagnosis would hold about {need / 1e9:.1f} GB"
+    if not memory.hold:  # the report's charts read the whole run: as much again
+        _err(
+            f"{run_dir}: {why}: too large to report here; its diagnosis is made within the "
+            f"memory (gpuprof analyze {run_dir}), its report stretch by stretch (gpuprof "
+            f"report {run_dir} --by-steps 24), or here all the same (--ignore-memory)"
+        )
+        raise SystemExit(EXIT_TOO_LARGE)
     _, counts, _ = series.census()
     largest = max(counts.values()) / max(1, sum(counts.values())) if counts else 1.0
     got = footprint.within(rows, limit, workers, largest)
@@ -335,13 +346,8 @@ def report_command(
         return
     window = _window_or_exit(run_dir, steps)
     options = {"gpu_hour_price": gpu_hour_price, "model_params": model_params, "gpu": gpu}
-    memory = _Memory(ignore_memory)
+    memory = _Memory(ignore_memory, hold=False)
     run, series, workers, held = _read_or_exit(run_dir, workers, ray, window, memory)
-    if held is not None:  # its charts read the whole run, which holds about as much again
-        _err(f"{run_dir}: too large to report in the memory free; its diagnosis is made "
-             f"within it (gpuprof analyze {run_dir}), its report stretch by stretch "
-             f"(gpuprof report {run_dir} --by-steps 24)")  # fmt: skip
-        raise SystemExit(EXIT_TOO_LARGE)
     diagnosis = None
     if series is not None:
         # a long run diagnosed as `analyze` diagnoses it, then read whole for the charts:

@@ -337,13 +337,14 @@ def test_analyze_reads_the_series_node_by_node_with_the_same_document(
     assert capsys.readouterr().out.strip() == want.strip()
 
 
-def test_a_whole_diagnosis_too_large_for_the_memory_free_is_not_started(
+def test_a_whole_diagnosis_too_large_for_the_memory_free_is_held_within_it(
     kept, small_runs_in_parts, capsys, monkeypatch
 ):
     """Before the parts are made, `analyze` estimates the memory the whole diagnosis will
-    hold (`footprint`): more than is free, it says so in one line, names the ways out and
-    exits 3, nothing diagnosed and nothing on stdout; ``--ignore-memory`` diagnoses all the
-    same, and memory that cannot be told judges nothing."""
+    hold (`footprint`): more than is free, it holds the diagnosis within it (node by node,
+    `held_parts`) and says so in one line; where not even that fits, one line names the
+    ways out and exit 3, nothing diagnosed and nothing on stdout; ``--ignore-memory``
+    diagnoses all the same, and memory that cannot be told judges nothing."""
     from gpuprof import footprint
     from gpuprof.cli import analyze_command, plain_call
 
@@ -354,14 +355,22 @@ def test_a_whole_diagnosis_too_large_for_the_memory_free_is_not_started(
     per_process = footprint.BASE_BYTES + 16 * (rows["gpu"] + rows["spans"])
     assert need == 650 * rows["gpu"] + 460 * rows["spans"] + 2 * per_process
     monkeypatch.setattr(footprint, "available_bytes", lambda: need - 1)
+    analyze_command(run_dir, json_out=True, workers=2)  # held within the memory free
+    said = capsys.readouterr()
+    assert said.out.strip() == want.strip() and said.err.count("\n") == 1
+    assert f"would hold about {need / 1e9:.1f} GB and {(need - 1) / 1e9:.1f} GB" in said.err
+    assert f"diagnosed within {int((need - 1) * 0.8) / 1e9:.1f} GB on 1 process," in said.err
+    assert len(small_runs_in_parts) == 1
+    # not even one process with its nodes: one line, exit 3
+    monkeypatch.setattr(footprint, "available_bytes", lambda: footprint.process_bytes(rows))
     with pytest.raises(SystemExit) as stopped:
         analyze_command(run_dir, json_out=True, workers=2)
     assert stopped.value.code == 3
     said = capsys.readouterr()
     assert said.out == "" and said.err.count("\n") == 1
-    assert f"about {need / 1e9:.1f} GB ({rows['gpu']:,} merged GPU samples" in said.err
+    assert f"({rows['gpu']:,} merged GPU samples" in said.err
     assert "--by-steps" in said.err and "--ignore-memory" in said.err
-    assert small_runs_in_parts == []  # no part made
+    assert len(small_runs_in_parts) == 1  # no part made
     body, kwargs = plain_call(["analyze", str(run_dir), "--json", "--ignore-memory"])
     body(**kwargs, workers=2)
     assert capsys.readouterr().out.strip() == want.strip()
@@ -371,7 +380,7 @@ def test_a_whole_diagnosis_too_large_for_the_memory_free_is_not_started(
     monkeypatch.setattr(footprint, "available_bytes", lambda: 0)  # unknown
     analyze_command(run_dir, json_out=True, workers=2)
     assert capsys.readouterr().out.strip() == want.strip()
-    assert len(small_runs_in_parts) == 3
+    assert len(small_runs_in_parts) == 4
     # each worker holds its own copies of whole-run figures: on fewer, it may fit
     monkeypatch.setattr(footprint, "available_bytes", lambda: need)
     with pytest.raises(SystemExit) as stopped:

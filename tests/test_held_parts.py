@@ -1,0 +1,239 @@
+"""A diagnosis held within a memory budget (`analyzers.held_parts`, ``analyze --max-memory``).
+
+The run is diagnosed node by node; each process keeps the nodes it used last and writes the
+others to disk, reading them back when next used. What must hold: the JSON document is the
+one the run diagnosed in memory gives, to the byte, even when every part goes to disk after
+every call; what a part holds comes back as it was (a frame two figures share is one frame,
+a frame changed in place is written again); the files go when the diagnosis ends, and a dead
+process's are cleared by the next; a disk that cannot take them stops the diagnosis with one
+line, never a half answer nor a silent read of the whole run; and ``analyze`` holds a run
+too large for the memory free within it, saying so in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import test_kept_series
+from test_parts import _run
+
+from gpuprof import api, footprint
+from gpuprof.analyzers import held_parts
+from gpuprof.analyzers.diagnose import diagnose, diagnose_parts
+from gpuprof.analyzers.findings import AnalysisContext
+from gpuprof.analyzers.held_parts import HeldParts, SpillFailed, context_bytes
+from gpuprof.analyzers.part_workers import WorkerParts
+from gpuprof.cli import memory_size
+from gpuprof.reports.fmt import render_json
+from gpuprof.store import RunError
+
+# the long run kept as `test_kept_series` keeps it (three nodes, merged, its form kept)
+recorded = test_kept_series.recorded
+long_budgets = test_kept_series.long_budgets
+kept = test_kept_series.kept
+small_runs_in_parts = test_kept_series.small_runs_in_parts
+
+
+@pytest.mark.parametrize("case", ["hosts", "bubbles", "offload", "straggler", "split"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_parts_written_out_after_every_call_give_the_document_held_in_memory(
+    case, workers, tmp_path
+):
+    run = _run(case)
+    want = render_json(diagnose(run, workers=1).to_dict())
+    got = diagnose(run, workers=workers, budget=1, spill_dir=str(tmp_path))
+    assert render_json(got.to_dict()) == want
+    assert list(tmp_path.iterdir()) == []  # every process removed its files
+
+
+def test_every_part_but_the_one_in_use_goes_to_disk_and_comes_back(tmp_path):
+    run = _run("bubbles")
+    with WorkerParts(run, 1, budget=1, spill_dir=str(tmp_path)) as parts:
+        assert parts.count == 3  # one part a node, all in this process
+        diagnose_parts(parts)
+        spills, restores = parts.spilled
+        assert list(tmp_path.glob(f"{held_parts.PREFIX}{os.getpid()}-*"))  # written here
+    # each call uses every part: all but one written out and read back each time
+    assert spills > 100 and restores > 100
+    assert list(tmp_path.iterdir()) == []
+
+
+def _toy_parts(tmp_path, count=2, budget=1):
+    run = _run("busy")
+    return HeldParts(lambda i: AnalysisContext(run), count, budget=budget, spill_dir=tmp_path)
+
+
+def _remember(ctx, name, value):
+    ctx.__dict__[name] = value
+
+
+def test_what_a_part_holds_comes_back_as_it_was(tmp_path):
+    frame = pd.DataFrame({"a": np.arange(100_000), "b": np.ones(100_000)})
+    with _toy_parts(tmp_path) as held:
+        held.map(_remember, ("_frame", frame))
+        held.map(_pair_up)  # one frame, two entries
+        held.map(_remember, ("_memo", {"k": np.arange(50_000, dtype=np.float64)}))
+        held.map(_claim_even)
+        back = held.map(_held_figures)
+        # each call starts with the part the last one ended with: one written out a call
+        assert (held.spills, held.restores) == (5, 4)
+    for frame_, pair, memo, claimed, found in back:
+        pd.testing.assert_frame_equal(frame_, frame)
+        assert pair[0] is frame_ and pair[1] == 7  # still one frame
+        assert np.array_equal(memo["k"], np.arange(50_000, dtype=np.float64))
+        assert claimed.sum() == (len(claimed) + 1) // 2
+        assert found is held._found  # the run's findings, set again
+
+
+def _pair_up(ctx):
+    ctx.__dict__["_pair"] = (ctx.__dict__["_frame"], 7)
+
+
+def _claim_even(ctx):
+    ctx.claim(np.arange(len(ctx.samples)) % 2 == 0)
+
+
+def _held_figures(ctx):
+    d = ctx.__dict__
+    return d["_frame"], d["_pair"], d["_memo"], ctx.claimed.copy(), ctx.found
+
+
+def _add_column(ctx):
+    ctx.__dict__["_frame"]["c"] = 3.0  # in place: the frame written before is stale
+
+
+def test_a_frame_changed_in_place_is_written_again(tmp_path):
+    with _toy_parts(tmp_path) as held:
+        held.map(_remember, ("_frame", pd.DataFrame({"a": np.arange(100_000)})))
+        held.map(lambda ctx: None)  # both written out once
+        held.map(_add_column)
+        got = held.map(lambda ctx: list(ctx.__dict__["_frame"].columns))
+        got += held.map(lambda ctx: list(ctx.__dict__["_frame"].columns))
+    assert got == [["a", "c"]] * 4
+
+
+def test_a_budget_keeps_the_parts_that_fit_in_memory(tmp_path):
+    run = _run("busy")
+    one = context_bytes(AnalysisContext(run))
+    assert one > 0
+    with HeldParts(lambda i: AnalysisContext(run), 4, budget=10**12, spill_dir=tmp_path) as held:
+        held.map(lambda ctx: len(ctx.samples))
+        held.map(lambda ctx: len(ctx.samples))
+        assert held.spills == 0  # all fit
+    with HeldParts(lambda i: AnalysisContext(run), 4, budget=None, spill_dir=tmp_path) as held:
+        held.map(lambda ctx: len(ctx.samples))
+        assert held.spills == 0 and held.budget is None  # no limit
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_spill_directory_that_cannot_be_written_stops_the_diagnosis(tmp_path):
+    run = _run("hosts")
+    blocked = tmp_path / "a file"
+    blocked.write_text("not a directory")
+    with pytest.raises(RunError, match=r"the diagnosis within 0\.0 GB stopped"):
+        diagnose(run, workers=1, budget=1, spill_dir=str(blocked))
+    with _toy_parts(blocked) as held, pytest.raises(SpillFailed):
+        held.map(lambda ctx: None)
+
+
+def test_the_directories_of_dead_processes_are_cleared(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    gone = tmp_path / f"{held_parts.PREFIX}{dead.stdout.strip()}-abcd"
+    mine = tmp_path / f"{held_parts.PREFIX}{os.getpid()}-abcd"
+    other = tmp_path / "gpuprof-spill-notes"
+    for d in (gone, mine, other):
+        d.mkdir()
+        (d / "part-0.pkl").write_bytes(b"x")
+    held_parts.clear_stale(tmp_path)
+    assert not gone.exists() and mine.exists() and other.exists()
+
+
+def test_the_spill_root_is_named_or_the_runs_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv(held_parts.ENV_SPILL_DIR, raising=False)
+    assert held_parts.spill_root(tmp_path) == tmp_path
+    monkeypatch.setenv(held_parts.ENV_SPILL_DIR, str(tmp_path / "elsewhere"))
+    assert held_parts.spill_root(tmp_path) == tmp_path / "elsewhere"
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [("2G", 2 * 10**9), ("1.5GB", 1_500_000_000), ("800m", 800 * 10**6), ("4096", 4096),
+     (" 1t ", 10**12), (".5G", 500_000_000)],
+)  # fmt: skip
+def test_memory_sizes(text, size):
+    assert memory_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "2X", "-1G", "0", "G", "1.2.3G", "2 GiB"])
+def test_what_is_no_memory_size(text):
+    with pytest.raises(ValueError):
+        memory_size(text)
+
+
+def test_within_a_limit_the_processes_that_fit_and_their_parts_budget():
+    rows = {"gpu": 10_000_000, "spans": 10_000_000}
+    each = footprint.process_bytes(rows)
+    assert each == footprint.BASE_BYTES + 16 * 20_000_000
+    node = footprint.part_bytes(1_000_000, 1_000_000)  # a tenth of the run
+    got = footprint.within(rows, 4 * each + 4 * node, 8, 0.1)
+    assert got == footprint.Within(4, 4 * node)
+    assert footprint.within(rows, 4 * each + 4 * node - 1, 8, 0.1).processes == 3
+    assert footprint.within(rows, each + node, 8, 0.1) == footprint.Within(1, node)
+    assert footprint.within(rows, each + node - 1, 8, 0.1) is None
+
+
+def test_analyze_holds_a_run_within_max_memory_with_the_same_document(
+    kept, small_runs_in_parts, capsys, monkeypatch
+):
+    from gpuprof.cli import analyze_command
+
+    monkeypatch.delenv(held_parts.ENV_SPILL_DIR, raising=False)
+    run_dir, whole = kept("by file")
+    want = render_json(api.analyze(whole, workers=1).to_dict())
+    rows = {"gpu": len(whole.gpu), "spans": len(whole.spans)}
+    written = []
+    real_spill = HeldParts._spill
+    monkeypatch.setattr(HeldParts, "_spill",
+                        lambda self, i: written.append(i) or real_spill(self, i))  # fmt: skip
+    # room for one process and about a node's part: the other nodes go to disk
+    limit = footprint.process_bytes(rows) + footprint.part_bytes(rows["gpu"], rows["spans"]) // 2
+    analyze_command(run_dir, json_out=True, workers=2, max_memory=limit)
+    said = capsys.readouterr()
+    assert said.out.strip() == want.strip()
+    assert said.err.count("\n") == 1 and f"diagnosed within {limit / 1e9:.1f} GB on 1 " in said.err
+    assert f"written to {run_dir} meanwhile" in said.err
+    assert written and small_runs_in_parts  # held node by node, parts written out
+    assert not list(run_dir.glob(f"{held_parts.PREFIX}*"))  # and removed
+    # a limit the whole diagnosis fits in: held in memory, nothing said
+    analyze_command(run_dir, json_out=True, workers=2, max_memory=10**15)
+    said = capsys.readouterr()
+    assert said.out.strip() == want.strip() and said.err == ""
+    # not even one process and one node: one line, exit 3
+    with pytest.raises(SystemExit) as stopped:
+        analyze_command(run_dir, json_out=True, workers=2, max_memory=10**6)
+    assert stopped.value.code == 3
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.count("\n") == 1
+    assert "cannot be held within 0.0 GB node by node" in said.err and "--by-steps" in said.err
+
+
+def test_a_disk_without_room_for_the_parts_is_told(kept, small_runs_in_parts, capsys, monkeypatch):
+    from gpuprof import cli
+
+    run_dir, whole = kept("whole")
+    rows = {"gpu": len(whole.gpu), "spans": len(whole.spans)}
+    limit = footprint.process_bytes(rows) + footprint.part_bytes(rows["gpu"], rows["spans"])
+    assert limit < footprint.whole_diagnosis_bytes(rows, 2)
+    monkeypatch.setattr(cli, "_disk_free", lambda path: 1)
+    with pytest.raises(SystemExit) as stopped:
+        cli.analyze_command(run_dir, json_out=True, workers=2, max_memory=limit)
+    assert stopped.value.code == 3
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.count("\n") == 1
+    assert held_parts.ENV_SPILL_DIR in said.err
