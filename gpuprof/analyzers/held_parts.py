@@ -55,6 +55,9 @@ ITEM_ARRAY_BYTES = 64 * 1024
 """Arrays from this size are written once as objects of their own; smaller ones are
 written with what holds them, at each spill."""
 
+SWEEP_BYTES = 64 * 2**20
+"""Bytes of parts written out (or the budget, when larger) after which the collector runs."""
+
 ITEM_INDEX_ROWS = 4096
 """Indexes from this length are written once as objects of their own."""
 
@@ -256,6 +259,7 @@ class HeldParts:
         self._measured: dict[int, dict[int, tuple[Any, int]]] = {}  # part → frames' sizes
         self._spilled: dict[int, tuple[Path, _Items]] = {}
         self._forward = True
+        self._unswept = 0  # bytes of parts written out since the collector last ran
         self.spills = 0
         """Parts written out so far."""
         self.restores = 0
@@ -289,13 +293,16 @@ class HeldParts:
         return ctx
 
     def _fit(self, keep: int) -> None:
-        evicted = False
         while len(self._held) > 1 and sum(self._sizes.get(i, 0) for i in self._held) > self.budget:
             oldest = next(i for i in self._held if i != keep)
+            self._unswept += self._sizes.get(oldest, 0)
             self._spill(oldest)
-            evicted = True
-        if evicted and not gc.isenabled():  # a worker runs without the collector
+        if self._unswept > max(self.budget, SWEEP_BYTES):
+            # a part's frames hold reference cycles: what it held is freed by the collector
+            # only, whose oldest generation runs seldom (or never, in a worker) — without a
+            # pass, parts written out stay in memory: 2 GB more on a cluster-day
             gc.collect()
+            self._unswept = 0
 
     def _spill(self, i: int) -> None:
         ctx = self._held.pop(i)
