@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -72,12 +75,14 @@ def _launch_bound(parts: Parts, th: Thresholds) -> Finding | None:
     g["lost"] = g["gpu_s"] * (th.host_bound_util_ref - g["util"]).clip(0)
     gpu_s = float(g["lost"].sum())
     mean_util = float(g["uw"].sum() / g["gpu_s"].sum())
-    rows = {k: np.concatenate([x["rows"][k] for x in got]) for k in got[0]["rows"]}
+    # the pinned samples' figures, added up exactly (`exact_sum`): the same however cut
+    rows = {k: [x["rows"][k] for x in got if "rows" in x] for k in _PINNED_FIGURES}
     compute_s = float(sum(x["compute_s"] for x in got))
-    pinned_share = float(rows["dt"].sum() / compute_s) if compute_s > 0 else 0
-    cpu_mean = float(np.nanmean(rows["cpu"]))
-    own_share = float(np.mean(rows["own"] >= th.process_core_pinned_pct))
-    sm = rows["sm"]
+    pinned_s = float(sum(rows["dt"], Fraction(0)))
+    pinned_share = pinned_s / compute_s if compute_s > 0 else 0
+    cpu_mean = _mean_of(rows["cpu"])
+    own_share = float(sum(n for n, _ in rows["own"])) / max(1, sum(m for _, m in rows["own"]))
+    sm_mean = _mean_of(rows["sm"])
     confidence = 0.45 + 0.3 * min(1.0, pinned_share) + 0.15 * own_share
     confidence += 0.1 if mean_util < 85 else 0.0
     intervals = g.groupby(["phase", "step"]).agg(
@@ -104,8 +109,8 @@ def _launch_bound(parts: Parts, th: Thresholds) -> Finding | None:
         f"util {mean_util:.0f}% in compute phases while {who} ({pinned_share:.0%} of compute "
         f"time): ~{_fmt_gpu_s(gpu_s)} ({{share}}) lost to launch/Python overhead"
     )
-    if np.isfinite(sm).any():
-        evidence.sm_active_pct = round(float(np.nanmean(sm)), 1)
+    if np.isfinite(sm_mean):
+        evidence.sm_active_pct = round(sm_mean, 1)
     return _finding("host_bound", parts, th, gpu_s, confidence, summary, evidence)
 
 
@@ -220,11 +225,37 @@ def _pinned(ctx: AnalysisContext, th: Thresholds, tol: int, main_max: pd.DataFra
     g["util"] = g["uw"] / g["gpu_s"] / 100.0
     out.update(
         groups=g,
-        rows={"dt": dt[pinned], "cpu": pinned_cpu[pinned], "own": own_cpu[pinned],
-              "sm": _num(s, "sm_active_pct")[pinned]},
+        rows=_pinned_figures(dt[pinned], pinned_cpu[pinned], own_cpu[pinned],
+                             _num(s, "sm_active_pct")[pinned], th),
         compute_s=exact_sum(dt[compute]),
     )  # fmt: skip
     return out
+
+
+_PINNED_FIGURES = ("dt", "cpu", "own", "sm")
+
+
+def _pinned_figures(
+    dt: np.ndarray, cpu: np.ndarray, own: np.ndarray, sm: np.ndarray, th: Thresholds
+) -> dict[str, Any]:
+    """One part's pinned samples as the figures the run's are combined from (a few numbers,
+    not a row a sample): their seconds (exact); the sum (exact) and count of the finite
+    readings of the pinning CPU and of SM activity; how many of them had their rank's own
+    process pinned, of how many."""
+
+    def finite(values: np.ndarray) -> tuple[Fraction, int]:
+        ok = np.isfinite(values)
+        return exact_sum(values[ok]), int(ok.sum())
+
+    own_pinned = int((own >= th.process_core_pinned_pct).sum())
+    return {"dt": exact_sum(dt), "cpu": finite(cpu), "own": (own_pinned, len(own)),
+            "sm": finite(sm)}  # fmt: skip
+
+
+def _mean_of(parts: list[tuple[Fraction, int]]) -> float:
+    """The mean of values given as the parts' (exact sum, count); NaN without any."""
+    count = sum(n for _, n in parts)
+    return float(sum((total for total, _ in parts), Fraction(0)) / count) if count else np.nan
 
 
 SPINNING_CPU_PCT = 50.0
