@@ -237,3 +237,55 @@ def test_a_disk_without_room_for_the_parts_is_told(kept, small_runs_in_parts, ca
     said = capsys.readouterr()
     assert said.out == "" and said.err.count("\n") == 1
     assert held_parts.ENV_SPILL_DIR in said.err
+
+
+@pytest.mark.parametrize("case", ["straggler", "split", "bubbles"])
+def test_stragglers_judged_a_stretch_of_steps_at_a_time_are_judged_as_at_once(
+    case, monkeypatch, tmp_path
+):
+    """A cluster-day's rank-steps are too many to hold at once: the straggler figures are
+    made a stretch of steps at a time (`imbalance.RANK_STEPS_PER_PASS`). Every phase-step
+    lies in one stretch, so the document is the one of one pass, in one process, in parts
+    and held within a budget."""
+    from gpuprof.analyzers.stalls import imbalance
+
+    run = _run(case)
+    want = render_json(diagnose(run, workers=1).to_dict())
+    assert '"kind": "imbalance"' in want or case != "straggler"
+    windows = []
+    real = imbalance._step_windows
+    monkeypatch.setattr(imbalance, "_step_windows",
+                        lambda p: windows.append(real(p)) or windows[-1])  # fmt: skip
+    monkeypatch.setattr(imbalance, "RANK_STEPS_PER_PASS", 40)
+    assert render_json(diagnose(run, workers=1).to_dict()) == want
+    assert min(len(w) for w in windows) > 3  # judged in stretches
+    got = diagnose(run, workers=2, budget=1, spill_dir=str(tmp_path))
+    assert render_json(got.to_dict()) == want
+
+
+@pytest.mark.parametrize("case", ["straggler", "hosts", "comm"])
+def test_the_stragglers_of_stretches_are_those_of_one_pass_in_its_order(case, monkeypatch):
+    """Row for row and in the same order (the sums over them are taken in that order)."""
+    from gpuprof.analyzers.findings import Thresholds
+    from gpuprof.analyzers.parts import Parts
+    from gpuprof.analyzers.stalls import imbalance
+
+    run = _run(case)
+    th = Thresholds(imbalance_spread_frac=0.01)  # many stragglers, in every stretch
+    parts = Parts.by_node(run)
+    assert parts.count >= 2
+    want = imbalance._straggler_rows(parts, th, set())
+    monkeypatch.setattr(imbalance, "RANK_STEPS_PER_PASS", 40)
+    parts = Parts.by_node(run)
+    assert len(imbalance._step_windows(parts)) > 3
+    got = imbalance._straggler_rows(parts, th, set())
+    assert len(want[0]) > 20
+    pd.testing.assert_frame_equal(got[0], want[0], check_exact=True)
+    pd.testing.assert_frame_equal(got[1], want[1], check_exact=True)
+    # every rank-step of every part kept: the order of one pass, not stretch by stretch
+    monkeypatch.setattr(imbalance, "_slowest", lambda per, th: per)
+    got = imbalance._straggler_rows(parts, th, set())
+    monkeypatch.setattr(imbalance, "RANK_STEPS_PER_PASS", 10**9)
+    want = imbalance._straggler_rows(Parts.by_node(run), th, set())
+    assert set(want[0]["host"]) == set(run.gpu["host"])
+    pd.testing.assert_frame_equal(got[0], want[0], check_exact=True)

@@ -16,8 +16,8 @@ import pandas as pd
 from gpuprof.analyzers.evidence import ImbalanceEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
 from gpuprof.analyzers.grouping import appearance_codes, first_rows, label_codes
-from gpuprof.analyzers.parts import Parts
-from gpuprof.analyzers.stalls._phase import _parts
+from gpuprof.analyzers.parts import Parts, deal
+from gpuprof.analyzers.stalls._phase import _memo, _parts
 from gpuprof.analyzers.stalls._resource import (
     NOT_WORK_PHASES,
     _collectives,
@@ -54,19 +54,10 @@ def _stragglers(parts: Parts, th: Thresholds) -> Finding | None:
         return None
     max_clock = top_clock(parts)
     throttled = set().union(*parts.map(_throttled_gpus, th, max_clock))
-    got = [g for g in parts.map(_rank_work, throttled) if g is not None]
-    if not got:
+    got = _straggler_rows(parts, th, throttled)
+    if got is None:
         return None
-    per = pd.concat([g["per"] for g in got], ignore_index=True)
-    per = per[np.isfinite(per["n_gpu"].to_numpy(np.float64))]
-    if per.empty:
-        return None
-    per = _paces(per)
-    per = per[per["ranks"] >= 2]
-    if per.empty:
-        return None
-    slow = (per["mx"] > per["med"] * (1 + th.imbalance_spread_frac)) & (per["mx"] > 0)
-    stragglers = per[slow & (per["dur"] >= per["mx"])]
+    stragglers, gpu_of = got
     # the slowest subgroup's straggler sets the pace of the phase-step (of equal ones, the
     # first by host and process)
     stragglers = stragglers.sort_values(
@@ -83,7 +74,6 @@ def _stragglers(parts: Parts, th: Thresholds) -> Finding | None:
     who = stragglers.groupby(["host", "pid"])["w"].sum().sort_values(ascending=False,
                                                                      kind="stable")  # fmt: skip
     top_host, top_pid = who.index[0]
-    gpu_of = pd.concat([g["gpu_of"] for g in got])
     top = gpu_of.loc[(top_host, top_pid)] if (top_host, top_pid) in gpu_of.index else None
     ranks = [r for r in parts.map(_rank_of, top_host, top_pid) if r is not None]
     rank = ranks[0] if ranks else None
@@ -190,21 +180,114 @@ def _group_keys(per: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return phase_step, phase_step * 2 + per["hot"].to_numpy(bool)
 
 
-def _rank_work(ctx: AnalysisContext, throttled: set[tuple[str, int]]) -> dict | None:
-    """One part's ranks: per (phase, step, host, pid) their work spans' seconds and stretch,
-    GPUs and whether on a throttled GPU; per owner its first GPU. None without work spans."""
+def _straggler_rows(
+    parts: Parts, th: Thresholds, throttled: set[tuple[str, int]]
+) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """The rank-steps that straggle (`_slowest`, in the order of the parts' rank-steps, as
+    one pass over every step gives them) and the owners' GPUs (`_rank_work`'s ``gpu_of``);
+    None without work spans or without a straggler."""
+    owners: dict[int, pd.DataFrame] = {}  # per part with work spans, its owners' GPUs
+    found = []
+    # a stretch of steps at a time: each rank-step is one row in this process while its
+    # stretch is judged, and a cluster-day has 10⁷ of them (its phase-steps each lie in one
+    # stretch, and the stragglers are put back in the order of one pass: the same figures)
+    for window in _step_windows(parts):
+        got = parts.map(_rank_work, throttled, window)
+        for i, g in enumerate(got):
+            if g is not None:
+                owners.setdefault(i, g["gpu_of"])
+        per = [g["per"].assign(part=i) for i, g in enumerate(got) if g is not None]
+        if per:
+            found.append(_slowest(pd.concat(per, ignore_index=True), th))
+        del got, per
+    if not owners:
+        return None
+    stragglers = pd.concat(found, ignore_index=True) if found else pd.DataFrame()
+    if stragglers.empty:
+        return None
+    stragglers = stragglers.sort_values(["part", "first"], kind="stable")
+    stragglers = stragglers.drop(columns=["part", "first"]).reset_index(drop=True)
+    return stragglers, pd.concat([owners[i] for i in sorted(owners)])
+
+
+RANK_STEPS_PER_PASS = 2_000_000
+"""Work spans from which the straggler figures are made a stretch of steps at a time, about
+this many at once (a row each, ~80 B, in the process that judges them, and in each part's
+reply): a cluster-day's 18 M spans in ten stretches instead of 1.2 GB of rows at once."""
+
+
+def _step_windows(parts: Parts) -> list[tuple[float, float] | None]:
+    """The stretches of steps (first, last) the straggler figures are made in, of about
+    `RANK_STEPS_PER_PASS` work spans each; ``[None]``, every step at once, for a run with
+    fewer spans than that."""
+    if parts.facts.valid_spans <= RANK_STEPS_PER_PASS:
+        return [None]
+    counts = [c for c in parts.map(_work_steps) if c is not None]
+    if not counts:
+        return [None]
+    per_step = pd.concat(counts).groupby(level=0, sort=True).sum()
+    steps = per_step.index.to_numpy(np.float64)
+    n = int(np.ceil(per_step.sum() / RANK_STEPS_PER_PASS))
+    return [(float(steps[g[0]]), float(steps[g[-1]])) for g in deal(per_step.tolist(), n)]
+
+
+def _work_mask(ctx: AnalysisContext) -> np.ndarray:
+    """Which of the part's usable spans are work: not waiting, not a collective, in a step."""
+    spans = _spans(ctx)
+
+    def compute() -> np.ndarray:
+        return (
+            ~spans["phase"].isin(NOT_WORK_PHASES).to_numpy()
+            & ~_collectives(ctx)
+            & ~spans["wait"].to_numpy()
+            & np.isfinite(spans["step"].to_numpy(np.float64))
+        )
+
+    return _memo(ctx, "work_spans", compute)
+
+
+def _work_steps(ctx: AnalysisContext) -> pd.Series | None:
+    """One part's work spans per step (None without)."""
     spans = _spans(ctx)
     s = ctx.unclaimed_samples
     if spans.empty or s is None or s.empty:
         return None
-    work = spans[
-        ~spans["phase"].isin(NOT_WORK_PHASES).to_numpy()
-        & ~_collectives(ctx)
-        & ~spans["wait"].to_numpy()
-        & np.isfinite(spans["step"].to_numpy(np.float64))
-    ]
+    return spans["step"][_work_mask(ctx)].value_counts(sort=False)
+
+
+def _slowest(per: pd.DataFrame, th: Thresholds) -> pd.DataFrame:
+    """The rank-steps of ``per`` (every rank of each of its phase-steps) that straggle: the
+    slowest of a phase-step that runs longer than the pace the others kept."""
+    per = per[np.isfinite(per["n_gpu"].to_numpy(np.float64))]
+    if per.empty:
+        return per
+    per = _paces(per)
+    per = per[per["ranks"] >= 2]
+    slow = (per["mx"] > per["med"] * (1 + th.imbalance_spread_frac)) & (per["mx"] > 0)
+    return per[slow & (per["dur"] >= per["mx"])]
+
+
+def _rank_work(
+    ctx: AnalysisContext, throttled: set[tuple[str, int]],
+    window: tuple[float, float] | None = None,
+) -> dict | None:  # fmt: skip
+    """One part's ranks: per (phase, step, host, pid) their work spans' seconds and stretch,
+    GPUs, whether on a throttled GPU and ``first``, the place of the group's first span
+    among the part's work spans; per owner its first GPU. ``window``: only the steps from
+    its first to its last. None without work spans."""
+    spans = _spans(ctx)
+    s = ctx.unclaimed_samples
+    if spans.empty or s is None or s.empty:
+        return None
+    work = spans[_work_mask(ctx)]
     if work.empty:
         return None
+    work = work.assign(first=np.arange(len(work)))
+    if window is not None:
+        step = work["step"].to_numpy(np.float64)
+        work = work[(step >= window[0]) & (step <= window[1])]
+        if work.empty:
+            return None
     # GPUs per owner process (a controller may drive several): each GPU's first sample that
     # has an owner, in sample order (as dropna + drop_duplicates on host and gpu)
     gpu, _ = _gpu_codes(ctx, s)
@@ -215,8 +298,9 @@ def _rank_work(ctx: AnalysisContext, throttled: set[tuple[str, int]]) -> dict | 
     d = work.assign(dur=(work["end_ns"] - work["start_ns"]) / 1e9)
     g = d.groupby(["phase", "step", "host", "pid"], sort=False)
     per = pd.DataFrame(
-        {"dur": g["dur"].sum(), "start_ns": g["start_ns"].min(), "end_ns": g["end_ns"].max()}
-    ).reset_index()
+        {"dur": g["dur"].sum(), "start_ns": g["start_ns"].min(), "end_ns": g["end_ns"].max(),
+         "first": g["first"].min()}
+    ).reset_index()  # fmt: skip
     idx = pd.MultiIndex.from_arrays([per["host"], per["pid"]])
     per["n_gpu"] = n_gpu.reindex(idx).to_numpy()
     # ranks on throttled GPUs are compared with each other only: their common slowdown is
