@@ -54,6 +54,7 @@ __all__ = [
     "Within",
     "available_bytes",
     "fewer_workers_line",
+    "part_bytes",
     "process_bytes",
     "whole_diagnosis_bytes",
     "within",
@@ -83,6 +84,14 @@ def part_bytes(samples: int, spans: int) -> int:
     return SAMPLE_BYTES * int(samples) + SPAN_BYTES * int(spans)
 
 
+HELD_SHARE = 0.9
+"""Share of a limit the processes and their parts are given when a diagnosis is held within
+it (`within`): the rest for what a call holds at once beyond the parts (a part's figures
+being made, the replies of all of a process's parts). The cluster-day given all of 2 GB
+(two processes, 0.56 GB for their parts) peaked at 2.08 GB (`bench_parts_parent.py
+--budget 0.56`, session 17)."""
+
+
 class Within(NamedTuple):
     """How a diagnosis is held within a memory limit: on ``processes`` processes whose parts
     hold at most ``budget`` bytes together (`analyzers.held_parts`)."""
@@ -101,7 +110,7 @@ def within(rows: Mapping[str, int], limit: int, workers: int, largest_node: floa
         int(rows.get("gpu", 0)) * largest_node, int(rows.get("spans", 0)) * largest_node
     )
     for processes in range(max(1, int(workers)), 0, -1):
-        budget = int(limit) - processes * process_bytes(rows)
+        budget = int(limit * HELD_SHARE) - processes * process_bytes(rows)
         if budget >= processes * node:
             return Within(processes, budget)
     return None

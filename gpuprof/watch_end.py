@@ -181,7 +181,8 @@ def _workers_that_fit(run_dir: Path, rows: dict[str, int], workers: int, quiet: 
         f"the summary and report of {run_dir} are not made here: its whole diagnosis would "
         f"hold about {need / 1e9:.1f} GB ({rows.get('gpu', 0):,} merged GPU samples, "
         f"{rows.get('spans', 0):,} spans) and {free / 1e9:.1f} GB of memory are free. The run "
-        f"is saved: gpuprof analyze {run_dir} --by-steps {BY_STEPS} (and gpuprof report "
+        f"is saved: gpuprof analyze {run_dir} holds its diagnosis within the memory free "
+        f"(slower), gpuprof analyze {run_dir} --by-steps {BY_STEPS} (and gpuprof report "
         f"--by-steps {BY_STEPS}) diagnoses it stretch by stretch"
     )
     return 0

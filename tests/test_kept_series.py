@@ -485,6 +485,7 @@ def test_the_end_of_a_watch_diagnoses_a_long_run_in_parts_then_reports_it(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "are not made here" in err[0]
     assert f"gpuprof analyze {run_dir} --by-steps 24" in err[0]
+    assert f"gpuprof analyze {run_dir} holds its diagnosis within the memory free" in err[0]
     assert not (run_dir / "report.html").exists() and len(small_runs_in_parts) == 1
     # four cores, memory for two: diagnosed on two, said in one line, the same document
     monkeypatch.setenv("GPUPROF_WORKERS", "4")
