@@ -141,6 +141,27 @@ def test_a_spill_directory_that_cannot_be_written_stops_the_diagnosis(tmp_path):
         held.map(lambda ctx: None)
 
 
+def test_a_worker_that_cannot_write_its_parts_out_says_why_without_a_traceback(tmp_path, capfd):
+    run = _run("hosts")  # three nodes: one in this process, two in the worker
+    blocked = tmp_path / "a file"
+    blocked.write_text("not a directory")
+    spilled = []
+    real = held_parts.HeldParts._spill
+
+    def spill(self, i):
+        spilled.append(os.getpid())
+        real(self, i)
+
+    held_parts.HeldParts._spill = spill
+    try:
+        with pytest.raises(RunError, match="a part could not be written out"):
+            diagnose(run, workers=2, budget=1, spill_dir=str(blocked))
+    finally:
+        held_parts.HeldParts._spill = real
+    assert spilled == []  # not in this process: its one node never went to disk
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_the_directories_of_dead_processes_are_cleared(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gpuprof.analyzers.findings import AnalysisContext
-from gpuprof.analyzers.held_parts import HeldParts
+from gpuprof.analyzers.held_parts import HeldParts, SpillFailed
 from gpuprof.analyzers.parts import (
     Parts,
     combined_facts,
@@ -81,14 +81,19 @@ def _serve(
                 return
             fn, args, new_found = msg
             found.extend(new_found)
+            lost = False
             try:
                 reply = ("ok", held.map(fn, args))
                 data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as exc:  # the caller raises it, as the call in one process would
                 data = _error(exc)
+            except (PartsLost, SpillFailed) as exc:  # no part can answer: said, then gone
+                data, lost = pickle.dumps(("lost", str(exc))), True
             try:
                 conn.send_bytes(data)
             except (EOFError, OSError):
+                return
+            if lost:
                 return
     finally:  # a part that can't be made or spilled ends the worker: the parent sees it
         held.close()
@@ -235,6 +240,9 @@ class WorkerParts(Parts):
                 raise PartsLost(f"a worker holding parts is gone ({type(exc).__name__})") from exc
             if status == "ok":
                 out.extend(value)
+            elif status == "lost":  # its parts can no longer be made or read back
+                self.close()
+                raise PartsLost(value)
             elif error is None:
                 error = value
         if error is not None:
