@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pandas as pd
@@ -139,6 +140,26 @@ def test_a_spill_directory_that_cannot_be_written_stops_the_diagnosis(tmp_path):
         diagnose(run, workers=1, budget=1, spill_dir=str(blocked))
     with _toy_parts(blocked) as held, pytest.raises(SpillFailed):
         held.map(lambda ctx: None)
+
+
+def _unpicklable(ctx):
+    ctx.__dict__["_lock"] = threading.Lock()  # TypeError when pickled, not PicklingError
+
+
+def test_a_figure_that_does_not_pickle_stops_the_parts_rather_than_losing_one(tmp_path):
+    """A part that cannot be written out is gone from memory: made again it would have lost
+    its claims, so the parts stop instead."""
+    with _toy_parts(tmp_path) as held, pytest.raises(SpillFailed, match="cannot pickle"):
+        held.map(_unpicklable)
+
+
+def test_a_part_removed_from_disk_stops_the_parts(tmp_path):
+    with _toy_parts(tmp_path) as held:
+        held.map(_claim_even)  # part 0 written out
+        for path in tmp_path.rglob("part-0.pkl"):
+            path.unlink()
+        with pytest.raises(SpillFailed, match="does not read back"):
+            held.map(_claim_even)
 
 
 def test_a_worker_that_cannot_write_its_parts_out_says_why_without_a_traceback(tmp_path, capfd):

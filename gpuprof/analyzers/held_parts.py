@@ -322,7 +322,8 @@ class HeldParts:
             with open(tmp, "wb") as handle:
                 _Writer(handle, items).dump(state)
             os.replace(tmp, entries)
-        except (OSError, pickle.PicklingError) as exc:
+        except Exception as exc:  # a disk that is full or gone, a figure that won't pickle:
+            # the part is no longer in memory, so nothing may go on without it
             raise SpillFailed(f"a part could not be written out: {exc}") from exc
         items.forget()
         self._spilled[i] = (entries, items)
@@ -333,7 +334,7 @@ class HeldParts:
         try:
             with open(items.path, "rb") as handle, open(entries, "rb") as source:
                 state = _Reader(source, items, handle).load()
-        except (OSError, pickle.UnpicklingError, EOFError) as exc:
+        except Exception as exc:  # removed, cut short: the part is lost
             raise SpillFailed(f"a part written out does not read back: {exc}") from exc
         ctx = AnalysisContext.__new__(AnalysisContext)
         ctx.__dict__.update(state)
