@@ -104,7 +104,7 @@ def diagnose(
     together: the run is diagnosed node by node on ``workers`` processes (one: this one
     alone), the parts used longest ago written to disk when the budget is full
     (`held_parts`, into ``spill_dir``: by default `held_parts.spill_root`); the same
-    diagnosis, whatever the budget. Raises `store.RunError` when it
+    diagnosis, whatever the budget. Raises `errors.RunError` when it
     cannot go on so (a part does not read back, the disk is full) rather than read the run
     whole here.
     """
@@ -158,7 +158,7 @@ def _within(
         ) as parts:
             return diagnose_parts(parts, th)
     except (PartsLost, SpillFailed) as exc:
-        from gpuprof.store import RunError
+        from gpuprof.errors import RunError
 
         raise RunError(f"the diagnosis within {budget / 1e9:.1f} GB stopped: {exc}") from None
 
