@@ -12,6 +12,7 @@ too large for the memory free within it, saying so in one line.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import pytest
 import test_kept_series
 from test_parts import _run
 
-from gpuprof import api, footprint
+from gpuprof import api, footprint, load_cache, loader
 from gpuprof.analyzers import held_parts
 from gpuprof.analyzers.diagnose import diagnose, diagnose_parts
 from gpuprof.analyzers.findings import AnalysisContext
@@ -337,3 +338,25 @@ def test_the_stragglers_of_stretches_are_those_of_one_pass_in_its_order(case, mo
     want = imbalance._straggler_rows(Parts.by_node(run), th, set())
     assert set(want[0]["host"]) == set(run.gpu["host"])
     pd.testing.assert_frame_equal(got[0], want[0], check_exact=True)
+
+
+def test_a_nodes_read_opens_only_the_kept_files_that_hold_it(kept, monkeypatch):
+    """A kept form made file by file names each file's hosts: one node's series are read
+    from its files alone (the same rows, `test_kept_series`), not filtered out of all."""
+    import pyarrow as pa
+
+    run_dir, whole = kept("by file")
+    _, series = loader.load_for_diagnosis(run_dir, defer_from=1)
+    spans = json.loads((run_dir / load_cache.DIRNAME / "run.json").read_text())["tables"]["spans"]
+    assert len(spans["parts"]) == 3 and all(len(p["hosts"]) == 1 for p in spans["parts"])
+    opened = []
+    real = pa.memory_map
+    monkeypatch.setattr(pa, "memory_map", lambda path, *a: opened.append(path) or real(path, *a))
+    host = spans["parts"][1]["hosts"][0]
+    got = series.read([host])
+    assert [p for p in opened if "/spans." in p] == [str(run_dir / load_cache.DIRNAME /
+                                                        spans["parts"][1]["file"])]  # fmt: skip
+    assert len(got["spans"]) == int((whole.spans["host"] == host).sum()) > 0
+    opened.clear()
+    series.read()
+    assert len([p for p in opened if "/spans." in p]) == 3
