@@ -1,6 +1,6 @@
 """Where the time of `analyze` goes when a long run is diagnosed in worker parts, measured.
 
-    python benchmarks/bench_parts_parent.py RUN_DIR [--workers 2] [--budget GB]
+    python benchmarks/bench_parts_parent.py RUN_DIR [--workers 2] [--budget GB | --max-memory GB]
 
 `bench_parts_scaling.py` times the parts' calls in one process, so it holds every part at
 once: a cluster-day does not fit that way. This runs `analyze`'s own path in this process
@@ -37,7 +37,9 @@ from gpuprof.analyzers.diagnose import parts_min_samples  # noqa: E402
 from gpuprof.reports.fmt import render_json  # noqa: E402
 
 
-def clocked(run_dir: Path, workers: int, budget: int | None = None) -> None:
+def clocked(
+    run_dir: Path, workers: int, budget: int | None = None, max_memory: int | None = None
+) -> None:
     """`analyze`'s path in this process, clocked; prints the figures and the digest."""
     clocks = {"made": 0.0, "waiting": 0.0}
     real_init, real_map = part_workers.WorkerParts.__init__, part_workers.WorkerParts.map
@@ -69,7 +71,15 @@ def clocked(run_dir: Path, workers: int, budget: int | None = None) -> None:
         real_close(self)
 
     part_workers.WorkerParts.close = counted_close
-    doc = render_json(api.analyze(run, workers=workers, series=series, budget=budget).to_dict())
+    spill_dir = None
+    if max_memory is not None:  # as `analyze --max-memory` picks the processes and budget
+        from gpuprof.cli import _Memory, _within_memory
+
+        workers, held = _within_memory(run_dir, series, workers, True, _Memory(False, max_memory))
+        if held is not None:
+            budget, spill_dir = held
+    doc = render_json(api.analyze(run, workers=workers, series=series, budget=budget,
+                                  spill_dir=spill_dir).to_dict())  # fmt: skip
     t2 = time.perf_counter()
     serial = (t2 - t1) - clocks["waiting"] - clocks["made"]
     print(f"series read by the workers: {series is not None}")
@@ -91,13 +101,18 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=None,
                         help="GB the parts may hold, all processes together (analyze's "
                              "--max-memory less the processes' own)")  # fmt: skip
+    parser.add_argument("--max-memory", type=float, default=None,
+                        help="GB: analyze --max-memory's processes and budget")  # fmt: skip
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner:
-        clocked(args.run, args.workers, None if args.budget is None else int(args.budget * 1e9))
+        budget = None if args.budget is None else int(args.budget * 1e9)
+        limit = None if args.max_memory is None else int(args.max_memory * 1e9)
+        clocked(args.run, args.workers, budget, limit)
         return
     # measured from a small spawner: the tree's PSS is the analysis's own
     budget = ["--budget", str(args.budget)] if args.budget is not None else []
+    budget += ["--max-memory", str(args.max_memory)] if args.max_memory is not None else []
     got = measure.run([sys.executable, __file__, str(args.run), "--workers", str(args.workers),
                        "--inner", *budget], poll=True, check=True)  # fmt: skip
     print(f"run: {args.run}  workers: {args.workers}")

@@ -234,7 +234,7 @@ def _within_memory(
     largest = max(counts.values()) / max(1, sum(counts.values())) if counts else 1.0
     got = footprint.within(rows, limit, workers, largest)
     if got is None:
-        each = footprint.process_bytes(rows)
+        each = footprint.held_process_bytes(rows)
         _err(
             f"{run_dir}: {why}, and it cannot be held within {limit / 1e9:.1f} GB node by "
             f"node: each process holds about {each / 1e9:.1f} GB of the whole run's figures "

@@ -57,6 +57,7 @@ __all__ = [
     "Within",
     "available_bytes",
     "fewer_workers_line",
+    "held_process_bytes",
     "part_bytes",
     "process_bytes",
     "whole_diagnosis_bytes",
@@ -87,12 +88,28 @@ def part_bytes(samples: int, spans: int) -> int:
     return SAMPLE_BYTES * int(samples) + SPAN_BYTES * int(spans)
 
 
-HELD_SHARE = 0.9
+HELD_SHARE = 0.95
 """Share of a limit the processes and their parts are given when a diagnosis is held within
-it (`within`): the rest for what a call holds at once beyond the parts (a part's figures
-being made, the replies of all of a process's parts). The cluster-day given all of 2 GB
-(two processes, 0.56 GB for their parts) peaked at 2.08 GB (`bench_parts_parent.py
---budget 0.56`, session 17)."""
+it (`within`): the rest for the estimate's error."""
+
+HELD_BASE_BYTES = 270_000_000
+"""Memory of each process of a diagnosis held within a limit besides its parts' budget: the
+interpreter and its libraries, what a call holds at once (the part in use being labelled,
+the replies of all the process's parts)..."""
+
+HELD_ROW_BYTES = 14
+"""...and its copies of the whole run's figures, per merged sample and span of the run.
+Both fitted to the tree PSS of the two runs measured held within a budget, on two processes
+(`bench_parts_parent.py --budget`, session 17): 256 GPUs × 4 h (1.87 M rows), 1.12 GB with
+0.53 GB for the parts, and the cluster-day (35.4 M rows), 1.86 GB with 0.35 GB: ~0.29 and
+~0.76 GB a process. The estimate made for a diagnosis held in memory (`process_bytes`)
+says 0.19 and 0.72."""
+
+
+def held_process_bytes(rows: Mapping[str, int]) -> int:
+    """About how much memory each process of a diagnosis held within a limit holds besides
+    its parts (`HELD_BASE_BYTES`, `HELD_ROW_BYTES`)."""
+    return HELD_BASE_BYTES + HELD_ROW_BYTES * (int(rows.get("gpu", 0)) + int(rows.get("spans", 0)))
 
 
 class Within(NamedTuple):
@@ -113,7 +130,7 @@ def within(rows: Mapping[str, int], limit: int, workers: int, largest_node: floa
         int(rows.get("gpu", 0)) * largest_node, int(rows.get("spans", 0)) * largest_node
     )
     for processes in range(max(1, int(workers)), 0, -1):
-        budget = int(limit * HELD_SHARE) - processes * process_bytes(rows)
+        budget = int(limit * HELD_SHARE) - processes * held_process_bytes(rows)
         if budget >= processes * node:
             return Within(processes, budget)
     return None

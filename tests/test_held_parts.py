@@ -222,11 +222,11 @@ def test_what_is_no_memory_size(text):
 def test_within_a_limit_the_processes_that_fit_and_their_parts_budget(monkeypatch):
     rows = {"gpu": 10_000_000, "spans": 10_000_000}
     assert footprint.within(rows, 10**11, 8, 0.1) == footprint.Within(
-        8, int(10**11 * footprint.HELD_SHARE) - 8 * footprint.process_bytes(rows)
+        8, int(10**11 * footprint.HELD_SHARE) - 8 * footprint.held_process_bytes(rows)
     )  # a share of the limit kept for what the calls hold at once
     monkeypatch.setattr(footprint, "HELD_SHARE", 1.0)
-    each = footprint.process_bytes(rows)
-    assert each == footprint.BASE_BYTES + 16 * 20_000_000
+    each = footprint.held_process_bytes(rows)
+    assert each == footprint.HELD_BASE_BYTES + footprint.HELD_ROW_BYTES * 20_000_000
     node = footprint.part_bytes(1_000_000, 1_000_000)  # a tenth of the run
     got = footprint.within(rows, 4 * each + 4 * node, 8, 0.1)
     assert got == footprint.Within(4, 4 * node)
@@ -249,7 +249,8 @@ def test_analyze_holds_a_run_within_max_memory_with_the_same_document(
     monkeypatch.setattr(HeldParts, "_spill",
                         lambda self, i: written.append(i) or real_spill(self, i))  # fmt: skip
     # room for one process and about a node's part: the other nodes go to disk
-    held = footprint.process_bytes(rows) + footprint.part_bytes(rows["gpu"], rows["spans"]) // 2
+    node = footprint.part_bytes(rows["gpu"], rows["spans"]) // 2
+    held = footprint.held_process_bytes(rows) + node
     limit = int(held / footprint.HELD_SHARE) + 1
     analyze_command(run_dir, json_out=True, workers=2, max_memory=limit)
     said = capsys.readouterr()
@@ -276,7 +277,7 @@ def test_a_disk_without_room_for_the_parts_is_told(kept, small_runs_in_parts, ca
 
     run_dir, whole = kept("whole")
     rows = {"gpu": len(whole.gpu), "spans": len(whole.spans)}
-    held = footprint.process_bytes(rows) + footprint.part_bytes(rows["gpu"], rows["spans"])
+    held = footprint.held_process_bytes(rows) + footprint.part_bytes(rows["gpu"], rows["spans"])
     limit = int(held / footprint.HELD_SHARE) + 1
     assert limit < footprint.whole_diagnosis_bytes(rows, 2)
     monkeypatch.setattr(cli, "_disk_free", lambda path: 1)

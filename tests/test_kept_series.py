@@ -355,14 +355,18 @@ def test_a_whole_diagnosis_too_large_for_the_memory_free_is_held_within_it(
     per_process = footprint.BASE_BYTES + 16 * (rows["gpu"] + rows["spans"])
     assert need == 650 * rows["gpu"] + 460 * rows["spans"] + 2 * per_process
     monkeypatch.setattr(footprint, "available_bytes", lambda: need - 1)
+    # a process held within a limit needs ~0.27 GB, more than all of this small run: as
+    # for a large run, where holding it is what fits
+    held_base = footprint.HELD_BASE_BYTES
+    monkeypatch.setattr(footprint, "HELD_BASE_BYTES", 10**7)
     analyze_command(run_dir, json_out=True, workers=2)  # held within the memory free
     said = capsys.readouterr()
     assert said.out.strip() == want.strip() and said.err.count("\n") == 1
     assert f"would hold about {need / 1e9:.1f} GB and {(need - 1) / 1e9:.1f} GB" in said.err
-    assert f"diagnosed within {int((need - 1) * 0.8) / 1e9:.1f} GB on 1 process," in said.err
+    assert f"diagnosed within {int((need - 1) * 0.8) / 1e9:.1f} GB on 2 processes," in said.err
     assert len(small_runs_in_parts) == 1
     # not even one process with its nodes: one line, exit 3
-    monkeypatch.setattr(footprint, "available_bytes", lambda: footprint.process_bytes(rows))
+    monkeypatch.setattr(footprint, "HELD_BASE_BYTES", held_base)
     with pytest.raises(SystemExit) as stopped:
         analyze_command(run_dir, json_out=True, workers=2)
     assert stopped.value.code == 3
