@@ -212,8 +212,9 @@ def _within_memory(
                 f"{run_dir}: its whole diagnosis would hold about {need / 1e9:.1f} GB "
                 f"({rows.get('gpu', 0):,} merged GPU samples, {rows.get('spans', 0):,} spans, "
                 f"{workers} workers) and {free / 1e9:.1f} GB of memory are free: diagnose it "
-                f"on fewer workers (--workers {fewer}: about {fits / 1e9:.1f} GB), within "
-                "the memory free (--max-memory), or stretch by stretch (--by-steps 24)"
+                f"on fewer workers (--workers {fewer}: about {fits / 1e9:.1f} GB), "
+                + ("within the memory free (analyze --max-memory), " if memory.hold else "")
+                + "or stretch by stretch (--by-steps 24)"
             )
             raise SystemExit(EXIT_TOO_LARGE)
         limit = int(free * FREE_SHARE)
