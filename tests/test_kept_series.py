@@ -532,6 +532,14 @@ def test_report_diagnoses_a_long_run_as_analyze_does_and_says_when_it_will_not_f
     said = capsys.readouterr()
     assert said.out == "" and said.err.count("\n") == 1 and "--by-steps" in said.err
     assert not (run_dir / "report.html").exists() and len(small_runs_in_parts) == 1
+    # more workers asked for than fit: the line names fewer, not analyze's --max-memory
+    monkeypatch.setattr(footprint, "available_bytes",
+                        lambda: footprint.whole_diagnosis_bytes(rows, 2))  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        report_command(run_dir, workers=4)
+    said = capsys.readouterr()
+    assert stopped.value.code == 3 and said.err.count("\n") == 1
+    assert "--workers 2" in said.err and "--max-memory" not in said.err
     body, kwargs = plain_call(["report", str(run_dir), "--ignore-memory"])
     body(**kwargs, workers=2)
     assert (run_dir / "report.html").exists() and len(small_runs_in_parts) == 2
