@@ -361,3 +361,25 @@ def test_a_nodes_read_opens_only_the_kept_files_that_hold_it(kept, monkeypatch):
     opened.clear()
     series.read()
     assert len([p for p in opened if "/spans." in p]) == 3
+
+
+@pytest.mark.skipif(not test_kept_series.REAL, reason="no shared fixtures")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_real_files_of_four_hosts_written_out_after_every_call_give_the_same(
+    workers, tmp_path, monkeypatch
+):
+    """Public nvidia-smi and DCGM files imported as one run of four hosts, kept, then held
+    within a budget that writes every part out after every call: the document of the run
+    read whole."""
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
+    paths = [p for p in test_kept_series.REAL if p.name in test_kept_series.TOGETHER]
+    assert len(paths) == 4
+    run_dir = api.import_files(paths, tmp_path / "run")
+    want = render_json(api.analyze(loader.load_for_analysis(run_dir, workers=1)).to_dict())
+    light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
+    assert series is not None
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    got = api.analyze(light, workers=workers, series=series, budget=1, spill_dir=str(spill))
+    assert render_json(got.to_dict()) == want
+    assert list(spill.iterdir()) == []

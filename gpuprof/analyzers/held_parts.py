@@ -44,7 +44,8 @@ ENV_SPILL_DIR = "GPUPROF_SPILL_DIR"
 the system's temporary directory, `spill_root`)."""
 
 PREFIX = "gpuprof-spill-"
-"""Name of a process's directory of parts written out: ``gpuprof-spill-PID-XXXX``."""
+"""Start of the name of a process's directory of parts written out, followed by the process's
+id, a dash and `tempfile.mkdtemp`'s random letters (`clear_stale` reads the id back)."""
 
 NOT_SPILLED = ("_found", "_parts", "_per_frame_cache")
 """Context entries never written out: the run's findings (one list, shared by the process's
@@ -281,7 +282,8 @@ class HeldParts:
         return out
 
     def contexts(self) -> list[AnalysisContext]:
-        """Every part, made or read back (all in memory: for a run of one part, or tests)."""
+        """Every part, made or read back, all in memory at once (without a budget: the
+        parts made when the process starts, while the others make theirs)."""
         return [self._get(i) for i in range(self.count)]
 
     def _get(self, i: int) -> AnalysisContext:
