@@ -119,6 +119,32 @@ def test_a_frame_changed_in_place_is_written_again(tmp_path):
     assert got == [["a", "c"]] * 4
 
 
+def _set_column(ctx):
+    ctx.__dict__["_frame"]["a"] = -ctx.__dict__["_frame"]["a"]  # a column set anew
+
+
+def test_a_column_set_anew_is_written_again(tmp_path):
+    with _toy_parts(tmp_path) as held:
+        held.map(_remember, ("_frame", pd.DataFrame({"a": np.arange(100_000), "b": 1.0})))
+        held.map(lambda ctx: None)  # both written out once
+        held.map(_set_column)
+        got = held.map(lambda ctx: int(ctx.__dict__["_frame"]["a"].sum()))
+        got += held.map(lambda ctx: int(ctx.__dict__["_frame"]["a"].sum()))
+    assert got == [-sum(range(100_000))] * 4
+
+
+def test_arrays_read_back_are_views_of_the_file_that_writes_do_not_change(tmp_path):
+    items = held_parts._Items(tmp_path / "items")
+    frame = pd.DataFrame({"a": np.arange(100_000), "t": pd.array(["x", "y"] * 50_000)})
+    pd.testing.assert_frame_equal(items.load(items.token(frame), items.mapped()), frame)
+    token = items.token(np.arange(100_000))
+    values = items.load(token, items.mapped())
+    assert values.flags.writeable and not values.flags.owndata  # a view, not a copy
+    assert values.ctypes.data % held_parts.ALIGN == 0
+    values[0] = -1  # a private map: the page is copied, the file is as written
+    assert items.load(token, items.mapped())[0] == 0
+
+
 def test_a_budget_keeps_the_parts_that_fit_in_memory(tmp_path):
     run = _run("busy")
     one = context_bytes(AnalysisContext(run))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
+import mmap
 import os
 import pickle
 import shutil
@@ -58,6 +59,10 @@ written with what holds them, at each spill."""
 
 SWEEP_BYTES = 64 * 2**20
 """Bytes of parts written out (or the budget, when larger) after which the collector runs."""
+
+ALIGN = 64
+"""Alignment in the file of an object's arrays: read back as views of the file's map, they
+start where an array made in memory would."""
 
 ITEM_INDEX_ROWS = 4096
 """Indexes from this length are written once as objects of their own."""
@@ -159,11 +164,18 @@ def _frame_bytes(obj: pd.DataFrame | pd.Series | pd.Index) -> int:
 
 
 class _Items:
-    """One part's file of large objects: each written once, read back by its token."""
+    """One part's file of large objects: each written once, read back by its token.
+
+    An object is written as its pickle (protocol 5) followed by its arrays' memory, each
+    aligned to `ALIGN` bytes (``buffer_callback``: written from the arrays themselves, not
+    copied into the pickle). Read back, the arrays are views of a private map of the file
+    (`mmap.ACCESS_COPY`: writable, a page written is copied, the file never changed): only
+    the pages a call touches are read, and nothing is copied to rebuild them."""
 
     def __init__(self, path: Path):
         self.path = path
-        self._at: dict[int, tuple[int, int]] = {}  # token → (offset, length)
+        # token → (offset, length of the pickle, [(offset, length)] of its arrays' memory)
+        self._at: dict[int, tuple[int, int, list[tuple[int, int]]]] = {}
         self._by_id: dict[int, tuple[int, Any, tuple]] = {}  # id → (token, object, shape)
         self._next = 0
 
@@ -174,32 +186,58 @@ class _Items:
     def token(self, obj: Any) -> int:
         known = self._by_id.get(id(obj))
         shape = _shape(obj)
-        if known is not None and known[1] is obj and known[2] == shape:
+        if known is not None and known[1] is obj and _same_shape(known[2], shape):
             return known[0]
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        buffers: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        spans = []
         with open(self.path, "ab") as handle:
             at = handle.seek(0, io.SEEK_END)
             handle.write(data)
+            end = at + len(data)
+            for buffer in buffers:
+                raw = buffer.raw()
+                start = -(-end // ALIGN) * ALIGN
+                handle.write(bytes(start - end))
+                handle.write(raw)
+                spans.append((start, raw.nbytes))
+                end = start + raw.nbytes
         token = self._next
         self._next += 1
-        self._at[token] = (at, len(data))
+        self._at[token] = (at, len(data), spans)
         self._by_id[id(obj)] = (token, obj, shape)
         return token
 
-    def load(self, token: int, handle: Any) -> Any:
-        at, length = self._at[token]
-        handle.seek(at)
-        obj = pickle.loads(handle.read(length))
+    def load(self, token: int, view: memoryview) -> Any:
+        """The object of ``token`` from ``view``, a map of the whole file (`mapped`)."""
+        at, length, spans = self._at[token]
+        buffers = [view[start : start + n] for start, n in spans]
+        obj = pickle.loads(view[at : at + length], buffers=buffers)
         self._by_id[id(obj)] = (token, obj, _shape(obj))
         return obj
 
+    def mapped(self) -> memoryview:
+        """The file as it is now, mapped privately (empty when nothing was written)."""
+        with open(self.path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_size == 0:
+                return memoryview(b"")
+            return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
+
 
 def _shape(obj: Any) -> tuple:
-    """What tells an object written out from the same object changed in place since (a
-    column added to a frame)."""
+    """What tells an object written out from the same object changed in place since: its
+    shape and dtype; a frame's column labels (the labels' object, kept: labels changed are
+    a new one) and its blocks (a column added or set anew is a new block)."""
     if isinstance(obj, pd.DataFrame):
-        return (obj.shape, tuple(obj.columns))
+        blocks = getattr(getattr(obj, "_mgr", None), "blocks", ())
+        return (obj.shape, obj.columns, tuple(id(b) for b in blocks))
     return (getattr(obj, "shape", None), str(getattr(obj, "dtype", "")))
+
+
+def _same_shape(was: tuple, now: tuple) -> bool:
+    if isinstance(now[1], pd.Index):
+        return was[0] == now[0] and was[1] is now[1] and was[2] == now[2]
+    return was == now
 
 
 def _is_item(obj: Any) -> bool:
@@ -220,16 +258,16 @@ class _Writer(pickle.Pickler):
 
 
 class _Reader(pickle.Unpickler):
-    def __init__(self, file: Any, items: _Items, handle: Any):
+    def __init__(self, file: Any, items: _Items, view: memoryview):
         super().__init__(file)
         self._items = items
-        self._handle = handle
+        self._view = view
         self._loaded: dict[int, Any] = {}
 
     def persistent_load(self, pid: Any) -> Any:
         token = int(pid)
         if token not in self._loaded:  # one object, however many entries hold it
-            self._loaded[token] = self._items.load(token, self._handle)
+            self._loaded[token] = self._items.load(token, self._view)
         return self._loaded[token]
 
 
@@ -334,8 +372,8 @@ class HeldParts:
     def _read_back(self, i: int) -> AnalysisContext:
         entries, items = self._spilled[i]
         try:
-            with open(items.path, "rb") as handle, open(entries, "rb") as source:
-                state = _Reader(source, items, handle).load()
+            with open(entries, "rb") as source:
+                state = _Reader(source, items, items.mapped()).load()
         except Exception as exc:  # removed, cut short: the part is lost
             raise SpillFailed(f"a part written out does not read back: {exc}") from exc
         ctx = AnalysisContext.__new__(AnalysisContext)
