@@ -61,8 +61,11 @@ SWEEP_BYTES = 64 * 2**20
 """Bytes of parts written out (or the budget, when larger) after which the collector runs."""
 
 ALIGN = 64
-"""Alignment in the file of an object's arrays: read back as views of the file's map, they
-start where an array made in memory would."""
+"""Alignment in the file of an object's arrays read back into memory (those mapped start
+at a page)."""
+
+MAP_BYTES = 64 * 1024
+"""Arrays from this size are read back as views of a map of the file (`_Items`)."""
 
 ITEM_INDEX_ROWS = 4096
 """Indexes from this length are written once as objects of their own."""
@@ -166,11 +169,13 @@ def _frame_bytes(obj: pd.DataFrame | pd.Series | pd.Index) -> int:
 class _Items:
     """One part's file of large objects: each written once, read back by its token.
 
-    An object is written as its pickle (protocol 5) followed by its arrays' memory, each
-    aligned to `ALIGN` bytes (``buffer_callback``: written from the arrays themselves, not
-    copied into the pickle). Read back, the arrays are views of a private map of the file
-    (`mmap.ACCESS_COPY`: writable, a page written is copied, the file never changed): only
-    the pages a call touches are read, and nothing is copied to rebuild them."""
+    An object is written as its pickle (protocol 5) followed by its arrays' memory
+    (``buffer_callback``: written from the arrays themselves, not copied into the pickle).
+    Read back, an array of `MAP_BYTES` or more is a view of a private map of its own stretch
+    of the file (`mmap.ACCESS_COPY`: writable, a page written is copied, the file never
+    changed): nothing is copied to rebuild it, only the pages a call touches are read, and a
+    view kept after its part is written out keeps its own array's pages, not the part's.
+    Smaller ones are read into memory."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -197,7 +202,9 @@ class _Items:
             end = at + len(data)
             for buffer in buffers:
                 raw = buffer.raw()
-                start = -(-end // ALIGN) * ALIGN
+                # a map starts at a page; an array read into memory, where numpy's would
+                align = mmap.ALLOCATIONGRANULARITY if raw.nbytes >= MAP_BYTES else ALIGN
+                start = -(-end // align) * align
                 handle.write(bytes(start - end))
                 handle.write(raw)
                 spans.append((start, raw.nbytes))
@@ -208,20 +215,23 @@ class _Items:
         self._by_id[id(obj)] = (token, obj, shape)
         return token
 
-    def load(self, token: int, view: memoryview) -> Any:
-        """The object of ``token`` from ``view``, a map of the whole file (`mapped`)."""
+    def load(self, token: int, fd: int) -> Any:
+        """The object of ``token``, read from ``fd``, a descriptor of the file."""
         at, length, spans = self._at[token]
-        buffers = [view[start : start + n] for start, n in spans]
-        obj = pickle.loads(view[at : at + length], buffers=buffers)
+        buffers = [_read(fd, start, n) for start, n in spans]
+        obj = pickle.loads(os.pread(fd, length, at), buffers=buffers)
         self._by_id[id(obj)] = (token, obj, _shape(obj))
         return obj
 
-    def mapped(self) -> memoryview:
-        """The file as it is now, mapped privately (empty when nothing was written)."""
-        with open(self.path, "rb") as handle:
-            if os.fstat(handle.fileno()).st_size == 0:
-                return memoryview(b"")
-            return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
+
+def _read(fd: int, at: int, n: int) -> memoryview:
+    """``n`` bytes of ``fd`` from ``at``, writable: mapped when large."""
+    if n < MAP_BYTES:
+        got = bytearray(n)
+        if os.preadv(fd, [got], at) != n:
+            raise OSError(f"the file of a part's objects is cut short at {at}")
+        return memoryview(got)
+    return memoryview(mmap.mmap(fd, n, offset=at, access=mmap.ACCESS_COPY))
 
 
 def _shape(obj: Any) -> tuple:
@@ -258,16 +268,16 @@ class _Writer(pickle.Pickler):
 
 
 class _Reader(pickle.Unpickler):
-    def __init__(self, file: Any, items: _Items, view: memoryview):
+    def __init__(self, file: Any, items: _Items, fd: int):
         super().__init__(file)
         self._items = items
-        self._view = view
+        self._fd = fd
         self._loaded: dict[int, Any] = {}
 
     def persistent_load(self, pid: Any) -> Any:
         token = int(pid)
         if token not in self._loaded:  # one object, however many entries hold it
-            self._loaded[token] = self._items.load(token, self._view)
+            self._loaded[token] = self._items.load(token, self._fd)
         return self._loaded[token]
 
 
@@ -372,8 +382,8 @@ class HeldParts:
     def _read_back(self, i: int) -> AnalysisContext:
         entries, items = self._spilled[i]
         try:
-            with open(entries, "rb") as source:
-                state = _Reader(source, items, items.mapped()).load()
+            with open(items.path, "rb") as handle, open(entries, "rb") as source:
+                state = _Reader(source, items, handle.fileno()).load()
         except Exception as exc:  # removed, cut short: the part is lost
             raise SpillFailed(f"a part written out does not read back: {exc}") from exc
         ctx = AnalysisContext.__new__(AnalysisContext)
