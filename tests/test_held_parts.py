@@ -152,6 +152,26 @@ def test_arrays_read_back_are_views_of_the_file_that_writes_do_not_change(tmp_pa
     assert back(token)[0] == 0
 
 
+def test_arrays_of_text_come_back_as_they_were(tmp_path):
+    items = held_parts._Items(tmp_path / "items")
+    texts = np.array(["node-a", "node-b", "node-a"] * 1000, dtype=object)
+    frame = pd.DataFrame({"host": texts, "gpu": np.arange(3000)}).astype({"host": object})
+    with_none = pd.DataFrame({"host": [*texts[:-1], None]}, dtype=object)
+    mixed = pd.DataFrame({"host": [*texts[:-1], None], "attrs": [{"k": 1}] * 3000}, dtype=object)
+    block = texts.reshape(3, 1000)
+    for obj in (frame, with_none, mixed, block, texts[::2]):
+        token = items.token(obj)
+        with open(items.path, "rb") as handle:
+            back = items.load(token, handle.fileno())
+        if isinstance(obj, pd.DataFrame):
+            pd.testing.assert_frame_equal(back, obj)
+            assert list(back.dtypes) == list(obj.dtypes)
+            assert obj is frame or back["host"].iloc[-1] is None  # None is no text
+        else:
+            assert back.shape == obj.shape and back.dtype == object
+            assert back.tolist() == obj.tolist()
+
+
 def test_a_budget_keeps_the_parts_that_fit_in_memory(tmp_path):
     run = _run("busy")
     one = context_bytes(AnalysisContext(run))

@@ -64,6 +64,9 @@ ALIGN = 64
 """Alignment in the file of an object's arrays read back into memory (those mapped start
 at a page)."""
 
+TEXT_ROWS = 1024
+"""Arrays of text from this many rows are written as their distinct texts and codes."""
+
 MAP_BYTES = 64 * 1024
 """Arrays from this size are read back as views of a map of the file (`_Items`)."""
 
@@ -194,7 +197,9 @@ class _Items:
         if known is not None and known[1] is obj and _same_shape(known[2], shape):
             return known[0]
         buffers: list[pickle.PickleBuffer] = []
-        data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        out = io.BytesIO()
+        _ItemPickler(out, buffer_callback=buffers.append).dump(obj)
+        data = out.getbuffer()
         spans = []
         with open(self.path, "ab") as handle:
             at = handle.seek(0, io.SEEK_END)
@@ -222,6 +227,33 @@ class _Items:
         obj = pickle.loads(os.pread(fd, length, at), buffers=buffers)
         self._by_id[id(obj)] = (token, obj, _shape(obj))
         return obj
+
+
+class _ItemPickler(pickle.Pickler):
+    """Pickles an object's arrays out of band, and its long arrays of text as the distinct
+    texts and each row's number among them (`_texts`): rebuilt at each read back, that is a
+    `take`, not a Python object unpickled a row."""
+
+    def __init__(self, file: Any, buffer_callback: Callable[[Any], None]):
+        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            type(obj) is np.ndarray
+            and obj.dtype == object
+            and obj.size >= TEXT_ROWS
+            and obj.flags.c_contiguous
+            and pd.api.types.infer_dtype(obj.ravel(), skipna=False) == "string"
+        ):
+            codes, uniques = pd.factorize(obj.ravel())
+            small = np.min_scalar_type(-max(len(uniques), 1))  # a signed type that holds them
+            return _texts, (list(uniques), codes.astype(small), obj.shape)
+        return NotImplemented
+
+
+def _texts(uniques: list[str], codes: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The array of text `_ItemPickler` wrote as ``uniques`` and ``codes``."""
+    return np.array(uniques, dtype=object).take(codes).reshape(shape)
 
 
 def _read(fd: int, at: int, n: int) -> memoryview:
