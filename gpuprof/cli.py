@@ -238,11 +238,11 @@ def _within_memory(
         each = footprint.held_process_bytes(rows)
         _err(
             f"{run_dir}: {why}, and it cannot be held within {limit / 1e9:.1f} GB node by "
-            f"node: each process holds about {each / 1e9:.1f} GB of the whole run's figures "
-            f"({rows.get('gpu', 0):,} merged GPU samples, {rows.get('spans', 0):,} spans) "
-            "besides its nodes. Diagnose it stretch by stretch (--by-steps 24: one stretch "
-            "per worker), one stretch of it (--steps A:B), or with more memory "
-            "(--max-memory, --ignore-memory)"
+            f"node: the process that combines the nodes' figures holds about "
+            f"{each / 1e9:.1f} GB for the whole run ({rows.get('gpu', 0):,} merged GPU "
+            f"samples, {rows.get('spans', 0):,} spans) besides its largest node. Diagnose "
+            "it stretch by stretch (--by-steps 24: one stretch per worker), one stretch of "
+            "it (--steps A:B), or with more memory (--max-memory, --ignore-memory)"
         )
         raise SystemExit(EXIT_TOO_LARGE)
     root = held_parts.spill_root(run_dir)

@@ -92,24 +92,44 @@ HELD_SHARE = 0.95
 """Share of a limit the processes and their parts are given when a diagnosis is held within
 it (`within`): the rest for the estimate's error."""
 
-HELD_BASE_BYTES = 270_000_000
-"""Memory of each process of a diagnosis held within a limit besides its parts' budget: the
-interpreter and its libraries, what a call holds at once (the part in use being labelled,
-the replies of all the process's parts)..."""
+HELD_BASE_BYTES = 300_000_000
+"""Memory of the first process of a diagnosis held within a limit besides its parts'
+budget (the one that takes every decision on the combined figures): the interpreter and
+its libraries, what a call holds at once (the part in use being labelled, the replies of
+every part)..."""
 
 HELD_ROW_BYTES = 14
-"""...and its copies of the whole run's figures, per merged sample and span of the run.
-Both fitted to the tree PSS of the two runs measured held within a budget, on two processes
-(`bench_parts_parent.py --budget`, session 17): 256 GPUs × 4 h (1.87 M rows), 1.12 GB with
-0.53 GB for the parts, and the cluster-day (35.4 M rows), 1.86 GB with 0.35 GB: ~0.29 and
-~0.76 GB a process. The estimate made for a diagnosis held in memory (`process_bytes`)
-says 0.19 and 0.72."""
+"""...and the whole run's figures it combines, per merged sample and span of the run."""
+
+HELD_WORKER_BASE_BYTES = 150_000_000
+"""Memory of each further process (a worker) besides its parts' budget..."""
+
+HELD_WORKER_ROW_BYTES = 3
+"""...per merged sample and span of the run. The four fitted to the tree PSS of two runs,
+each measured held within a budget on two and on four processes (`bench_parts_parent.py
+--budget`, session 18; two workers more add two workers' memory): 256 GPUs × 4 h (1.87 M
+rows; 0.84 and 1.15 GB with 0.36 GB for the parts) gives 0.32 GB for the first process
+and 0.16 GB a worker; the cluster-day (35.4 M rows; 1.59 and 2.08 GB with 0.56 GB) 0.78
+and 0.25 GB."""
 
 
 def held_process_bytes(rows: Mapping[str, int]) -> int:
-    """About how much memory each process of a diagnosis held within a limit holds besides
-    its parts (`HELD_BASE_BYTES`, `HELD_ROW_BYTES`)."""
+    """About how much memory the first process of a diagnosis held within a limit holds
+    besides its parts (`HELD_BASE_BYTES`, `HELD_ROW_BYTES`)."""
     return HELD_BASE_BYTES + HELD_ROW_BYTES * (int(rows.get("gpu", 0)) + int(rows.get("spans", 0)))
+
+
+def held_worker_bytes(rows: Mapping[str, int]) -> int:
+    """About how much memory each further process holds besides its parts
+    (`HELD_WORKER_BASE_BYTES`, `HELD_WORKER_ROW_BYTES`)."""
+    count = int(rows.get("gpu", 0)) + int(rows.get("spans", 0))
+    return HELD_WORKER_BASE_BYTES + HELD_WORKER_ROW_BYTES * count
+
+
+def held_bytes(rows: Mapping[str, int], processes: int) -> int:
+    """About how much memory ``processes`` processes of a diagnosis held within a limit hold
+    together besides their parts."""
+    return held_process_bytes(rows) + (max(1, int(processes)) - 1) * held_worker_bytes(rows)
 
 
 class Within(NamedTuple):
@@ -130,7 +150,7 @@ def within(rows: Mapping[str, int], limit: int, workers: int, largest_node: floa
         int(rows.get("gpu", 0)) * largest_node, int(rows.get("spans", 0)) * largest_node
     )
     for processes in range(max(1, int(workers)), 0, -1):
-        budget = int(limit * HELD_SHARE) - processes * held_process_bytes(rows)
+        budget = int(limit * HELD_SHARE) - held_bytes(rows, processes)
         if budget >= processes * node:
             return Within(processes, budget)
     return None

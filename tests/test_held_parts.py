@@ -274,18 +274,21 @@ def test_what_is_no_memory_size(text):
 
 def test_within_a_limit_the_processes_that_fit_and_their_parts_budget(monkeypatch):
     rows = {"gpu": 10_000_000, "spans": 10_000_000}
+    first, worker = footprint.held_process_bytes(rows), footprint.held_worker_bytes(rows)
+    assert first == footprint.HELD_BASE_BYTES + footprint.HELD_ROW_BYTES * 20_000_000
+    assert worker == footprint.HELD_WORKER_BASE_BYTES + footprint.HELD_WORKER_ROW_BYTES * 20_000_000
+    assert footprint.held_bytes(rows, 1) == first
+    assert footprint.held_bytes(rows, 4) == first + 3 * worker
     assert footprint.within(rows, 10**11, 8, 0.1) == footprint.Within(
-        8, int(10**11 * footprint.HELD_SHARE) - 8 * footprint.held_process_bytes(rows)
+        8, int(10**11 * footprint.HELD_SHARE) - first - 7 * worker
     )  # a share of the limit kept for what the calls hold at once
     monkeypatch.setattr(footprint, "HELD_SHARE", 1.0)
-    each = footprint.held_process_bytes(rows)
-    assert each == footprint.HELD_BASE_BYTES + footprint.HELD_ROW_BYTES * 20_000_000
     node = footprint.part_bytes(1_000_000, 1_000_000)  # a tenth of the run
-    got = footprint.within(rows, 4 * each + 4 * node, 8, 0.1)
+    got = footprint.within(rows, first + 3 * worker + 4 * node, 8, 0.1)
     assert got == footprint.Within(4, 4 * node)
-    assert footprint.within(rows, 4 * each + 4 * node - 1, 8, 0.1).processes == 3
-    assert footprint.within(rows, each + node, 8, 0.1) == footprint.Within(1, node)
-    assert footprint.within(rows, each + node - 1, 8, 0.1) is None
+    assert footprint.within(rows, first + 3 * worker + 4 * node - 1, 8, 0.1).processes == 3
+    assert footprint.within(rows, first + node, 8, 0.1) == footprint.Within(1, node)
+    assert footprint.within(rows, first + node - 1, 8, 0.1) is None
 
 
 def test_analyze_holds_a_run_within_max_memory_with_the_same_document(
@@ -323,6 +326,7 @@ def test_analyze_holds_a_run_within_max_memory_with_the_same_document(
     said = capsys.readouterr()
     assert said.out == "" and said.err.count("\n") == 1
     assert "cannot be held within 0.0 GB node by node" in said.err and "--by-steps" in said.err
+    assert "the process that combines the nodes' figures holds about" in said.err
 
 
 def test_a_disk_without_room_for_the_parts_is_told(kept, small_runs_in_parts, capsys, monkeypatch):
@@ -330,6 +334,7 @@ def test_a_disk_without_room_for_the_parts_is_told(kept, small_runs_in_parts, ca
 
     run_dir, whole = kept("whole")
     rows = {"gpu": len(whole.gpu), "spans": len(whole.spans)}
+    monkeypatch.setattr(footprint, "HELD_BASE_BYTES", 10**8)  # held takes less than whole
     held = footprint.held_process_bytes(rows) + footprint.part_bytes(rows["gpu"], rows["spans"])
     limit = int(held / footprint.HELD_SHARE) + 1
     assert limit < footprint.whole_diagnosis_bytes(rows, 2)

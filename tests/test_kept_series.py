@@ -359,6 +359,7 @@ def test_a_whole_diagnosis_too_large_for_the_memory_free_is_held_within_it(
     # for a large run, where holding it is what fits
     held_base = footprint.HELD_BASE_BYTES
     monkeypatch.setattr(footprint, "HELD_BASE_BYTES", 10**7)
+    monkeypatch.setattr(footprint, "HELD_WORKER_BASE_BYTES", 10**7)
     analyze_command(run_dir, json_out=True, workers=2)  # held within the memory free
     said = capsys.readouterr()
     assert said.out.strip() == want.strip() and said.err.count("\n") == 1

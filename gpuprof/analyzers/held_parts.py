@@ -12,8 +12,15 @@ other direction than the last, so the parts it starts with are those the last on
 What a context holds is written as one pickle per spill, with each large frame, series,
 index and array in it written once to the part's file of objects and named by a token:
 a frame shared by two figures is one frame again when read back, and a spill after a call
-writes only what that call made. The diagnosis is the same to the byte whether its parts
-stay in memory or go to disk after every call (tests/test_held_parts.py).
+writes only what that call made. Read back, a large array is a view of a private map of
+the file, not a copy (`_Items`), and a long column of text is rebuilt from its distinct
+texts: a part comes back for the cost of its frames' Python objects, and only the pages a
+call touches are read. The diagnosis is the same to the byte whether its parts stay in
+memory or go to disk after every call (tests/test_held_parts.py).
+
+A detector must not write into an array or frame a part holds (it makes new ones, as
+`AnalysisContext.claim` does): a frame with a column added or set anew is written again,
+but a value changed in place is not seen, and a part read back would have the old one.
 
 The files are this process's own, in a directory removed when the parts close; pickle is
 safe here because nothing else writes them.
