@@ -236,13 +236,18 @@ def _within_memory(
     got = footprint.within(rows, limit, workers, largest)
     if got is None:
         each = footprint.held_process_bytes(rows)
+        how = (
+            "a run of one node is diagnosed whole"
+            if len(counts) <= 1
+            else f"node by node, the process that combines the nodes' figures holds about "
+            f"{each / 1e9:.1f} GB for the whole run besides its largest node"
+        )
         _err(
-            f"{run_dir}: {why}, and it cannot be held within {limit / 1e9:.1f} GB node by "
-            f"node: the process that combines the nodes' figures holds about "
-            f"{each / 1e9:.1f} GB for the whole run ({rows.get('gpu', 0):,} merged GPU "
-            f"samples, {rows.get('spans', 0):,} spans) besides its largest node. Diagnose "
-            "it stretch by stretch (--by-steps 24: one stretch per worker), one stretch of "
-            "it (--steps A:B), or with more memory (--max-memory, --ignore-memory)"
+            f"{run_dir}: {why} ({rows.get('gpu', 0):,} merged GPU samples, "
+            f"{rows.get('spans', 0):,} spans), and it cannot be held within "
+            f"{limit / 1e9:.1f} GB: {how}. Diagnose it stretch by stretch (--by-steps 24: "
+            "one stretch per worker), one stretch of it (--steps A:B), or with more memory "
+            "(--max-memory, --ignore-memory)"
         )
         raise SystemExit(EXIT_TOO_LARGE)
     root = held_parts.spill_root(run_dir)

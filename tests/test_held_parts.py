@@ -24,7 +24,7 @@ import pytest
 import test_kept_series
 from test_parts import _run
 
-from gpuprof import api, footprint, load_cache, loader
+from gpuprof import api, footprint, load_cache, loader, store
 from gpuprof.analyzers import held_parts
 from gpuprof.analyzers.diagnose import diagnose, diagnose_parts
 from gpuprof.analyzers.findings import AnalysisContext
@@ -325,7 +325,7 @@ def test_analyze_holds_a_run_within_max_memory_with_the_same_document(
     assert stopped.value.code == 3
     said = capsys.readouterr()
     assert said.out == "" and said.err.count("\n") == 1
-    assert "cannot be held within 0.0 GB node by node" in said.err and "--by-steps" in said.err
+    assert "cannot be held within 0.0 GB: node by node" in said.err and "--by-steps" in said.err
     assert "the process that combines the nodes' figures holds about" in said.err
 
 
@@ -345,6 +345,26 @@ def test_a_disk_without_room_for_the_parts_is_told(kept, small_runs_in_parts, ca
     said = capsys.readouterr()
     assert said.out == "" and said.err.count("\n") == 1
     assert held_parts.ENV_SPILL_DIR in said.err
+
+
+def test_a_run_of_one_node_too_large_for_the_limit_is_told_so(
+    tmp_path, small_runs_in_parts, capsys, monkeypatch
+):
+    from gpuprof.cli import analyze_command
+    from gpuprof.sim import SimConfig, simulate
+
+    run_dir = tmp_path / "one node"
+    store.save_run(simulate(SimConfig(gpus=4, steps=4, seed=3)).run, run_dir)
+    monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
+    loader.load_for_analysis(run_dir, loader.MAX_GPU_SAMPLES, workers=1)  # its form kept
+    with pytest.raises(SystemExit) as stopped:
+        analyze_command(run_dir, json_out=True, workers=2, max_memory=10**6)
+    assert stopped.value.code == 3
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.count("\n") == 1
+    # not "node by node": a run of one node is never cut
+    assert "cannot be held within 0.0 GB: a run of one node is diagnosed whole" in said.err
+    assert "node by node" not in said.err and "--by-steps 24" in said.err
 
 
 @pytest.mark.parametrize("case", ["straggler", "split", "bubbles"])
