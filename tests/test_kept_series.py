@@ -355,7 +355,7 @@ def test_a_whole_diagnosis_too_large_for_the_memory_free_is_held_within_it(
     per_process = footprint.BASE_BYTES + 16 * (rows["gpu"] + rows["spans"])
     assert need == 650 * rows["gpu"] + 460 * rows["spans"] + 2 * per_process
     monkeypatch.setattr(footprint, "available_bytes", lambda: need - 1)
-    # a process held within a limit needs ~0.27 GB, more than all of this small run: as
+    # a process held within a limit needs ~0.3 GB, more than all of this small run: as
     # for a large run, where holding it is what fits
     held_base = footprint.HELD_BASE_BYTES
     monkeypatch.setattr(footprint, "HELD_BASE_BYTES", 10**7)
