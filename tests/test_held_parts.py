@@ -13,6 +13,7 @@ too large for the memory free within it, saying so in one line.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -143,6 +144,7 @@ def test_arrays_read_back_are_views_of_the_file_that_writes_do_not_change(tmp_pa
             return items.load(token, handle.fileno())
 
     pd.testing.assert_frame_equal(back(items.token(frame)), frame)
+    assert _held_by(back(items.token(frame))) is mmap.mmap
     assert np.array_equal(back(items.token(small)), small)
     token = items.token(np.arange(100_000))
     values = back(token)
@@ -150,6 +152,39 @@ def test_arrays_read_back_are_views_of_the_file_that_writes_do_not_change(tmp_pa
     assert values.ctypes.data % held_parts.ALIGN == 0
     values[0] = -1  # a private map: the page is copied, the file is as written
     assert back(token)[0] == 0
+
+
+def test_a_file_system_that_cannot_map_reads_the_parts_back_all_the_same(tmp_path, monkeypatch):
+    def no_maps(*args, **kwargs):
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(held_parts.mmap, "mmap", no_maps)
+    frame = pd.DataFrame({"a": np.arange(100_000), "b": np.ones(100_000)})
+    with _toy_parts(tmp_path) as held:
+        held.map(_remember, ("_frame", frame))
+        held.map(lambda ctx: None)
+        back = held.map(lambda ctx: ctx.__dict__["_frame"])
+        assert held.restores >= 2
+    for got in back:
+        pd.testing.assert_frame_equal(got, frame)
+    assert {_held_by(got) for got in back} == {bytearray}  # read into memory, not mapped
+
+
+def _held_by(frame):
+    """The type of what holds the memory of ``frame``'s first block."""
+    values = frame._mgr.blocks[0].values
+    while isinstance(values, np.ndarray):
+        values = values.base
+    return type(values.obj) if isinstance(values, memoryview) else type(values)
+
+
+def test_a_file_of_objects_cut_short_stops_the_parts(tmp_path):
+    items = held_parts._Items(tmp_path / "items")
+    token = items.token(np.arange(100_000))
+    with open(items.path, "r+b") as handle:
+        handle.truncate(1000)
+    with open(items.path, "rb") as handle, pytest.raises((OSError, ValueError)):
+        items.load(token, handle.fileno())
 
 
 def test_arrays_of_text_come_back_as_they_were(tmp_path):

@@ -264,13 +264,17 @@ def _texts(uniques: list[str], codes: np.ndarray, shape: tuple[int, ...]) -> np.
 
 
 def _read(fd: int, at: int, n: int) -> memoryview:
-    """``n`` bytes of ``fd`` from ``at``, writable: mapped when large."""
-    if n < MAP_BYTES:
-        got = bytearray(n)
-        if os.preadv(fd, [got], at) != n:
-            raise OSError(f"the file of a part's objects is cut short at {at}")
-        return memoryview(got)
-    return memoryview(mmap.mmap(fd, n, offset=at, access=mmap.ACCESS_COPY))
+    """``n`` bytes of ``fd`` from ``at``, writable: mapped when large (read into memory where
+    the file system cannot map it)."""
+    if n >= MAP_BYTES:
+        try:
+            return memoryview(mmap.mmap(fd, n, offset=at, access=mmap.ACCESS_COPY))
+        except (OSError, ValueError):  # a file system without maps; cut short: said below
+            pass
+    got = bytearray(n)
+    if os.preadv(fd, [got], at) != n:
+        raise OSError(f"the file of a part's objects is cut short at {at}")
+    return memoryview(got)
 
 
 def _shape(obj: Any) -> tuple:
