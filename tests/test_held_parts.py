@@ -54,6 +54,65 @@ def test_parts_written_out_after_every_call_give_the_document_held_in_memory(
     assert list(tmp_path.iterdir()) == []  # every process removed its files
 
 
+def _cool_every_part(monkeypatch):
+    """After every call, every part but the one in use gives its maps' pages back, kept in
+    memory; a part never read back (no maps yet) is written out. Counts the calls that used
+    a part whose pages were given back."""
+    used_cold = []
+    real_get = HeldParts._get
+
+    def fit(self, keep):
+        for i in [i for i in self._held if i != keep]:
+            if i not in self._maps:
+                self._spill(i)
+            elif i not in self._cold:
+                assert self._maps[i].release()
+                self._cold.add(i)
+
+    def get(self, i):
+        used_cold.append(i in self._cold)
+        return real_get(self, i)
+
+    monkeypatch.setattr(HeldParts, "_fit", fit)
+    monkeypatch.setattr(HeldParts, "_get", get)
+    return used_cold
+
+
+@pytest.mark.parametrize("case", ["hosts", "bubbles", "straggler", "split"])
+def test_parts_whose_pages_are_given_back_after_every_call_give_the_same_document(
+    case, tmp_path, monkeypatch
+):
+    run = _run(case)
+    want = render_json(diagnose(run, workers=1).to_dict())
+    used_cold = _cool_every_part(monkeypatch)
+    with WorkerParts(run, 1, budget=1, spill_dir=str(tmp_path)) as parts:
+        got = diagnose_parts(parts)
+        spills, restores = parts.spilled
+    assert render_json(got.to_dict()) == want
+    # each part written out once, read back once, then kept: its pages given back and
+    # read again from the file at the next call
+    assert spills == restores == parts.count
+    assert sum(used_cold) > 50
+
+
+def test_a_part_read_back_keeps_in_memory_only_what_is_not_mapped(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    big = np.arange(8_000_000, dtype=np.float64)  # 64 MB
+    with _toy_parts(tmp_path) as held:
+        held.map(_remember, ("_big", big))
+        held.map(lambda ctx: None)  # both written out once, one read back
+        held.budget = 10**12
+        held.map(lambda ctx: float(ctx.__dict__["_big"].sum()))  # both read back: mapped
+        total, anon = held._sizes[0], held._anon[0]
+        assert total - anon >= big.nbytes  # its big array is a view of the map
+        rss = psutil.Process().memory_info().rss
+        assert held._maps[0].release() and held._maps[1].release()
+        released = rss - psutil.Process().memory_info().rss
+        assert released > big.nbytes  # both parts' pages given back (128 MB touched)
+        back = held.map(lambda ctx: float(ctx.__dict__["_big"][-1]))
+    assert back == [float(big[-1])] * 2  # read again from the file
+
+
 def test_every_part_but_the_one_in_use_goes_to_disk_and_comes_back(tmp_path):
     run = _run("bubbles")
     with WorkerParts(run, 1, budget=1, spill_dir=str(tmp_path)) as parts:
