@@ -106,11 +106,41 @@ def test_a_part_read_back_keeps_in_memory_only_what_is_not_mapped(tmp_path):
         total, anon = held._sizes[0], held._anon[0]
         assert total - anon >= big.nbytes  # its big array is a view of the map
         rss = psutil.Process().memory_info().rss
-        assert held._maps[0].release() and held._maps[1].release()
+        for i in (0, 1):
+            assert held._maps[i].release()
+            held._cold.add(i)
         released = rss - psutil.Process().memory_info().rss
         assert released > big.nbytes  # both parts' pages given back (128 MB touched)
+        assert held._resident(0) == held._anon[0] < total
         back = held.map(lambda ctx: float(ctx.__dict__["_big"][-1]))
+        assert not held._cold and held._resident(0) == held._sizes[0]  # used: warm again
     assert back == [float(big[-1])] * 2  # read again from the file
+
+
+def test_what_is_mapped_is_told_from_what_is_in_memory(tmp_path):
+    items = held_parts._Items(tmp_path / "items")
+    frame = pd.DataFrame({
+        "n": np.arange(100_000),
+        "text": pd.array([f"node-{i % 7}" for i in range(100_000)], dtype="str"),
+        "cat": pd.Categorical(np.arange(100_000) % 3),
+        "small": np.arange(100_000) % 2 == 0,
+    })  # fmt: skip
+    maps = held_parts._Maps()
+    token = items.token(frame)
+    with open(items.path, "rb") as handle:
+        back = items.load(token, handle.fileno(), maps)
+    assert maps.maps  # large arrays mapped
+    arrays = {c: back._get_column_array(i) for i, c in enumerate(back.columns)}
+    assert maps.holds(arrays["n"]) and maps.holds(arrays["cat"]) and maps.holds(arrays["small"])
+    if hasattr(arrays["text"], "_pa_array"):  # pandas' Arrow-backed text
+        assert maps.holds(arrays["text"])
+    for in_memory in (frame._get_column_array(0), np.arange(10), arrays["n"].copy()):
+        assert not maps.holds(in_memory)
+    ctx = AnalysisContext.__new__(AnalysisContext)
+    ctx.__dict__.update({"_frame": back, "run": None})
+    total, anon = held_parts.context_sizes(ctx, maps=maps)
+    assert total >= 2_000_000 and anon < total / 10  # nearly all of it mapped
+    assert held_parts.context_sizes(ctx)[1] == total  # no maps: all of it in memory
 
 
 def test_every_part_but_the_one_in_use_goes_to_disk_and_comes_back(tmp_path):

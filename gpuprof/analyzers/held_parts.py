@@ -18,6 +18,11 @@ texts: a part comes back for the cost of its frames' Python objects, and only th
 call touches are read. The diagnosis is the same to the byte whether its parts stay in
 memory or go to disk after every call (tests/test_held_parts.py).
 
+A part read back is then kept after use as long as what it holds besides its maps fits:
+its maps' pages are given back (`_Maps.release`), and read again from the file when a call
+touches them, so that only the memory not mapped (its objects, text, what calls made since)
+counts against the budget. Parts are written out again only when that does not fit.
+
 A detector must not write into an array or frame a part holds (it makes new ones, as
 `AnalysisContext.claim` does): a frame with a column added or set anew is written again,
 but a value changed in place is not seen, and a part read back would have the old one.
@@ -226,16 +231,27 @@ class _Maps:
         self.maps.append(mapped)
 
     def holds(self, array: Any) -> bool:
-        """Whether the memory of ``array`` (a numpy array, or a categorical's codes) is in
-        one of the maps."""
+        """Whether the memory of ``array`` (a numpy array, a categorical's codes, an Arrow
+        array's buffers) is in the maps."""
+        if not self._starts:
+            return False
         if isinstance(array, pd.Categorical):
             array = array.codes
         array = getattr(array, "_ndarray", array)  # a numpy-backed array of pandas
-        if not isinstance(array, np.ndarray) or not self._starts or array.nbytes == 0:
+        if isinstance(array, np.ndarray):
+            return array.nbytes > 0 and self._within(
+                array.__array_interface__["data"][0], array.nbytes
+            )
+        chunked = getattr(array, "_pa_array", None)  # an Arrow-backed array of pandas
+        if chunked is None:
             return False
-        address = array.__array_interface__["data"][0]
+        buffers = [b for chunk in chunked.chunks for b in chunk.buffers() if b is not None]
+        large = [b for b in buffers if b.size >= MAP_BYTES]  # the small ones read in memory
+        return bool(large) and all(self._within(b.address, b.size) for b in large)
+
+    def _within(self, address: int, size: int) -> bool:
         at = bisect.bisect(self._starts, address) - 1
-        return at >= 0 and address + array.nbytes <= self._ends[at]
+        return at >= 0 and address + size <= self._ends[at]
 
     def release(self) -> bool:
         """Give the maps' pages back (touched again, they are read again from the file,
@@ -407,8 +423,9 @@ class _Reader(pickle.Unpickler):
 
 class HeldParts:
     """``count`` parts, part ``i`` made by ``make(i)`` when first used. ``budget``: bytes
-    the parts may hold in memory together (`context_bytes`; at least the part in use
-    stays), None for no limit (all kept as made). ``spill_dir``: where this process's
+    the parts may hold in memory together (`context_sizes`: all of the part in use, of the
+    others what is not mapped once their maps' pages are given back; at least the part in
+    use stays), None for no limit (all kept as made). ``spill_dir``: where this process's
     directory of parts written out goes (a temporary directory by default). ``found``:
     the run's findings, set on every part (made or read back)."""
 
