@@ -18,11 +18,6 @@ texts: a part comes back for the cost of its frames' Python objects, and only th
 call touches are read. The diagnosis is the same to the byte whether its parts stay in
 memory or go to disk after every call (tests/test_held_parts.py).
 
-A part read back is then kept after use as long as what it holds besides its maps fits:
-its maps' pages are given back (`_Maps.release`), and read again from the file when a call
-touches them, so that only the memory not mapped (its objects, text, what calls made since)
-counts against the budget. Parts are written out again only when that does not fit.
-
 A detector must not write into an array or frame a part holds (it makes new ones, as
 `AnalysisContext.claim` does): a frame with a column added or set anew is written again,
 but a value changed in place is not seen, and a part read back would have the old one.
@@ -33,9 +28,7 @@ safe here because nothing else writes them.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import ctypes
 import gc
 import io
 import mmap
@@ -43,7 +36,6 @@ import os
 import pickle
 import shutil
 import tempfile
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,14 +45,7 @@ import pandas as pd
 
 from gpuprof.analyzers.findings import AnalysisContext
 
-__all__ = [
-    "ENV_SPILL_DIR",
-    "HeldParts",
-    "SpillFailed",
-    "context_bytes",
-    "context_sizes",
-    "spill_root",
-]
+__all__ = ["ENV_SPILL_DIR", "HeldParts", "SpillFailed", "context_bytes", "spill_root"]
 
 ENV_SPILL_DIR = "GPUPROF_SPILL_DIR"
 """Where parts are written out (default: the run's directory when it can be written, else
@@ -134,22 +119,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def context_bytes(ctx: AnalysisContext, known: dict[int, tuple] | None = None) -> int:
+def context_bytes(ctx: AnalysisContext, known: dict[int, tuple[Any, int]] | None = None) -> int:
     """About how many bytes ``ctx`` holds: the data of every frame, series, index and array
     its entries reach (each counted once), which is most of a part. ``known``: the sizes of
-    frames measured before (id → (frame, bytes, bytes not mapped)), filled in as frames are
-    measured."""
-    return context_sizes(ctx, known)[0]
-
-
-def context_sizes(
-    ctx: AnalysisContext, known: dict[int, tuple] | None = None, maps: _Maps | None = None
-) -> tuple[int, int]:
-    """`context_bytes` of ``ctx``, and how many of them are not views of ``maps`` (the maps
-    its part was read back into): the memory it keeps once those maps' pages are released."""
+    frames measured before (id → (frame, bytes)), filled in as frames are measured."""
     known = {} if known is None else known
     seen: set[int] = set()
-    total = anon = 0
+    total = 0
     stack: list[Any] = [v for k, v in ctx.__dict__.items() if k not in ("_found", "_parts")]
     stack.append(ctx.run)
     while stack:
@@ -160,13 +136,10 @@ def context_sizes(
         if isinstance(obj, pd.DataFrame | pd.Series | pd.Index):
             hit = known.get(id(obj))
             if hit is None or hit[0] is not obj:
-                hit = known[id(obj)] = (obj, *_frame_sizes(obj, maps))
+                hit = known[id(obj)] = (obj, _frame_bytes(obj))
             total += hit[1]
-            anon += hit[2]
         elif isinstance(obj, np.ndarray):
-            size = obj.nbytes if obj.base is None or id(obj.base) not in seen else 0
-            total += size
-            anon += 0 if maps is not None and maps.holds(obj) else size
+            total += obj.nbytes if obj.base is None or id(obj.base) not in seen else 0
         elif isinstance(obj, dict):
             stack.extend(obj.values())
             stack.extend(k for k in obj if isinstance(k, tuple))
@@ -175,95 +148,32 @@ def context_sizes(
                 stack.extend(obj)
             else:  # a long list of plain values: its pointers and about as much again
                 total += 16 * len(obj)
-                anon += 16 * len(obj)
         elif hasattr(obj, "__dataclass_fields__"):
             stack.extend(getattr(obj, f) for f in obj.__dataclass_fields__)
-    return total, anon
+    return total
 
 
-def _frame_sizes(obj: pd.DataFrame | pd.Series | pd.Index, maps: _Maps | None) -> tuple[int, int]:
+def _frame_bytes(obj: pd.DataFrame | pd.Series | pd.Index) -> int:
     """The bytes of the arrays ``obj`` holds (its columns' and its index's; text held as
-    Python objects counted as pointers), and of those not views of ``maps``."""
+    Python objects counted as pointers)."""
     try:
         if isinstance(obj, pd.DataFrame):
             if not hasattr(obj, "_get_column_array"):  # pandas without it: slower, the same
-                size = int(obj.memory_usage(index=True, deep=False).sum())
-                return size, size
+                return int(obj.memory_usage(index=True, deep=False).sum())
             # each column's array as it is held (memory_usage makes a series per column)
-            arrays = [obj._get_column_array(i) for i in range(obj.shape[1])]
-            total, anon = _frame_sizes(obj.index, maps)
-            for array in arrays:
-                size = int(array.nbytes)
-                total += size
-                anon += 0 if maps is not None and maps.holds(array) else size
-            return total, anon
+            columns = (obj._get_column_array(i) for i in range(obj.shape[1]))
+            return sum(int(a.nbytes) for a in columns) + _frame_bytes(obj.index)
         if isinstance(obj, pd.Series):
-            total, anon = _frame_sizes(obj.index, maps)
-            size = int(obj.array.nbytes)
-            mapped = maps is not None and maps.holds(obj.array)
-            return total + size, anon + (0 if mapped else size)
+            return int(obj.array.nbytes) + _frame_bytes(obj.index)
         if isinstance(obj, pd.RangeIndex):
-            return 0, 0
+            return 0
         if isinstance(obj, pd.MultiIndex):
-            sizes = [_frame_sizes(level, maps) for level in obj.levels]
-            codes = sum(int(c.nbytes) for c in obj.codes)
-            return codes + sum(t for t, _ in sizes), codes + sum(a for _, a in sizes)
-        size = int(obj.array.nbytes)
-        return size, 0 if maps is not None and maps.holds(obj.array) else size
-    except Exception:  # an exotic column: its length in pointers
-        return 8 * len(obj), 8 * len(obj)
-
-
-class _Maps:
-    """The maps a part's arrays were read back into (`_read`): what a part keeps after use
-    without them is the memory it holds once their pages are released (`release`)."""
-
-    def __init__(self) -> None:
-        self.maps: list[mmap.mmap] = []
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-
-    def add(self, mapped: mmap.mmap) -> None:
-        start = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
-        at = bisect.bisect(self._starts, start)
-        self._starts.insert(at, start)
-        self._ends.insert(at, start + len(mapped))
-        self.maps.append(mapped)
-
-    def holds(self, array: Any) -> bool:
-        """Whether the memory of ``array`` (a numpy array, a categorical's codes, an Arrow
-        array's buffers) is in the maps."""
-        if not self._starts:
-            return False
-        if isinstance(array, pd.Categorical):
-            array = array.codes
-        array = getattr(array, "_ndarray", array)  # a numpy-backed array of pandas
-        if isinstance(array, np.ndarray):
-            return array.nbytes > 0 and self._within(
-                array.__array_interface__["data"][0], array.nbytes
+            return sum(int(c.nbytes) for c in obj.codes) + sum(
+                _frame_bytes(level) for level in obj.levels
             )
-        chunked = getattr(array, "_pa_array", None)  # an Arrow-backed array of pandas
-        if chunked is None:
-            return False
-        buffers = [b for chunk in chunked.chunks for b in chunk.buffers() if b is not None]
-        large = [b for b in buffers if b.size >= MAP_BYTES]  # the small ones read in memory
-        return bool(large) and all(self._within(b.address, b.size) for b in large)
-
-    def _within(self, address: int, size: int) -> bool:
-        at = bisect.bisect(self._starts, address) - 1
-        return at >= 0 and address + size <= self._ends[at]
-
-    def release(self) -> bool:
-        """Give the maps' pages back (touched again, they are read again from the file,
-        as it was written); False where that cannot be done."""
-        if not hasattr(mmap, "MADV_DONTNEED"):
-            return False
-        try:
-            for mapped in self.maps:
-                mapped.madvise(mmap.MADV_DONTNEED)
-        except (OSError, ValueError):
-            return False
-        return True
+        return int(obj.array.nbytes)
+    except Exception:  # an exotic column: its length in pointers
+        return 8 * len(obj)
 
 
 class _Items:
@@ -281,8 +191,7 @@ class _Items:
         self.path = path
         # token → (offset, length of the pickle, [(offset, length)] of its arrays' memory)
         self._at: dict[int, tuple[int, int, list[tuple[int, int]]]] = {}
-        # id → (token, the object, weakly: what a part no longer holds is freed; its shape)
-        self._by_id: dict[int, tuple[int, weakref.ref, tuple]] = {}
+        self._by_id: dict[int, tuple[int, Any, tuple]] = {}  # id → (token, object, shape)
         self._next = 0
 
     def forget(self) -> None:
@@ -292,7 +201,7 @@ class _Items:
     def token(self, obj: Any) -> int:
         known = self._by_id.get(id(obj))
         shape = _shape(obj)
-        if known is not None and known[1]() is obj and _same_shape(known[2], shape):
+        if known is not None and known[1] is obj and _same_shape(known[2], shape):
             return known[0]
         buffers: list[pickle.PickleBuffer] = []
         out = io.BytesIO()
@@ -315,16 +224,15 @@ class _Items:
         token = self._next
         self._next += 1
         self._at[token] = (at, len(data), spans)
-        self._by_id[id(obj)] = (token, weakref.ref(obj), shape)
+        self._by_id[id(obj)] = (token, obj, shape)
         return token
 
-    def load(self, token: int, fd: int, maps: _Maps | None = None) -> Any:
-        """The object of ``token``, read from ``fd``, a descriptor of the file (its arrays'
-        maps added to ``maps``)."""
+    def load(self, token: int, fd: int) -> Any:
+        """The object of ``token``, read from ``fd``, a descriptor of the file."""
         at, length, spans = self._at[token]
-        buffers = [_read(fd, start, n, maps) for start, n in spans]
+        buffers = [_read(fd, start, n) for start, n in spans]
         obj = pickle.loads(os.pread(fd, length, at), buffers=buffers)
-        self._by_id[id(obj)] = (token, weakref.ref(obj), _shape(obj))
+        self._by_id[id(obj)] = (token, obj, _shape(obj))
         return obj
 
 
@@ -355,18 +263,14 @@ def _texts(uniques: list[str], codes: np.ndarray, shape: tuple[int, ...]) -> np.
     return np.array(uniques, dtype=object).take(codes).reshape(shape)
 
 
-def _read(fd: int, at: int, n: int, maps: _Maps | None = None) -> memoryview:
+def _read(fd: int, at: int, n: int) -> memoryview:
     """``n`` bytes of ``fd`` from ``at``, writable: mapped when large (read into memory where
-    the file system cannot map it), the map added to ``maps``."""
+    the file system cannot map it)."""
     if n >= MAP_BYTES:
         try:
-            mapped = mmap.mmap(fd, n, offset=at, access=mmap.ACCESS_COPY)
+            return memoryview(mmap.mmap(fd, n, offset=at, access=mmap.ACCESS_COPY))
         except (OSError, ValueError):  # a file system without maps; cut short: said below
             pass
-        else:
-            if maps is not None:
-                maps.add(mapped)
-            return memoryview(mapped)
     got = bytearray(n)
     if os.preadv(fd, [got], at) != n:
         raise OSError(f"the file of a part's objects is cut short at {at}")
@@ -407,25 +311,23 @@ class _Writer(pickle.Pickler):
 
 
 class _Reader(pickle.Unpickler):
-    def __init__(self, file: Any, items: _Items, fd: int, maps: _Maps):
+    def __init__(self, file: Any, items: _Items, fd: int):
         super().__init__(file)
         self._items = items
         self._fd = fd
-        self._maps = maps
         self._loaded: dict[int, Any] = {}
 
     def persistent_load(self, pid: Any) -> Any:
         token = int(pid)
         if token not in self._loaded:  # one object, however many entries hold it
-            self._loaded[token] = self._items.load(token, self._fd, self._maps)
+            self._loaded[token] = self._items.load(token, self._fd)
         return self._loaded[token]
 
 
 class HeldParts:
     """``count`` parts, part ``i`` made by ``make(i)`` when first used. ``budget``: bytes
-    the parts may hold in memory together (`context_sizes`: all of the part in use, of the
-    others what is not mapped once their maps' pages are given back; at least the part in
-    use stays), None for no limit (all kept as made). ``spill_dir``: where this process's
+    the parts may hold in memory together (`context_bytes`; at least the part in use
+    stays), None for no limit (all kept as made). ``spill_dir``: where this process's
     directory of parts written out goes (a temporary directory by default). ``found``:
     the run's findings, set on every part (made or read back)."""
 
@@ -446,10 +348,7 @@ class HeldParts:
         self._found = found if found is not None else []
         self._held: dict[int, AnalysisContext] = {}  # in order of last use
         self._sizes: dict[int, int] = {}
-        self._anon: dict[int, int] = {}  # part → bytes it keeps with its maps' pages given back
-        self._maps: dict[int, _Maps] = {}  # part → the maps it was read back into
-        self._cold: set[int] = set()  # parts in memory whose maps' pages were given back
-        self._measured: dict[int, dict[int, tuple]] = {}  # part → frames' sizes
+        self._measured: dict[int, dict[int, tuple[Any, int]]] = {}  # part → frames' sizes
         self._spilled: dict[int, tuple[Path, _Items]] = {}
         self._forward = True
         self._unswept = 0  # bytes of parts written out since the collector last ran
@@ -469,8 +368,7 @@ class HeldParts:
                 out[i] = fn(ctx, *args)
             finally:
                 if self.budget is not None:
-                    known = self._measured.setdefault(i, {})
-                    self._sizes[i], self._anon[i] = context_sizes(ctx, known, self._maps.get(i))
+                    self._sizes[i] = context_bytes(ctx, self._measured.setdefault(i, {}))
                     self._fit(keep=i)
         return out
 
@@ -481,26 +379,14 @@ class HeldParts:
 
     def _get(self, i: int) -> AnalysisContext:
         ctx = self._held.pop(i, None)
-        self._cold.discard(i)  # its pages read again as they are touched
         if ctx is None:
             ctx = self._read_back(i) if i in self._spilled else self._make(i)
             ctx.__dict__["_found"] = self._found
         self._held[i] = ctx  # the last used, last
         return ctx
 
-    def _resident(self, i: int) -> int:
-        return self._anon.get(i, 0) if i in self._cold else self._sizes.get(i, 0)
-
     def _fit(self, keep: int) -> None:
-        """Within the budget again: the pages of the maps of the parts used longest ago
-        given back first (a part read back keeps its objects, the arrays read again from
-        the file when touched), then those parts written out."""
-        while len(self._held) > 1 and sum(map(self._resident, self._held)) > self.budget:
-            warm = (i for i in self._held if i != keep and i not in self._cold)
-            coolest = next((i for i in warm if self._anon.get(i, 0) < self._sizes.get(i, 0)), None)
-            if coolest is not None and self._maps[coolest].release():
-                self._cold.add(coolest)
-                continue
+        while len(self._held) > 1 and sum(self._sizes.get(i, 0) for i in self._held) > self.budget:
             oldest = next(i for i in self._held if i != keep)
             self._unswept += self._sizes.get(oldest, 0)
             self._spill(oldest)
@@ -514,9 +400,6 @@ class HeldParts:
     def _spill(self, i: int) -> None:
         ctx = self._held.pop(i)
         self._sizes.pop(i, None)
-        self._anon.pop(i, None)
-        self._maps.pop(i, None)
-        self._cold.discard(i)
         self._measured.pop(i, None)
         try:
             if self._dir is None:
@@ -541,15 +424,13 @@ class HeldParts:
 
     def _read_back(self, i: int) -> AnalysisContext:
         entries, items = self._spilled[i]
-        maps = _Maps()
         try:
             with open(items.path, "rb") as handle, open(entries, "rb") as source:
-                state = _Reader(source, items, handle.fileno(), maps).load()
+                state = _Reader(source, items, handle.fileno()).load()
         except Exception as exc:  # removed, cut short: the part is lost
             raise SpillFailed(f"a part written out does not read back: {exc}") from exc
         ctx = AnalysisContext.__new__(AnalysisContext)
         ctx.__dict__.update(state)
-        self._maps[i] = maps
         self.restores += 1
         return ctx
 
@@ -557,8 +438,6 @@ class HeldParts:
         """Remove what was written out (idempotent)."""
         self._held.clear()
         self._spilled.clear()
-        self._maps.clear()
-        self._cold.clear()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
