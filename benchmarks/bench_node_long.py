@@ -1,7 +1,7 @@
 """`gpuprof analyze` of one 8-GPU node recorded for hours to a week, as a fresh process.
 
     python benchmarks/bench_node_long.py [--hours 4 24 168] [--repeats 3] [--dir /tmp/gpuprof-node]
-                                         [--max-memory SIZE]
+                                         [--max-memory SIZE] [--by-steps N]
 
 A run of one node is never cut into parts (`analyzers.parts` cuts by node), so what bounds
 its whole-run diagnosis is what the loader makes of a long run: GPU samples merged within
@@ -11,9 +11,8 @@ spans, which grow with its steps. Each run directory is written once by ``gpupro
 then ``python -m gpuprof analyze DIR --json`` is run ``--repeats`` times from a small
 spawner (`measure.run`): wall, CPU, the peak RSS of the analyze process alone, and the peak
 PSS of its process tree (``--by-steps`` diagnoses stretches in worker processes), the median
-of each. Prints what the diagnosis read (merged GPU
-samples, steps, from its JSON) and the document's SHA-256, which must not change between
-repeats.
+of each. Prints what the diagnosis read (merged GPU samples, steps, from its JSON) and the
+document's SHA-256, which must not change between repeats.
 """
 
 from __future__ import annotations

@@ -57,7 +57,9 @@ __all__ = [
     "Within",
     "available_bytes",
     "fewer_workers_line",
+    "held_bytes",
     "held_process_bytes",
+    "held_worker_bytes",
     "part_bytes",
     "process_bytes",
     "whole_diagnosis_bytes",
@@ -116,14 +118,18 @@ and 0.25 GB."""
 def held_process_bytes(rows: Mapping[str, int]) -> int:
     """About how much memory the first process of a diagnosis held within a limit holds
     besides its parts (`HELD_BASE_BYTES`, `HELD_ROW_BYTES`)."""
-    return HELD_BASE_BYTES + HELD_ROW_BYTES * (int(rows.get("gpu", 0)) + int(rows.get("spans", 0)))
+    return HELD_BASE_BYTES + HELD_ROW_BYTES * _merged_rows(rows)
 
 
 def held_worker_bytes(rows: Mapping[str, int]) -> int:
     """About how much memory each further process holds besides its parts
     (`HELD_WORKER_BASE_BYTES`, `HELD_WORKER_ROW_BYTES`)."""
-    count = int(rows.get("gpu", 0)) + int(rows.get("spans", 0))
-    return HELD_WORKER_BASE_BYTES + HELD_WORKER_ROW_BYTES * count
+    return HELD_WORKER_BASE_BYTES + HELD_WORKER_ROW_BYTES * _merged_rows(rows)
+
+
+def _merged_rows(rows: Mapping[str, int]) -> int:
+    """The run's merged GPU samples and spans together."""
+    return int(rows.get("gpu", 0)) + int(rows.get("spans", 0))
 
 
 def held_bytes(rows: Mapping[str, int], processes: int) -> int:

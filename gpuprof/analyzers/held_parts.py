@@ -267,10 +267,9 @@ def _read(fd: int, at: int, n: int) -> memoryview:
     """``n`` bytes of ``fd`` from ``at``, writable: mapped when large (read into memory where
     the file system cannot map it)."""
     if n >= MAP_BYTES:
-        try:
+        # a file system without maps reads it into memory; a file cut short is said below
+        with contextlib.suppress(OSError, ValueError):
             return memoryview(mmap.mmap(fd, n, offset=at, access=mmap.ACCESS_COPY))
-        except (OSError, ValueError):  # a file system without maps; cut short: said below
-            pass
     got = bytearray(n)
     if os.preadv(fd, [got], at) != n:
         raise OSError(f"the file of a part's objects is cut short at {at}")
