@@ -475,7 +475,8 @@ def span_depths(spans: pd.DataFrame) -> np.ndarray:
     depth = np.zeros(len(spans), dtype=np.int64)
     starts_all = spans["start_ns"].to_numpy(np.int64)
     ends_all = spans["end_ns"].to_numpy(np.int64)
-    groups = spans.groupby(["host", "pid", "tid"], sort=False).indices
+    # a span without a thread id (an imported log's) nests among its process's others of none
+    groups = spans.groupby(["host", "pid", "tid"], sort=False, dropna=False).indices
     for index in groups.values():
         starts, ends = starts_all[index], ends_all[index]
         order = np.lexsort((-ends, starts))

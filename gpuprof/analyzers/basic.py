@@ -49,34 +49,51 @@ def gpu_table(run: Run) -> pd.DataFrame:
 
 
 def phase_table(run: Run) -> pd.DataFrame:
-    """One row per phase: span count, processes that ran it, total and mean seconds, and
-    ``share`` = time in the phase per process over the run's wall time (0–1)."""
-    cols = ["phase", "spans", "processes", "total_s", "mean_s", "per_process_s", "share"]
-    spans = run.spans
+    """One row per phase, by **self time** (a span less the spans of other phases nested in
+    it: TRL's training step less the generation it encloses; `spans.self_ns`), so the rows
+    add up: span count, processes that ran it, ``total_s`` (self seconds summed over the
+    processes), ``mean_s`` (per span), ``per_process_s``, ``share`` = per-process time over
+    the run's wall time (0–1) and ``step_share`` = the phase's self time in the steps over
+    the steps' time (0–1; NaN without step spans), counted on the processes that record steps.
+    The ``step`` row is step time no phase covers."""
+    from gpuprof.analyzers.spans import valid_spans
+
+    cols = ["phase", "spans", "processes", "total_s", "mean_s", "per_process_s", "share",
+            "step_share"]  # fmt: skip
+    spans, _ = valid_spans(run)
     if spans.empty:
         return pd.DataFrame(columns=cols)
-    dur_s = (spans["end_ns"] - spans["start_ns"]).clip(lower=0) / 1e9
-    frame = pd.DataFrame(
-        {
-            "phase": spans["phase"],
-            "dur_s": dur_s,
-            "proc": spans["host"] + ":" + spans["pid"].astype(str),
-        }
-    )
+    own_s = spans["self_ns"].to_numpy(np.float64) / 1e9
+    proc = spans["host"].astype(str) + ":" + spans["pid"].astype(str)
+    frame = pd.DataFrame({"phase": spans["phase"], "own_s": own_s, "proc": proc})
     table = frame.groupby("phase").agg(
-        spans=("dur_s", "size"),
+        spans=("own_s", "size"),
         processes=("proc", "nunique"),
-        total_s=("dur_s", "sum"),
-        mean_s=("dur_s", "mean"),
+        total_s=("own_s", "sum"),
+        mean_s=("own_s", "mean"),
     )
     table["per_process_s"] = table["total_s"] / table["processes"]
-    wall = run.duration_s or float(dur_s.sum()) or 1.0
+    wall = run.duration_s or float(own_s.sum()) or 1.0
     table["share"] = (table["per_process_s"] / wall).clip(upper=1.0)
+    table["step_share"] = _step_shares(spans, frame).reindex(table.index)
     order = {name: i for i, name in enumerate(CANONICAL_PHASES)}
     table = table.reset_index()
     table["_order"] = [order.get(p, len(order)) for p in table["phase"]]
     table = table.sort_values(["_order", "total_s"], ascending=[True, False])
     return table[cols].reset_index(drop=True)
+
+
+def _step_shares(spans: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
+    """Per phase: its self seconds inside the step spans of the processes that record them,
+    over those steps' seconds (empty without step spans)."""
+    from gpuprof.analyzers.spans import self_in_steps_ns
+
+    is_step = spans["is_step"].to_numpy(bool)
+    step_s = float(((spans["end_ns"] - spans["start_ns"])[is_step]).sum()) / 1e9
+    if step_s <= 0:
+        return pd.Series(dtype=np.float64)
+    inside_s = self_in_steps_ns(spans).astype(np.float64) / 1e9
+    return (pd.Series(inside_s).groupby(frame["phase"].to_numpy()).sum() / step_s).clip(upper=1.0)
 
 
 def step_times(run: Run) -> pd.DataFrame:

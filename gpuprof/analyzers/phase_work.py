@@ -122,8 +122,8 @@ def _as_column(values: Any) -> Any:
 
 
 def phase_walls(spans: pd.DataFrame) -> pd.DataFrame:
-    """Per (phase, step): wall seconds the phase took (union of its spans per process, mean
-    over the processes that ran it), processes, and tokens the phase's own outermost spans
+    """Per (phase, step): wall seconds the phase took (its self time per process, mean over
+    the processes that ran it), processes, and tokens the phase's own outermost spans
     recorded (summed over processes; NaN when none did). Vectorised: a day-long run has
     millions of spans. The figures of `wall_sums` of the run's spans (`combine_walls`)."""
     return combine_walls([wall_sums(spans)])
@@ -132,14 +132,21 @@ def phase_walls(spans: pd.DataFrame) -> pd.DataFrame:
 _WALL_SUMS = ["phase", "step", "covered_ns", "processes", "tokens", "token_processes"]
 
 
-def wall_sums(spans: pd.DataFrame) -> pd.DataFrame:
+def wall_sums(spans: pd.DataFrame, own_ns: np.ndarray | None = None) -> pd.DataFrame:
     """`phase_walls`' partial figures of some processes' spans, exact whatever processes they
-    are, per (phase, step): the covered nanoseconds summed over the processes (int), the
-    processes, the outermost spans' tokens summed over them (a float when every value is a
-    whole number, which any order sums exactly, else an exact `Fraction`), and the processes
-    with tokens. `combine_walls` adds those of disjoint processes into `phase_walls`."""
-    work = spans[spans["phase"].isin(PHASE_WORK)] if len(spans) else spans
-    work = work[work["step"].notna()] if len(work) else work
+    are, per (phase, step): the phase's self nanoseconds (`spans.self_ns`: its spans less the
+    spans of other phases nested in them, so TRL's update is not charged for the generation
+    its training step encloses) summed over the processes (int), the processes, the outermost
+    spans' tokens summed over them (a float when every value is a whole number, which any
+    order sums exactly, else an exact `Fraction`), and the processes with tokens.
+    ``own_ns``: each span's self time when the caller has it (`valid_spans` rows in the same
+    order). `combine_walls` adds those of disjoint processes into `phase_walls`."""
+    if len(spans) and (own_ns is None or len(own_ns) != len(spans)):
+        own_ns = span_self_ns(spans)
+    keep = np.zeros(0, bool)
+    if len(spans):
+        keep = spans["phase"].isin(PHASE_WORK).to_numpy(bool) & spans["step"].notna().to_numpy(bool)
+    work = spans[keep] if len(spans) else spans
     if work.empty:
         return pd.DataFrame(columns=_WALL_SUMS)
     keys = ["phase", "step", "host", "pid"]
@@ -149,23 +156,15 @@ def wall_sums(spans: pd.DataFrame) -> pd.DataFrame:
             "step": work["step"].astype("int64").to_numpy(),
             "host": work["host"].astype(object).to_numpy(),
             "pid": pd.to_numeric(work["pid"]).astype("int64").to_numpy(),
-            "s": work["start_ns"].astype("int64").to_numpy(),
-            "e": work["end_ns"].astype("int64").to_numpy(),
+            "own": np.asarray(own_ns)[keep],
             "depth": pd.to_numeric(work["depth"], errors="coerce").fillna(0).to_numpy(),
             "tokens": attr_columns.number(work["attrs"], "tokens"),
         }
     )
     frame["g"] = frame.groupby(keys, sort=False).ngroup()
-    frame = frame.sort_values(["g", "s"], kind="stable").reset_index(drop=True)
-    # union of each group's intervals: a new block starts past the reach of those before it
-    g = frame["g"].to_numpy()
-    start, end = frame["s"].to_numpy(), frame["e"].to_numpy()
-    reach = frame.groupby("g")["e"].cummax().to_numpy()
-    new = np.ones(len(frame), dtype=bool)  # the rows of a group are neighbours
-    new[1:] = (g[1:] != g[:-1]) | (start[1:] > reach[:-1])
-    first = np.flatnonzero(new)  # each block's first row: blocks are runs of rows
-    blocks = np.maximum.reduceat(end, first) - np.minimum.reduceat(start, first)
-    covered = pd.Series(blocks, copy=False).groupby(g[first]).sum()
+    # a process's instants each belong to one innermost span: self times add up to the
+    # phase's time without double counting nested or overlapping spans
+    covered = frame.groupby("g")["own"].sum()
     outer = frame["depth"] == frame.groupby("g")["depth"].transform("min")
     tokens = frame["tokens"].where(outer).groupby(frame["g"]).sum(min_count=1)
     per_proc = frame.groupby("g")[["phase", "step"]].first()
@@ -181,6 +180,28 @@ def wall_sums(spans: pd.DataFrame) -> pd.DataFrame:
         }
     )
     return out.reset_index()[_WALL_SUMS]
+
+
+def span_self_ns(spans: pd.DataFrame) -> np.ndarray:
+    """`spans.self_ns` of valid spans that carry no nesting columns of their own (the
+    nesting recomputed within each thread)."""
+    from gpuprof.analyzers.spans import self_ns
+    from gpuprof.model import span_depths
+
+    frame = pd.DataFrame(
+        {
+            "host": spans["host"].astype(object).to_numpy(),
+            "pid": pd.to_numeric(spans["pid"]).to_numpy(np.int64),
+            "tid": pd.to_numeric(spans["tid"], errors="coerce").to_numpy(np.float64)
+            if "tid" in spans
+            else np.full(len(spans), np.nan),
+            "start_ns": pd.to_numeric(spans["start_ns"]).to_numpy(np.int64),
+            "end_ns": pd.to_numeric(spans["end_ns"]).to_numpy(np.int64),
+        }
+    )
+    frame["depth"] = span_depths(frame)
+    frame["is_step"] = (spans["phase"] == "step").to_numpy(bool)
+    return self_ns(frame)
 
 
 def _exact_sums(values: pd.Series, grouped: Any) -> pd.Series:

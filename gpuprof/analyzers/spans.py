@@ -1,7 +1,9 @@
 """The run's span timeline: which spans are usable, and which phase a process was in at an instant.
 
 A span covers ``[start_ns, end_ns)``. `valid_spans` drops the spans nothing can be done with
-(no host/pid/start/end, ending before they start) and recomputes their nesting ``depth``;
+(no host/pid/start/end, ending before they start) and recomputes their nesting ``depth`` and
+their ``self_ns`` (`self_ns`: the time each is its process's innermost span — what every sum
+of phase time adds);
 `_label` gives, for instants of one process, its innermost (deepest) covering span's phase and
 step — ``"step"`` (`STEP_PHASE`) only where no other span covers the instant, ``"(none)"``
 (`NO_PHASE`) outside every span. Both are vectorised: loops run over nesting depths, never over
@@ -49,7 +51,8 @@ def valid_spans(run: Run) -> tuple[pd.DataFrame, int]:
 
     Dropped: spans without host/pid/start/end and spans ending before they start (clock
     trouble or a bad import). The rest get ``depth`` recomputed from their nesting within
-    their thread (hand-built or imported frames may carry none) and ``is_step``.
+    their thread (hand-built or imported frames may carry none), ``is_step`` and ``self_ns``
+    (`self_ns`).
     """
     spans = run.spans
     if spans is None or len(spans) == 0:
@@ -84,6 +87,7 @@ def valid_spans(run: Run) -> tuple[pd.DataFrame, int]:
     )
     out["depth"] = span_depths(out) if len(out) else np.zeros(0, dtype=np.int64)
     out["is_step"] = (out["phase"] == STEP_PHASE).to_numpy(bool)
+    out["self_ns"] = self_ns(out)
     return out, dropped
 
 
@@ -99,6 +103,7 @@ def _empty_spans() -> pd.DataFrame:
             "end_ns": pd.Series([], dtype=np.int64),
             "depth": pd.Series([], dtype=np.int64),
             "is_step": pd.Series([], dtype=bool),
+            "self_ns": pd.Series([], dtype=np.int64),
         }
     )
 
@@ -185,3 +190,151 @@ def _steps(
     inner_step = np.where(has_inner, span_step[np.maximum(inner, 0)], np.nan)
     step = np.where(np.isnan(inner_step), step, inner_step)
     return step, has_inner | has_whole
+
+
+# --------------------------------------------------------------------------------------------
+# Self time: each instant of a process belongs to its innermost span
+
+
+def owned_segments(spans: pd.DataFrame, in_step: bool = False) -> tuple[np.ndarray, ...]:
+    """Each process's timeline cut where its innermost span changes: ``(start_ns, end_ns,
+    owner)``, ``owner`` the row position in ``spans`` of the span that owns the segment — the
+    innermost phase span covering it (`_label`'s rule), else the step span; segments no span
+    covers are left out. Segments of one process are disjoint, so a phase's segments add up to
+    its **self time**: its spans less the spans of other phases nested in them, a phase nested
+    in itself counted once.
+
+    ``spans``: `valid_spans` rows (``host``, ``pid``, ``start_ns``, ``end_ns``, ``depth``,
+    ``is_step``). Vectorised over every process at once: each process's times are moved onto
+    a stretch of one axis of their own, so no loop runs over processes or spans.
+    ``in_step``: also return, per segment, whether a step span of its process covers it.
+    """
+    n = len(spans)
+    empty = np.zeros(0, dtype=np.int64)
+    nothing = (empty, empty, empty, np.zeros(0, bool)) if in_step else (empty, empty, empty)
+    if n == 0:
+        return nothing
+    axis = _shared_axis(spans)
+    if axis is None:  # processes too far apart for one axis: one by one
+        return _segments_by_process(spans, in_step)
+    s, e, proc, shift = axis
+    columns = {"start_ns": s, "end_ns": e, "depth": spans["depth"].to_numpy(np.int64),
+               "is_step": spans["is_step"].to_numpy(bool)}  # fmt: skip
+    points = np.sort(np.concatenate([s, e]))  # sorted, then distinct: cheaper than np.unique
+    points = points[np.concatenate([[True], points[1:] != points[:-1]])]
+    if len(points) < 2:
+        return nothing
+    t = points[:-1]
+    inner = _innermost(columns, t, step=False)
+    whole = _innermost(columns, t, step=True)
+    owner = np.where(inner >= 0, inner, whole)
+    keep = owner >= 0
+    owner, seg_s, seg_e = owner[keep], t[keep], points[1:][keep]
+    back = shift[proc[owner]]
+    if in_step:
+        return seg_s - back, seg_e - back, owner, whole[keep] >= 0
+    return seg_s - back, seg_e - back, owner
+
+
+def _shared_axis(
+    spans: pd.DataFrame,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The spans' times on one axis where each process has a stretch of its own: ``(start,
+    end, process code, shift)`` with ``start = start_ns + shift[process]``; None when the
+    processes' stretches would not fit in int64."""
+    start = spans["start_ns"].to_numpy(np.int64)
+    end = spans["end_ns"].to_numpy(np.int64)
+    proc = spans.groupby(["host", "pid"], sort=False, dropna=False).ngroup().to_numpy(np.int64)
+    n_proc = int(proc.max()) + 1
+    lo = np.full(n_proc, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(n_proc, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(lo, proc, start)
+    np.maximum.at(hi, proc, end)
+    if float((hi - lo + 1).astype(np.float64).sum()) >= 2.0**62:
+        return None
+    offset = np.zeros(n_proc, dtype=np.int64)
+    offset[1:] = np.cumsum((hi - lo + 1)[:-1])
+    shift = offset - lo
+    return start + shift[proc], end + shift[proc], proc, shift
+
+
+def _segments_by_process(spans: pd.DataFrame, in_step: bool) -> tuple[np.ndarray, ...]:
+    proc = spans.groupby(["host", "pid"], sort=False, dropna=False).ngroup().to_numpy(np.int64)
+    parts = []
+    for p in range(int(proc.max()) + 1):
+        rows = np.flatnonzero(proc == p)
+        got = owned_segments(spans.iloc[rows], in_step)
+        parts.append((got[0], got[1], rows[got[2]], *got[3:]))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0])))
+
+
+def _flat_self(spans: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """`self_ns` and `self_in_steps_ns` the quick way when no process's phase spans overlap
+    one another and neither do its step spans (the usual shape: phases side by side inside
+    steps); None otherwise. A phase span's self time is then its length, a step's is its
+    length less the phase time inside it."""
+    axis = _shared_axis(spans)
+    if axis is None:
+        return None
+    s, e = axis[0], axis[1]
+    is_step = spans["is_step"].to_numpy(bool)
+    flat = []
+    for mask in (~is_step, is_step):
+        rows = np.flatnonzero(mask)
+        rows = rows[np.argsort(s[rows], kind="stable")]  # processes lie apart on the axis
+        if len(rows) > 1 and bool((s[rows][1:] < e[rows][:-1]).any()):
+            return None  # overlapping (nested) spans of one kind: the full computation
+        flat.append((s[rows], e[rows]))
+    length = e - s
+    own = length.copy()
+    own[is_step] -= _covered(*flat[0], s[is_step], e[is_step])
+    in_step = own.copy()
+    in_step[~is_step] = _covered(*flat[1], s[~is_step], e[~is_step])
+    return own, in_step
+
+
+def _covered(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """How much of each ``[a, b)`` the sorted disjoint intervals ``[starts, ends)`` cover."""
+    if len(starts) == 0 or len(a) == 0:
+        return np.zeros(len(a), dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(ends - starts)])
+
+    def before(x: np.ndarray) -> np.ndarray:  # covered time before each instant of x
+        k = np.searchsorted(starts, x, side="right") - 1
+        kk = np.maximum(k, 0)
+        inside = np.clip(x - starts[kk], 0, ends[kk] - starts[kk])
+        return np.where(k >= 0, cum[kk] + inside, 0)
+
+    return before(b) - before(a)
+
+
+def self_ns(spans: pd.DataFrame) -> np.ndarray:
+    """Each span's self time in ns (int64): the time in which it is its process's innermost
+    span (`owned_segments`). A phase's self times add up to the time its process spent in it
+    and nowhere deeper; a step span's is the step time no phase covers. ``spans``: as for
+    `owned_segments`."""
+    if len(spans) == 0:
+        return np.zeros(0, dtype=np.int64)
+    flat = _flat_self(spans)
+    if flat is not None:
+        return flat[0]
+    s, e, owner = owned_segments(spans)
+    if len(owner) == 0:
+        return np.zeros(len(spans), dtype=np.int64)
+    # float sums are exact while a span's self time stays under 2**53 ns (104 days)
+    return np.rint(np.bincount(owner, weights=e - s, minlength=len(spans))).astype(np.int64)
+
+
+def self_in_steps_ns(spans: pd.DataFrame) -> np.ndarray:
+    """Each span's self time (ns, int64) inside its process's step spans: `self_ns` less what
+    lies outside every step (a phase a framework times after its step timer has stopped)."""
+    if len(spans) == 0:
+        return np.zeros(0, dtype=np.int64)
+    flat = _flat_self(spans)
+    if flat is not None:
+        return flat[1]
+    s, e, owner, inside = owned_segments(spans, in_step=True)
+    if not inside.any():
+        return np.zeros(len(spans), dtype=np.int64)
+    weights = np.where(inside, e - s, 0)
+    return np.rint(np.bincount(owner, weights=weights, minlength=len(spans))).astype(np.int64)

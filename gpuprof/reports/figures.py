@@ -20,7 +20,7 @@ import pandas as pd
 from plotly.colors import qualitative
 
 from gpuprof.analyzers.basic import step_times
-from gpuprof.analyzers.spans import NO_PHASE, STEP_PHASE, valid_spans
+from gpuprof.analyzers.spans import NO_PHASE, STEP_PHASE, owned_segments, valid_spans
 from gpuprof.intervals import union
 from gpuprof.model import Run
 from gpuprof.nodes import natural_key
@@ -718,22 +718,29 @@ def _phase_bands(
         out.notes.append("No phase spans were recorded: the timeline has no phase bands.")
         return []
     host, pid, who = _band_process(spans)
-    mine = spans[(spans["host"] == host) & (spans["pid"] == pid) & ~spans["is_step"]]
-    if mine.empty:
+    mine = spans[((spans["host"] == host) & (spans["pid"] == pid)).to_numpy(bool)]
+    # each instant in the phase of its innermost span: a phase nested in another (TRL's
+    # generation inside its training step) shows as itself, not under the one enclosing it
+    seg_s, seg_e, owner = owned_segments(mine)
+    phase_of = mine["phase"].to_numpy(object)[owner]
+    named = ~mine["is_step"].to_numpy(bool)[owner]
+    seg_s, seg_e, phase_of = seg_s[named], seg_e[named], phase_of[named]
+    if len(seg_s) == 0:
         return []
-    if len(mine) > budget.max_bands:
-        dur = mine["end_ns"] - mine["start_ns"]
-        mine = mine.loc[dur.sort_values(ascending=False).index[: budget.max_bands]]
+    if len(seg_s) > budget.max_bands:
+        longest = np.sort(np.argsort(-(seg_e - seg_s), kind="stable")[: budget.max_bands])
         out.notes.append(
-            f"Phase bands: the {budget.max_bands:,} longest of {len(dur):,} spans are drawn."
+            f"Phase bands: the {budget.max_bands:,} longest of {len(seg_s):,} stretches are drawn."
         )
-    out.notes.append(f"Phase bands show the phases of {who}.")
+        seg_s, seg_e, phase_of = seg_s[longest], seg_e[longest], phase_of[longest]
+    out.notes.append(f"Phase bands show the phases of {who} (each instant in its innermost).")
     traces = []
     dec = axis.decimals
     extra = iter(_EXTRA_COLORS)
-    for phase, group in mine.groupby("phase", sort=False):
+    for phase in pd.unique(phase_of):
         color = PHASE_COLORS.get(str(phase)) or next(extra, "#aaaaaa")
-        start, end = union(group["start_ns"].to_numpy(np.int64), group["end_ns"].to_numpy(np.int64))
+        rows = phase_of == phase
+        start, end = union(seg_s[rows], seg_e[rows])
         x = axis.of(np.column_stack([start, end]).ravel())
         y = np.tile([100.0, 0.0], len(start))
         traces.append(

@@ -55,15 +55,7 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
         parts.append(table)
 
     if s["phases"]:
-        table = Table(title="Phases (time per process)", title_justify="left", box=None,
-                      pad_edge=False)  # fmt: skip
-        table.add_column("phase", overflow="fold")
-        for col in ("count", "time", "mean", "share"):
-            table.add_column(col, justify="right", no_wrap=True)
-        for p in s["phases"]:
-            table.add_row(p["phase"], str(p["spans"]), fmt.seconds(p["per_process_s"]),
-                          fmt.seconds(p["mean_s"]), fmt.percent(100 * p["share"]))  # fmt: skip
-        parts.append(table)
+        parts.append(phase_table_renderable(s["phases"], s["steps"]))
     else:
         parts.append(Text("no phases recorded (use gpuprof.phase() in the training loop)"))
 
@@ -78,6 +70,38 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
     elif run_dir:
         parts.append(Text(f"run saved to {run_dir}", no_wrap=True, overflow="ignore"))
     return Group(*parts)
+
+
+STEP_ROW_LABEL = "(in step, no phase)"
+"""How the tables name the ``step`` row: step time that no phase covers."""
+
+
+def phase_table_renderable(phases: list[dict[str, Any]], steps: int) -> Table:
+    """The phases by self time (a phase nested in another counts once, in the innermost): count,
+    time per process, per step, share of the steps' time (when the run records steps) and of
+    the run's wall time. The step-share column adds up to 100% over its rows."""
+    with_steps = steps > 0 and any(_finite(p.get("step_share")) for p in phases)
+    title = "Phases (self time per process"
+    title += ", share of the steps' time)" if with_steps else ")"
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    table.add_column("phase", overflow="fold")
+    columns = ["count", "time"] + (["per step", "of steps"] if with_steps else []) + ["of run"]
+    for col in columns:
+        table.add_column(col, justify="right", no_wrap=True)
+    for p in phases:
+        label = STEP_ROW_LABEL if p["phase"] == "step" else str(p["phase"])
+        row = [label, str(p["spans"]), fmt.seconds(p["per_process_s"])]
+        if with_steps:
+            share = p.get("step_share")
+            row += [fmt.seconds(p["per_process_s"] / steps),
+                    fmt.percent(100 * share) if _finite(share) else "–"]  # fmt: skip
+        row.append(fmt.percent(100 * p["share"]))
+        table.add_row(*row)
+    return table
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
 MAX_RECORDED_LINES = 8

@@ -38,7 +38,8 @@ class Timing:
     """Per-step phase times of a run without GPU samples.
 
     ``steps``: one row per step (index: step number) with ``wall_s`` (the step's wall time,
-    phases that run after the step's own timer included) and one column of seconds per phase.
+    phases that run after the step's own timer included) and one column of self seconds per
+    phase (a phase nested in another is not counted in the one that encloses it).
     ``gpus``: the job's GPU count (1 when unknown, then ``gpus_known`` is False).
     ``wall_s``: the time the spans cover. ``total_gpu_s = wall_s × gpus``.
     """
@@ -129,17 +130,19 @@ def _timing(ctx: AnalysisContext) -> Timing | None:
         return None
     sp = sp[np.isfinite(sp["step"].to_numpy(np.float64))]
     dur = (sp["end_ns"] - sp["start_ns"]).to_numpy(np.float64) / 1e9
+    own = sp["self_ns"].to_numpy(np.float64) / 1e9
     frame = pd.DataFrame({"pid": sp["pid"].to_numpy(), "phase": sp["phase"].to_numpy(object),
                           "step": sp["step"].to_numpy(np.float64), "dur": dur,
-                          "depth": sp["depth"].to_numpy()})  # fmt: skip
+                          "self": own})  # fmt: skip
     # several processes may log the same steps (ranks): the slowest sets the pace
     steps_only = frame[frame["phase"] == STEP_PHASE]
     step_wall = steps_only.groupby(["step", "pid"])["dur"].sum().groupby(level="step").max()
-    # a step's phases: its children, and phases laid beside it (verl times testing and
-    # save_checkpoint after the step timer has stopped); grandchildren are parts of these
-    named = frame[(frame["phase"] != STEP_PHASE) & (frame["depth"] <= 1)]
+    # a step's phases — inside it, and laid beside it (verl times testing and save_checkpoint
+    # after the step timer has stopped) — by self time: a phase nested in another (TRL's
+    # generation inside its training_step) is taken out of the one that encloses it
+    named = frame[frame["phase"] != STEP_PHASE]
     per = (
-        named.groupby(["step", "phase", "pid"])["dur"].sum().groupby(level=["step", "phase"]).max()
+        named.groupby(["step", "phase", "pid"])["self"].sum().groupby(level=["step", "phase"]).max()
     ).unstack("phase", fill_value=0.0)
     per = per.reindex(step_wall.index, fill_value=0.0)
     # phases timed after the step's own timer (verl's testing / save_checkpoint) add to its wall

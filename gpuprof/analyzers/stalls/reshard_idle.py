@@ -86,10 +86,11 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
 
 
 def _syncs(ctx: AnalysisContext) -> tuple[float, int]:
-    """One part's reshard spans: their summed seconds and how many."""
+    """One part's reshard spans: their summed self seconds (a sync nested in a sync counted
+    once) and how many."""
     sp = _spans(ctx)
     sp = sp[sp["phase"] == "reshard"]
-    return float(((sp["end_ns"] - sp["start_ns"]) / 1e9).sum()), len(sp)
+    return float(sp["self_ns"].sum()) / 1e9, len(sp)
 
 
 def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
