@@ -70,8 +70,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps")
     parser.add_argument("--generations", type=int, default=4, help="completions per prompt")
-    parser.add_argument("--max-completion-length", type=int, default=8)
+    # long enough that generating takes most of the step, as it does in real GRPO runs
+    parser.add_argument("--max-completion-length", type=int, default=16)
     parser.add_argument("--output-dir", default=None, help="TRL's output dir (default: a temp)")
+    parser.add_argument("--report-to", default="none",
+                        help="transformers' report_to: 'mlflow' logs TRL's own profiling "
+                             "timings to MLFLOW_TRACKING_URI")  # fmt: skip
     args = parser.parse_args()
 
     import torch
@@ -100,7 +104,7 @@ def main() -> None:
         beta=0.04,  # a reference model, so the reference log-prob pass runs too
         logging_steps=1,
         save_strategy="no",
-        report_to="none",
+        report_to=args.report_to,
         use_cpu=True,
         bf16=False,
         dataloader_num_workers=0,

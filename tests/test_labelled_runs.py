@@ -213,6 +213,74 @@ def test_real_gpu_at_work_without_a_stall(tmp_path):
     assert doc["summary"]["bound"]["nothing_to_judge"]
 
 
+def test_verl_ppo_critic_bound_with_its_efficiency_gap(tmp_path):
+    """The case of issue 41 (a public verl PPO log, Qwen2-7B on 8 GPUs, 70 steps): the critic
+    update takes 47 % of each step, three times the next phase (generation, 16 %), at a third
+    of the actor's MFU by verl's own count (0.085 against 0.25). The critic bounds the step
+    and is slow for its tokens; the advice is the critic's knobs, in verl's words, and none of
+    the actor's."""
+    doc = imported(builders.verl_critic_bound(tmp_path / "ppo.log"), tmp_path)
+    bound = doc["summary"]["bound"]
+    assert bound["bound"] == ["update_critic"], bound["verdict"]
+    assert bound["verdict"].startswith("update_critic bounds the step (47% of it")
+    critic = next(p for p in bound["phases"] if p["phase"] == "update_critic")
+    assert critic["verdict"] == "slow" and critic["measure"] == "critic_actor_mfu"
+    assert critic["value"] == pytest.approx(0.085 / 0.25, rel=0.03)
+    assert kinds(doc) == {"update_bound"}
+    found = finding(doc, "update_bound")
+    ev = found["evidence"]
+    assert ev["phase"] == "update_critic" and ev["phases"] == ["update_critic"]
+    assert ev["critic_actor_ratio"] == pytest.approx(0.34, abs=0.02)
+    assert ev["framework_mfu"] == pytest.approx(0.085, rel=0.03)
+    assert ev["actor_framework_mfu"] == pytest.approx(0.25, rel=0.03)
+    # 47 % of 8 GPUs' steps at 0.34 / 0.75 of a healthy critic: ~25 % of the GPU-time
+    assert found["share"] == pytest.approx(0.47 * (1 - 0.34 / 0.75), abs=0.02)
+    assert any(c["knob"] == "critic.ppo_micro_batch_size_per_gpu" for c in ev["causes"])
+    recs = [r for r in doc["recommendations"] if r["kind"] == "update_bound"]
+    assert recs and all(r["knob"].startswith("critic.") for r in recs)
+    micro = next(r for r in recs if r["knob"] == "critic.ppo_micro_batch_size_per_gpu")
+    assert micro["current"] == 2 and micro["suggested"] == 8
+
+
+PUBLIC = Path(__file__).parent / "labelled" / "public"
+
+
+@pytest.mark.parametrize(
+    ("name", "bound", "largest"),
+    [
+        # balanced PPO steps: no phase dominates, whatever the largest is
+        ("verl_data_deepseek7b_megatron_ppo_4gpu_balanced.log", [], "update_critic"),
+        ("verl_data_qwen05b_ppo_1gpu_resp512_excerpt.log", [], "update_actor"),
+        # a phase far ahead of every other one
+        ("verl_amd_mi300_deepseek7b_ppo_gen_bound.log", ["rollout"], "rollout"),
+        ("verl_verlenv_qwen3_4b_ppo_critic_warmup_step.md", ["update_critic"], "update_critic"),
+    ],
+)
+def test_public_ppo_steps_named_bound_only_when_one_phase_dominates(tmp_path, name, bound,
+                                                                     largest):  # fmt: skip
+    doc = imported(PUBLIC / name, tmp_path)
+    summary = doc["summary"]["bound"]
+    assert summary["bound"] == bound, summary["verdict"]
+    assert summary["composition"][0]["phase"] == largest
+    # the critic of these runs is as efficient as its actor, or not judged: never update_bound
+    critic = next((p for p in summary["phases"] if p["phase"] == "update_critic"), None)
+    assert critic is None or critic["verdict"] != "slow"
+    assert "update_bound" not in kinds(doc)
+
+
+@needs_fixtures
+def test_real_gemma_ppo_critic_beside_its_actor_is_healthy(tmp_path):
+    """The gemma-2b PPO fixture trains its critic on the actor's model: the actor's update
+    seconds per epoch over the critic's read ~1.2, a healthy critic; no phase dominates its
+    steps (generation 31 %, actor 27 %, critic 23 %)."""
+    doc = imported(SHARED_FIXTURES / "verl" / "gemma2b_ppo_2gpu_old_format.log", tmp_path)
+    bound = doc["summary"]["bound"]
+    assert bound["bound"] == []
+    critic = next(p for p in bound["phases"] if p["phase"] == "update_critic")
+    assert critic["measure"] == "critic_actor_time" and critic["verdict"] == "healthy"
+    assert 1.0 < critic["value"] < 1.4
+
+
 # ------------------------------------------------------------------ CPU runs the tests make
 
 

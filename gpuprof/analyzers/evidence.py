@@ -331,12 +331,17 @@ class IdleAllocationEvidence(Evidence):
 
 @dataclass(kw_only=True)
 class UpdateBoundEvidence(Evidence):
-    """``update_bound``: the actor update slow for the tokens it trains — its model FLOPs
-    utilisation (``measure="mfu"``), or with no GPU known its seconds per token per epoch over
-    a forward pass's of the same steps (``measure="forward_ratio"``)."""
+    """``update_bound``: an update slow for the tokens it trains (``phase``). The actor's: its
+    model FLOPs utilisation (``measure="mfu"``, or ``"framework_mfu"`` by the framework's own
+    count), or with no GPU known its seconds per token per epoch over a forward pass's of the
+    same steps (``measure="forward_ratio"``). The critic's: its efficiency over the actor's on
+    the same tokens (``critic_actor_ratio``), by the framework's MFU of each
+    (``measure="critic_actor_mfu"``) or, when the critic trains the actor's model, by their
+    seconds per epoch (``"critic_actor_time"``)."""
 
     kind: ClassVar[str] = "update_bound"
     measure: str = "mfu"
+    phase: str = "update_actor"
     update_share_of_step: float | None = None
     update_gpu_s: float | None = None
     mfu: float | None = None
@@ -354,6 +359,9 @@ class UpdateBoundEvidence(Evidence):
     model_total_params: float | None = None
     model_params_source: str | None = None
     framework_mfu: float | None = None
+    actor_framework_mfu: float | None = None
+    critic_actor_ratio: float | None = None
+    healthy_critic_actor_ratio: float | None = None
     causes: list[dict[str, Any]] = field(default_factory=list)
     knobs: dict[str, Any] | None = None
 

@@ -243,6 +243,21 @@ class Thresholds:
     bound_dominant_share: float = 0.5
     """A phase taking at least this share of the step bounds it. Source: seed (more than half
     the step: halving any other phase wins less than a quarter of it)."""
+    bound_relative_ratio: float = 2.0
+    """Below `bound_dominant_share`, a phase still bounds the step when it takes at least this
+    many times the share of every other part of it (the next phase, and the step time no
+    phase covers) and at least `bound_relative_min_share`. Source: measured — public logs in
+    tests/labelled/public/cases.json: steps with a phase the run's own figures single out
+    read 2.9× (verl PPO, update_critic 47 % against 16 %, the case of issue 41), 3.5× (a verl
+    critic-warm-up step, 72 / 20 %), 3.9× (verl deepseek-7B PPO on 8 GPUs, gen 60 / 16 %) and
+    1.9× (marin's phase shares, rollout 60 / 32 %, over half anyway); balanced steps read
+    1.04× (verl deepseek-7B Megatron PPO, 27 / 26 %), 1.15× (the gemma-2b PPO fixture,
+    31 / 27 %), 1.16× (verl Qwen-0.5B PPO, 29 / 25 %), 1.15× (verl #7412, 47 / 41 %) and 1.33×
+    (a SmolLM GRPO run, 44 / 33 %). Twice the next lies between the two groups."""
+    bound_relative_min_share: float = 1 / 3
+    """The least share of the step a phase needs to bound it by `bound_relative_ratio`: a
+    third of the step, so that a step of many small phases is not said to be bound by the
+    largest of them. Source: seed."""
     bound_pair_share: float = 0.6
     """Without one dominant phase, the two largest bound the step together when they take at
     least this share, each at least `bound_member_share`. Source: seed."""
@@ -266,6 +281,21 @@ class Thresholds:
     """An update per epoch at or above this many forward passes is slow for its tokens
     (``update_bound``). Source: seed — twice the healthy ratio; the 16×H100 GSPO run of verl
     issue #3727, whose user called the update extremely slow, reads 40.5."""
+    critic_actor_healthy: float = 0.75
+    """The critic update's efficiency over the actor's on the same tokens, in a healthy run:
+    verl's own ``perf/mfu/critic`` over ``perf/mfu/actor`` (each counts its own model's
+    FLOPs), else — when the critic trains the actor's model — the actor's update seconds per
+    epoch over the critic's. Source: measured — public verl PPO logs: MFU 1.20 (verl #1224,
+    0.599 / 0.499) and 1.20 (deepseek-7B PPO on 8 AMD MI300, 0.177 / 0.147); seconds 1.18
+    (the gemma-2b PPO fixture), 1.30 (Qwen-0.5B PPO, verl-data), 1.23 (deepseek-7B PPO on
+    MI300) and 0.79 (deepseek-7B PPO with Megatron on 4 GPUs, the lowest healthy run). A
+    critic trains the same tokens through a model of the same shape with a one-wide head in
+    place of the vocabulary: it costs about as much as the actor."""
+    critic_actor_slow: float = 0.5
+    """At or below this (half the actor's efficiency) the critic update is slow for its
+    tokens (``update_bound`` on ``update_critic``). Source: measured — the critic-bound verl
+    PPO run of issue 41 (Qwen2-7B, 8 GPUs: perf/mfu/critic 0.085 against the actor's 0.25,
+    0.34; update_critic 47 % of the step) and seed (a third below the lowest healthy run)."""
     gen_forward_ratio_healthy: float = 7.5
     """Rollout seconds per generated token over a forward pass's seconds per token in a
     healthy run (decode is memory-bound, a forward pass compute-bound). Source: measured —

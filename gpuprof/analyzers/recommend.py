@@ -373,8 +373,10 @@ def recommend(
         if fallback:
             rows = _select("pytorch", finding.kind, None, present)
         seen: set[str] = set()
+        phases = set((finding.evidence or {}).get("phases") or [])
         for entry in rows:
-            if entry.knob in seen:
+            # a row for one phase of its kind (the critic's update) when the finding says so
+            if entry.knob in seen or (entry.phase and phases and entry.phase not in phases):
                 continue
             rec = _build(entry, finding, settings, ctx, fallback=fallback)
             if rec is not None:

@@ -13,7 +13,10 @@ class KnobEntry:
     ``default`` is the framework's default value, or ``"@other_knob"`` when the default is
     another knob's value (TRL ``steps_per_generation`` defaults to
     ``gradient_accumulation_steps``). ``gain`` is 0–1. ``rationale`` is a `str.format`
-    template over ``knob``, ``current``, ``suggested`` and ``lost_gpu_s``.
+    template over ``knob``, ``current``, ``suggested`` and ``lost_gpu_s``. ``phase``: the
+    phase the knob tunes when its kind covers several (``update_bound`` of the actor or of the
+    critic); the row does not apply to a finding whose evidence names other phases only
+    (None: any).
     """
 
     framework: str
@@ -26,6 +29,7 @@ class KnobEntry:
     default: Any
     gain: float
     rationale: str
+    phase: str | None = None
 
 
 _K = KnobEntry

@@ -5,6 +5,7 @@ importer, the integration, the recommender and the simulator share."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from gpuprof.frameworks._knob import (
     _AR,
@@ -147,6 +148,63 @@ KNOBS: tuple[KnobEntry, ...] = (
     _K("verl", "unused_gpu", "gpus", "trainer.n_gpus_per_node", "", "gpus_per_host", 8, 8, 0.9,
        _UNUSED),
 )  # fmt: skip
+
+# the update_bound rows above tune the actor's update; the critic's, in its own words, follow.
+# Spellings by release, checked against verl's tags (v0.2 … v0.9.0) and 0.9.1 as installed:
+# from v0.8.0 the critic's FSDP settings moved from critic.model.fsdp_config.* to critic.fsdp.*
+# (the old spelling is rejected), and critic.ppo_micro_batch_size_per_gpu, use_dynamic_bsz
+# and ulysses_sequence_parallel_size are accepted but never reach the critic's engine, which
+# always packs micro-batches to critic.ppo_max_token_len_per_gpu.
+_CRITIC_MICRO = (
+    "{knob}={current}: the critic trains on micro-batches that leave its matrix multiplies "
+    "thin; {suggested} does more model FLOPs per kernel (lower it again on OOM)."
+)
+_CRITIC_TOKENS = (
+    "{knob}={current}: the critic packs each micro-batch to that many tokens per GPU; "
+    "{suggested} gives each kernel more tokens (lower it again on OOM)."
+)
+_CRITIC_DYN = (
+    "{knob}={current}: the critic's micro-batches are padded to a fixed sequence count; "
+    "{suggested} packs them to a token budget (critic.ppo_max_token_len_per_gpu)."
+)
+_CRITIC_OFFLOAD = (
+    "{knob}={current}: the critic update waits on copies over PCIe every step; {suggested} "
+    "keeps the critic's state on the GPU when memory allows."
+)
+_CRITIC_RECOMPUTE = (
+    "{knob}={current}: the critic's backward recomputes every layer's forward (about a third "
+    "more work); {suggested} keeps the activations when memory allows."
+)
+_CRITIC_ROWS: tuple[KnobEntry, ...] = (
+    _K("verl", "update_bound", "critic_micro_batch", "critic.ppo_micro_batch_size_per_gpu",
+       ">=0.2,<0.8", "multiply", 4, None, 0.3, _CRITIC_MICRO, "update_critic"),
+    _K("verl", "update_bound", "critic_token_budget", "critic.ppo_max_token_len_per_gpu", "",
+       "multiply", 2, 32768, 0.3, _CRITIC_TOKENS, "update_critic"),
+    _K("verl", "update_bound", "critic_dynamic_batch", "critic.use_dynamic_bsz", ">=0.2,<0.8",
+       "set", True, False, 0.4, _CRITIC_DYN, "update_critic"),
+    _K("verl", "update_bound", "critic_param_offload", "critic.model.fsdp_config.param_offload",
+       "<0.8", "set", False, False, 0.4, _CRITIC_OFFLOAD, "update_critic"),
+    _K("verl", "update_bound", "critic_param_offload", "critic.fsdp.param_offload", ">=0.8",
+       "set", False, False, 0.4, _CRITIC_OFFLOAD, "update_critic"),
+    _K("verl", "update_bound", "critic_optimizer_offload",
+       "critic.model.fsdp_config.optimizer_offload", "<0.8", "set", False, False, 0.3,
+       _CRITIC_OFFLOAD, "update_critic"),
+    _K("verl", "update_bound", "critic_optimizer_offload", "critic.fsdp.optimizer_offload",
+       ">=0.8", "set", False, False, 0.3, _CRITIC_OFFLOAD, "update_critic"),
+    _K("verl", "update_bound", "critic_recompute", "critic.model.enable_gradient_checkpointing",
+       "", "set", False, True, 0.2, _CRITIC_RECOMPUTE, "update_critic"),
+    _K("verl", "update_bound", "critic_remove_padding", "critic.model.use_remove_padding",
+       ">=0.2,<0.8", "set", True, False, 0.3,
+       "{knob}={current}: the critic computes pad tokens that count for nothing; {suggested} "
+       "trains it on packed sequences.", "update_critic"),
+)  # fmt: skip
+
+KNOBS = (
+    tuple(
+        replace(row, phase="update_actor") if row.kind == "update_bound" else row for row in KNOBS
+    )
+    + _CRITIC_ROWS
+)
 """The knob catalogue's rows for this framework (see `gpuprof.analyzers.knobs`)."""
 
 

@@ -7,15 +7,18 @@ busy. From one step line up:
 - **composition**: each phase's share of the steps — wall time from the framework's phase times
   when the run has no GPU samples, GPU-time inside the steps when it has them (with the GPUs'
   utilisation in each phase);
-- **bound**: the one phase at or above ``Thresholds.bound_dominant_share`` of the step, else
-  the two largest when together they reach ``bound_pair_share``, else none ("no phase
-  dominates"); a bounding phase is *busy* (generation, update, log-prob passes: GPU work) or
-  a *wait* (reward, weight sync, loading, checkpoint, evaluation: GPUs idle, explained by the
-  idle-time findings);
+- **bound**: the one phase at or above ``Thresholds.bound_dominant_share`` of the step, or
+  at least ``bound_relative_min_share`` of it and ``bound_relative_ratio`` times every other
+  part of it (dominance relative to the rest of the step), else the two largest when together
+  they reach ``bound_pair_share``, else none ("no phase dominates"); a bounding phase is
+  *busy* (generation, update, log-prob passes: GPU work) or a *wait* (reward, weight sync,
+  loading, checkpoint, evaluation: GPUs idle, explained by the idle-time findings);
 - **efficiency** of each busy phase against the hardware (`roofline`): MFU of the compute
   phases, the decode roofline of generation, and with no GPU known the cross-phase ratios; the
   framework's own figures (verl ``perf/mfu/*``, ``timing_per_token_ms/*``) beside them, an
-  impossible one (MFU above 100%) named as such. Each phase gets a verdict: ``slow``,
+  impossible one (MFU above 100%) named as such; the critic update against the actor's on
+  the same tokens (verl's MFU of each, or their times when the critic trains the actor's
+  model). Each phase gets a verdict: ``slow``,
   ``healthy``, ``borderline`` or ``not judged`` with why.
 
 `assess` computes it once per `AnalysisContext`; the ``rollout_bound`` and ``update_bound``
@@ -193,7 +196,12 @@ def _bound(rows: list[dict[str, Any]], th: Thresholds) -> list[str]:
     named = sorted((r for r in rows if r["phase"] != OTHER), key=lambda r: -r["share"])
     if not named:
         return []
-    if named[0]["share"] >= th.bound_dominant_share:
+    top = named[0]["share"]
+    if top >= th.bound_dominant_share:
+        return [named[0]["phase"]]
+    # dominance relative to the rest of the step: the next phase, and the time no phase covers
+    rest = max((r["share"] for r in rows if r is not named[0]), default=0.0)
+    if top >= th.bound_relative_min_share and top >= th.bound_relative_ratio * rest:
         return [named[0]["phase"]]
     pair = named[:2]
     if (
@@ -317,6 +325,7 @@ def _memory_counts(ctx: AnalysisContext) -> tuple[np.ndarray, np.ndarray]:
 def _verdicts(ctx: AnalysisContext, th: Thresholds, ratios, decode, framework) -> dict:
     fig = figures(ctx)
     out: dict[str, PhaseVerdict] = {}
+    critic_gap = _critic_seconds_ratio(ctx, fig.phase_walls)
     entries = {p["phase"]: p for p in fig.phases}
     for phase in sorted(set(entries) | set(framework), key=_phase_order):
         if phase not in BUSY_PHASES:
@@ -332,8 +341,68 @@ def _verdicts(ctx: AnalysisContext, th: Thresholds, ratios, decode, framework) -
             if k == "framework_mfu":
                 figs["framework_mfu_status"] = v["status"]
         why_not = _why_not(phase, entry, th, ctx)
-        out[phase] = _verdict(phase, th, entry, figs, ratios, decode, why_not)
+        out[phase] = _verdict(phase, th, entry, figs, ratios, decode, why_not,
+                              framework.get("update_actor"), critic_gap)  # fmt: skip
     return out
+
+
+def _critic_verdict(
+    th: Thresholds, figs: dict[str, Any], actor: dict | None, seconds: float | None
+) -> PhaseVerdict | None:
+    """The critic update against the actor's on the same tokens: verl's own MFU of each (the
+    critic's over the actor's), else the actor's update seconds per epoch over the critic's
+    when the critic trains the actor's model (``seconds``); None when neither is known."""
+    critic_mfu = figs.get("framework_mfu")
+    actor_mfu = (actor or {}).get("framework_mfu") or {}
+    measure = value = None
+    if (
+        critic_mfu is not None and figs.get("framework_mfu_status") == "ok"
+        and actor_mfu.get("status") == "ok" and actor_mfu.get("mean")
+    ):  # fmt: skip
+        measure, value = "critic_actor_mfu", float(critic_mfu) / float(actor_mfu["mean"])
+        figs["actor_framework_mfu"] = float(actor_mfu["mean"])
+        why = (
+            f"the critic update reaches {float(critic_mfu):.1%} MFU by the framework's own "
+            f"count against the actor update's {float(actor_mfu['mean']):.1%} ({value:.2f}×"
+        )
+    elif seconds is not None:
+        measure, value = "critic_actor_time", seconds
+        why = (
+            f"the critic update takes {1 / value:.1f}× the actor update's time per epoch "
+            f"training the same model on the same tokens ({value:.2f}× its efficiency"
+        )
+    if measure is None or value is None:
+        return None
+    figs["critic_actor_ratio"] = value
+    why += f"; healthy runs ≥ {th.critic_actor_healthy:g}×)"
+    state = (
+        "slow" if value <= th.critic_actor_slow
+        else "healthy" if value >= th.critic_actor_healthy else "borderline"
+    )  # fmt: skip
+    return PhaseVerdict("update_critic", state, measure, value, th.critic_actor_healthy, why, figs)
+
+
+def _critic_seconds_ratio(ctx: AnalysisContext, walls: pd.DataFrame | None) -> float | None:
+    """The actor update's seconds per epoch over the critic update's on the same steps, when
+    the run's settings say the critic trains the actor's model (verl ``critic.model.path``
+    equal to ``actor_rollout_ref.model.path``); None otherwise."""
+    settings = run_settings(ctx.run.meta)
+    actor_path = settings.get("actor_rollout_ref.model.path")
+    if walls is None or walls.empty or not actor_path:
+        return None
+    if settings.get("critic.model.path") != actor_path:
+        return None
+    per = walls[walls["phase"].isin(["update_actor", "update_critic"])]
+    table = per.pivot_table(index="step", columns="phase", values="wall_s", aggfunc="sum")
+    if not {"update_actor", "update_critic"} <= set(table.columns):
+        return None
+    table = table.dropna()
+    actor_s, critic_s = float(table["update_actor"].sum()), float(table["update_critic"].sum())
+    if actor_s <= 0 or critic_s <= 0:
+        return None
+    actor_epochs = num(settings.get("actor_rollout_ref.actor.ppo_epochs")) or 1.0
+    critic_epochs = num(settings.get("critic.ppo_epochs")) or actor_epochs
+    return (actor_s / actor_epochs) / (critic_s / critic_epochs)
 
 
 def _phase_order(phase: str) -> int:
@@ -341,7 +410,9 @@ def _phase_order(phase: str) -> int:
     return order.index(phase) if phase in order else len(order)
 
 
-def _verdict(phase, th, entry, figs, ratios, decode, why_not: str) -> PhaseVerdict:
+def _verdict(
+    phase, th, entry, figs, ratios, decode, why_not: str, framework_actor=None, critic_gap=None
+) -> PhaseVerdict:
     name = _WORK_NAME.get(phase, phase)
     mfu = entry.get("mfu")
     if phase == "update_actor" and mfu is not None:
@@ -367,6 +438,10 @@ def _verdict(phase, th, entry, figs, ratios, decode, why_not: str) -> PhaseVerdi
             f"{name} reaches {logged:.1%} MFU by the framework's own count (below "
             f"{th.low_mfu:.0%}; a tuned update reaches ~{th.reachable_mfu:.0%})", figs,
         )  # fmt: skip
+    if phase == "update_critic":
+        critic = _critic_verdict(th, figs, framework_actor, critic_gap)
+        if critic is not None:
+            return critic
     if ratios is not None:
         fwd = FORWARD_NAME.get(str(ratios.forward_phase), str(ratios.forward_phase))
         if phase == "update_actor" and ratios.update_per_epoch is not None:
@@ -418,6 +493,11 @@ def _ratio_state(ratio: float, healthy: float, slow: float) -> str:
 
 
 def _why_not(phase: str, entry: dict, th: Thresholds, ctx: AnalysisContext) -> str:
+    if phase == "update_critic":
+        return (
+            "no MFU of both updates (perf/mfu/critic and perf/mfu/actor) and no sign that the "
+            "critic trains the actor's model (critic.model.path)"
+        )
     if phase not in ("rollout", "update_actor"):
         return "no healthy level to compare with"
     fig = figures(ctx)

@@ -78,7 +78,8 @@ def _causes(settings: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str
 
 
 def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
-    """The actor update slow for its tokens (`bound.assess`'s ``update_actor`` verdict).
+    """The actor update slow for its tokens (`bound.assess`'s ``update_actor`` verdict), else
+    the critic update slow against the actor's (`_critic`).
 
     By MFU (below ``th.low_mfu``): lost = the update's GPU-seconds × (1 − MFU /
     ``th.reachable_mfu``); silent when the framework's own logged MFU for the update is at or
@@ -93,7 +94,7 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     a = assess(ctx, th)
     verdict = a.verdicts.get("update_actor")
     if verdict is None or verdict.verdict != "slow" or verdict.value is None:
-        return None
+        return _critic(ctx, th)
     fig = figures(ctx)
     update = next((p for p in fig.phases if p["phase"] == "update_actor"), {})
     update_gpu_s, total, basis = phase_gpu_s(ctx, "update_actor")
@@ -172,6 +173,109 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
         model_total_params=model.get("params"),
         model_params_source=model.get("source"),
         framework_mfu=logged_mfu,
+        causes=causes,
+        knobs=knobs or None,
+    )
+    return _finding("update_bound", ctx, th, lost, confidence, summary, evidence, total_gpu_s=total)
+
+
+_CRITIC_CAUSES: tuple[tuple[str, Any, str], ...] = (
+    ("critic.fsdp.param_offload", True,
+     "critic parameters offloaded to CPU: every forward and backward waits for them over PCIe"),
+    ("critic.model.fsdp_config.param_offload", True,
+     "critic parameters offloaded to CPU: every forward and backward waits for them over PCIe"),
+    ("critic.fsdp.optimizer_offload", True,
+     "critic optimizer state offloaded to CPU: the optimizer step runs over PCIe"),
+    ("critic.model.fsdp_config.optimizer_offload", True,
+     "critic optimizer state offloaded to CPU: the optimizer step runs over PCIe"),
+    ("critic.use_dynamic_bsz", False,
+     "no dynamic batch for the critic: micro-batches padded to a fixed count"),
+    ("critic.model.use_remove_padding", False,
+     "critic keeps padding: pad tokens are computed and count for nothing"),
+)  # fmt: skip
+"""(knob, value that costs the critic's efficiency, why), in verl's words."""
+
+
+def _critic_causes(settings: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    causes, knobs = [], {}
+    for knob, bad, why in _CRITIC_CAUSES:
+        value = settings.get(knob)
+        if value is not None and value == bad and type(value) is type(bad):
+            causes.append({"knob": knob, "value": value, "why": why})
+            knobs[knob] = value
+    micro = _num(settings.get("critic.ppo_micro_batch_size_per_gpu"))
+    actor_micro = _num(settings.get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"))
+    dynamic = settings.get("critic.use_dynamic_bsz") is True
+    if (
+        micro is not None
+        and not dynamic
+        and (micro <= SMALL_MICRO_BATCH or (actor_micro is not None and micro < actor_micro))
+    ):
+        than = f", under the actor's {actor_micro:g}" if actor_micro and micro < actor_micro else ""
+        causes.append({"knob": "critic.ppo_micro_batch_size_per_gpu",
+                       "value": settings.get("critic.ppo_micro_batch_size_per_gpu"),
+                       "why": f"critic micro-batch of {micro:g} sequence(s) per GPU{than}: "
+                              "thin matrix multiplies"})  # fmt: skip
+        knobs["critic.ppo_micro_batch_size_per_gpu"] = settings.get(
+            "critic.ppo_micro_batch_size_per_gpu"
+        )
+    return causes, knobs
+
+
+def _critic(ctx: AnalysisContext, th: Thresholds) -> Finding | None:
+    """The critic update slow against the actor's on the same tokens (`bound.assess`'s
+    ``update_critic`` verdict). Lost = the critic update's GPU-seconds × (1 − its efficiency
+    over the actor's / ``th.critic_actor_healthy``): what it would save running as
+    efficiently as a healthy critic does beside its actor."""
+    a = assess(ctx, th)
+    verdict = a.verdicts.get("update_critic")
+    if verdict is None or verdict.verdict != "slow" or verdict.value is None:
+        return None
+    ratio = float(verdict.value)
+    critic_gpu_s, total, basis = phase_gpu_s(ctx, "update_critic")
+    if not total:
+        total = float(figures(ctx).run.get("gpu_s") or 0.0)
+    lost = critic_gpu_s * max(0.0, 1.0 - ratio / th.critic_actor_healthy)
+    lost -= explained_in(ctx, "update_critic")
+    causes, knobs = _critic_causes(run_settings(ctx.run.meta))
+    cause_text = "; ".join(f"{c['knob']}={c['value']}" for c in causes[:3])
+    figs = verdict.figures
+    if verdict.measure == "critic_actor_mfu":
+        head = (
+            f"update_critic reaches {figs.get('framework_mfu', 0):.1%} MFU by "
+            f"{ctx.run.meta.framework or 'the framework'}'s own count (perf/mfu/critic), "
+            f"{ratio:.2f}× the actor update's {figs.get('actor_framework_mfu', 0):.1%} on the "
+            f"same tokens (healthy runs ≥ {th.critic_actor_healthy:g}×)"
+        )
+        confidence = 0.55  # the framework's own counts of both updates
+    else:
+        head = (
+            f"update_critic takes {1 / ratio:.1f}× the actor update's time per epoch training "
+            f"the same model on the same tokens (healthy runs ≤ {1 / th.critic_actor_healthy:.2g}×)"
+        )
+        confidence = 0.45  # a ratio of two phases' times
+    confidence += 0.1 if causes else 0.0
+    share_of_step = a.share("update_critic")
+    bound = "update_critic" in a.bound
+    summary = (
+        f"{head}{'; it bounds the step' if bound else ''} ({share_of_step:.0%} of it): at a "
+        f"healthy ratio it would save ~{_fmt_gpu_s(max(lost, 0.0))} ({{share}})"
+        + (f"; settings that slow it: {cause_text}" if cause_text else "")
+    )
+    evidence = UpdateBoundEvidence(
+        intervals=_phase_intervals(ctx, ["update_critic"]),
+        gpus=[],
+        phases=["update_critic"],
+        basis=basis,
+        measure=str(verdict.measure),
+        phase="update_critic",
+        update_share_of_step=round(share_of_step, 4),
+        update_gpu_s=round(critic_gpu_s, 3),
+        framework_mfu=figs.get("framework_mfu"),
+        actor_framework_mfu=figs.get("actor_framework_mfu"),
+        critic_actor_ratio=round(ratio, 4),
+        healthy_critic_actor_ratio=th.critic_actor_healthy,
+        ppo_epochs=None,
         causes=causes,
         knobs=knobs or None,
     )

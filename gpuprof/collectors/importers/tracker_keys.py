@@ -437,16 +437,66 @@ def _untangle(records: list[StepRecord]) -> int:
     return moved
 
 
+_LOGPS_NAMES = frozenset({"_get_per_token_logps_and_entropies", "_get_per_token_logps"})
+"""TRL's / ms-swift's log-prob helper: the old-policy pass, the reference pass or the update's
+own forward, by where it is called."""
+
+
+def _nest(calls: list[list]) -> list[int]:
+    """Each call's enclosing call (index, -1 at the top), from the order they were logged: a
+    profiled call is logged as it returns, so its children are logged before it (post-order).
+    ``calls``: ``[start, end, …]`` in logged order. A call logged earlier whose middle lies
+    inside a later call is its child (the middle, not its start: the logged times are rounded
+    to the clock's resolution, which can push a child's start before its parent's)."""
+    parent = [-1] * len(calls)
+    pending: list[int] = []  # calls logged so far whose parent is not known yet
+    for i, (start, end, *_) in enumerate(calls):
+        while pending:
+            j = pending[-1]
+            if (calls[j][0] + calls[j][1]) / 2 < start or calls[j][1] > end:
+                break
+            parent[pending.pop()] = i
+        pending.append(i)
+    return parent
+
+
+def _logps_phase(name: str, parent_phase: str | None, rank: int, siblings: int,
+                 config: Mapping[str, Any]) -> str | None:  # fmt: skip
+    """Which log-prob pass a logged call of TRL's log-prob helper was, as the live capture
+    tells by its caller (`gpuprof.integrations.trl`): inside the update it is the policy's
+    own forward; inside the generation step TRL computes the old policy's pass first (when
+    it needs one) and the reference pass next (when ``beta`` is not 0), so with two calls the
+    first is the old and the second the reference pass, with one ``beta`` says which."""
+    if name not in _LOGPS_NAMES or parent_phase != "rollout":
+        return None
+    if siblings >= 2:
+        return "old_logprob" if rank == 0 else "ref_logprob"
+    beta = number(config.get("beta"))
+    return "ref_logprob" if beta is not None and beta != 0 else "old_logprob"
+
+
 def _profiled_spans(
-    points: pd.DataFrame, framework: str, host: str, tracker_steps: bool
+    points: pd.DataFrame,
+    framework: str,
+    host: str,
+    tracker_steps: bool,
+    config: Mapping[str, Any] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Spans of TRL/ms-swift profiled calls (and a step span around each step's calls) plus
     step events; needs wall-clock times.
 
-    The step of a call is the trainer's ``train/global_step`` logged last before it; without
-    that key, the tracker's step when ``tracker_steps`` (MLflow and TensorBoard get the
-    trainer's step; W&B's own counter grows with every ``wandb.log`` and means nothing here).
+    Each call is ``[logged − seconds, logged]``, nested by the order the calls were logged
+    (`_nest`) and held inside its parent (the tracker's rounded clock may push a child a
+    millisecond past it), so that the phase of every instant is its innermost call's, as in a
+    live capture. A name that is not a phase takes its caller's phase (TRL's reward
+    functions, timed under their own names inside ``_calculate_rewards``); the log-prob
+    helper is the pass `_logps_phase` says. The step of a call is the trainer's
+    ``train/global_step`` logged last before it; without that key, the tracker's step when
+    ``tracker_steps`` (MLflow and TensorBoard get the trainer's step; W&B's own counter grows
+    with every ``wandb.log`` and means nothing here). ``config``: the run's flattened config
+    (TRL's ``beta``). A step lasts as long as TRL's own ``step_time`` says, where logged.
     """
+    config = config or {}
     phase_map = SWIFT_PHASES if framework == "swift" else TRL_PHASES
     prof = points[points["key"].str.startswith(PROFILING_PREFIX) & points["t_ns"].notna()]
     trainer_steps = points[points["key"].isin(_GLOBAL_STEP_KEYS) & points["t_ns"].notna()]
@@ -460,38 +510,84 @@ def _profiled_spans(
         steps = prof["step"].to_numpy()
     else:
         steps = np.full(len(prof), np.nan)
-    calls = []
+    calls: list[list] = []
     for key, t, seconds, step in zip(prof["key"], prof["t_ns"], prof["value"], steps):
         if not 0 <= seconds <= MAX_SECONDS:
             continue
         qualified = key[len(PROFILING_PREFIX) :]
         name = qualified.split(".", 1)[1] if "." in qualified else qualified
         end = int(t)
-        calls.append((end - round(seconds * 1e9), end, name, None if np.isnan(step) else int(step)))
-    calls.sort(key=lambda c: (c[0], -c[1]))
+        calls.append([end - round(seconds * 1e9), end, name, None if np.isnan(step) else int(step)])
+    # logged order: by time, and at one (rounded) time the shorter call first: a child returns
+    # before its parent
+    calls.sort(key=lambda c: (c[1], c[1] - c[0]))
+    parent = _nest(calls)
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parent):
+        children.setdefault(p, []).append(i)
     spans: list[tuple] = []
-    stack: list[tuple[int, str]] = []  # (end, phase) of the enclosing calls
-    for start, end, name, step in calls:
-        while stack and stack[-1][0] <= start:
-            stack.pop()
-        phase = phase_map.get(name) or canonical_phase(name)
-        if phase == INHERIT:
-            phase = stack[-1][1] if stack else canonical_phase(name)
+    phases: dict[int, str] = {}
+    depth: dict[int, int] = {}
+    todo = list(reversed(children.get(-1, [])))  # parents before their children
+    while todo:
+        i = todo.pop()
+        start, end, name, step = calls[i]
+        up = parent[i]
+        if up >= 0:  # held inside the parent: containment exact for the analysis
+            start = max(start, calls[up][0])
+            end = max(start, min(end, calls[up][1]))
+            calls[i][0], calls[i][1] = start, end
+        parent_phase = phases.get(up)
+        mapped = phase_map.get(name)
+        phase = mapped or canonical_phase(name)
+        same = [k for k in children.get(up, []) if calls[k][2] == name]
+        logps = _logps_phase(name, parent_phase, same.index(i), len(same), config)
+        if logps is not None:
+            phase = logps
+        elif phase == INHERIT or (mapped is None and phase == name and parent_phase):
+            phase = parent_phase or canonical_phase(name)
+        phases[i], depth[i] = phase, 1 + depth.get(up, 0)
         attrs = {"framework": framework, "source": "tracker"}
-        spans.append((host, 0, 0, None, None, phase, name, step, 1 + len(stack), start, end,
+        spans.append((host, 0, 0, None, None, phase, name, step, depth[i], start, end,
                       None, None, attrs))  # fmt: skip
-        stack.append((end, phase))
+        todo.extend(reversed(sorted(children.get(i, []), key=lambda k: calls[k][0])))
+    spans.sort(key=lambda row: (row[9], -row[10]))
     events: list[tuple] = []
     by_step: dict[int, list[int]] = {}
     for span in spans:
         if span[7] is not None:
             bounds = by_step.setdefault(span[7], [span[9], span[10]])
             bounds[0], bounds[1] = min(bounds[0], span[9]), max(bounds[1], span[10])
+    _stretch_to_step_time(points, by_step)
     for step, (start, end) in sorted(by_step.items()):
         spans.append((host, 0, 0, None, None, "step", "step", step, 0, start, end, None, None,
                       {"framework": framework, "source": "tracker"}))  # fmt: skip
         events.append((host, 0, None, end, "step", str(step), {}))
     return _typed(Span, spans), _typed(Event, events)
+
+
+_STEP_TIME_KEYS = ("step_time", "train/step_time")
+"""TRL's own seconds per optimizer step (its ``training_step`` calls of the step, summed over
+gradient accumulation), logged with the step's other figures after the step."""
+
+
+def _stretch_to_step_time(points: pd.DataFrame, by_step: dict[int, list[int]]) -> None:
+    """Make each step span as long as TRL's own ``step_time`` for it, where logged: the
+    profiled calls cover generation, scoring and the loss, not the backward pass nor the
+    optimizer step, which then read as step time no phase covers. A value belongs to the
+    last step whose calls ended before it was logged; a step is never made shorter than
+    its calls."""
+    logged = points[points["key"].isin(_STEP_TIME_KEYS) & points["t_ns"].notna()]
+    if logged.empty or not by_step:
+        return
+    order = sorted(by_step, key=lambda k: by_step[k][1])
+    ends = np.array([by_step[k][1] for k in order], dtype=np.float64)
+    for t, seconds in zip(logged["t_ns"].to_numpy(np.float64), logged["value"]):
+        i = int(np.searchsorted(ends, t, side="right")) - 1
+        if i < 0 or not 0 < seconds <= MAX_SECONDS:
+            continue
+        bounds = by_step[order[i]]
+        bounds[1] = max(bounds[1], bounds[0] + round(seconds * 1e9))
 
 
 def _typed(record_type: type, rows: list[tuple]) -> pd.DataFrame:
@@ -597,13 +693,17 @@ def to_imported(run: TrackerRun) -> Imported:
                 notes.append(f"{len(bare)} step(s) without phase times and without wall-clock "
                              "times not imported")  # fmt: skip
     elif framework in ("trl", "swift"):
-        spans, events = _profiled_spans(metric_points, framework, host, run.tracker != "W&B")
+        spans, events = _profiled_spans(metric_points, framework, host, run.tracker != "W&B", knobs)
         if len(spans):
             frames = {"spans": spans, "events": events}
             if not len(events):
                 notes.append("no trainer step for the profiled calls: no step spans")
             notes.append("phase spans from profiled calls (profiling/Time taken: …): each ends "
                          "when its value was logged")  # fmt: skip
+            if metric_keys & set(_STEP_TIME_KEYS):
+                notes.append("steps as long as the trainer's own step_time: its backward pass "
+                             "and optimizer step, which no profiled call times, read as step "
+                             "time no phase covers")  # fmt: skip
     if not frames and gpu.empty:
         shown = ", ".join(sorted(all_keys)[:6]) or "none"
         more = f", +{len(all_keys) - 6} more" if len(all_keys) > 6 else ""
