@@ -125,6 +125,101 @@ def test_trainer_references_are_rebound_and_knobs_read_from_verls_config(verl_ru
     assert "actor_rollout_ref.actor.use_dynamic_bsz" in knobs
 
 
+# ------------------------------------------------------------------ live against logged
+
+PPO_LOOP = textwrap.dedent(
+    """
+    # a PPO step shaped as verl's RayPPOTrainer.fit times it, with verl's own timers, metrics
+    # and console logger; the work in each phase is a busy wait of a known length
+    import time
+
+    import torch
+    from verl import DataProto
+    from verl.trainer.ppo.metric_utils import compute_timing_metrics
+    from verl.trainer.ppo.utils import Role
+    from verl.utils.debug import marked_timer
+    from verl.utils.logger.aggregate_logger import LocalLogger
+
+    WORK = {"gen": 0.060, "reward": 0.010, "old_log_prob": 0.012, "ref": 0.012, "values": 0.015,
+            "adv": 0.004, "update_critic": 0.045, "update_actor": 0.030, "update_weights": 0.008}
+
+
+    def busy(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+
+    batch = DataProto.from_dict(tensors={
+        "responses": torch.ones(4, 6, dtype=torch.long),
+        "attention_mask": torch.ones(4, 10, dtype=torch.long),
+        "response_mask": torch.ones(4, 6, dtype=torch.long),
+    })
+    logger = LocalLogger(print_to_console=True)
+    for step in range(1, 9):
+        timing_raw = {}
+        with marked_timer("step", timing_raw):
+            with marked_timer("gen", timing_raw, color="red"):
+                busy(WORK["gen"])
+                timing_raw.update({"generate_sequences": WORK["gen"] * 0.9})  # the workers' own
+            busy(0.003)  # batch bookkeeping between phases, as fit does
+            with marked_timer("reward", timing_raw, color="yellow"):
+                busy(WORK["reward"])
+            with marked_timer("old_log_prob", timing_raw, color="blue"):
+                busy(WORK["old_log_prob"])
+            with marked_timer(str(Role.RefPolicy), timing_raw, color="olive"):
+                busy(WORK["ref"])
+            with marked_timer("values", timing_raw, color="cyan"):
+                busy(WORK["values"])
+            with marked_timer("adv", timing_raw, color="brown"):
+                busy(WORK["adv"])
+            with marked_timer("update_critic", timing_raw, color="pink"):
+                busy(WORK["update_critic"])
+            with marked_timer("update_actor", timing_raw, color="red"):
+                busy(WORK["update_actor"])
+            with marked_timer("update_weights", timing_raw, color="red"):
+                busy(WORK["update_weights"])
+        metrics = {"training/global_step": step}
+        metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
+        logger.log(data=metrics, step=step)
+    """
+)
+
+
+def test_live_and_logged_compositions_agree(tmp_path):
+    """A PPO step timed as verl's RayPPOTrainer.fit times it (its real marked_timer, the
+    workers' generate_sequences merged into the timings, compute_timing_metrics and verl's
+    console logger), under ``gpuprof watch``: the step's composition from the live spans and
+    from the timing_s/* lines verl printed, imported, agree within a few points."""
+    from conftest import run_gpuprof
+
+    script = tmp_path / "ppo_loop.py"
+    script.write_text(PPO_LOOP)
+    live = tmp_path / "live"
+    proc = run_gpuprof("watch", "--no-nvml", "-q", "-o", str(live), "--", sys.executable,
+                       str(script), timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = tmp_path / "console.log"
+    log.write_text(proc.stdout)
+    assert proc.stdout.count("timing_s/update_critic:") == 8
+    logged = tmp_path / "logged"
+    assert run_gpuprof("import", str(log), "-o", str(logged)).returncode == 0
+    shares = []
+    for run_dir in (live, logged):
+        doc = json.loads(run_gpuprof("analyze", str(run_dir), "--json").stdout)
+        bound = doc["summary"]["bound"]
+        assert bound["basis"] == "phase_timing"
+        shares.append({r["phase"]: r["share"] for r in bound["composition"]})
+    live_s, logged_s = shares
+    named = {"rollout", "reward", "old_logprob", "ref_logprob", "values", "advantage",
+             "update_critic", "update_actor", "reshard"}  # fmt: skip
+    assert named <= set(live_s) and named <= set(logged_s), (live_s, logged_s)
+    for phase in named:
+        assert logged_s[phase] == pytest.approx(live_s[phase], abs=0.03), (phase, shares)
+    # the generation the workers time (generate_sequences) is nested in gen: counted once
+    assert live_s["rollout"] == pytest.approx(0.060 / 0.204, abs=0.04)
+
+
 RAY_SCRIPT = textwrap.dedent(
     """
     import json, sys
