@@ -99,6 +99,8 @@ CASES: list[tuple[str, Callable[[Path], Path], set[str]]] = [
      built(builders.verl_periodic_checkpoint, "ppo.log"), {"periodic_stall"}),
     ("verl log: generation workers 170 s .. 690 s", built(builders.verl_long_tail, "grpo.log"),
      {"generation_tail"}),
+    ("verl log: PPO critic 47% of the step at 1/3 actor MFU",
+     built(builders.verl_critic_bound, "ppo.log"), {"update_bound"}),
     ("nvidia-smi: second GPU never used", built(builders.nvidia_smi_unused_second_gpu, "a.csv"),
      {"unused_gpu"}),
     ("nvidia-smi: one GPU far less busy", built(builders.nvidia_smi_one_gpu_underused, "b.csv"),
@@ -112,6 +114,9 @@ CASES: list[tuple[str, Callable[[Path], Path], set[str]]] = [
      {"dataloader_starvation"}),
 ]  # fmt: skip
 
+
+RL_FRAMEWORKS = frozenset({"verl", "trl", "swift", "openrlhf", "other"})
+"""Frameworks of RL post-training runs, whose labels say which phase bounds the step."""
 
 FRAMEWORKS: dict[str, str] = {}
 """Public case name -> the framework or tool its cases.json entry names."""
@@ -140,7 +145,8 @@ def main() -> None:
     cases += public_cases()
     per_kind: dict[str, list[int]] = {}  # kind -> [found, missed, false]
     expected_n = found_n = false_n = exact = ran = rejected = 0
-    bound_right = bound_cases = 0
+    bound_right = bound_cases = verdict_right = 0
+    verdict_extra: list[str] = []  # RL runs labelled without a bound that the verdict bounds
     by_framework: dict[str, list[int]] = {}  # framework -> [imported, cases]
     reasons: dict[str, int] = {}  # why the import refused a file -> files
     print(f"{'case':52s} {'expected':26s} {'found':30s} bound")
@@ -164,6 +170,7 @@ def main() -> None:
         # the phase that takes most of the step (the bound when one dominates)
         composition = (doc["summary"].get("bound") or {}).get("composition") or [{}]
         got_bound = composition[0].get("phase")
+        verdict = (doc["summary"].get("bound") or {}).get("bound") or []
         ran += 1
         if name in FRAMEWORKS:
             counts = by_framework.setdefault(FRAMEWORKS[name], [0, 0])
@@ -179,9 +186,13 @@ def main() -> None:
         if bound:
             bound_cases += 1
             bound_right += got_bound == bound
+            verdict_right += bound in verdict
+        elif verdict and FRAMEWORKS.get(name) in RL_FRAMEWORKS:
+            verdict_extra.append(f"{name}: {' and '.join(verdict)}")
         shown = note or ", ".join(sorted(kinds)) or "(none)"
         want = ", ".join(sorted(expected)) or "(none)"
         bound_text = f"{got_bound or '-'}" + (f" (want {bound})" if bound else "")
+        bound_text += f" [{'+'.join(verdict) or 'none dominates' if composition[0] else '-'}]"
         print(f"{name:52s} {want:26s} {shown[:30]:30s} {bound_text}")
     print(f"\n{ran} labelled runs in {time.perf_counter() - t0:.0f} s ({rejected} rejected)")
     print(f"{'kind':24s} found missed false")
@@ -191,6 +202,10 @@ def main() -> None:
     print(f"false findings:       {false_n}")
     print(f"exact matches:        {exact}/{ran}")
     print(f"largest phase named:  {bound_right}/{bound_cases}")
+    print(f"bound verdict names the labelled phase: {verdict_right}/{bound_cases}")
+    print(f"RL runs labelled without a bound that the verdict bounds: {len(verdict_extra)}")
+    for line in verdict_extra:
+        print(f"  {line}")
     if by_framework:
         shown = ", ".join(f"{fw} {i}/{n}" for fw, (i, n) in sorted(by_framework.items()))
         print(f"public files imported by framework: {shown}")
