@@ -460,12 +460,15 @@ def summarize(
         basis = "phase_timing"
         gpus = t.gpus if t.gpus_known else gpus
         gpu_hours = t.total_gpu_s / 3600.0 if t.gpus_known else gpu_hours
+        walls = [(p, float(t.steps[p].sum())) for p in t.phases]
+        # step time no phase covers (the phases are self times: they add up to the steps)
+        other = float(t.steps["wall_s"].sum()) - sum(w for _, w in walls)
+        if other > 0.005 * t.wall_s:
+            walls.append(("step", other))
         phases = [
             {"phase": p, "wall_s": finite_or_none(w), "gpu_s": None, "idle_gpu_s": None,
              "util_gpu_pct": None, "share": finite_or_none(w / t.wall_s) if t.wall_s else None}
-            for p, w in sorted(
-                ((p, float(t.steps[p].sum())) for p in t.phases), key=lambda x: -x[1]
-            )
+            for p, w in sorted(walls, key=lambda x: -x[1])
         ]  # fmt: skip
     return {
         "run_id": run.meta.run_id,

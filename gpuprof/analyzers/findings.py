@@ -290,7 +290,10 @@ class Thresholds:
     (the gemma-2b PPO fixture), 1.30 (Qwen-0.5B PPO, verl-data), 1.23 (deepseek-7B PPO on
     MI300) and 0.79 (deepseek-7B PPO with Megatron on 4 GPUs, the lowest healthy run). A
     critic trains the same tokens through a model of the same shape with a one-wide head in
-    place of the vocabulary: it costs about as much as the actor."""
+    place of the vocabulary: it costs about as much as the actor. verl counts both updates'
+    FLOPs from each model's own config, the critic's with the vocabulary projection it does
+    not run (verl/utils/flops_counter.py: ~7 % of a 7B model's FLOPs, ~22 % of a 0.5B's), so
+    the critic's MFU reads a little high beside the actor's: a gap below this is real."""
     critic_actor_slow: float = 0.5
     """At or below this (half the actor's efficiency) the critic update is slow for its
     tokens (``update_bound`` on ``update_critic``). Source: measured — the critic-bound verl

@@ -602,11 +602,16 @@ def _phase_table(diagnosis: Diagnosis) -> str:
             f"<td>{_e(fmt.percent(p.get('util_gpu_pct')))}</td>"
             f"<td>{_e(fmt.percent(None if share is None else 100 * share))}</td></tr>"
         )
+    of = "GPU-time" if diagnosis.summary.get("basis") == "gpu_samples" else "the steps' time"
     head = (
         "<tr><th>phase</th><th>wall time</th><th>GPU time</th><th>idle GPU time</th>"
-        "<th>mean util</th><th>share of GPU-time</th></tr>"
+        f"<th>mean util</th><th>share of {of}</th></tr>"
     )
-    return f'<table class="phases">{head}{"".join(rows)}</table>'
+    note = (
+        "<p>Each phase by its self time: a phase nested in another (generation inside a "
+        "training step) counts in the innermost one only.</p>"
+    )
+    return f'{note}<table class="phases">{head}{"".join(rows)}</table>'
 
 
 def _recorded_html(recorded: dict[str, Any] | None) -> str:
