@@ -36,6 +36,7 @@ from labelled import builders  # noqa: E402
 FIXTURES = ROOT.parent / "shared" / "fixtures"
 PUBLIC = ROOT / "tests" / "labelled" / "public"
 EXAMPLE = ROOT / "examples" / "grpo_tiny.py"
+TRL_EXAMPLE = ROOT / "examples" / "trl_grpo_tiny.py"
 SRC: Path | None = None
 """Another checkout whose gpuprof runs instead of this one (``--src``)."""
 
@@ -67,6 +68,16 @@ def watched(tmp: Path, *args: str) -> Path:
     run = tmp / "run"
     proc = gpuprof("watch", "--no-nvml", "-q", "-o", str(run), "--", sys.executable,
                    str(EXAMPLE), "--steps", "6", *args)  # fmt: skip
+    if proc.returncode:
+        raise RuntimeError(proc.stderr)
+    return run
+
+
+def watched_trl(tmp: Path) -> Path:
+    """TRL's real GRPOTrainer on the tiny model under watch (no gpuprof code in it)."""
+    run = tmp / "run"
+    proc = gpuprof("watch", "--no-nvml", "-q", "-o", str(run), "--", sys.executable,
+                   str(TRL_EXAMPLE), "--steps", "6", "--output-dir", str(tmp / "out"))  # fmt: skip
     if proc.returncode:
         raise RuntimeError(proc.stderr)
     return run
@@ -112,6 +123,7 @@ CASES: list[tuple[str, Callable[[Path], Path], set[str]]] = [
      {"reward_bound"}),
     ("CPU run: GRPO example, slow loader", lambda tmp: watched(tmp, "--item-cost", "0.015"),
      {"dataloader_starvation"}),
+    ("CPU run: TRL GRPOTrainer, generation-bound", watched_trl, set()),
 ]  # fmt: skip
 
 

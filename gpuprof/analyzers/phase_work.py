@@ -132,17 +132,16 @@ def phase_walls(spans: pd.DataFrame) -> pd.DataFrame:
 _WALL_SUMS = ["phase", "step", "covered_ns", "processes", "tokens", "token_processes"]
 
 
-def wall_sums(spans: pd.DataFrame, own_ns: np.ndarray | None = None) -> pd.DataFrame:
+def wall_sums(spans: pd.DataFrame) -> pd.DataFrame:
     """`phase_walls`' partial figures of some processes' spans, exact whatever processes they
-    are, per (phase, step): the phase's self nanoseconds (`spans.self_ns`: its spans less the
+    are, per (phase, step): the phase's working time (`work_self_ns`: its spans less the
     spans of other phases nested in them, so TRL's update is not charged for the generation
-    its training step encloses) summed over the processes (int), the processes, the outermost
-    spans' tokens summed over them (a float when every value is a whole number, which any
-    order sums exactly, else an exact `Fraction`), and the processes with tokens.
-    ``own_ns``: each span's self time when the caller has it (`valid_spans` rows in the same
-    order). `combine_walls` adds those of disjoint processes into `phase_walls`."""
-    if len(spans) and (own_ns is None or len(own_ns) != len(spans)):
-        own_ns = span_self_ns(spans)
+    its training step encloses, but with the collectives it waits on) summed over the
+    processes (int), the processes, the outermost spans' tokens summed over them (a float
+    when every value is a whole number, which any order sums exactly, else an exact
+    `Fraction`), and the processes with tokens. `combine_walls` adds those of disjoint
+    processes into `phase_walls`."""
+    own_ns = work_self_ns(spans) if len(spans) else np.zeros(0, dtype=np.int64)
     keep = np.zeros(0, bool)
     if len(spans):
         keep = spans["phase"].isin(PHASE_WORK).to_numpy(bool) & spans["step"].notna().to_numpy(bool)
@@ -182,26 +181,35 @@ def wall_sums(spans: pd.DataFrame, own_ns: np.ndarray | None = None) -> pd.DataF
     return out.reset_index()[_WALL_SUMS]
 
 
-def span_self_ns(spans: pd.DataFrame) -> np.ndarray:
-    """`spans.self_ns` of valid spans that carry no nesting columns of their own (the
-    nesting recomputed within each thread)."""
+TRANSPARENT_PHASES = frozenset({"collective"})
+"""Spans that are part of the phase enclosing them rather than a phase of the step: the
+collectives an update waits on are its work (exposed communication is ``comm_bound``'s)."""
+
+
+def work_self_ns(spans: pd.DataFrame) -> np.ndarray:
+    """Each valid span's working time in ns: its self time (`spans.self_ns`, the nesting
+    recomputed within each thread) with the `TRANSPARENT_PHASES` spans nested in it counted
+    as its own (theirs is 0)."""
     from gpuprof.analyzers.spans import self_ns
     from gpuprof.model import span_depths
 
+    phase = spans["phase"].astype(object).to_numpy()
+    keep = ~np.isin(phase, list(TRANSPARENT_PHASES))
     frame = pd.DataFrame(
         {
-            "host": spans["host"].astype(object).to_numpy(),
-            "pid": pd.to_numeric(spans["pid"]).to_numpy(np.int64),
-            "tid": pd.to_numeric(spans["tid"], errors="coerce").to_numpy(np.float64)
-            if "tid" in spans
-            else np.full(len(spans), np.nan),
-            "start_ns": pd.to_numeric(spans["start_ns"]).to_numpy(np.int64),
-            "end_ns": pd.to_numeric(spans["end_ns"]).to_numpy(np.int64),
+            "host": spans["host"].astype(object).to_numpy()[keep],
+            "pid": pd.to_numeric(spans["pid"]).to_numpy(np.int64)[keep],
+            "tid": (pd.to_numeric(spans["tid"], errors="coerce").to_numpy(np.float64)
+                    if "tid" in spans else np.full(len(spans), np.nan))[keep],
+            "start_ns": pd.to_numeric(spans["start_ns"]).to_numpy(np.int64)[keep],
+            "end_ns": pd.to_numeric(spans["end_ns"]).to_numpy(np.int64)[keep],
         }
-    )
+    )  # fmt: skip
     frame["depth"] = span_depths(frame)
-    frame["is_step"] = (spans["phase"] == "step").to_numpy(bool)
-    return self_ns(frame)
+    frame["is_step"] = phase[keep] == "step"
+    out = np.zeros(len(spans), dtype=np.int64)
+    out[keep] = self_ns(frame)
+    return out
 
 
 def _exact_sums(values: pd.Series, grouped: Any) -> pd.Series:
