@@ -167,18 +167,25 @@ PPOTrainer(SimpleNamespace(args=args)).fit()
 """
 
 
-def test_adapter_records_methods_steps_and_knobs_zero_code(tmp_path):
+def _run_stand_in(tmp_path: Path, run_dir: Path) -> subprocess.CompletedProcess:
+    """The stand-in package laid out under ``tmp_path/pkg`` and its driver run zero-code,
+    recording into ``run_dir``."""
     for name, text in FILES.items():
         path = tmp_path / "pkg" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
-    run_dir = tmp_path / "run"
     env = clean_env(GPUPROF_RUN_DIR=str(run_dir))
     env["PYTHONPATH"] = os.pathsep.join([bootstrap_dir(), str(ROOT), str(tmp_path / "pkg")])
     proc = subprocess.run(
         [sys.executable, "-c", DRIVER], env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_adapter_records_methods_steps_and_knobs_zero_code(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _run_stand_in(tmp_path, run_dir)
     assert proc.stderr == ""
     assert proc.stdout.count("Global step") == 3
 
@@ -220,17 +227,8 @@ def test_live_and_logged_compositions_agree(tmp_path):
 
     from conftest import run_gpuprof
 
-    for name, text in FILES.items():
-        path = tmp_path / "pkg" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
     live = tmp_path / "live"
-    env = clean_env(GPUPROF_RUN_DIR=str(live))
-    env["PYTHONPATH"] = os.pathsep.join([bootstrap_dir(), str(ROOT), str(tmp_path / "pkg")])
-    proc = subprocess.run(
-        [sys.executable, "-c", DRIVER], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = _run_stand_in(tmp_path, live)
     log = tmp_path / "console.log"
     log.write_text(proc.stdout)
     logged = tmp_path / "logged"

@@ -253,3 +253,25 @@ def test_hand_nested_hooks_add_up_by_self_time_on_every_screen(hand_nested):
     rows = [line.split() for line in summary.splitlines()]
     column = [r[-2] for r in rows if len(r) > 2 and r[-1].endswith("%") and r[-2].endswith("%")]
     assert abs(sum(float(c.rstrip("%")) for c in column) - 100) <= len(column)
+
+
+def test_efficiency_walls_keep_the_collectives_an_update_waits_on():
+    """The per-phase walls behind MFU count a phase's self time with the collectives nested
+    in it (an update's MFU is over its whole time; exposed communication is comm_bound's),
+    but not another phase nested in it."""
+    from gpuprof.analyzers.phase_work import phase_walls
+
+    ms = 1_000_000
+    rows = [
+        ("h", 1, 1, "step", 0, 100 * ms),
+        ("h", 1, 1, "update_actor", 0, 100 * ms),
+        ("h", 1, 1, "rollout", 10 * ms, 50 * ms),
+        ("h", 1, 1, "collective", 60 * ms, 80 * ms),  # the gradient all-reduce
+    ]
+    frame = pd.DataFrame(rows, columns=["host", "pid", "tid", "phase", "start_ns", "end_ns"])
+    frame["step"] = 0
+    frame["depth"] = span_depths(frame)
+    frame["attrs"] = [{}] * len(frame)
+    walls = phase_walls(frame).set_index("phase")["wall_s"]
+    assert walls["update_actor"] == pytest.approx(0.060)  # 100 − 40 of generation
+    assert walls["rollout"] == pytest.approx(0.040)

@@ -57,14 +57,23 @@ SMALL_MICRO_BATCH = 2
 matrix multiplies too thin to fill the tensor cores on short sequences."""
 
 
-def _causes(settings: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The run's settings known to slow an update, and their values."""
+def _set_as(
+    settings: Mapping[str, Any], table: tuple[tuple[str, Any, str], ...]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows of ``table`` (knob, costly value, why) the run's settings match, as causes,
+    and those knobs' values."""
     causes, knobs = [], {}
-    for knob, bad, why in _CAUSES:
+    for knob, bad, why in table:
         value = settings.get(knob)
         if value is not None and value == bad and type(value) is type(bad):
             causes.append({"knob": knob, "value": value, "why": why})
             knobs[knob] = value
+    return causes, knobs
+
+
+def _causes(settings: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The run's settings known to slow an update, and their values."""
+    causes, knobs = _set_as(settings, _CAUSES)
     dynamic = settings.get("actor_rollout_ref.actor.use_dynamic_bsz") is True
     for knob in _MICRO_BATCH_KNOBS:
         value = _num(settings.get(knob))
@@ -197,12 +206,9 @@ _CRITIC_CAUSES: tuple[tuple[str, Any, str], ...] = (
 
 
 def _critic_causes(settings: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    causes, knobs = [], {}
-    for knob, bad, why in _CRITIC_CAUSES:
-        value = settings.get(knob)
-        if value is not None and value == bad and type(value) is type(bad):
-            causes.append({"knob": knob, "value": value, "why": why})
-            knobs[knob] = value
+    """The run's settings known to slow the critic's update (a critic micro-batch thinner
+    than the actor's among them), and their values."""
+    causes, knobs = _set_as(settings, _CRITIC_CAUSES)
     micro = _num(settings.get("critic.ppo_micro_batch_size_per_gpu"))
     actor_micro = _num(settings.get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"))
     dynamic = settings.get("critic.use_dynamic_bsz") is True
