@@ -312,24 +312,41 @@ def test_span_figures_of_processes_add_up_to_the_whole(seed):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_phase_walls_are_each_process_union_averaged(seed):
-    """Wall seconds per (phase, step): the union of each process's spans, averaged over the
-    processes that ran the phase in that step (a loop over the groups as reference)."""
+def test_phase_walls_are_each_process_self_time_averaged(seed):
+    """Wall seconds per (phase, step): each process's time with the phase as its innermost
+    span (`phase_work.work_self_ns`), averaged over the processes that ran the phase in that
+    step (a loop over the groups as reference); where a process's spans of the phase overlap
+    no span of another phase, that is the union of those spans."""
+    from gpuprof.analyzers.phase_work import valid_spans as usable
+    from gpuprof.analyzers.phase_work import work_self_ns
+
     spans = random_spans(seed)
-    spans = spans[spans["step"].notna()]
+    spans = usable(spans[spans["step"].notna()])
     walls = phase_walls(spans).set_index(["phase", "step"])
+    own = pd.Series(work_self_ns(spans), index=spans.index)
     work = spans[spans["phase"].isin(["rollout", "update_actor", "ref_logprob"])]
+    others = spans[spans["phase"] != "step"]
     for (phase, step), group in work.groupby(["phase", work["step"].astype("int64")]):
-        covered = []
-        for _, proc in group.groupby(["host", "pid"]):
-            blocks = sorted(zip(proc["start_ns"], proc["end_ns"]))
-            total, (lo, hi) = 0, blocks[0]
-            for s, e in blocks[1:]:
-                if s > hi:
-                    total, lo, hi = total + hi - lo, s, e
-                else:
-                    hi = max(hi, e)
-            covered.append((total + hi - lo) / 1e9)
+        seconds = []
+        for (host, pid), proc in group.groupby(["host", "pid"]):
+            seconds.append(int(own[proc.index].sum()) / 1e9)
+            rivals = others[(others["host"] == host) & (others["pid"] == pid)
+                            & (others["phase"] != phase)]  # fmt: skip
+            overlapped = any(
+                ((rivals["start_ns"] < e) & (rivals["end_ns"] > s)).any()
+                for s, e in zip(proc["start_ns"], proc["end_ns"])
+            )
+            if not overlapped and len(proc) == len(
+                spans[(spans["host"] == host) & (spans["pid"] == pid) & (spans["phase"] == phase)]
+            ):
+                blocks = sorted(zip(proc["start_ns"], proc["end_ns"]))
+                total, (lo, hi) = 0, blocks[0]
+                for s, e in blocks[1:]:
+                    if s > hi:
+                        total, lo, hi = total + hi - lo, s, e
+                    else:
+                        hi = max(hi, e)
+                assert seconds[-1] == pytest.approx((total + hi - lo) / 1e9, abs=1e-9)
         row = walls.loc[(phase, step)]
-        assert row["processes"] == len(covered)
-        assert row["wall_s"] == pytest.approx(sum(covered) / len(covered), rel=1e-12)
+        assert row["processes"] == len(seconds)
+        assert row["wall_s"] == pytest.approx(sum(seconds) / len(seconds), rel=1e-12)
