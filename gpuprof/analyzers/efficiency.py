@@ -445,7 +445,7 @@ def span_work(ctx: AnalysisContext, settings: Mapping[str, Any]) -> dict[str, An
     spans = valid_spans(ctx.run.spans)
     return {
         "step_rows": step_rows(spans, settings),
-        "walls": wall_sums(spans),
+        "walls": wall_sums(spans, ctx.spans["self_ns"].to_numpy()),
         "steps_wall": steps_wall_sums(spans),
         "perf": perf_values(spans),
         "untimed": untimed_values(ctx.run.events),

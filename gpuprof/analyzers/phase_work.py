@@ -132,16 +132,17 @@ def phase_walls(spans: pd.DataFrame) -> pd.DataFrame:
 _WALL_SUMS = ["phase", "step", "covered_ns", "processes", "tokens", "token_processes"]
 
 
-def wall_sums(spans: pd.DataFrame) -> pd.DataFrame:
+def wall_sums(spans: pd.DataFrame, self_ns: np.ndarray | None = None) -> pd.DataFrame:
     """`phase_walls`' partial figures of some processes' spans, exact whatever processes they
     are, per (phase, step): the phase's working time (`work_self_ns`: its spans less the
     spans of other phases nested in them, so TRL's update is not charged for the generation
     its training step encloses, but with the collectives it waits on) summed over the
     processes (int), the processes, the outermost spans' tokens summed over them (a float
     when every value is a whole number, which any order sums exactly, else an exact
-    `Fraction`), and the processes with tokens. `combine_walls` adds those of disjoint
-    processes into `phase_walls`."""
-    own_ns = work_self_ns(spans) if len(spans) else np.zeros(0, dtype=np.int64)
+    `Fraction`), and the processes with tokens. ``self_ns``: the spans' `spans.self_ns` when
+    the caller has them (the same rows), which are their working time when no span is a
+    collective. `combine_walls` adds those of disjoint processes into `phase_walls`."""
+    own_ns = work_self_ns(spans, self_ns) if len(spans) else np.zeros(0, dtype=np.int64)
     keep = np.zeros(0, bool)
     if len(spans):
         keep = spans["phase"].isin(PHASE_WORK).to_numpy(bool) & spans["step"].notna().to_numpy(bool)
@@ -186,15 +187,18 @@ TRANSPARENT_PHASES = frozenset({"collective"})
 collectives an update waits on are its work (exposed communication is ``comm_bound``'s)."""
 
 
-def work_self_ns(spans: pd.DataFrame) -> np.ndarray:
+def work_self_ns(spans: pd.DataFrame, known: np.ndarray | None = None) -> np.ndarray:
     """Each valid span's working time in ns: its self time (`spans.self_ns`, the nesting
     recomputed within each thread) with the `TRANSPARENT_PHASES` spans nested in it counted
-    as its own (theirs is 0)."""
+    as its own (theirs is 0). ``known``: the spans' self times when the caller has them, used
+    as they are when no span is transparent."""
     from gpuprof.analyzers.spans import self_ns
     from gpuprof.model import span_depths
 
     phase = spans["phase"].astype(object).to_numpy()
     keep = ~np.isin(phase, list(TRANSPARENT_PHASES))
+    if known is not None and len(known) == len(spans) and keep.all():
+        return np.asarray(known, dtype=np.int64)
     frame = pd.DataFrame(
         {
             "host": spans["host"].astype(object).to_numpy()[keep],

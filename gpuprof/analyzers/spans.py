@@ -196,7 +196,9 @@ def _steps(
 # Self time: each instant of a process belongs to its innermost span
 
 
-def owned_segments(spans: pd.DataFrame, in_step: bool = False) -> tuple[np.ndarray, ...]:
+def owned_segments(
+    spans: pd.DataFrame, in_step: bool = False, axis: tuple | None = None
+) -> tuple[np.ndarray, ...]:
     """Each process's timeline cut where its innermost span changes: ``(start_ns, end_ns,
     owner)``, ``owner`` the row position in ``spans`` of the span that owns the segment — the
     innermost phase span covering it (`_label`'s rule), else the step span; segments no span
@@ -208,13 +210,14 @@ def owned_segments(spans: pd.DataFrame, in_step: bool = False) -> tuple[np.ndarr
     ``is_step``). Vectorised over every process at once: each process's times are moved onto
     a stretch of one axis of their own, so no loop runs over processes or spans.
     ``in_step``: also return, per segment, whether a step span of its process covers it.
+    ``axis``: `_shared_axis` of ``spans`` when the caller has made it.
     """
     n = len(spans)
     empty = np.zeros(0, dtype=np.int64)
     nothing = (empty, empty, empty, np.zeros(0, bool)) if in_step else (empty, empty, empty)
     if n == 0:
         return nothing
-    axis = _shared_axis(spans)
+    axis = axis or _shared_axis(spans)
     if axis is None:  # processes too far apart for one axis: one by one
         return _segments_by_process(spans, in_step)
     s, e, proc, shift = axis
@@ -268,14 +271,11 @@ def _segments_by_process(spans: pd.DataFrame, in_step: bool) -> tuple[np.ndarray
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0])))
 
 
-def _flat_self(spans: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+def _flat_self(spans: pd.DataFrame, axis: tuple) -> tuple[np.ndarray, np.ndarray] | None:
     """`self_ns` and `self_in_steps_ns` the quick way when no process's phase spans overlap
     one another and neither do its step spans (the usual shape: phases side by side inside
     steps); None otherwise. A phase span's self time is then its length, a step's is its
-    length less the phase time inside it."""
-    axis = _shared_axis(spans)
-    if axis is None:
-        return None
+    length less the phase time inside it. ``axis``: `_shared_axis` of ``spans``."""
     s, e = axis[0], axis[1]
     is_step = spans["is_step"].to_numpy(bool)
     flat = []
@@ -308,33 +308,31 @@ def _covered(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray)
     return before(b) - before(a)
 
 
+def self_times(spans: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """`self_ns` and `self_in_steps_ns` of ``spans`` in one pass."""
+    n = len(spans)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    axis = _shared_axis(spans)
+    flat = _flat_self(spans, axis) if axis is not None else None
+    if flat is not None:
+        return flat
+    s, e, owner, inside = owned_segments(spans, in_step=True, axis=axis)
+    # float sums are exact while a span's self time stays under 2**53 ns (104 days)
+    own = np.bincount(owner, weights=e - s, minlength=n)
+    in_steps = np.bincount(owner, weights=np.where(inside, e - s, 0), minlength=n)
+    return np.rint(own).astype(np.int64), np.rint(in_steps).astype(np.int64)
+
+
 def self_ns(spans: pd.DataFrame) -> np.ndarray:
     """Each span's self time in ns (int64): the time in which it is its process's innermost
     span (`owned_segments`). A phase's self times add up to the time its process spent in it
     and nowhere deeper; a step span's is the step time no phase covers. ``spans``: as for
     `owned_segments`."""
-    if len(spans) == 0:
-        return np.zeros(0, dtype=np.int64)
-    flat = _flat_self(spans)
-    if flat is not None:
-        return flat[0]
-    s, e, owner = owned_segments(spans)
-    if len(owner) == 0:
-        return np.zeros(len(spans), dtype=np.int64)
-    # float sums are exact while a span's self time stays under 2**53 ns (104 days)
-    return np.rint(np.bincount(owner, weights=e - s, minlength=len(spans))).astype(np.int64)
+    return self_times(spans)[0]
 
 
 def self_in_steps_ns(spans: pd.DataFrame) -> np.ndarray:
     """Each span's self time (ns, int64) inside its process's step spans: `self_ns` less what
     lies outside every step (a phase a framework times after its step timer has stopped)."""
-    if len(spans) == 0:
-        return np.zeros(0, dtype=np.int64)
-    flat = _flat_self(spans)
-    if flat is not None:
-        return flat[1]
-    s, e, owner, inside = owned_segments(spans, in_step=True)
-    if not inside.any():
-        return np.zeros(len(spans), dtype=np.int64)
-    weights = np.where(inside, e - s, 0)
-    return np.rint(np.bincount(owner, weights=weights, minlength=len(spans))).astype(np.int64)
+    return self_times(spans)[1]

@@ -525,6 +525,16 @@ def _profiled_spans(
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parent):
         children.setdefault(p, []).append(i)
+    # each log-prob call's place among its parent's log-prob calls of the same name, and
+    # how many there are (the calls of one parent are in the order they ran)
+    logps_rank: dict[int, tuple[int, int]] = {}
+    for kids in children.values():
+        by_name: dict[str, list[int]] = {}
+        for k in kids:
+            if calls[k][2] in _LOGPS_NAMES:
+                by_name.setdefault(calls[k][2], []).append(k)
+        for same in by_name.values():
+            logps_rank.update({k: (rank, len(same)) for rank, k in enumerate(same)})
     spans: list[tuple] = []
     phases: dict[int, str] = {}
     depth: dict[int, int] = {}
@@ -540,8 +550,8 @@ def _profiled_spans(
         parent_phase = phases.get(up)
         mapped = phase_map.get(name)
         phase = mapped or canonical_phase(name)
-        same = [k for k in children.get(up, []) if calls[k][2] == name]
-        logps = _logps_phase(name, parent_phase, same.index(i), len(same), config)
+        rank, siblings = logps_rank.get(i, (0, 1))
+        logps = _logps_phase(name, parent_phase, rank, siblings, config)
         if logps is not None:
             phase = logps
         elif phase == INHERIT or (mapped is None and phase == name and parent_phase):
