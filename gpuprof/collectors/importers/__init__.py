@@ -25,6 +25,7 @@ import codecs
 import gzip
 import importlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -55,9 +56,23 @@ IMPORTERS: tuple[str, ...] = (
     "verl_log",
     "trl_log",
     "phase_table",
+    "step_timings",
     "progress_log",
+    "plain_log",
 )
-"""Module names (within this package) in detection order; each importer adds itself here."""
+"""Module names (within this package) in detection order; each importer adds itself here.
+
+A module may set ``LATE = True``: its records can start anywhere in a file (a framework's
+step lines after thousands of lines of start-up chatter), so when no importer recognises the
+first `HEAD_BYTES`, `detect` streams the rest of the file through its ``sniff``. A module
+with ``WEAK = True`` reads what more specific formats also hold (any per-step timing, a tqdm
+bar, timestamped messages): it is tried only after every other one has seen the whole file.
+"""
+
+STREAM_CHUNK_BYTES = 4 * 1024 * 1024
+"""Bytes of a file past its head that `detect` hands the sniffers at a time (each chunk
+starts with the last `HEAD_BYTES` of the one before, so a record cut by a chunk's end is
+whole in the next)."""
 
 
 class ImportFormatError(Exception):
@@ -128,16 +143,62 @@ def modules() -> list[ModuleType]:
 
 
 def detect(path: Path) -> ModuleType:
-    """The importer for ``path``; raises `ImportFormatError` when no importer recognises it."""
+    """The importer for ``path``; raises `ImportFormatError` when no importer recognises it.
+
+    Format detection looks as far as it takes: the head first, with every importer but the
+    weak ones; then the rest of the file, streamed, with the importers whose records may start
+    late (``LATE``); then the weak ones (``WEAK``) on the head and on the rest.
+    """
     # a coloured terminal capture is the same format as a plain one
     head = ANSI.sub("", read_head(path))
-    for module in modules():
+    every = modules()
+    strong = [m for m in every if not getattr(m, "WEAK", False)]
+    weak = [m for m in every if getattr(m, "WEAK", False)]
+    late = [m for m in strong if getattr(m, "LATE", False)]
+    found = _first_sniffing(strong, head, path)
+    if found is None and late:
+        found = next((m for chunk in _rest(path) if (m := _first_sniffing(late, chunk, path))),
+                     None)  # fmt: skip
+    if found is None:
+        found = _first_sniffing(weak, head, path)
+    if found is None:
+        found = next((m for chunk in _rest(path) if (m := _first_sniffing(weak, chunk, path))),
+                     None)  # fmt: skip
+    if found is None:
+        raise ImportFormatError(f"{path}: format not recognised")
+    return found
+
+
+def _first_sniffing(candidates: list[ModuleType], text: str, path: Path) -> ModuleType | None:
+    for module in candidates:
         try:
-            if module.sniff(head, path):
+            if module.sniff(text, path):
                 return module
         except Exception:  # a sniffer must never break detection of the others
             continue
-    raise ImportFormatError(f"{path}: format not recognised")
+    return None
+
+
+def _rest(path: Path) -> Iterator[str]:
+    """The file past its first `HEAD_BYTES`, as text chunks of `STREAM_CHUNK_BYTES` (gzip
+    undone, ANSI codes removed), each beginning with the end of the one before; nothing when
+    the file is no longer than its head or can't be read."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    try:
+        with path.open("rb") as raw:
+            zipped = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            fh = gzip.GzipFile(fileobj=raw) if zipped else raw
+            head = fh.read(HEAD_BYTES)
+            if len(head) < HEAD_BYTES:
+                return
+            tail = ANSI.sub("", decoder.decode(head))[-HEAD_BYTES:]
+            while chunk := fh.read(STREAM_CHUNK_BYTES):
+                text = ANSI.sub("", decoder.decode(chunk))
+                yield tail + text
+                tail = text[-HEAD_BYTES:]
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return
 
 
 def detect_dir(path: Path) -> ModuleType:

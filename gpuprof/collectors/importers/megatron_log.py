@@ -44,6 +44,9 @@ from gpuprof.collectors.importers.steplog import (
 )
 
 FORMAT = "megatron-log"
+LATE = True
+"""Step lines may start after thousands of lines of start-up chatter: `detect` streams the
+whole file through `sniff`."""
 
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)\]\s*iteration\b")

@@ -40,6 +40,9 @@ from gpuprof.frameworks.openrlhf import LOG_PHASES as PHASES
 from gpuprof.frameworks.openrlhf import LOG_TIMING_KEY as _TIMING
 
 FORMAT = "openrlhf-log"
+LATE = True
+"""Step lines may start after thousands of lines of start-up chatter: `detect` streams the
+whole file through `sniff`."""
 
 
 _STAMP = re.compile(r"^(?:[A-Z]+\s+)?(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,](\d+))?\s")

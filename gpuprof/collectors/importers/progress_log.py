@@ -38,6 +38,8 @@ from gpuprof.collectors.importers.steplog import (
 )
 
 FORMAT = "progress-log"
+WEAK = True
+"""A tqdm bar is in most consoles: tried after every specific format."""
 
 _VERL = re.compile(r"Training Progress:|\((?:TaskRunner|main_task) pid=\d+")
 

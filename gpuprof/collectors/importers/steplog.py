@@ -61,6 +61,11 @@ class StepRecord:
     after: list[tuple[str, float]] = field(default_factory=list)
     """Phases the framework runs after its step timer stopped (verl's ``testing`` and
     ``save_checkpoint``): laid out after the step span, in order."""
+    children: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    """Timers nested in a phase (NeMo-RL's ``prepare_for_generation/transfer_and_update_weights``
+    inside ``prepare_for_generation``): parent's name → (name, seconds) in order, laid out
+    from the parent's start one level deeper (a child may have children of its own). A
+    child's time is part of its parent's, never added to it."""
 
 
 def timed(record: StepRecord) -> bool:
@@ -305,10 +310,7 @@ def frames_from_steps(
             t += ns
         for name, t, ns in laid:
             if ns > 0:
-                attrs = {"framework": framework, "source": "log"}
-                phase = phase_map.get(name) or canonical_phase(name)
-                spans.append((host, pid, 0, None, None, phase, name, step, 1, t, t + ns,
-                              None, None, attrs))  # fmt: skip
+                _lay_phase(spans, record, name, t, ns, 1, step, framework, phase_map, host, pid)
         if not record.whole_step:
             continue
         attrs = {"framework": framework, "source": "log", **record.attrs}
@@ -321,6 +323,28 @@ def frames_from_steps(
         event_attrs = {"tokens": record.tokens} if record.tokens is not None else {}
         events.append((host, pid, None, start + step_ns, "step", str(step), event_attrs))
     return {"spans": _typed(Span, spans), "events": _typed(Event, events)}
+
+
+def _lay_phase(
+    spans: list[tuple], record: StepRecord, name: str, t: int, ns: int, depth: int, step: int,
+    framework: str, phase_map: dict[str, str], host: str, pid: int,
+) -> None:  # fmt: skip
+    """One phase span at ``depth`` and, one level deeper, its children (`StepRecord.children`)
+    from its start, cut at its end: a child never outlasts its parent."""
+    attrs = {"framework": framework, "source": "log"}
+    phase = phase_map.get(name) or canonical_phase(name)
+    spans.append((host, pid, 0, None, None, phase, name, step, depth, t, t + ns,
+                  None, None, attrs))  # fmt: skip
+    if depth > 8:  # a cycle in a malformed tree: no deeper
+        return
+    cursor, end = t, t + ns
+    for child, seconds in record.children.get(name, ()):
+        child_ns = min(round(seconds * 1e9), end - cursor)
+        if child_ns <= 0 or child == name:
+            continue
+        _lay_phase(spans, record, child, cursor, child_ns, depth + 1, step, framework,
+                   phase_map, host, pid)  # fmt: skip
+        cursor += child_ns
 
 
 # --------------------------------------------------------------------------------------------

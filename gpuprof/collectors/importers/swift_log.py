@@ -24,6 +24,9 @@ from gpuprof.collectors.importers import Imported, ImportFormatError, open_text
 from gpuprof.collectors.importers.trl_log import entries_to_imported
 
 FORMAT = "swift-jsonl"
+LATE = True
+"""Step lines may start after thousands of lines of start-up chatter: `detect` streams the
+whole file through `sniff`."""
 
 
 def sniff(head: str, path: Path) -> bool:

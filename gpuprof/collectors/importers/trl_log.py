@@ -48,6 +48,9 @@ from gpuprof.collectors.importers.steplog import (
 )
 
 FORMAT = "trl-log"
+LATE = True
+"""Step lines may start after thousands of lines of start-up chatter: `detect` streams the
+whole file through `sniff`."""
 
 _DICT_AT = re.compile(r"\{\s*'[^']+'\s*:")
 _ELAPSED_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([dhms])")

@@ -45,6 +45,9 @@ from gpuprof.frameworks.verl import LOG_TIMING_KEY as _TIMING_KEY
 from gpuprof.phases import phase_from_name
 
 FORMAT = "verl-log"
+LATE = True
+"""Step lines may start after thousands of lines of start-up chatter: `detect` streams the
+whole file through `sniff`."""
 
 
 _ORDER = {name: i for i, name in enumerate(PHASES)}
