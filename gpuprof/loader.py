@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof import load_cache, step_window, store
+from gpuprof import load_cache, printed_timings, step_window, store
 from gpuprof.analyzers import resample
 from gpuprof.analyzers.ownership import gpu_owner
 from gpuprof.analyzers.spans import valid_spans
@@ -91,6 +91,7 @@ def load_for_analysis(
     unreadable run or a stretch with no recorded step, `ValueError` for a malformed
     ``steps``.
     """
+    printed_timings.ensure(run_dir)
     if steps is not None:
         window = step_window.resolve(run_dir, steps) if isinstance(steps, str) else steps
         run = _load(run_dir, max_gpu_samples, merge, workers, ray, window)
@@ -114,6 +115,7 @@ def load_for_diagnosis(
     that no process holds them all. A long run not kept yet whose spans are more than loading
     it whole may hold (`_first_of_long`) is kept file by file first (`keep_by_file`), so
     that it is never whole in one process either."""
+    printed_timings.ensure(run_dir)
     if steps is None and ray is None and defer_from is not None:
         made_under = load_cache.key(run_dir, kept_settings(MAX_GPU_SAMPLES, None))
         got = None

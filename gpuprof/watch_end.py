@@ -124,6 +124,10 @@ def finish(run_dir: Path, *, quiet: bool, figures: dict[str, Any] | None = None)
 
     figures = figures or {}
     cores = loader.default_workers()
+    # a stack without a patch still prints its timings: they become the run's phases
+    from gpuprof import printed_timings
+
+    printed_timings.apply(run_dir)
     try:
         run, series = loader.load_for_diagnosis(run_dir, defer_from=parts_min_samples(cores))
     except api.RunError as exc:

@@ -243,6 +243,8 @@ def _times(
         date = raw["date"].astype(str).str.replace(r"[/-]", "", regex=True)
         text = date + " " + raw["time"].astype(str)
         stamps = pd.to_datetime(text, format="%Y%m%d %H:%M:%S", errors="coerce")
+        # a garbled year (``240``) parses, at a resolution nanoseconds can't hold
+        stamps = stamps.where((stamps.dt.year >= 1970) & (stamps.dt.year <= 2200))
         bad = stamps.isna().to_numpy()
         if bad.all():
             return np.zeros(n, dtype=np.int64), True, None, bad
