@@ -767,10 +767,15 @@ def import_files(
     output: str | os.PathLike,
     *,
     fields: str | list[str] | None = None,
+    phases: dict[str, str] | None = None,
 ) -> Path:
     """Import nvidia-smi / dmon / DCGM / profiler / framework-log files into one new run
     directory ``output`` and return it (see `gpuprof.importing`). ``fields`` names the
     columns of header-less nvidia-smi captures (``"timestamp,index,utilization.gpu"``).
+    ``phases`` (``--phase``): phase name → Python regex searched in each logged message, in
+    order, the first starting each step; when given, every text log among the files is read
+    by `gpuprof.collectors.importers.plain_log` with these patterns, whatever format it would
+    be detected as (GPU metrics, traces and tracker runs are read as usual).
 
     Raises `ImportFormatError` (one line naming the file, and the line where known) for bad
     input; nothing is written then. Draws a progress bar on a terminal.
@@ -783,7 +788,7 @@ def import_files(
         with contextlib.suppress(OSError):
             total += Path(path).stat().st_size
     with progress("importing", total=total or None) as advance:
-        return run_import(paths, output, advance=advance, fields=fields)
+        return run_import(paths, output, advance=advance, fields=fields, phases=phases)
 
 
 def analyze(

@@ -562,8 +562,21 @@ def import_(
             "(e.g. timestamp,index,utilization.gpu,memory.used).",
         ),
     ] = None,
+    phase: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--phase",
+            metavar="NAME=REGEX",
+            help="Where a phase starts in a plain training log: a Python regex searched in each "
+            "timestamped message (repeatable; the first given starts each step, and a phase "
+            "lasts until the next match), e.g. --phase rollout='^Generating' --phase "
+            "update_actor='^Train'. Text logs are then read with these patterns instead of "
+            "their detected format.",
+        ),
+    ] = None,
 ) -> None:
     from gpuprof.collectors.importers import ImportFormatError
+    from gpuprof.collectors.importers.plain_log import phase_options
 
     if not files:
         _err("no files given: gpuprof import FILE... -o RUN_DIR")
@@ -572,7 +585,8 @@ def import_(
         _err("no run directory given: gpuprof import FILE... -o RUN_DIR")
         raise typer.Exit(EXIT_BAD_INPUT)
     try:
-        run_dir = api.import_files(files, output, fields=fields)
+        phases = phase_options(phase) if phase else None
+        run_dir = api.import_files(files, output, fields=fields, phases=phases)
     except (ImportFormatError, api.RunError) as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_BAD_INPUT) from None

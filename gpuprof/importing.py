@@ -25,7 +25,7 @@ import contextlib
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from gpuprof.collectors.importers import (
     detect_dir,
     detect_uri,
     nvidia_smi,
+    plain_log,
 )
 from gpuprof.model import RECORD_TYPES, Run, RunMeta, column_kinds, columns, empty_frame
 
@@ -56,13 +57,24 @@ def _time_columns(table: str) -> tuple[str, ...]:
     return TIME_COLUMNS.get(table, ("t_ns",))
 
 
-def parse_file(path: Path, fields: str | Sequence[str] | None = None) -> Imported:
+def parse_file(
+    path: Path,
+    fields: str | Sequence[str] | None = None,
+    phases: Mapping[str, str] | None = None,
+) -> Imported:
     """Detect a file's format and parse it; `ImportFormatError` (one line) when it can't be.
 
     ``path`` may also be a tracker run's directory (`detect_dir`) or a tracker URI that names
     no file, such as MLflow's ``runs:/<run id>`` (`detect_uri`). ``fields``: the columns of a
     header-less nvidia-smi capture (``--fields``); a file no format recognises is then read
     as one.
+
+    ``phases`` (``--phase``: phase name → Python regex, the first starting each step): every
+    text log among the files — one no format recognises, or a framework console log
+    (`plain_log.LOG_FORMATS`: verl, TRL, OpenRLHF, Megatron, tqdm/DeepSpeed, step timings),
+    even one that format would read — is read by `plain_log.parse` with these patterns (which
+    refuses a file that is no text log); GPU metrics, traces and tracker runs are read as
+    usual.
     """
     if not path.exists():
         module = detect_uri(str(path))
@@ -76,10 +88,14 @@ def parse_file(path: Path, fields: str | Sequence[str] | None = None) -> Importe
         try:
             module = detect(path)
         except ImportFormatError:
-            if fields is None:
+            if fields is None and not phases:
                 raise
-            module = nvidia_smi
+            module = nvidia_smi if fields is not None else plain_log
+        if phases and module.FORMAT in plain_log.LOG_FORMATS:
+            module = plain_log  # --phase names the phases: the patterns read the log
     try:
+        if phases and module is plain_log:
+            return plain_log.parse(path, phases=phases)
         if fields is not None and module is nvidia_smi:
             return nvidia_smi.parse(path, fields=fields)
         return module.parse(path)
@@ -305,12 +321,16 @@ def import_files(
     *,
     advance: Advance | None = None,
     fields: str | Sequence[str] | None = None,
+    phases: Mapping[str, str] | None = None,
 ) -> Path:
     """Import ``paths`` into the new run directory ``output``; return its path.
 
     ``advance(n)`` is called with each file's size in bytes once it is parsed (for a progress
     bar). ``fields`` names the columns of header-less nvidia-smi captures among them
-    (``"timestamp,index,utilization.gpu"``; see `nvidia_smi.parse`). Raises
+    (``"timestamp,index,utilization.gpu"``; see `nvidia_smi.parse`). ``phases``: ``--phase``
+    patterns (phase name → Python regex searched in each message; the first starts each
+    step): the text logs among the files are read by `plain_log.parse` with them, whatever
+    format they would be detected as (see `parse_file`). Raises
     `ImportFormatError` — one line naming the file, and the line where known — for no files,
     an unknown format, a file with nothing usable, or an output that exists and is not empty;
     nothing is written then.
@@ -328,7 +348,7 @@ def import_files(
         if key in seen:
             continue
         seen.add(key)
-        parts.append(parse_file(path, fields))
+        parts.append(parse_file(path, fields, phases))
         if advance is not None:
             with contextlib.suppress(OSError):
                 advance(path.stat().st_size)

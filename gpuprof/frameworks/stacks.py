@@ -42,6 +42,8 @@ class Stack:
     launch: re.Pattern[str] | None = None
     step_header: re.Pattern[str] | None = None
     order: tuple[str, ...] = ()
+    total_lags: bool = False
+    """The step total a record carries is the previous step's (ROLL's ``time/step_total``)."""
     """The order the stack runs its timers in a step, for laying out a record that prints
     them in another (NeMo-RL's ``Timing:`` block sorts them by time); unknown ones follow."""
 
@@ -108,8 +110,8 @@ block) and checkpointing run inside ``total_step_time``."""
 SLIME = Stack(
     name="slime",
     signature=re.compile(
-        r"perf/(?:rollout|train_wait|update_weights|actor_train|wake_up)_time|\bslime[./]|"
-        r"train_async\.py"
+        r"perf/(?:rollout|train_wait|update_weights|actor_train|wake_up|step|total_train)_time|"
+        r"\bslime[./]|train_async\.py"
     ),
     phases={
         "rollout": "rollout",
@@ -127,19 +129,30 @@ SLIME = Stack(
         "eval": "eval",
     },
     parents={
+        "rollout": "train_wait",
+        "sleep": "train_wait",
+        "update_weights": "train_wait",
+        "wake_up": "train_wait",
+        "data_preprocess": "train_wait",
+        "save_model": "train_wait",
         "actor_train": "train",
         "critic_train": "train",
         "log_probs": "train",
         "ref_log_probs": "train",
-        "data_preprocess": "train",
+        "cp_seq_kl_prep": "train",
     },
-    totals=frozenset({"step", "total_step"}),
+    totals=frozenset({"step", "total_train"}),
+    order=("train_wait", "rollout", "train"),
     launch=re.compile(r"\btrain(?:_async)?\.py\b"),
-    step_header=re.compile(r"\bperf\s+(\d+)\s*:"),
+    step_header=re.compile(r"\b(?:perf|rollout)\s+(\d+)\s*:"),
 )
-"""THUDM slime: ``perf/<timer>_time`` per rollout id (``perf N: {…}``); the trainer waits for
-the rollout (``train_wait``) before it trains, and the train timers (log-probs, actor
-training) run inside ``train``."""
+"""THUDM slime: ``perf N: {'perf/<timer>_time': …}`` per rollout id, from the trainer
+(``train_metric_utils``) and from the rollout manager (``perf/rollout_time`` and throughputs).
+A step is ``train_wait`` + ``train`` (``perf/step_time``; ``total_train_time`` before its
+rename): while the trainer waits for the rollout, the engine sleeps, takes the new weights
+and wakes up (``sleep``, ``update_weights``, ``wake_up``, ``data_preprocess`` run inside
+``train_wait``, and the rollout manager's ``rollout_time`` is what it waits for); the
+log-prob passes and the actor's training run inside ``train``."""
 
 AREAL = Stack(
     name="areal",
@@ -156,38 +169,85 @@ AREAL = Stack(
         "save": "checkpoint",
         "checkpoint_for_recover": "checkpoint",
         "eval": "eval",
+        "clear_batches": "dataload",
     },
     totals=frozenset({"e2e", "step", "total"}),
-    after=frozenset({"save", "checkpoint_for_recover", "eval"}),
-    launch=re.compile(r"areal\.launcher|examples/\S*gsm8k\S*\.py"),
+    order=(
+        "rollout",
+        "generate",
+        "recompute_logp",
+        "ref_logp",
+        "compute_advantage",
+        "train_step",
+        "ppo_update",
+        "update_weights",
+        "save",
+        "checkpoint_for_recover",
+        "eval",
+        "clear_batches",
+    ),
+    launch=re.compile(r"areal\.launcher\.\w+|examples/\S*gsm8k\S*\.py"),
+    step_header=re.compile(r"\bTrain step (\d+)(?:/\d+)? done"),
 )
-"""inclusionAI AReaL: ``timeperf/<timer>`` per global step."""
+"""inclusionAI AReaL: ``timeperf/<timer>`` in the stats table its ``StatsLogger`` prints
+after ``Epoch e/E Step s/S Train step N/M done.`` (``tabulate``'s ``fancy_grid``, several
+key/value column pairs side by side); the timers run one after another in the step. With
+asynchronous rollout, ``timeperf/rollout`` is the exposed wait for a ready batch, not the
+generation time."""
 
 ROLL = Stack(
     name="roll",
-    signature=re.compile(r"time/step_(?:generate|train|model_update)|\broll[./]pipeline"),
+    signature=re.compile(
+        r"time/step_(?:generate|train|model_update|total)|time/(?:ref|old)_log_probs|"
+        r"\broll[./]pipeline"
+    ),
     phases={
-        "step_generate": "rollout",
+        "step_stop_server": "reshard",
         "step_model_update": "reshard",
-        "step_ref_log_probs_values_reward": "ref_logprob",
-        "step_ref_log_probs": "ref_logprob",
-        "step_old_log_probs_values": "old_logprob",
-        "step_old_log_probs": "old_logprob",
-        "step_compute_rewards": "reward",
-        "step_reward": "reward",
-        "step_adv": "advantage",
+        "val_step": "eval",
+        "step_generate": "rollout",
+        "ref_log_probs_values": "ref_logprob",
+        "old_log_probs": "old_logprob",
+        "get_sample_level_mask": "reward",
+        "reward_postprocess": "reward",
+        "get_token_reward": "reward",
+        "compute_advantage": "advantage",
         "step_train": "update_actor",
-        "step_critic_train": "update_critic",
-        "step_actor_train": "update_actor",
-        "step_save": "checkpoint",
-        "step_eval": "eval",
-        "step_total": "step",
+        "do_checkpoint": "checkpoint",
+        "actor_train": "update_actor",
+        "actor_infer": "rollout",
+        "reference": "ref_logprob",
+        "critic": "update_critic",
     },
-    totals=frozenset({"step_total", "step"}),
-    after=frozenset({"step_save", "step_eval"}),
+    parents={
+        "actor_train": "step_train",
+        "critic": "step_train",
+        "actor_infer": "step_generate",
+        "reference": "ref_log_probs_values",
+    },
+    totals=frozenset({"step_total"}),
+    order=(
+        "step_stop_server",
+        "step_model_update",
+        "val_step",
+        "step_generate",
+        "ref_log_probs_values",
+        "old_log_probs",
+        "get_sample_level_mask",
+        "reward_postprocess",
+        "get_token_reward",
+        "compute_advantage",
+        "step_train",
+    ),
+    total_lags=True,
     launch=re.compile(r"examples/start_\w+\.py|roll\.pipeline"),
 )
-"""Alibaba ROLL: ``time/step_<timer>`` per pipeline step."""
+"""Alibaba ROLL (RLVR pipeline): ``time/<timer>`` per step from the driver, in loop order
+(``step_model_update``, ``val_step``, ``step_generate``, ``ref_log_probs_values``,
+``old_log_probs``, per-domain ``<domain>/time/…`` post-processing, ``step_train``); the
+workers' ``time/<cluster>/<func>/{total,onload,execute,offload}`` sit inside the driver's
+timers. ``time/step_total`` is logged one step late: the value at step N is step N-1's (0 at
+step 0)."""
 
 DEEPSPEED_CHAT = Stack(
     name="deepspeed-chat",
@@ -236,29 +296,34 @@ DEEPSPEED_PIPE = Stack(
         "pipe_send_grad": "collective",
         "pipe_recv_input": "collective",
         "step": "update_actor",
+        "optimizer_step": "update_actor",
     },
     parents={
-        "forward_microstep": "forward",
-        "backward_inner_microstep": "backward_inner",
-        "backward_allreduce_microstep": "backward_allreduce",
-        "backward_microstep": "backward",
         "backward_inner": "backward",
         "backward_allreduce": "backward",
         "reduce_tied_grads": "comms",
         "reduce_grads": "comms",
-        "step_microstep": "step",
-        "step_clipping": "step",
-        "step_step": "step",
-        "step_zero_grad": "step",
-        "step_check_overflow": "step",
+        "step_clipping": "optimizer_step",
+        "step_step": "optimizer_step",
+        "step_zero_grad": "optimizer_step",
+        "step_check_overflow": "optimizer_step",
     },
     totals=frozenset({"train_batch"}),
+    ignore=frozenset(
+        {
+            "forward_microstep",
+            "backward_microstep",
+            "backward_inner_microstep",
+            "backward_allreduce_microstep",
+            "step_microstep",
+        }
+    ),  # fmt: skip
 )
 """DeepSpeed's pipeline engine with ``wall_clock_breakdown`` (EleutherAI's DeeperSpeed adds
 ``comms``, ``reduce_grads``, ``train_batch``): ``time (ms) | train_batch: … | batch_input: … |
 forward: … | backward: … | … | step: …``. ``train_batch`` is the whole step (DeeperSpeed reads
 it after resetting it: 0 there), ``step`` the optimizer step; the ``*_microstep`` timers add up
-the same work as the global ones, ``backward`` holds ``backward_inner`` and
+the same work as the global ones (left out), ``backward`` holds ``backward_inner`` and
 ``backward_allreduce``, ``comms`` the gradient reductions, ``step`` its ``_step_*`` parts."""
 
 LLAMA_FACTORY = Stack(

@@ -77,7 +77,7 @@ _UNIT = (
 _WORD = r"[A-Za-z_][\w./@\-]*"
 _PAIR = re.compile(
     rf"(?<![\w:./@\-])(?P<key>{_WORD}(?:[ ](?:{_WORD}|\((?:ms|s|sec|seconds)\))){{0,4}}?)\s*"
-    rf"(?P<kunit>\((?:ms|s|sec|seconds)\))?\s*(?:=>\s*Latency\s*)?(?:[:=]|=>)\s*"
+    rf"['\"]?\s*(?P<kunit>\((?:ms|s|sec|seconds)\))?\s*(?:=>\s*Latency\s*)?(?:[:=]|=>)\s*"
     rf"(?P<value>{_NUM})(?:\s*(?P<unit>{_UNIT}))?(?![\w.])"
 )
 """``key: value``, ``key=value``, ``Key Name: 12.3s``, ``key (ms): 81``."""
@@ -86,6 +86,11 @@ _TOOK = re.compile(
     rf"spent)\s+(?P<value>{_NUM})\s*(?P<unit>{_UNIT})(?![\w.])"
 )
 """``rollout took 12.3s``, ``generation finished in 812 ms``: a custom timer's message."""
+_IN = re.compile(
+    rf"^\s*(?:[-*•]\s*)?(?P<key>[A-Za-z][\w ,./-]{{2,60}}?)\s+in\s+(?P<value>{_NUM})\s*"
+    rf"(?P<unit>ms|s|sec|secs|seconds|min|mins|minutes)\b"
+)
+"""``Generated 2 candidates in 374.3s, rendering...``: a message that times what it names."""
 _QUOTED = re.compile(
     rf"(?i)(?:finished|done|completed|ended|end|stop(?:ped)?)\b[:\s]*['\"`](?P<key>[^'\"`]{{1,80}})"
     rf"['\"`][,;:\s-]*(?:time[ _]cost|took|elapsed|time|duration|in)[:=\s]*(?P<value>{_NUM})\s*"
@@ -136,7 +141,8 @@ _NOT_DURATION_WORDS = frozenset({
     "bandwidth", "bw", "gb", "mb", "gib", "mib", "mem", "memory", "timestamp", "eta",
     "remaining", "lr", "since", "at", "tokens", "token", "samples", "seqs", "it", "tok",
     "preempted", "fraction", "share", "len", "length", "size", "frac", "left", "estimate",
-    "enabled", "flag", "steps",
+    "enabled", "flag", "steps", "mean", "median", "max", "min", "std", "avg", "p50", "p90",
+    "p95", "p99", "longest", "slowest", "fastest", "shortest", "stats",
 })  # fmt: skip
 """Words that make a timing-like key a throughput, a count, a ratio or a clock reading
 (``timing/…/tokens_per_sec``, ``timing_per_token_ms``, ``num_preempted``, ``mfu``)."""
@@ -270,6 +276,26 @@ def _number(text: str) -> float | None:
     return value
 
 
+def _cell_pairs(text: str) -> list[tuple[str, Any, str | None]]:
+    """The pairs of a table row of alternating names and numbers (``| timeperf/rollout |
+    1.09e+02 | timeperf/save | 1.5e-01 |``: AReaL's stats tables put several side by
+    side); [] for any other row."""
+    # a prefix before the first column mark (a container's timestamp) is no cell
+    text = text[text.index("|") :] if "|" in text else text
+    cells = [c.strip() for c in text.strip().strip("|").split("|")]
+    if len(cells) < 2 or len(cells) % 2:
+        return []
+    pairs = []
+    for name, cell in zip(cells[::2], cells[1::2], strict=True):
+        if not name and not cell:
+            continue
+        found = _cell_number(cell) if _HEAD_CELL.fullmatch(name) else None
+        if found is None:
+            return []
+        pairs.append((name, found[0], found[1]))
+    return pairs
+
+
 def line_pairs(
     text: str, header: re.Pattern[str] | None = None
 ) -> tuple[int | None, list[tuple[str, Any, str | None]], bool]:
@@ -296,6 +322,10 @@ def line_pairs(
     for match in _QUOTED.finditer(text):
         pairs.append((match.group("key"), match.group("value"), match.group("unit")))
         text = text[: match.start()] + " " * (match.end() - match.start()) + text[match.end() :]
+    if text.count("|") >= 3 and not pairs:
+        pairs = _cell_pairs(text)
+        if pairs:
+            text = ""
     timers = _TIMER_LINE.search(text)
     for match in _PAIR.finditer(text):
         unit = match.group("unit") or (match.group("kunit") or "").strip("()") or None
@@ -304,6 +334,8 @@ def line_pairs(
         pairs.append((match.group("key"), match.group("value"), unit))
     for match in _TOOK.finditer(text):
         pairs.append((match.group("key"), match.group("value"), match.group("unit")))
+    if not pairs and (found := _IN.match(text)) is not None:
+        pairs.append((found.group("key"), found.group("value"), found.group("unit")))
     step = None
     for key, value, unit in pairs:
         if normalise(key) in _STEP_KEYS and unit is None:
@@ -379,7 +411,7 @@ def records_from_lines(
     out: list[Printed] = []
     block: Printed | None = None
     table: list[str] | None = None
-    lines = [(n, _QUOTE.sub("", t)) for n, t in lines]
+    lines = [(n, _QUOTE.sub("", t.translate(_BOX))) for n, t in lines if not _RULE.match(t)]
     skip_to = -1
     started: list[str] = []  # timers a ``Started: 'x'`` line opened, outermost first
     for index, (number, text) in enumerate(lines):
@@ -398,8 +430,10 @@ def records_from_lines(
         if table is not None and cells is not None:
             if all(re.fullmatch(r":?-{2,}:?", c) for c in cells if c):
                 continue
-            if len(cells) == len(table) and all(_cell_number(c) is not None for c in cells if c):
-                out.append(_table_row(number, table, cells))
+            labelled = classify(table[0]).kind == "other" and not _cell_number(cells[0])
+            values = cells[1:] if labelled else cells
+            if len(cells) == len(table) and all(_cell_number(c) is not None for c in values if c):
+                out.append(_table_row(number, table, cells, labelled))
                 continue
         table = None
         opened = _STARTED.search(text) if "'" in text or '"' in text or "`" in text else None
@@ -437,9 +471,11 @@ def records_from_lines(
                 block.last = number
                 block.line_ms = block.line_ms or line_ms
                 continue
-        if not timing:
-            continue
         last = out[-1] if out else None
+        if not timing:
+            if last is not None and last.step is None and last.last >= number - 3:
+                last.last = number  # other figures of the same record (a dict's throughputs)
+            continue
         if (
             last is not None and last.step is None and not last.closed
             and last.last >= number - 3 and not _repeats(last, timing)
@@ -449,10 +485,14 @@ def records_from_lines(
         else:
             last = Printed(number, number, None, pairs, line_ms)
             out.append(last)
-        # a step's total ends its record: the next timer belongs to the next step
+        # a step's total printed after its phases ends the record (SkyRL's ``Finished:
+        # 'step'``): the next timer belongs to the next step; printed first (NeMo-RL's
+        # ``Total step time``), it opens the record
+        totals = _totals(stack)
+        named = [classify(k, u, last.line_ms).name for k, _, u in last.pairs]
         last.closed = any(
-            classify(k, u, line_ms).name in _totals(stack) for k, _, u in timing if "/" not in k
-        )
+            classify(k, u, line_ms).name in totals for k, _, u in timing if "/" not in k
+        ) and any(n not in totals for n in named if n)
     return out
 
 
@@ -478,6 +518,10 @@ def _nest_finished(
     return out
 
 
+_BOX = str.maketrans({"│": "|", "┃": "|", "║": "|"})
+"""Box-drawing column marks (``tabulate``'s ``fancy_grid``) read as ``|``."""
+_RULE = re.compile(r"^\s*[╒╞╘├└┌╔╠╚+|─━═┼┬┴╪╤╧\-:\s]*[─━═\-]{3,}[╕╡╛┤┘┐╗╣╝+|─━═┼┬┴╪╤╧\-:\s]*$")
+"""A table's border or separator line (``╒════╤═══╕``, ``+----+``)."""
 _QUOTE = re.compile(r"^\s*(?:>\s?)+")
 """A quoted reply's ``> > `` in front of a pasted line."""
 _NOT_RUN_COLUMN = re.compile(r"(?i)^(?:gap|diff\w*|delta|change|speed-?up|improvement|ratio|"
@@ -545,9 +589,14 @@ def _cell_number(cell: str) -> tuple[str, str | None] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
-def _table_row(number: int, header: list[str], cells: list[str]) -> Printed:
+def _table_row(number: int, header: list[str], cells: list[str], labelled: bool = False) -> Printed:
+    """A row of a table with a column per timer; ``labelled``: its first cell names the row
+    (a run, a backend) rather than holding a number."""
     pairs: list[tuple[str, Any, str | None]] = []
     step = None
+    label = cells[0] if labelled else None
+    if labelled:
+        header, cells = header[1:], cells[1:]
     for name, cell in zip(header, cells, strict=False):
         found = _cell_number(cell)
         if found is None:
@@ -558,7 +607,7 @@ def _table_row(number: int, header: list[str], cells: list[str]) -> Printed:
                 step = int(float(value))
             continue
         pairs.append((name, value, unit))
-    return Printed(number, number, step, pairs)
+    return Printed(number, number, step, pairs, label=label)
 
 
 # --------------------------------------------------------------------------------------------
@@ -714,6 +763,10 @@ def step_record(
         skipped.add("value", "a step total of 0 s beside timed phases",
                     f"line {printed.first}", printed.first)  # fmt: skip
         total = None
+    if "step" in root.children:  # a timer named "step" that is no total: an optimizer's step
+        node = root.children.pop("step")
+        node.name = "optimizer_step"
+        root.children["optimizer_step"] = node
     _apply_parents(root, stack)
     record = StepRecord(step=printed.step, line=printed.first, last_line=printed.last)
     record.step_s = total
@@ -928,6 +981,8 @@ def _records(
         merged.append(record)
     clocks: dict[int, float] = {}
     out = [step_record(p, stack, skipped, clocks) for p in merged]
+    if stack is not None and stack.total_lags:
+        _unlag_totals(out, notes)
     lead = _set_up(out, notes)
     timed = [r for r in out if r.phases or r.step_s is not None]
     if not timed:
@@ -958,6 +1013,16 @@ def _records(
 
 
 _SET_UP = frozenset({"setup", "init", "set_up", "initialization"})
+
+
+def _unlag_totals(records: list[StepRecord], notes: list[str]) -> None:
+    """Give each step the total the next record carries (a stack that logs a step's total with
+    the step after it); the last step keeps none (its phases' sum)."""
+    totals = [r.step_s for r in records]
+    for i, record in enumerate(records):
+        record.step_s = totals[i + 1] if i + 1 < len(totals) and totals[i + 1] else None
+    if any(t for t in totals):
+        notes.append("each step's total taken from the next step's record (logged a step late)")
 
 
 def _set_up(records: list[StepRecord], notes: list[str]) -> float:
