@@ -7,8 +7,10 @@ When the run has no phase spans of its own — a stack gpuprof has no patch for,
 found nothing — `apply` reads those lines with the importers' readers (verl's own reader for
 verl lines, the tolerant `step_timings` reader for the rest) and writes the steps and phases
 they describe into the run, on the watcher's clock: each step ends when its (last) line
-arrived, its phases are laid out before that end in the order printed. GPU samples then meet
-phases with no code change.
+arrived, its phases are laid out before that end in the order printed. A loop that prints no
+timer but a repeating cycle of messages (``Generating rollouts…``, ``Computing rewards``,
+``train step 3``) gets its phases from the messages' arrival times (`plain_log`). GPU samples
+then meet phases with no code change.
 
 Where the run already has phase spans (a patch, the user's hooks), the printed timings are
 not added — they would count the same time twice — but checked against the spans: the step
@@ -54,13 +56,15 @@ def derive(logs: pd.DataFrame, procs: pd.DataFrame | None = None) -> tuple[pd.Da
         pid = _main_pid(procs, str(host))
         spans = verl_log.spans_from_lines(lines, host=str(host), pid=pid)
         how = "verl step lines"
+        details: list[str] = []
         if spans.empty:
             spans, read_notes, stack = step_timings.spans_from_lines(lines, host=str(host),
                                                                     pid=pid)  # fmt: skip
             how = f"{stack} per-step timings" if stack else "per-step timings"
             details = [n for n in read_notes if "skipped" in n or "left out" in n]
-        else:
-            details = []
+        if spans.empty:
+            spans, details = _message_cycle(lines, str(host), pid)
+            how = "a repeating cycle of its messages, timed by their arrival"
         if spans.empty:
             continue
         spans = spans.copy()
@@ -76,6 +80,24 @@ def derive(logs: pd.DataFrame, procs: pd.DataFrame | None = None) -> tuple[pd.Da
     if not frames:
         return pd.DataFrame(), notes
     return pd.concat(frames, ignore_index=True), notes
+
+
+def _message_cycle(
+    lines: list[tuple[int, str]], host: str, pid: int
+) -> tuple[pd.DataFrame, list[str]]:
+    """Spans of a hand-written loop that prints messages and no timer (``Generating
+    rollouts…``, ``train step 3 loss=…``): its repeating cycle of messages, each phase from
+    one message's arrival to the next's (`plain_log.records_from_messages`)."""
+    from gpuprof.collectors.importers import plain_log
+    from gpuprof.collectors.importers.steplog import frames_from_steps
+
+    notes: list[str] = []
+    records = plain_log.records_from_messages(list(lines), None, notes)
+    if not records:
+        return pd.DataFrame(), []
+    frames = frames_from_steps(records, framework="printed", phase_map=plain_log.phase_map(records),
+                               host=host, pid=pid)  # fmt: skip
+    return frames["spans"], notes[:2]
 
 
 def _main_pid(procs: pd.DataFrame | None, host: str) -> int:

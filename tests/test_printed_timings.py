@@ -65,6 +65,20 @@ for step in range(1, STEPS + 1):
           f"timing_s/step:{total:.3f}", flush=True)
 """
 
+PLAIN = """
+import time
+print("loading model...", flush=True)
+for step in range(STEPS):
+    print("Generating rollouts...", flush=True)
+    time.sleep(GEN_S)
+    print("Computing rewards", flush=True)
+    time.sleep(SYNC_S)
+    print(f"Train step {step}: loss=0.31", flush=True)
+    time.sleep(TRAIN_S)
+print("Generating rollouts...", flush=True)
+print("done", flush=True)
+"""
+
 
 def _script(tmp_path, body: str) -> str:
     path = tmp_path / "loop.py"
@@ -101,8 +115,9 @@ def _by_phase(spans: pd.DataFrame) -> dict[str, float]:
         (NEMO, {"rollout": GEN_S, "update_actor": TRAIN_S, "reshard": SYNC_S}),
         (SLIME, {"rollout": GEN_S, "update_actor": TRAIN_S, "reshard": SYNC_S}),
         (VERL, {"rollout": GEN_S, "update_actor": TRAIN_S, "old_logprob": SYNC_S}),
+        (PLAIN, {"rollout": GEN_S, "update_actor": TRAIN_S, "reward": SYNC_S}),
     ],
-    ids=["nemo-rl", "slime", "verl"],
+    ids=["nemo-rl", "slime", "verl", "plain-messages"],
 )
 def test_printed_timings_become_phases_of_a_watched_run(tmp_path, simnvml_lib, body, expect):
     _, run_dir = _watch(tmp_path, simnvml_lib, body)
