@@ -254,8 +254,11 @@ PUBLIC = Path(__file__).parent / "labelled" / "public"
         # a phase far ahead of every other one
         ("verl_amd_mi300_deepseek7b_ppo_gen_bound.log", ["rollout"], "rollout"),
         ("verl_verlenv_qwen3_4b_ppo_critic_warmup_step.md", ["update_critic"], "update_critic"),
+        # re-typed "timing/gen: 124.45s" lines, read by the tolerant step-timings reader
+        ("verl_expertgym_qwen7b_grpo_1gpu_update_actor_bound.md", ["update_actor"],
+         "update_actor"),
     ],
-)
+)  # fmt: skip
 def test_public_ppo_steps_named_bound_only_when_one_phase_dominates(tmp_path, name, bound,
                                                                      largest):  # fmt: skip
     doc = imported(PUBLIC / name, tmp_path)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gpuprof.frameworks import verl
+
 
 @dataclass(frozen=True)
 class Stack:
@@ -317,7 +319,7 @@ DEEPSPEED_PIPE = Stack(
             "backward_allreduce_microstep",
             "step_microstep",
         }
-    ),  # fmt: skip
+    ),
 )
 """DeepSpeed's pipeline engine with ``wall_clock_breakdown`` (EleutherAI's DeeperSpeed adds
 ``comms``, ``reduce_grads``, ``train_batch``): ``time (ms) | train_batch: … | batch_input: … |
@@ -372,8 +374,20 @@ MARIN = Stack(
 """marin's RL loop (``generate``, ``fwd_logprobs_values_reward``, ``policy_train``,
 ``sync_weights``)."""
 
+VERL = Stack(
+    name="verl",
+    signature=re.compile(r"\bactor_rollout_ref\.|\bverl\.trainer\b|\bVeRL\b|\bverl\b"),
+    phases=dict(verl.LOG_PHASES),
+    totals=frozenset({"step", "total_step"}),
+    after=frozenset({"testing", "save_checkpoint"}),
+    launch=re.compile(r"\bactor_rollout_ref\.\S+=|(?:-m\s+)?(?:verl|recipe)\.[\w.]*main\w*"),
+)
+"""verl's timers as users re-type or re-log them (``timing/gen: 124.45s`` lines, a table):
+what its console reader (`importers.verl_log`) does not take; its own names and launch keys."""
+
 STACKS: tuple[Stack, ...] = (
     NEMO_RL, SLIME, AREAL, ROLL, DEEPSPEED_CHAT, DEEPSPEED_PIPE, LLAMA_FACTORY, SKYRL, MARIN,
+    VERL,
 )  # fmt: skip
 """Stacks in the order their signatures are tried (the most specific first)."""
 
