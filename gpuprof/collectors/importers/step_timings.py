@@ -32,6 +32,7 @@ and knowledge; this one reads what they do not, and a watched run's printed line
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -115,6 +116,7 @@ _STEP_KEYS = frozenset({
 fraction, and is read as a duration)."""
 _LINE_MS = re.compile(r"time \(ms\)|\(ms\)\s*\||timing_ms\b|\bin ms\b")
 """A line whose values are all in milliseconds (DeepSpeed's ``time (ms) | …``)."""
+_DIGIT = re.compile(r"\d")
 _TIMER_LINE = re.compile(r"\btime \((ms|s)\)\s*\|")
 """DeepSpeed's ``time (ms) | name: value | …``: each figure after it is a timer."""
 _LEVEL = re.compile(r"^(?:(?:INFO|DEBUG|WARNING|WARN|ERROR|TRACE|CRITICAL)\b[\s:]*)+", re.I)
@@ -202,6 +204,7 @@ class Key:
     scale: float = 1.0
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def normalise(key: str) -> str:
     """A key as compared: lower case, spaces and dashes within words as ``_``, no level word
     (``INFO``) or bullet in front."""
@@ -209,6 +212,7 @@ def normalise(key: str) -> str:
     return re.sub(r"\s+", "_", key.strip()).lower()
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def classify(key: str, unit: str | None = None, line_ms: bool = False) -> Key:
     """What ``key`` (as printed) holds; ``unit`` the value's printed unit, ``line_ms`` whether
     the line says its values are milliseconds.
@@ -304,6 +308,8 @@ def line_pairs(
     whole (its nested keys joined with ``/``). ``header``: a stack's own step header
     (slime's ``perf 3:``), its number in group 1."""
     head_match = header.search(text) if header is not None else None
+    if not _DIGIT.search(text):  # no number, no pair and no step: most chatter
+        return None, [], False
     line_ms = bool(_LINE_MS.search(text))
     pairs: list[tuple[str, Any, str | None]] = []
     brace = text.find("{")
@@ -522,6 +528,8 @@ _BOX = str.maketrans({"│": "|", "┃": "|", "║": "|"})
 """Box-drawing column marks (``tabulate``'s ``fancy_grid``) read as ``|``."""
 _RULE = re.compile(r"^\s*[╒╞╘├└┌╔╠╚+|─━═┼┬┴╪╤╧\-:\s]*[─━═\-]{3,}[╕╡╛┤┘┐╗╣╝+|─━═┼┬┴╪╤╧\-:\s]*$")
 """A table's border or separator line (``╒════╤═══╕``, ``+----+``)."""
+_MAX_TABLE_ROWS = 200
+"""Rows of a table with a row per timer read at most (a pasted table is short)."""
 _QUOTE = re.compile(r"^\s*(?:>\s?)+")
 """A quoted reply's ``> > `` in front of a pasted line."""
 _NOT_RUN_COLUMN = re.compile(r"(?i)^(?:gap|diff\w*|delta|change|speed-?up|improvement|ratio|"
@@ -534,21 +542,27 @@ def _transposed(
     """A pasted table with a row per timer and a column per run (``| | run A | run B |``, then
     ``| E2E time (s) | 855.09 | About 538 |``…): one record per column, and the index of the
     line after the table; ([], index) when the lines at ``index`` are no such table."""
-    if any(_cell_number(c) is not None for c in header if c):
+    if not all(_HEAD_CELL.fullmatch(c) for c in header if c):
         return [], index
     rows: list[tuple[int, str, list[str]]] = []
     j = index + 1
-    while j < len(lines):
+    while j < len(lines) and len(rows) < _MAX_TABLE_ROWS:
         number, text = lines[j]
         cells = _cells(text)
         if cells is None:
             break
-        j += 1
         if all(re.fullmatch(r":?-{2,}:?", c) for c in cells if c):
+            j += 1
             continue
-        if len(cells) not in (len(header), len(header) + 1) or _cell_number(cells[0]):
+        values = cells[1:]
+        if (
+            len(cells) not in (len(header), len(header) + 1)
+            or not _HEAD_CELL.fullmatch(cells[0])
+            or not all(_cell_number(c) is not None for c in values if c)
+        ):
             break
-        rows.append((number, cells[0], cells[1:]))
+        j += 1
+        rows.append((number, cells[0], values))
     timers = [r for r in rows if classify(r[1]).kind == "duration"]
     if len(rows) < 2 or not timers:
         return [], index
