@@ -36,6 +36,17 @@ LOG_FILES = [
     PUBLIC / "verl_issue7412_long_tail_agent_loop.log",
     PUBLIC / "trl_openr1_issue161_grpo_8xa100.log",
 ]
+STACKS = Path(__file__).parent / "fixtures_logs" / "stacks"
+STACK_FILES = [
+    STACKS / "console_gemma3_1b_g4_grpo_one_step_L124-158.txt",
+    STACKS / "slime_actor_perf_dict_zh_doc.txt",
+    STACKS / "areal_pr656_logs_1xA100_fastest_completed_lines93-410_steps1-4.log",
+    STACKS / "dschat_step3_official_opt1.3b_lines1-120.log",
+    STACKS / "skyrl_phase_timers_yottalabs_doc_excerpt.log",
+    STACKS / "roll_mooncake_report_step_level_means.md",
+]
+"""The stacks read by the tolerant step-timings reader (issue 42)."""
+LOG_FILES += STACK_FILES
 TEXT_FILES = [*LOG_FILES, SHARED_FIXTURES / "dcgm" / "v100_node_scrape_excerpt.txt"]
 
 pytestmark = pytest.mark.skipif(not SHARED_FIXTURES.exists(), reason="shared fixtures absent")
@@ -254,6 +265,8 @@ def test_csv_mutations_that_keep_the_data_read_the_same_samples(tmp_path, path, 
 def test_log_mutations_that_keep_the_data_read_the_same_phases(tmp_path, path, mutate, seed):
     if "dcgm" in str(path) and mutate in (ansi_colour, stray_lines, wrapped_lines):
         return  # a Prometheus scrape is not a console log: colour or prose make it another file
+    if path in STACK_FILES and mutate is wrapped_lines:
+        return  # only verl's reader rejoins a line a paste wrapped inside a key or number
     text = path.read_text(encoding="utf-8")
     mutant = write(tmp_path / path.name, mutate(text, random.Random(seed)))
     assert digest(read(mutant)) == _original(path), mutate.__name__

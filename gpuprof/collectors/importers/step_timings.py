@@ -417,6 +417,7 @@ def records_from_lines(
     out: list[Printed] = []
     block: Printed | None = None
     table: list[str] | None = None
+    table_gap = 0
     lines = [(n, _QUOTE.sub("", t.translate(_BOX))) for n, t in lines if not _RULE.match(t)]
     skip_to = -1
     started: list[str] = []  # timers a ``Started: 'x'`` line opened, outermost first
@@ -440,8 +441,12 @@ def records_from_lines(
             values = cells[1:] if labelled else cells
             if len(cells) == len(table) and all(_cell_number(c) is not None for c in values if c):
                 out.append(_table_row(number, table, cells, labelled))
+                table_gap = 0
                 continue
-        table = None
+        if table is not None and text.strip() and table_gap < 2:
+            table_gap += 1  # maybe a stray line another process printed inside the table
+        else:
+            table, table_gap = None, 0
         opened = _STARTED.search(text) if "'" in text or '"' in text or "`" in text else None
         if opened is not None:
             started.append(opened.group("key"))
@@ -482,9 +487,11 @@ def records_from_lines(
             if last is not None and last.step is None and last.last >= number - 3:
                 last.last = number  # other figures of the same record (a dict's throughputs)
             continue
+        # timers without a step fill one record until a timer repeats or the step's total
+        # ends it, however many other lines (progress bars, blank lines) come between
         if (
             last is not None and last.step is None and not last.closed
-            and last.last >= number - 3 and not _repeats(last, timing)
+            and not _repeats(last, timing)
         ):  # fmt: skip
             last.pairs.extend(pairs)
             last.last = number
