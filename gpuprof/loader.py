@@ -100,6 +100,7 @@ def load_for_analysis(
         run = _load(run_dir, max_gpu_samples, merge, workers, ray)
         _note_many_spans(run)
     merge_run_events(run)
+    printed_timings.add_notes(run, run_dir)
     return run
 
 
@@ -132,6 +133,7 @@ def load_for_diagnosis(
             run, series = got
             _note_many_spans(run, series.rows.get("spans", 0))
             merge_run_events(run)
+            printed_timings.add_notes(run, run_dir)
             return run, series
     return load_for_analysis(run_dir, MAX_GPU_SAMPLES, workers=workers, ray=ray, steps=steps), None
 

@@ -16,22 +16,25 @@ Where the run already has phase spans (a patch, the user's hooks), the printed t
 not added — they would count the same time twice — but checked against the spans: the step
 times and each phase both time, matched by step number; the notice says how well they agree.
 
-What `apply` writes is one more run file, ``<host>.printed.sqlite`` per host, whose metadata
-document carries the notice (its ``command`` is empty: the watcher's document leads); a run
-read with nothing to add gets one such file with no rows, so that it is read once. The end of
+What `apply` writes is one more run file, ``<host>.printed.sqlite`` per host, when it adds
+phases, and ``printed_timings.json`` beside the run files in every case: the notices reading
+gave, and the sign that the lines were read (the next load skips the work). The end of
 a watch applies it; loading a finished run for analysis does too (`ensure`), for runs watched
 with ``--no-report`` or whose watch end was cut short.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from gpuprof import store
-from gpuprof.model import RECORD_TYPES, RunMeta
+from gpuprof.model import RECORD_TYPES
 
 SOURCE = "printed"
 """``attrs["source"]`` of spans made from printed lines."""
@@ -151,6 +154,11 @@ def _per_step(spans: pd.DataFrame) -> dict[int, dict[str, float]]:
     return out
 
 
+MARKER = "printed_timings.json"
+"""The file in a run directory saying its printed lines were read, with the notices that
+reading gave (``{"notes": [...]}``): written once, so that the next load skips the work."""
+
+
 def apply(run_dir: str | Path) -> list[str]:
     """Read a finished watched run's printed timings (see the module's docstring) and write
     them into ``run_dir`` when it has no phase spans, else check them against its spans;
@@ -158,29 +166,22 @@ def apply(run_dir: str | Path) -> list[str]:
     failure is one note, and the run is left as it was."""
     run_dir = Path(run_dir)
     try:
-        if any(run_dir.glob(f"*{_FILE_SUFFIX}.sqlite")):
+        if (run_dir / MARKER).exists():
             return []  # done already (a second watch end, an analyze after a crash)
         keep = {"logs", "spans", "procs"}
         run = store.load_run(run_dir, skip=set(RECORD_TYPES) - keep)
         printed, notes = derive(run.logs, run.procs)
         if printed.empty:
-            _write_notes(run_dir, run.meta, [])  # read once: the next load need not
-            return []
-        if len(run.spans):
+            notes = []
+        elif len(run.spans):
+            # the run's own phases stand; the printed ones say how far they agree (nothing to
+            # say when no step is numbered alike: a trainer's loss dicts)
             line = compare(printed, run.spans)
-            notes = (
-                [line]
-                if line
-                else [
-                    "the command's printed timings were not added: the run has phase spans of "
-                    "its own, and none of its steps is numbered as the printed ones are"
-                ]
-            )
-            _write_notes(run_dir, run.meta, notes)
-            return notes
-        for host, frame in printed.groupby("host", sort=True):
-            meta = _notes_meta(run.meta, [n for n in notes if n.startswith(f"{host}:")])
-            store.write_host_file(run_dir, f"{host}{_FILE_SUFFIX}", [("spans", frame)], meta)
+            notes = [line] if line else []
+        else:
+            for host, frame in printed.groupby("host", sort=True):
+                store.write_host_file(run_dir, f"{host}{_FILE_SUFFIX}", [("spans", frame)])
+        _write_marker(run_dir, notes)
         return notes
     except Exception as exc:  # the run stays readable as recorded: say so and go on
         return [f"the command's printed timings were not read ({type(exc).__name__}: {exc})"]
@@ -192,7 +193,7 @@ def ensure(run_dir: str | Path) -> None:
     loading a run for analysis does first. Cheap when done already; never raises."""
     path = Path(run_dir)
     try:
-        if not path.is_dir() or any(path.glob(f"*{_FILE_SUFFIX}.sqlite")):
+        if not path.is_dir() or (path / MARKER).exists():
             return
         if store.count_rows(path, "logs") == 0:
             return
@@ -204,12 +205,24 @@ def ensure(run_dir: str | Path) -> None:
     apply(path)
 
 
-def _notes_meta(meta: RunMeta, notes: list[str]) -> RunMeta:
-    """A metadata document that adds ``notes`` to the run's notices and nothing else (no
-    command: the watcher's document leads when the run is read)."""
-    return RunMeta(run_id=meta.run_id, hosts=list(meta.hosts[:1]), notices=notes)
+def notes(run_dir: str | Path) -> list[str]:
+    """The notices reading a run's printed timings gave ([] when not read or none)."""
+    try:
+        document = json.loads((Path(run_dir) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    found = document.get("notes") if isinstance(document, dict) else None
+    return [str(n) for n in found] if isinstance(found, list) else []
 
 
-def _write_notes(run_dir: Path, meta: RunMeta, notes: list[str]) -> None:
-    host = meta.hosts[0] if meta.hosts else "run"
-    store.write_host_file(run_dir, f"{host}{_FILE_SUFFIX}", [], _notes_meta(meta, notes))
+def add_notes(run: Any, run_dir: str | Path) -> None:
+    """Add the printed-timings notices of ``run_dir`` to a loaded run's notices, once."""
+    for note in notes(run_dir):
+        if note not in run.meta.notices:
+            run.meta.notices.append(note)
+
+
+def _write_marker(run_dir: Path, found: list[str]) -> None:
+    tmp = run_dir / f".{MARKER}.{os.getpid()}"
+    tmp.write_text(json.dumps({"notes": found}), encoding="utf-8")
+    os.replace(tmp, run_dir / MARKER)

@@ -127,7 +127,7 @@ def finish(run_dir: Path, *, quiet: bool, figures: dict[str, Any] | None = None)
     # a stack without a patch still prints its timings: they become the run's phases
     from gpuprof import printed_timings
 
-    printed_timings.apply(run_dir)
+    printed_timings.ensure(run_dir)
     try:
         run, series = loader.load_for_diagnosis(run_dir, defer_from=parts_min_samples(cores))
     except api.RunError as exc:

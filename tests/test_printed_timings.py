@@ -196,8 +196,13 @@ for step in range(STEPS):
     _, run_dir = _watch(tmp_path, simnvml_lib, body)
     run = store.load_run(run_dir)
     assert not run.spans["attrs"].map(lambda a: a.get("source") == "printed").any()
-    notice = [n for n in run.meta.notices if "printed timings" in n]
-    assert notice and " agree over " in notice[0], run.meta.notices
+    assert not list(run_dir.glob("*.printed.sqlite"))
+    notice = [n for n in printed_timings.notes(run_dir) if "printed timings" in n]
+    assert notice and " agree over " in notice[0], printed_timings.notes(run_dir)
+    # the analysis shows it among the run's notices
+    from gpuprof.loader import load_for_analysis
+
+    assert notice[0] in load_for_analysis(run_dir).meta.notices
 
 
 def test_nothing_printed_leaves_the_run_as_recorded(tmp_path):
@@ -208,7 +213,8 @@ def test_nothing_printed_leaves_the_run_as_recorded(tmp_path):
     run = Run(meta=RunMeta(run_id="r", hosts=["h"]), logs=logs)
     store.save_run(run, tmp_path / "r")
     assert printed_timings.apply(tmp_path / "r") == []
-    # read once: a file with no rows marks it, and loading the run is unchanged
-    assert len(list((tmp_path / "r").glob("*.printed.sqlite"))) == 1
+    # read once: the marker says so; no run file is added and the run reads as before
+    assert (tmp_path / "r" / printed_timings.MARKER).exists()
+    assert not list((tmp_path / "r").glob("*.printed.sqlite"))
     again = store.load_run(tmp_path / "r")
     assert again.spans.empty and len(again.logs) == 5 and again.meta.run_id == "r"
