@@ -10,6 +10,7 @@ or when it has the shape of a well-known token (``hf_…``, ``sk-…``, ``ghp_�
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -55,12 +56,13 @@ _NAMED_VALUE = re.compile(
     r"(?P<value>[^\s\"',;}]+)"
 )
 _SHORT_FLAG = re.compile(r"^-[A-Za-z]$")
-_QUOTED_FLAG_VALUE = re.compile(
-    r"(?P<q1>[\"'])(?P<flag>--?[A-Za-z][\w.\-]*)(?P=q1)(?P<sep>\s*,\s*)"
-    r"(?P<q2>[\"'])(?P<value>(?:\\.|(?!(?P=q2)).)*)(?P=q2)"
-)
-"""A flag and its value as separate quoted items of a printed argument list: a Python list or
-tuple repr (``'--api-key', 'V'``) or a JSON array (``"--api-key", "V"``)."""
+_QUOTED_ITEM = re.compile(r"(?P<q>[\"'])(?P<item>(?:\\.|(?!(?P=q)).)*)(?P=q)")
+"""One quoted item of a printed argument list: a Python list or tuple repr (``'--api-key',
+'V'``) or a JSON array (``"--api-key", "V"``)."""
+_ITEM_SEP = re.compile(r"\s*,\s*")
+_WORD = re.compile(r"\S+")
+_BLANKS = re.compile(r"[ \t]+")
+"""What lies between a flag and its value in a printed command line: any spaces or tabs."""
 
 
 def is_secret_name(name: str) -> bool:
@@ -104,22 +106,48 @@ def redact_text(text: str) -> str:
     out = _AUTH_SCHEME.sub(lambda m: f"{m.group('scheme')}{m.group('sep')}{REDACTED}", out)
     out = _NAMED_VALUE.sub(_named, out)
     out = _TOKEN_SHAPES.sub(REDACTED, out)
-    out = _QUOTED_FLAG_VALUE.sub(_quoted_flag_value, out)
+    if "'" in out or '"' in out:
+        out = _quoted_items(out)
     # "--api-key V" inside a printed command line: the word after a secret flag
-    words = out.split(" ")
-    for i in range(len(words) - 1):
-        w = words[i]
-        secret_flag = w.startswith("-") and "=" not in w and is_secret_name(w)
-        if secret_flag and words[i + 1] and not _is_flag(words[i + 1]):
-            words[i + 1] = REDACTED
-    return " ".join(words)
+    return _flag_then_value(out)
 
 
-def _quoted_flag_value(match: re.Match[str]) -> str:
-    g = match.group
-    if not is_secret_name(g("flag")) or not g("value") or _is_flag(g("value")):
-        return match.group(0)
-    return f"{g('q1')}{g('flag')}{g('q1')}{g('sep')}{g('q2')}{REDACTED}{g('q2')}"
+def _quoted_items(text: str) -> str:
+    """The item after a quoted secret flag in a printed argument list, replaced: each quoted
+    item is looked at as a flag in turn, so that a pair of ordinary items (``'-c',
+    '--api-key'``) never hides the secret flag that follows from being seen."""
+    items = list(_QUOTED_ITEM.finditer(text))
+    hide: list[re.Match[str]] = []
+    for flag, value in itertools.pairwise(items):
+        name = flag.group("item")
+        if not (name.startswith("-") and is_secret_name(name) and "=" not in name):
+            continue
+        between = text[flag.end() : value.start()]
+        item = value.group("item")
+        if _ITEM_SEP.fullmatch(between) and item and not _is_flag(item) and item != REDACTED:
+            hide.append(value)
+    for value in reversed(hide):
+        q = value.group("q")
+        text = f"{text[: value.start()]}{q}{REDACTED}{q}{text[value.end() :]}"
+    return text
+
+
+def _flag_then_value(text: str) -> str:
+    """The word after a secret flag (``--api-key V``) replaced, each word looked at as a flag
+    in turn (a pair of ordinary words, ``-v --api-key``, never hides the flag after it)."""
+    words = list(_WORD.finditer(text))
+    hide: list[re.Match[str]] = []
+    for flag, value in itertools.pairwise(words):
+        name, word = flag.group(0), value.group(0)
+        if not _BLANKS.fullmatch(text[flag.end() : value.start()]):
+            continue
+        if not name.startswith("-") or "=" in name or not is_secret_name(name):
+            continue
+        if not _is_flag(word) and word != REDACTED:
+            hide.append(value)
+    for value in reversed(hide):
+        text = f"{text[: value.start()]}{REDACTED}{text[value.end() :]}"
+    return text
 
 
 def _is_flag(arg: str) -> bool:

@@ -186,3 +186,33 @@ def test_argument_list_reprs_hide_the_value_after_a_secret_flag_only():
     assert redact_text("['--api-key', '--lr', '1']") == "['--api-key', '--lr', '1']"
     kept = "['--tokenizer', 'gpt2', '--max_tokens', '5']"
     assert redact_text(kept) == kept
+
+
+def test_a_program_printing_its_own_argv_after_dash_c_stores_no_secret(tmp_path):
+    """``python -c "print('args', sys.argv)" --api-key V --password=W``: the printed list
+    holds ``'-c', '--api-key', 'V'``; neither value reaches the run's logs (SQLite, the
+    Parquet side file), its stored command, its kept form or the analysis."""
+    run = tmp_path / "run"
+    secret, password = "SECRET123abcXYZ", "hunter2hunter2"
+    proc = run_gpuprof(
+        "watch", "--no-nvml", "-q", "-o", str(run), "--", sys.executable, "-c",
+        "import sys; print('args', sys.argv)", "--api-key", secret, f"--password={password}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert secret in proc.stdout  # the program's own output is its own
+    analyzed = run_gpuprof("analyze", str(run), "--json")
+    assert analyzed.returncode == 0, analyzed.stderr
+    texts = [analyzed.stdout]
+    for f in run.rglob("*"):
+        if f.is_file():
+            texts.append(f.read_bytes().decode("utf-8", "replace"))
+            if f.suffix == ".parquet":
+                texts.append(pd.read_parquet(f).to_json())
+    from gpuprof.api import load_run
+
+    loaded = load_run(run)
+    logs = loaded.logs.to_json()
+    texts += [json.dumps(loaded.meta.command), logs]
+    assert "'--api-key', '***'" in loaded.logs["line"].iloc[0]
+    for value in (secret, password):
+        assert not any(value in t for t in texts), value
