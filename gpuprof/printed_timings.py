@@ -114,7 +114,9 @@ def compare(printed: pd.DataFrame, spans: pd.DataFrame) -> str | None:
     """One line on how the printed timings agree with the run's own spans: the median
     relative difference of step times over the steps both number, and of each phase both
     time; None when they share no step."""
-    own = spans[spans["attrs"].map(lambda a: not (isinstance(a, dict) and a.get("source")))]
+    own = spans[
+        spans["attrs"].map(lambda a: not (isinstance(a, dict) and a.get("source") == SOURCE))
+    ]
     mine, theirs = _per_step(printed), _per_step(own)
     both = sorted(set(mine) & set(theirs))
     if not both:
@@ -198,8 +200,9 @@ def ensure(run_dir: str | Path) -> None:
         if store.count_rows(path, "logs") == 0:
             return
         metas = [store.file_meta(f, timeout_s=1.0) or {} for f in store.run_files(path)]
-        if not any(m.get("command") and m.get("end_ns") is not None for m in metas):
-            return  # still running (or not a watched run): its lines may not be all there
+        watchers = [m for m in metas if m.get("command")]
+        if not watchers or any(m.get("end_ns") is None for m in watchers):
+            return  # a watcher still running (or none): its lines may not be all there
     except Exception:
         return
     apply(path)

@@ -257,19 +257,19 @@ def _strip_words(part: str) -> str:
 @dataclass
 class Printed:
     """One printed record: its lines, the step it names (None: none), its pairs
-    ``(key, value, unit)`` in order, and whether it already holds a timing pair (a complete
-    step line) or opens a block that the following lines fill (a step header)."""
+    ``(key, value, unit)`` in order, and whether its values are in milliseconds."""
 
     first: int
     last: int
     step: int | None
     pairs: list[tuple[str, Any, str | None]] = field(default_factory=list)
     line_ms: bool = False
-    header: bool = False
     label: str | None = None
     """What the record is when no step names it (a pasted table's column header)."""
     closed: bool = False
     """A record without a step that already holds its step total: it takes no more lines."""
+    phased: bool = False
+    """Whether the record holds a timer that is not the step total."""
 
 
 def _number(text: str) -> float | None:
@@ -307,9 +307,9 @@ def line_pairs(
     are in milliseconds (``time (ms) | …``). A dict repr or JSON object in the line is read
     whole (its nested keys joined with ``/``). ``header``: a stack's own step header
     (slime's ``perf 3:``), its number in group 1."""
-    head_match = header.search(text) if header is not None else None
     if not _DIGIT.search(text):  # no number, no pair and no step: most chatter
         return None, [], False
+    head_match = header.search(text) if header is not None else None
     line_ms = bool(_LINE_MS.search(text))
     pairs: list[tuple[str, Any, str | None]] = []
     brace = text.find("{")
@@ -373,9 +373,6 @@ def _flatten(obj: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]
             yield name, value
 
 
-_TABLE_SPLIT = re.compile(r"\s*\|\s*|\t|\s*,\s*")
-
-
 def _cells(text: str) -> list[str] | None:
     """The cells of a table row (``|``, tab or comma separated), outer pipes dropped."""
     stripped = text.strip()
@@ -421,6 +418,7 @@ def records_from_lines(
     lines = [(n, _QUOTE.sub("", t.translate(_BOX))) for n, t in lines if not _RULE.match(t)]
     skip_to = -1
     started: list[str] = []  # timers a ``Started: 'x'`` line opened, outermost first
+    totals = _totals(stack)
     for index, (number, text) in enumerate(lines):
         if index < skip_to:
             continue
@@ -456,7 +454,7 @@ def records_from_lines(
             pairs = _nest_finished(pairs, started)
         timing = [p for p in pairs if classify(p[0], p[2], line_ms).kind == "duration"]
         if step is not None:
-            record = Printed(number, number, step, pairs, line_ms, header=not timing)
+            record = Printed(number, number, step, pairs, line_ms)
             last = out[-1] if out else None
             if (
                 last is not None and last.step is None and last.last >= number - 3
@@ -501,11 +499,9 @@ def records_from_lines(
         # a step's total printed after its phases ends the record (SkyRL's ``Finished:
         # 'step'``): the next timer belongs to the next step; printed first (NeMo-RL's
         # ``Total step time``), it opens the record
-        totals = _totals(stack)
-        named = [classify(k, u, last.line_ms).name for k, _, u in last.pairs]
-        last.closed = any(
-            classify(k, u, line_ms).name in totals for k, _, u in timing if "/" not in k
-        ) and any(n not in totals for n in named if n)
+        names = [(classify(k, u, line_ms).name, "/" in k) for k, _, u in timing]
+        last.phased = last.phased or any(n not in totals for n, _ in names)
+        last.closed = last.phased and any(n in totals for n, nested in names if not nested)
     return out
 
 
@@ -659,16 +655,12 @@ def records_from_json(value: Any) -> tuple[list[Printed], dict[str, dict[float, 
     telemetry: dict[str, dict[float, float]] = {}
     by_step: dict[int, Printed] = {}
     for metric, points in series.items():
-        if metric.startswith("ray/"):  # on the telemetry's clock (seconds), not steps
-            if _TELEMETRY.match(metric):
-                telemetry[metric] = {
-                    float(x): y for x, y in points.items() if _number(str(x)) is not None
-                }
-            continue
         if _TELEMETRY.match(metric):
             telemetry[metric] = {
                 float(x): y for x, y in points.items() if _number(str(x)) is not None
             }
+            continue
+        if metric.startswith("ray/"):  # on the telemetry's clock (seconds), not steps
             continue
         for x, y in points.items():
             number = _number(str(x))
@@ -1175,10 +1167,6 @@ _DS_ENGINE = frozenset({
     "optimizer_allgather", "optimizer_gradients", "backward_backward",
 })  # fmt: skip
 """DeepSpeed engine timer names (``time (ms) | fwd: … | bwd: …``): ``progress_log``'s."""
-
-
-def _has_timing(text: str) -> bool:
-    return bool(re.search(r"(?i)(?:time|latency|timing|took)\S*\s*[:=]?\s*[\d.]+", text))
 
 
 def parse(path: Path) -> Imported:
