@@ -222,9 +222,15 @@ def _print_summary(run: Any, run_dir: Path) -> None:
     Console(stderr=True).print(summary_renderable(run, str(run_dir)))
 
 
+TOP = 3
+"""Findings and recommendations printed at the end of ``watch`` (``analyze`` prints all)."""
+
+
 def _print_headline(run: Any, run_dir: Path, diagnosis: Any) -> None:
-    """The data basis, the step's bound and, with GPU samples, the efficiency figures and the
-    top findings (nothing without spans: the summary's notes say what is missing)."""
+    """The data basis, the step's bound, the efficiency figures and the top findings and
+    recommendations, as ``analyze`` prints them (nothing without spans: the summary's notes say
+    what is missing). A run without GPU samples is judged on its phase times, as ``analyze``
+    judges it: its findings are printed here too."""
     if run.spans.empty:
         return
     from rich.console import Console, Group
@@ -239,10 +245,11 @@ def _print_headline(run: Any, run_dir: Path, diagnosis: Any) -> None:
     console = Console(stderr=True)
     summary = diagnosis.summary
     console.print(Group(*basis_parts(summary), *bound_parts(summary.get("bound"))))
-    if run.gpu.empty:
-        return  # findings need GPU samples; the step's bound needs only its phases
     console.print(efficiency_renderable(summary.get("efficiency")))
-    console.print(findings_renderable(diagnosis, top=3))
+    console.print(findings_renderable(diagnosis, top=TOP))
+    more = max(0, len(diagnosis.findings) - TOP) + max(0, len(diagnosis.recommendations) - TOP)
+    if more:
+        console.print(f"({more} more findings and recommendations below the top {TOP})")
     # soft_wrap: a path must stay on one line to be copied
     console.print(f"full diagnosis: gpuprof analyze {run_dir}", soft_wrap=True)
 

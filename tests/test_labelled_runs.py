@@ -10,8 +10,10 @@ a slow verifier and with a slow loader. Everything goes through the CLI as a use
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -288,13 +290,83 @@ def test_real_gemma_ppo_critic_beside_its_actor_is_healthy(tmp_path):
 
 
 def watched(tmp_path: Path, *args: str) -> dict:
+    """The example watched (its diagnosis printed at the end, its report written), then
+    analysed: the document of ``analyze --json``, checked to tell the story the end of the
+    watch, ``analyze`` and the report tell."""
     run_dir = tmp_path / "run"
     proc = run_gpuprof(
-        "watch", "--no-nvml", "-q", "-o", str(run_dir), "--",
+        "watch", "--no-nvml", "-o", str(run_dir), "--",
         sys.executable, str(EXAMPLE), "--steps", "6", *args, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return analyze(run_dir)
+    doc = analyze(run_dir)
+    text = run_gpuprof("analyze", str(run_dir))
+    assert text.returncode == 0, text.stderr
+    report = (run_dir / "report.html").read_text()
+    assert_one_story(doc, watch_end=proc.stderr, analyze_text=text.stdout + text.stderr,
+                     report=report)  # fmt: skip
+    return doc
+
+
+IN_STEP = "(in step, no phase)"
+_PHASE = r"([a-z_]+|\(in step, no phase\))"
+_FINDING = re.compile(r"^\s*\d+\. ([a-z_]+)  .*?([\d.]+)% of GPU-time", re.M)
+_REC = re.compile(r"^\s*\d+\. ([\w.\-]+)(?::|$)", re.M)
+_TABLE_ROW = re.compile(r"^" + _PHASE + r"\s+\d+\s.*?(\d+%)\s+\d+%\s*$")
+_REPORT_FINDING = re.compile(r'<b class="\w+">([a-z_]+)</b></td><td>[^<]*</td><td>([\d.]+)%</td>')
+_REPORT_REC = re.compile(r"<td class=knob><code>((?:[^<]|<wbr>)+)</code>")
+_REPORT_PHASE = re.compile(r"<tr><td>" + _PHASE + r"</td>(?:<td>[^<]*</td>){4}<td>(\d+%)</td></tr>")
+
+
+def _section(text: str, title: str) -> str:
+    """The lines of ``text`` from the line starting with ``title`` to the next unindented one."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(title)), None)
+    if start is None:
+        return ""
+    end = next((i for i in range(start + 1, len(lines)) if lines[i][:1] not in (" ", "")),
+               len(lines))  # fmt: skip
+    return "\n".join(lines[start:end])
+
+
+def _told(text: str) -> tuple[list[tuple[str, str]], list[str], dict[str, str]]:
+    """(findings as (kind, share %), recommended knobs, step composition {phase: "N%"}) as a
+    terminal screen prints them."""
+    findings = _FINDING.findall(_section(text, "Findings, by GPU-time lost"))
+    recs = _REC.findall(_section(text, "Recommendations, by expected gain"))
+    step = " ".join(_section(text, "    step:").split())
+    composition = dict(re.findall(_PHASE + r" (\d+%)", step))
+    return findings, recs, composition
+
+
+def assert_one_story(doc: dict, *, watch_end: str, analyze_text: str, report: str) -> None:
+    """One diagnosis, one set of numbers: the end of ``watch`` (its top three), ``analyze``,
+    ``--json`` and the report give the same findings with the same shares, the same
+    recommendations and the same share of the step per phase."""
+    findings = [(f["kind"], f"{100 * f['share']:.1f}") for f in doc["findings"]]
+    recs = [r["knob"] for r in doc["recommendations"]]
+    # the step's own time is phase "step" in the phases and "(other)" in the composition
+    # (a key each, kept in the document); every screen names it IN_STEP
+    phases = {IN_STEP if p["phase"] == "step" else p["phase"]: f"{100 * p['share']:.0f}%"
+              for p in doc["summary"]["phases"] if p.get("share") is not None}  # fmt: skip
+    composition = {IN_STEP if c["phase"] == "(other)" else c["phase"]: f"{100 * c['share']:.0f}%"
+                   for c in doc["summary"]["bound"]["composition"] if c["share"]}  # fmt: skip
+    assert composition == phases
+    step_line = dict(list(composition.items())[:8])  # the screens' step line: its first 8
+
+    assert _told(analyze_text) == (findings, recs, step_line), analyze_text
+    assert _told(watch_end) == (findings[:3], recs[:3], step_line), watch_end
+    if not findings:  # never silent: the same sentence on both screens
+        assert "No stall" in watch_end and "No stall" in analyze_text
+    lines = watch_end.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("phase "))
+    rows = [_TABLE_ROW.match(line) for line in lines[head + 1 :]]
+    table = dict(m.groups() for m in itertools.takewhile(bool, rows))
+    assert table == phases, watch_end
+
+    assert _REPORT_FINDING.findall(report) == findings
+    assert [k.replace("<wbr>", "") for k in _REPORT_REC.findall(report)] == recs
+    assert dict(_REPORT_PHASE.findall(report)) == phases
 
 
 def test_grpo_example_healthy_has_no_finding(tmp_path):

@@ -33,7 +33,7 @@ from gpuprof.analyzers.stacks import attach_stacks
 from gpuprof.analyzers.stalls import DETECTORS, SIDE_BY_SIDE, STALLS, Stall
 from gpuprof.analyzers.stalls._bound import bound_summary
 from gpuprof.analyzers.stalls._startup import claim_startup
-from gpuprof.analyzers.stalls._timing import timing
+from gpuprof.analyzers.stalls._timing import RESIDUE, timing
 from gpuprof.model import Run
 
 JSON_SCHEMA_VERSION = 2
@@ -463,7 +463,7 @@ def summarize(
         walls = [(p, float(t.steps[p].sum())) for p in t.phases]
         # step time no phase covers (the phases are self times: they add up to the steps)
         other = float(t.steps["wall_s"].sum()) - sum(w for _, w in walls)
-        if other > 0.005 * t.wall_s:
+        if other > RESIDUE * t.wall_s:
             walls.append(("step", other))
         phases = [
             {"phase": p, "wall_s": finite_or_none(w), "gpu_s": None, "idle_gpu_s": None,

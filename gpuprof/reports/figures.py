@@ -24,6 +24,7 @@ from gpuprof.analyzers.spans import NO_PHASE, STEP_PHASE, owned_segments, valid_
 from gpuprof.intervals import union
 from gpuprof.model import Run
 from gpuprof.nodes import natural_key
+from gpuprof.reports import fmt
 from gpuprof.reports.downsample import Binned, bin_stats, keep_shape
 
 PHASE_COLORS: dict[str, str] = {
@@ -975,7 +976,7 @@ def _phase_steps(table: pd.DataFrame | None, max_bars: int = 200) -> dict[str, A
     as_area = table["step"].nunique() > max_bars
     for phase in dict.fromkeys(table["phase"]):
         part = table[table["phase"] == phase].sort_values("step")
-        label = {STEP_PHASE: "in step, no phase", NO_PHASE: "outside phases"}.get(phase, phase)
+        label = fmt.phase_label(phase)
         color = PHASE_COLORS.get(str(phase)) or next(extra, "#aaaaaa")
         trace = {
             "name": str(label),

@@ -10,6 +10,22 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+IN_STEP_LABEL = "(in step, no phase)"
+"""How every screen names step time no phase covers: the step span's own time (phase
+``step`` in the summary's phases) and the rest of the step's composition (``(other)``)."""
+OUTSIDE_LABEL = "(outside phases)"
+"""How every screen names time outside every phase (phase ``(none)``)."""
+
+
+def phase_label(phase: Any) -> str:
+    """A phase's name as the screens show it: one name for the step's own time (`IN_STEP_LABEL`)
+    wherever it appears, so the terminal, the report and ``analyze`` tell one story."""
+    name = str(phase)
+    if name in ("step", "(other)"):
+        return IN_STEP_LABEL
+    return OUTSIDE_LABEL if name == "(none)" else name
+
+
 def seconds(value: float | None) -> str:
     """A duration in s as ``1.5 h`` / ``2.0 min`` / ``3.21 s`` / ``45 ms``."""
     if _missing(value):

@@ -591,9 +591,7 @@ def _phase_table(diagnosis: Diagnosis) -> str:
         return "<p>No phase table: the run has no phase spans or no GPU samples.</p>"
     rows = []
     for p in phases:
-        label = {"step": "in step, no phase", "(none)": "outside phases"}.get(
-            p["phase"], p["phase"]
-        )
+        label = fmt.phase_label(p["phase"])
         share = p.get("share")
         rows.append(
             f"<tr><td>{_e(label)}</td><td>{_e(fmt.seconds(p.get('wall_s')))}</td>"

@@ -72,8 +72,6 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
     return Group(*parts)
 
 
-STEP_ROW_LABEL = "(in step, no phase)"
-"""How the tables name the ``step`` row: step time that no phase covers."""
 
 
 def phase_table_renderable(phases: list[dict[str, Any]], steps: int) -> Table:
@@ -89,7 +87,7 @@ def phase_table_renderable(phases: list[dict[str, Any]], steps: int) -> Table:
     for col in columns:
         table.add_column(col, justify="right", no_wrap=True)
     for p in phases:
-        label = STEP_ROW_LABEL if p["phase"] == "step" else str(p["phase"])
+        label = fmt.phase_label(p["phase"])
         row = [label, str(p["spans"]), fmt.seconds(p["per_process_s"])]
         if with_steps:
             share = p.get("step_share")

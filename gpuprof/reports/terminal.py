@@ -111,7 +111,7 @@ def bound_parts(bound: dict[str, Any] | None) -> list[Any]:
     for row in bound.get("composition") or []:
         if not row.get("share"):
             continue
-        text = f"{row['phase']} {row['share']:.0%}"
+        text = f"{fmt.phase_label(row['phase'])} {row['share']:.0%}"
         if row.get("activity") == "wait":
             text += " (waiting)"
         shares.append(text)

@@ -43,7 +43,7 @@ from gpuprof.analyzers.parts import Parts, facts, median_of_counts, sampled, val
 from gpuprof.analyzers.phase_work import process_keys
 from gpuprof.analyzers.roofline import FORWARD_PHASES, DecodeRoofline, decode_roofline, token_ratios
 from gpuprof.analyzers.settings import num, options_of, run_settings
-from gpuprof.analyzers.stalls._timing import timing
+from gpuprof.analyzers.stalls._timing import RESIDUE, timing
 
 __all__ = ["BUSY_PHASES", "WAIT_PHASES", "Assessment", "assess", "bound_summary"]
 
@@ -164,7 +164,7 @@ def _composition(
                 rows.append({"phase": phase, "seconds": secs, "share": secs / total,
                              "activity": activity, "util_gpu_pct": None})  # fmt: skip
         other = total - sum(r["seconds"] for r in rows)
-        if other > 0.005 * total:
+        if other > RESIDUE * total:
             rows.append({"phase": OTHER, "seconds": other, "share": other / total,
                          "activity": None, "util_gpu_pct": None})  # fmt: skip
         return "phase_timing", len(t.steps), total / len(t.steps), rows

@@ -32,6 +32,11 @@ _GPU_COUNT_KNOBS: tuple[tuple[str, ...], ...] = (
 )
 """Launch knobs that give the job's GPU count (their product), in the order they are tried."""
 
+RESIDUE = 1e-6
+"""Step time no phase covers (the step's own time) is listed when above this share of the
+steps: only rounding is left out, so the phase table, the step's composition and the report
+list the same rows."""
+
 
 @dataclass
 class Timing:
