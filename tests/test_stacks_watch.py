@@ -108,6 +108,30 @@ def test_a_slow_getitem_in_a_loader_worker_is_named_under_dataloader_starvation(
     assert stacks["processes"] >= 2
 
 
+def test_pyspy_comes_with_gpuprof_where_it_ships_wheels():
+    """`pip install gpuprof` (the README's main command) brings py-spy on the platforms it ships
+    wheels for, so a first watch records stacks; elsewhere it is left to the ``stacks`` extra
+    and the one notice line."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    needs = [Requirement(r) for r in requires("gpuprof") or []]
+    pyspy = [r for r in needs if r.name == "py-spy"]
+    regular = [r for r in pyspy if r.marker is None or "extra" not in str(r.marker)]
+    assert len(regular) == 1 and regular[0].marker is not None
+    marker = regular[0].marker
+    wheels = [("linux", "x86_64"), ("linux", "aarch64"), ("linux", "i686"), ("linux", "armv7l"),
+              ("darwin", "arm64"), ("darwin", "x86_64"), ("win32", "AMD64")]  # fmt: skip
+    for platform, machine in wheels:
+        assert marker.evaluate({"sys_platform": platform, "platform_machine": machine})
+    for platform, machine in [("linux", "ppc64le"), ("linux", "s390x"), ("win32", "ARM64"),
+                              ("freebsd14", "amd64")]:  # fmt: skip
+        assert not marker.evaluate({"sys_platform": platform, "platform_machine": machine})
+    if marker.evaluate():  # this machine: installed with gpuprof, and found by the watch
+        assert PYSPY is not None, WHY
+
+
 def test_without_pyspy_the_watch_goes_on_with_one_line(tmp_path):
     env = clean_env(GPUPROF_PYSPY=str(tmp_path / "no-such-py-spy"))
     proc, run_dir = watch(tmp_path, "--slow", "reward", "--steps", "2", "--cost", "0.3", env=env)
