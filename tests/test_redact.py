@@ -48,11 +48,16 @@ def test_redact_command_hides_values_and_keeps_the_rest():
 
 
 # ----------------------------------------------------------------- output lines and knobs
+import contextlib  # noqa: E402
 import json  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
 
 import pandas as pd  # noqa: E402
-from conftest import run_gpuprof  # noqa: E402
+from conftest import clean_env, gpuprof_cmd, run_gpuprof  # noqa: E402
 from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -135,22 +140,53 @@ print("cloning https://" + p["ghp"] + "@github.com/org/repo.git", file=sys.stder
 print("aws key " + p["aws"] + " redis://:" + p["pw"] + "@cache:6379")
 print("argv:", " ".join(sys.argv))
 print(sys.argv)
+import os, time
+# held open until the test has scraped the metrics endpoint (the gate file appears)
+gate = os.environ.get("GATE")
+deadline = time.monotonic() + 120
+while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+    time.sleep(0.05)
 """
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def test_no_planted_secret_anywhere_in_the_run_report_or_exports(tmp_path):
     """A watched program prints secrets and gets one on its command line: neither the run
-    directory, nor the report, nor the exports hold any of them."""
+    directory, nor the report, nor the exports, nor the trackers gpuprof logs to (TensorBoard,
+    MLflow), nor its Prometheus endpoint hold any of them."""
     run = tmp_path / "run"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    proc = run_gpuprof(
-        "watch", "--no-nvml", "-q", "-o", str(run), "--", sys.executable, str(script),
-        "--passphrase", PLANTED["flag"], "--api-key", PLANTED["cmd"],
+    gate, port = tmp_path / "scraped", _free_port()
+    mlruns = tmp_path / "mlruns"
+    env = clean_env(GATE=str(gate), MLFLOW_TRACKING_URI=mlruns.as_uri())
+    watch = subprocess.Popen(
+        gpuprof_cmd("watch", "--no-nvml", "-q", "-o", str(run), "--metrics-port", str(port),
+                    "--log-to", "tensorboard,mlflow", "--", sys.executable, str(script),
+                    "--passphrase", PLANTED["flag"], "--api-key", PLANTED["cmd"]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    scraped = ""
+    try:  # the endpoint while the command runs: every series it serves
+        deadline = time.monotonic() + 60
+        while "gpuprof_" not in scraped and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                url = f"http://127.0.0.1:{port}/metrics"
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    scraped = response.read().decode()
+            time.sleep(0.2)
+    finally:
+        gate.touch()
+    stdout, stderr = watch.communicate(timeout=300)
+    assert watch.returncode == 0, stderr
+    assert "gpuprof_" in scraped
     # the child's own output passes through untouched: only what is stored is redacted
-    assert PLANTED["hf"] in proc.stdout
+    assert PLANTED["hf"] in stdout
     out = tmp_path / "out"
     out.mkdir()
     for args in (["report", str(run), "-o", str(out / "r.html")],
@@ -161,7 +197,9 @@ def test_no_planted_secret_anywhere_in_the_run_report_or_exports(tmp_path):
         assert done.returncode == 0, done.stderr
         (out / f"{args[0]}-{len(list(out.iterdir()))}.stdout").write_text(done.stdout)
     texts = []
-    for f in [*run.rglob("*"), *out.rglob("*")]:  # (child.py itself is outside both)
+    assert list(run.glob("tensorboard/**/events.out.tfevents.*")) and mlruns.is_dir()
+    texts.append(scraped)
+    for f in [*run.rglob("*"), *out.rglob("*"), *mlruns.rglob("*")]:  # (not child.py)
         if f.is_file():
             texts.append(f.read_bytes().decode("utf-8", "replace"))
             if f.suffix == ".parquet":  # compressed: read it back
