@@ -52,6 +52,22 @@ def run_gpuprof(*args: str, timeout: float = 120, **kwargs) -> subprocess.Comple
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile gpuprof and the tests' helper modules to bytecode once, before any test runs.
+
+    Hundreds of tests start ``python -m gpuprof`` or a watched program that imports gpuprof;
+    where the environment sets PYTHONDONTWRITEBYTECODE (as container images often do) each of
+    those processes would compile every module it imports again (~0.4 s of CPU per process).
+    Existing bytecode is still read under that variable, so writing it here once is enough.
+    Done by the main process only (pytest-xdist's workers start after it)."""
+    if hasattr(config, "workerinput"):
+        return
+    import compileall
+
+    for folder in (ROOT / "gpuprof", ROOT / "tests", ROOT / "examples"):
+        compileall.compile_dir(folder, quiet=2, workers=1)
+
+
 @pytest.fixture(autouse=True)
 def _no_inherited_run(monkeypatch):
     """Tests never record into a run of an enclosing `gpuprof watch`."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import test_kept_series
-from test_parts import _run
+from test_parts import _run, whole_document
 
 from gpuprof import api, footprint, load_cache, loader, store
 from gpuprof.analyzers import held_parts
@@ -38,6 +39,7 @@ from gpuprof.store import RunError
 # the long run kept as `test_kept_series` keeps it (three nodes, merged, its form kept)
 recorded = test_kept_series.recorded
 long_budgets = test_kept_series.long_budgets
+kept_forms = test_kept_series.kept_forms
 kept = test_kept_series.kept
 small_runs_in_parts = test_kept_series.small_runs_in_parts
 
@@ -48,7 +50,7 @@ def test_parts_written_out_after_every_call_give_the_document_held_in_memory(
     case, workers, tmp_path
 ):
     run = _run(case)
-    want = render_json(diagnose(run, workers=1).to_dict())
+    want = render_json(whole_document(case))  # `diagnose(run, workers=1)`, made once
     got = diagnose(run, workers=workers, budget=1, spill_dir=str(tmp_path))
     assert render_json(got.to_dict()) == want
     assert list(tmp_path.iterdir()) == []  # every process removed its files
@@ -333,7 +335,7 @@ def test_analyze_holds_a_run_within_max_memory_with_the_same_document(
 
     monkeypatch.delenv(held_parts.ENV_SPILL_DIR, raising=False)
     run_dir, whole = kept("by file")
-    want = render_json(api.analyze(whole, workers=1).to_dict())
+    want = kept.document("by file")  # `api.analyze(whole, workers=1)`, made once
     rows = {"gpu": len(whole.gpu), "spans": len(whole.spans)}
     written = []
     real_spill = HeldParts._spill
@@ -413,7 +415,7 @@ def test_stragglers_judged_a_stretch_of_steps_at_a_time_are_judged_as_at_once(
     from gpuprof.analyzers.stalls import imbalance
 
     run = _run(case)
-    want = render_json(diagnose(run, workers=1).to_dict())
+    want = render_json(whole_document(case))  # `diagnose(run, workers=1)`, made once
     assert '"kind": "imbalance"' in want or case != "straggler"
     windows = []
     real = imbalance._step_windows
@@ -476,19 +478,32 @@ def test_a_nodes_read_opens_only_the_kept_files_that_hold_it(kept, monkeypatch):
     assert len([p for p in opened if "/spans." in p]) == 3
 
 
+@pytest.fixture(scope="module")
+def four_hosts(tmp_path_factory):
+    """Public nvidia-smi and DCGM files imported as one run of four hosts and kept (read
+    whole once, its form kept as any finished run's), with the document of the run read
+    whole; made once per module, the run directory copied by each test."""
+    paths = [p for p in test_kept_series.REAL if p.name in test_kept_series.TOGETHER]
+    assert len(paths) == 4
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(load_cache.ENV_CACHE, raising=False)
+        run_dir = api.import_files(paths, tmp_path_factory.mktemp("four_hosts") / "run")
+        want = render_json(api.analyze(loader.load_for_analysis(run_dir, workers=1)).to_dict())
+    return run_dir, want
+
+
 @pytest.mark.skipif(not test_kept_series.REAL, reason="no shared fixtures")
 @pytest.mark.parametrize("workers", [1, 2])
 def test_real_files_of_four_hosts_written_out_after_every_call_give_the_same(
-    workers, tmp_path, monkeypatch
+    workers, four_hosts, tmp_path, monkeypatch
 ):
     """Public nvidia-smi and DCGM files imported as one run of four hosts, kept, then held
     within a budget that writes every part out after every call: the document of the run
     read whole."""
     monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
-    paths = [p for p in test_kept_series.REAL if p.name in test_kept_series.TOGETHER]
-    assert len(paths) == 4
-    run_dir = api.import_files(paths, tmp_path / "run")
-    want = render_json(api.analyze(loader.load_for_analysis(run_dir, workers=1)).to_dict())
+    made, want = four_hosts
+    run_dir = tmp_path / "run"
+    shutil.copytree(made, run_dir)  # its kept form too: the files' times are copied
     light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
     assert series is not None
     spill = tmp_path / "spill"

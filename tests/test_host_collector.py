@@ -541,22 +541,25 @@ def test_real_tree(tree: Tree) -> None:
     assert seen[pids["spin"]].cpu_pct is not None
 
 
-def test_launcher_children_are_trainers(tmp_path) -> None:
-    # A stand-in for torchrun: a Python script named torchrun that starts two Python ranks.
+FAKE_TORCHRUN = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        for _ in range(2)
+    ]
+    print(" ".join(str(rank.pid) for rank in ranks), flush=True)
+    time.sleep(30)
+    """
+)
+
+
+@contextlib.contextmanager
+def _fake_torchrun(tmp_path) -> Iterator[tuple[int, list[int]]]:
+    """A stand-in for torchrun (a Python script named torchrun) that has started two Python
+    ranks: its pid and theirs."""
     launcher = tmp_path / "torchrun"
-    launcher.write_text(
-        textwrap.dedent(
-            """
-            import subprocess, sys, time
-            ranks = [
-                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-                for _ in range(2)
-            ]
-            print(" ".join(str(rank.pid) for rank in ranks), flush=True)
-            time.sleep(30)
-            """
-        )
-    )
+    launcher.write_text(FAKE_TORCHRUN)
     popen = subprocess.Popen(
         [sys.executable, str(launcher), "--nproc_per_node=2", "train.py"],
         stdout=subprocess.PIPE,
@@ -566,23 +569,59 @@ def test_launcher_children_are_trainers(tmp_path) -> None:
     try:
         assert popen.stdout is not None
         ranks = [int(pid) for pid in popen.stdout.readline().split()]
-        want = {popen.pid: "main", ranks[0]: "trainer", ranks[1]: "trainer"}
-        # a fresh collector's first reading, as a watcher's first tree walk; on a loaded
-        # machine one walk has read a rank as `other` (the next tree refresh reads it again),
-        # so a few walks are allowed, each by a new collector
-        deadline = time.monotonic() + 10
-        while True:
-            _, records = HostCollector("host-a", popen.pid).sample(time.time_ns())
-            roles = {record.pid: record.role for record in records}
-            if roles == want or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        commands = {pid: psutil.Process(pid).cmdline() for pid in roles}
-        assert roles == want, commands
+        yield popen.pid, ranks
     finally:
         _kill_all(ranks)
         popen.kill()
         popen.wait()
+
+
+def test_launcher_children_are_trainers(tmp_path) -> None:
+    with _fake_torchrun(tmp_path) as (root, ranks):
+        # a fresh collector's first reading, as a watcher's first tree walk. `Popen` returns
+        # once the rank's close-on-exec files are closed, which the kernel does before it
+        # lays out the new arguments: on a loaded machine a rank may still have no command
+        # line here, and is read from its executable (see the next test)
+        _, records = HostCollector("host-a", root).sample(time.time_ns())
+        roles = {record.pid: record.role for record in records}
+        commands = {pid: psutil.Process(pid).cmdline() for pid in roles}
+        assert roles == {root: "main", ranks[0]: "trainer", ranks[1]: "trainer"}, commands
+
+
+def test_a_process_between_exec_and_its_arguments_is_read_again(tmp_path, monkeypatch) -> None:
+    """What a loaded machine showed: a rank whose ``/proc/<pid>/cmdline`` was still empty
+    (running, its new executable in place, one page touched) read ``other`` until the next
+    tree refresh. It reads what its executable says, then what its arguments say at the very
+    next sample."""
+    with _fake_torchrun(tmp_path) as (root, ranks):
+        engine = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+        reads = {ranks[0]: [[], engine]}
+        real_cmdline = psutil.Process.cmdline
+
+        def cmdline(proc: psutil.Process) -> list[str]:
+            queued = reads.get(proc.pid)
+            if queued:
+                return queued.pop(0) if len(queued) > 1 else queued[0]
+            return real_cmdline(proc)
+
+        monkeypatch.setattr(psutil.Process, "cmdline", cmdline)
+        collector = HostCollector("host-a", root, tree_refresh_s=3600)
+        first = {r.pid: r.role for r in collector.sample(time.time_ns())[1]}
+        # a Python process whose parent is a launcher: a rank, as far as its executable says
+        assert first == {root: "main", ranks[0]: "trainer", ranks[1]: "trainer"}
+        # with its arguments, at the next sample, long before the next tree refresh
+        second = {r.pid: r.role for r in collector.sample(time.time_ns())[1]}
+        assert second == {root: "main", ranks[0]: "inference", ranks[1]: "trainer"}
+        assert not collector._unread
+        # a command line that stays empty (a process exiting: no executable either) is
+        # asked again each sample and otherwise read as before
+        reads[ranks[1]] = [[]]
+        monkeypatch.setattr(psutil.Process, "exe", lambda proc: "")
+        collector = HostCollector("host-a", root, tree_refresh_s=3600)
+        for _ in range(3):
+            roles = {r.pid: r.role for r in collector.sample(time.time_ns())[1]}
+            assert roles == {root: "main", ranks[0]: "inference", ranks[1]: "other"}
+            assert collector._unread
 
 
 def test_host_figures() -> None:

@@ -22,6 +22,44 @@ from gpuprof.integrations import bootstrap_dir
 if any(importlib.util.find_spec(name) is None for name in ("verl", "ray", "omegaconf")):
     pytest.skip("verl (with ray and omegaconf) is not installed", allow_module_level=True)
 
+LAZY_RFC3987 = textwrap.dedent(
+    '''
+    """rfc3987_syntax with its grammar built at its first use instead of at import."""
+    import os, sys
+
+    __path__.extend(p for p in (os.path.join(e or ".", "rfc3987_syntax") for e in sys.path)
+                    if os.path.isfile(os.path.join(p, "syntax_helpers.py")))
+    if len(__path__) == 1:
+        raise ImportError("rfc3987_syntax is not installed")
+
+    def is_valid_syntax(term, value):
+        from .syntax_helpers import is_valid_syntax
+
+        return is_valid_syntax(term, value)
+
+    def __getattr__(name):
+        from . import syntax_helpers
+
+        return getattr(syntax_helpers, name)
+    '''
+)
+
+
+@pytest.fixture(scope="module")
+def lazy_imports(tmp_path_factory) -> str:
+    """A directory to put first on the ``PYTHONPATH`` of the processes that import verl.
+
+    verl imports Ray, which imports jsonschema, which imports rfc3987_syntax where it is
+    installed (here, for Jupyter's sake), which compiles a grammar at import: 1-3 s of CPU in
+    each such process (each Ray worker and agent too). The package put there defers that to
+    the grammar's first use (never, in these processes): same behaviour, same module.
+    tests/test_ray_cluster.py does the same for its Ray processes."""
+    directory = tmp_path_factory.mktemp("imports")
+    (directory / "rfc3987_syntax").mkdir()
+    (directory / "rfc3987_syntax" / "__init__.py").write_text(LAZY_RFC3987)
+    return str(directory)
+
+
 SCRIPT = textwrap.dedent(
     """
     import json, os, time
@@ -64,11 +102,11 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def verl_run(tmp_path_factory):
+def verl_run(tmp_path_factory, lazy_imports):
     tmp = tmp_path_factory.mktemp("verl")
     run_dir = tmp / "run"
     env = clean_env(GPUPROF_RUN_DIR=str(run_dir))
-    env["PYTHONPATH"] = os.pathsep.join([bootstrap_dir(), str(ROOT)])
+    env["PYTHONPATH"] = os.pathsep.join([lazy_imports, bootstrap_dir(), str(ROOT)])
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
     )
@@ -186,7 +224,7 @@ PPO_LOOP = textwrap.dedent(
 )
 
 
-def test_live_and_logged_compositions_agree(tmp_path):
+def test_live_and_logged_compositions_agree(tmp_path, lazy_imports):
     """A PPO step timed as verl's RayPPOTrainer.fit times it (its real marked_timer, the
     workers' generate_sequences merged into the timings, compute_timing_metrics and verl's
     console logger), under ``gpuprof watch``: the step's composition from the live spans and
@@ -196,8 +234,10 @@ def test_live_and_logged_compositions_agree(tmp_path):
     script = tmp_path / "ppo_loop.py"
     script.write_text(PPO_LOOP)
     live = tmp_path / "live"
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([lazy_imports, env["PYTHONPATH"]])
     proc = run_gpuprof("watch", "--no-nvml", "-q", "-o", str(live), "--", sys.executable,
-                       str(script), timeout=300)  # fmt: skip
+                       str(script), timeout=300, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = tmp_path / "console.log"
     log.write_text(proc.stdout)
@@ -230,14 +270,22 @@ RAY_SCRIPT = textwrap.dedent(
     @ray.remote
     class TaskRunner:  # where verl's trainer loop runs: a Ray actor on the driver's node
         def run(self):
-            import os, sys, time
+            import contextlib, glob, os, sqlite3, sys, time
             from verl.utils.debug import marked_timer
             timing = {}
             with marked_timer("gen", timing):
                 time.sleep(0.01)
             with marked_timer("update_actor", timing):
                 pass
-            time.sleep(1.5)  # the hooks' writer commits twice a second
+            # until the hooks' writer (every quarter second) has committed both spans here
+            path = os.path.join(os.environ["GPUPROF_RUN_DIR"], f"*.{os.getpid()}.sqlite")
+            end, spans = time.monotonic() + 120, 0
+            while spans < 2 and time.monotonic() < end:
+                time.sleep(0.05)
+                for name in glob.glob(path):
+                    with contextlib.suppress(sqlite3.Error):
+                        with contextlib.closing(sqlite3.connect(name, timeout=1)) as conn:
+                            spans = conn.execute("SELECT count(*) FROM spans").fetchone()[0]
             bootstrapped = any(type(f).__name__ == "_Finder" for f in sys.meta_path)
             return {"pid": os.getpid(), "bootstrapped": bootstrapped}
 
@@ -248,12 +296,12 @@ RAY_SCRIPT = textwrap.dedent(
 )
 
 
-def test_the_bootstrap_reaches_a_local_ray_actor(tmp_path):
+def test_the_bootstrap_reaches_a_local_ray_actor(tmp_path, lazy_imports):
     run_dir = tmp_path / "run"
     # RAY_ADDRESS=local: a new Ray of its own, even while another cluster on this machine
     # (another test run's) has left its address in /tmp/ray/ray_current_cluster
     env = clean_env(GPUPROF_RUN_DIR=str(run_dir), RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="local")
-    env["PYTHONPATH"] = os.pathsep.join([bootstrap_dir(), str(ROOT)])
+    env["PYTHONPATH"] = os.pathsep.join([lazy_imports, bootstrap_dir(), str(ROOT)])
     proc = subprocess.run(
         [sys.executable, "-c", RAY_SCRIPT], env=env, capture_output=True, text=True, timeout=300
     )

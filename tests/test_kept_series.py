@@ -54,10 +54,7 @@ def recorded(tmp_path_factory):
     return path
 
 
-@pytest.fixture
-def long_budgets(recorded, monkeypatch):
-    """Budgets small enough that the run is merged, as a long run is; kept forms on. Returns
-    the GPU samples' budget."""
+def _long_budgets(recorded, monkeypatch) -> int:
     monkeypatch.delenv(load_cache.ENV_CACHE, raising=False)
     monkeypatch.setattr(loader, "MAX_HOST_ROWS", HOST_ROWS)
     monkeypatch.setattr(keep_by_file, "PART_ROWS", 1000)
@@ -67,20 +64,71 @@ def long_budgets(recorded, monkeypatch):
 
 
 @pytest.fixture
-def kept(recorded, tmp_path, long_budgets):
+def long_budgets(recorded, monkeypatch):
+    """Budgets small enough that the run is merged, as a long run is; kept forms on. Returns
+    the GPU samples' budget."""
+    return _long_budgets(recorded, monkeypatch)
+
+
+class KeptForms:
+    """The run's kept forms (``how``: whole, or file by file), merged as a long run is, each
+    made once (`made`), and `api.analyze`'s documents of the whole run (`document`), each
+    made once: every test asking for them would make the same."""
+
+    def __init__(self, recorded, tmp_path_factory) -> None:
+        self.recorded, self.tmp_path_factory = recorded, tmp_path_factory
+        self._made: dict = {}
+        self._documents: dict = {}
+
+    def made(self, how: str):
+        """The run directory with its kept form, and the whole run as `load_for_analysis`
+        loaded it when it kept its form (under `long_budgets`'s budgets)."""
+        if how not in self._made:
+            with pytest.MonkeyPatch.context() as mp:
+                budget = _long_budgets(self.recorded, mp)
+                run_dir = self.tmp_path_factory.mktemp("kept") / how
+                shutil.copytree(self.recorded, run_dir)
+                if how == "by file":
+                    assert keep_by_file.build(run_dir, workers=2)
+                whole = loader.load_for_analysis(run_dir, budget, workers=1)  # keeps its form
+                assert (run_dir / load_cache.DIRNAME / "run.json").exists()
+            self._made[how] = run_dir, whole
+        return self._made[how]
+
+    def document(self, how: str, **options) -> str:
+        """``render_json(api.analyze(whole, workers=1, **options).to_dict())``."""
+        key = (how, tuple(sorted(options.items())))
+        if key not in self._documents:
+            whole = self.made(how)[1]
+            self._documents[key] = render_json(api.analyze(whole, workers=1, **options).to_dict())
+        return self._documents[key]
+
+
+@pytest.fixture(scope="module")
+def kept_forms(recorded, tmp_path_factory):
+    return KeptForms(recorded, tmp_path_factory)
+
+
+class _Kept:
+    def __init__(self, forms: KeptForms, tmp_path) -> None:
+        self.forms, self.tmp_path = forms, tmp_path
+        self.document = forms.document
+
+    def __call__(self, how: str):
+        made, whole = self.forms.made(how)
+        run_dir = self.tmp_path / how
+        shutil.copytree(made, run_dir)  # its kept form too: the files' times are copied
+        tables = {t: getattr(whole, t).copy() for t in RECORD_TYPES}
+        return run_dir, dataclasses.replace(whole, **tables)
+
+
+@pytest.fixture
+def kept(kept_forms, tmp_path, long_budgets):
     """Make the run's kept form (``how``: whole, or file by file), merged as a long run is;
-    returns the run directory and the whole run as `load_for_analysis` loads it."""
-
-    def make(how: str):
-        run_dir = tmp_path / how
-        shutil.copytree(recorded, run_dir)
-        if how == "by file":
-            assert keep_by_file.build(run_dir, workers=2)
-        whole = loader.load_for_analysis(run_dir, long_budgets, workers=1)  # keeps its form
-        assert (run_dir / load_cache.DIRNAME / "run.json").exists()
-        return run_dir, whole
-
-    return make
+    returns the run directory and the whole run as `load_for_analysis` loads it (both this
+    test's own copies of those `kept_forms` made). ``kept.document(how, **options)``:
+    ``render_json(api.analyze(whole, workers=1, **options).to_dict())``, made once."""
+    return _Kept(kept_forms, tmp_path)
 
 
 @pytest.fixture
@@ -160,8 +208,8 @@ def test_a_run_without_utilisation_readings_is_not_cut(recorded, tmp_path, monke
 def test_the_diagnosis_from_series_read_node_by_node_is_the_single_process_one(
     kept, how, small_runs_in_parts
 ):
-    run_dir, whole = kept(how)
-    want = render_json(api.analyze(whole, workers=1, gpu="A100").to_dict())
+    run_dir, _ = kept(how)
+    want = kept.document(how, gpu="A100")  # `api.analyze(whole, workers=1, gpu="A100")`
     light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
     got = api.analyze(light, workers=3, gpu="A100", series=series).to_dict()
     assert small_runs_in_parts == [series]  # in parts, each reading its own nodes
@@ -170,8 +218,8 @@ def test_the_diagnosis_from_series_read_node_by_node_is_the_single_process_one(
 
 
 def test_in_one_process_after_all_the_series_are_read_first(kept, small_runs_in_parts):
-    run_dir, whole = kept("whole")
-    want = render_json(api.analyze(whole, workers=1).to_dict())
+    run_dir, _ = kept("whole")
+    want = kept.document("whole")  # `api.analyze(whole, workers=1)`, made once
     light, series = loader.load_for_diagnosis(run_dir, defer_from=1)
     assert render_json(api.analyze(light, workers=1, series=series).to_dict()) == want
     assert not small_runs_in_parts  # one worker: no parts
@@ -270,8 +318,8 @@ def test_analyze_reads_the_run_afresh_when_its_kept_series_do_not_read(
     does with a kept form that does not read."""
     from gpuprof.cli import analyze_command
 
-    run_dir, whole = kept("whole")
-    want = render_json(api.analyze(whole, workers=1).to_dict())
+    run_dir, _ = kept("whole")
+    want = kept.document("whole")  # `api.analyze(whole, workers=1)`, made once
     (run_dir / load_cache.DIRNAME / "gpu.arrow").write_bytes(b"not arrow")
     analyze_command(run_dir, json_out=True, workers=2)
     assert capsys.readouterr().out.strip() == want.strip()
@@ -290,8 +338,8 @@ def test_a_long_runs_kept_form_damaged_once_found_is_read_afresh_under_the_memor
     from gpuprof import footprint
     from gpuprof.cli import analyze_command
 
-    run_dir, whole = kept("whole")
-    want = render_json(api.analyze(whole, workers=1).to_dict())
+    run_dir, _ = kept("whole")
+    want = kept.document("whole")  # `api.analyze(whole, workers=1)`, made once
     monkeypatch.setattr(loader, "_first_of_long", lambda *a: True)  # read as a long run is
     real_load, loads = loader.load_for_diagnosis, []
 
@@ -327,8 +375,8 @@ def test_analyze_reads_the_series_node_by_node_with_the_same_document(
 ):
     from gpuprof.cli import analyze_command
 
-    run_dir, whole = kept("whole")
-    want = render_json(api.analyze(whole, workers=1).to_dict())
+    run_dir, _ = kept("whole")
+    want = kept.document("whole")  # `api.analyze(whole, workers=1)`, made once
     analyze_command(run_dir, json_out=True, workers=2)
     assert len(small_runs_in_parts) == 1 and small_runs_in_parts[0] is not None
     assert capsys.readouterr().out.strip() == want.strip()
@@ -349,7 +397,7 @@ def test_a_whole_diagnosis_too_large_for_the_memory_free_is_held_within_it(
     from gpuprof.cli import analyze_command, plain_call
 
     run_dir, whole = kept("whole")
-    want = render_json(api.analyze(whole, workers=1).to_dict())
+    want = kept.document("whole")  # `api.analyze(whole, workers=1)`, made once
     rows = {"gpu": len(whole.gpu), "spans": len(whole.spans)}
     need = footprint.whole_diagnosis_bytes(rows, 2)
     per_process = footprint.BASE_BYTES + 16 * (rows["gpu"] + rows["spans"])
@@ -473,7 +521,7 @@ def test_the_end_of_a_watch_diagnoses_a_long_run_in_parts_then_reports_it(
     from gpuprof import footprint, watch_end
 
     run_dir, whole = kept("whole")
-    want = json.loads(render_json(api.analyze(whole, workers=1).to_dict()))
+    want = json.loads(kept.document("whole"))  # `api.analyze(whole, workers=1)`, made once
     monkeypatch.setenv("GPUPROF_WORKERS", "2")
     made = watch_end.finish(run_dir, quiet=False)
     assert len(small_runs_in_parts) == 1 and small_runs_in_parts[0] is not None
@@ -516,7 +564,7 @@ def test_report_diagnoses_a_long_run_as_analyze_does_and_says_when_it_will_not_f
     from gpuprof.cli import plain_call, report_command
 
     run_dir, whole = kept("whole")
-    want = api.analyze(whole, workers=1).to_dict()
+    want = json.loads(kept.document("whole"))  # `api.analyze(whole, workers=1)`, made once
     report_command(run_dir, workers=2)
     assert capsys.readouterr().out.strip() == str(run_dir / "report.html")
     assert len(small_runs_in_parts) == 1 and small_runs_in_parts[0] is not None

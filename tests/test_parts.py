@@ -7,7 +7,9 @@ detector written against `Parts` must find, claim and describe the same as on th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -117,6 +119,51 @@ def _run(case: str, seed: int = 5):
     return simulate(cfg).run
 
 
+@functools.cache
+def _whole_diagnosis(case: str) -> dict:
+    return diagnose(_run(case)).to_dict()
+
+
+def whole_document(case: str) -> dict:
+    """`diagnose`'s document of ``case``'s run (`_run`) in one process, as the reference the
+    parts are held to: made once per process (each parametrisation asking for it, here and
+    in `test_held_parts`, would make the same), a copy each time."""
+    return copy.deepcopy(_whole_diagnosis(case))
+
+
+@pytest.fixture(scope="module")
+def merged_runs(tmp_path_factory):
+    """``merged_runs(case)``: ``case``'s run written, then loaded with 5 samples merged (of
+    unequal length, as a long run is analysed); written and loaded once per module. Read
+    only: neither `diagnose` nor the detectors change the run they are given."""
+    runs = {}
+
+    def get(case: str):
+        if case not in runs:
+            path = tmp_path_factory.mktemp(f"merged-{case}") / "run"
+            store.save_run(_run(case), path)
+            runs[case] = loader.load_for_analysis(path, merge=5)
+        return runs[case]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def three_captures(tmp_path_factory):
+    """Three public nvidia-smi captures (an RTX 4090 serving inference, a custom-header log,
+    one with repeated headers) imported as one run of three hosts and loaded (in UTC), once
+    per module; read only."""
+    from gpuprof.importing import import_files
+
+    smi = SHARED_FIXTURES / "nvidia_smi"
+    names = ("rtx4090_inference.csv", "epoch_custom_header.csv", "repeated_header.csv")
+    out = tmp_path_factory.mktemp("captures") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TZ", "UTC")
+        import_files([smi / n for n in names], out)
+        return loader.load_for_analysis(out)
+
+
 def _comparable(frame: pd.DataFrame) -> pd.DataFrame:
     """Sample rows as plain values (categoricals as text), without the row numbers, which
     count rows of the table the samples came from."""
@@ -212,12 +259,10 @@ def _diagnosed(parts: Parts, th: Thresholds) -> tuple[dict | None, list]:
 
 @pytest.mark.parametrize("merge", [1, 5])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_findings_node_by_node_equal_the_whole_run(case, merge, tmp_path):
+def test_findings_node_by_node_equal_the_whole_run(case, merge, merged_runs):
     th = Thresholds()
-    run = _run(case)
-    if merge > 1:  # merged samples of unequal length, as a long run is analysed
-        store.save_run(run, tmp_path / "run")
-        run = loader.load_for_analysis(tmp_path / "run", merge=merge)
+    # merged: samples of unequal length, as a long run is analysed
+    run = _run(case) if merge == 1 else merged_runs(case)
     whole = Parts.of(AnalysisContext(run))
     parts = Parts.by_node(run)
     startup_w, found_w = _diagnosed(whole, th)
@@ -231,17 +276,12 @@ def test_findings_node_by_node_equal_the_whole_run(case, merge, tmp_path):
     assert (claimed == whole.lead.claimed).all()
 
 
-def test_real_nvidia_smi_captures_of_three_hosts_node_by_node(tmp_path, monkeypatch):
+def test_real_nvidia_smi_captures_of_three_hosts_node_by_node(three_captures, monkeypatch):
     """Three public nvidia-smi captures imported as one run of three hosts (an RTX 4090
     serving inference, a custom-header log, one with repeated headers): what every detector
     finds node by node is what it finds on the whole run."""
-    from gpuprof.importing import import_files
-
     monkeypatch.setenv("TZ", "UTC")
-    smi = SHARED_FIXTURES / "nvidia_smi"
-    names = ("rtx4090_inference.csv", "epoch_custom_header.csv", "repeated_header.csv")
-    import_files([smi / n for n in names], tmp_path / "run")
-    run = loader.load_for_analysis(tmp_path / "run")
+    run = three_captures
     pieces = by_node(run)
     assert len(pieces) == 3
     th = Thresholds()
@@ -324,10 +364,10 @@ def test_the_median_of_parts_counts_is_numpys(seed):
         assert (np.isnan(got) and np.isnan(want)) or got == want
 
 
-def _diagnoses(run, groups: int | None = None) -> tuple[dict, dict]:
-    """The whole `diagnose` document of ``run`` and the one made node by node (in ``groups``
-    parts of consecutive nodes)."""
-    whole = diagnose(run).to_dict()
+def _diagnoses(run, groups: int | None = None, whole: dict | None = None) -> tuple[dict, dict]:
+    """The whole `diagnose` document of ``run`` (``whole`` when made already) and the one made
+    node by node (in ``groups`` parts of consecutive nodes)."""
+    whole = diagnose(run).to_dict() if whole is None else whole
     parts = Parts.by_node(run, groups)
     assert len(parts.contexts) > 1 and not len(parts.whole.run.gpu)  # no sample at the lead
     assert not [n for n in whole["notes"] if "failed" in n], whole["notes"]
@@ -336,15 +376,14 @@ def _diagnoses(run, groups: int | None = None) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize(("merge", "groups"), [(1, None), (5, None), (1, 2)])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_diagnosis_node_by_node_is_the_whole_runs(case, merge, groups, tmp_path):
+def test_the_diagnosis_node_by_node_is_the_whole_runs(case, merge, groups, merged_runs):
     """`diagnose_parts` of a run cut into nodes gives `diagnose`'s document: findings,
     recommendations, the summary (per-node figures, efficiency, bound, data basis) and the
     notes — the whole run's view at the lead holds no GPU sample."""
-    run = _run(case)
     if merge > 1:
-        store.save_run(run, tmp_path / "run")
-        run = loader.load_for_analysis(tmp_path / "run", merge=merge)
-    got, want = _diagnoses(run, groups)
+        got, want = _diagnoses(merged_runs(case), groups)
+    else:  # the document of the run in one process: one for every way of cutting it
+        got, want = _diagnoses(_run(case), groups, whole=whole_document(case))
     if case == "busy":  # the busy-time stalls read the run as a whole
         assert "rollout_bound" in {f["kind"] for f in want["findings"]}
         verdicts = {p["phase"]: p["verdict"] for p in want["summary"]["bound"]["phases"]}
@@ -426,18 +465,12 @@ def test_a_node_with_spans_and_no_gpu_is_in_a_part(groups):
     assert render_json(got) == render_json(want)
 
 
-def test_the_diagnosis_of_three_real_captures_node_by_node(tmp_path, monkeypatch):
+def test_the_diagnosis_of_three_real_captures_node_by_node(three_captures, monkeypatch):
     """Three public nvidia-smi captures imported as one run of three hosts: the whole
     diagnosis node by node is the single-process one (the sampling interval, the notes,
     the per-node figures over three sampling cadences)."""
-    from gpuprof.importing import import_files
-
     monkeypatch.setenv("TZ", "UTC")
-    smi = SHARED_FIXTURES / "nvidia_smi"
-    names = ("rtx4090_inference.csv", "epoch_custom_header.csv", "repeated_header.csv")
-    import_files([smi / n for n in names], tmp_path / "run")
-    run = loader.load_for_analysis(tmp_path / "run")
-    got, want = _diagnoses(run)
+    got, want = _diagnoses(three_captures)
     assert want["summary"]["data_basis"]["gpu_samples"]["gpus"] == 3
     assert len(want["summary"]["nodes"]["nodes"]) == 3
     _close(got, want)

@@ -13,6 +13,8 @@ nodes' clocks recovered, and a node that joins and is then lost mid-run.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import io
 import json
 import os
@@ -39,8 +41,9 @@ from gpuprof.integrations.ray_cluster.recorder import ClusterRecorder, estimate_
 from gpuprof.integrations.ray_cluster.sampler import NodeSampler, SpoolTail
 
 pytest_plugins = ["simnvml.fixtures"]
-ray = pytest.importorskip("ray")
-cluster_utils = pytest.importorskip("ray.cluster_utils")
+if importlib.util.find_spec("ray") is None:  # imported where used: collecting this module in
+    # every worker of a parallel run does not start Ray's seconds of imports there
+    pytest.skip("ray is not installed", allow_module_level=True)
 
 MS = 1_000_000
 PYSPY, _ = find_pyspy()
@@ -50,8 +53,57 @@ NODES = {
     "node1": ("NVIDIA A100-SXM4-80GB", 1, 60, 250 * MS),
     "node2": ("NVIDIA H200", 3, 85, -400 * MS),
 }
-VERL = subprocess.run([sys.executable, "-c", "import verl.utils.profiler.performance"],
-                      capture_output=True).returncode == 0  # fmt: skip
+
+
+@functools.cache
+def _verl() -> bool:
+    """Whether verl's timer imports here (asked once, by the test that needs it: importing verl
+    takes seconds)."""
+    return subprocess.run([sys.executable, "-c", "import verl.utils.profiler.performance"],
+                          capture_output=True).returncode == 0  # fmt: skip
+
+
+LAZY_RFC3987 = textwrap.dedent(
+    '''
+    """rfc3987_syntax with its grammar built at its first use instead of at import."""
+    import os, sys
+
+    __path__.extend(p for p in (os.path.join(e or ".", "rfc3987_syntax") for e in sys.path)
+                    if os.path.isfile(os.path.join(p, "syntax_helpers.py")))
+    if len(__path__) == 1:
+        raise ImportError("rfc3987_syntax is not installed")
+
+    def is_valid_syntax(term, value):
+        from .syntax_helpers import is_valid_syntax
+
+        return is_valid_syntax(term, value)
+
+    def __getattr__(name):
+        from . import syntax_helpers
+
+        return getattr(syntax_helpers, name)
+    '''
+)
+
+
+def _lazy_imports(directory: Path) -> str:
+    """A directory to put first on the ``PYTHONPATH`` of every process that imports Ray.
+
+    Ray imports jsonschema, which imports rfc3987_syntax where it is installed (here, for
+    Jupyter's sake), which compiles a grammar at import: 1-3 s of CPU in each of Ray's Python
+    processes (driver, agents, workers), most of the cost of starting Ray and its workers on
+    two cores, enough for Ray's fixed 30 s wait for a raylet to run out on a loaded machine.
+    The package put there defers that to the grammar's first use (never, in these processes):
+    same behaviour, same module."""
+    package = Path(directory) / "rfc3987_syntax"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text(LAZY_RFC3987)
+    return str(directory)
+
+
+def _first_on_path(directory: str, path: str | None) -> str:
+    return os.pathsep.join(filter(None, [directory, path]))
+
 
 JOB = textwrap.dedent(
     """
@@ -83,12 +135,12 @@ JOB = textwrap.dedent(
             if verl:
                 from verl.utils.profiler.performance import marked_timer
             for _ in range(steps):
-                with gpuprof.phase("rollout"):
-                    time.sleep(0.03)
-                if verl:
+                if verl:  # first: the last phase each actor finished is a rollout
                     timing = {}
                     with marked_timer("update_actor", timing):
                         time.sleep(0.01)
+                with gpuprof.phase("rollout"):
+                    time.sleep(0.03)
                 gpuprof.step()
             return steps
 
@@ -113,6 +165,9 @@ JOB = textwrap.dedent(
         ray.get([w.until.remote(stop, 60) for w in workers])
     else:
         ray.get([w.work.remote(10, verl_on and name == "node2") for w, name in zip(workers, names)])
+        hold, end = os.environ.get("JOB_HOLD_FILE"), time.time() + 300
+        while hold and not os.path.exists(hold) and time.time() < end:
+            time.sleep(0.1)  # until the test has read the live metrics
     for _ in range(5):  # windows on the driver's clock that each actor's span must fall in
         for w in workers:
             with gpuprof.phase("sync_window"):
@@ -135,7 +190,9 @@ def test_offset_from_the_tightest_round_trip():
     assert estimate_offset([]) is None
 
 
-def test_runtime_env_is_merged_never_replaced(monkeypatch):
+def test_runtime_env_is_merged_never_replaced(monkeypatch, tmp_path):
+    import ray
+
     monkeypatch.setenv("GPUPROF_HOST", "head")
     calls = []
 
@@ -169,6 +226,7 @@ def test_runtime_env_is_merged_never_replaced(monkeypatch):
     assert renv.pickle_hook_by_value(ray)
     blob = ray.cloudpickle.dumps(merged["worker_process_setup_hook"])
     env = clean_env(GPUPROF_RUN_DIR="/runs/r1", GPUPROF_HOST="worker1")
+    env["PYTHONPATH"] = _first_on_path(_lazy_imports(tmp_path / "imports"), env["PYTHONPATH"])
     out = subprocess.run([sys.executable, "-c", NO_GPUPROF], input=blob, env=env,
                          capture_output=True, check=True)  # fmt: skip
     assert out.stdout == b"A\n\nB\n"
@@ -621,6 +679,7 @@ def test_local_ray_init_stays_on_the_watchers_node(tmp_path):
     env = clean_env(GPUPROF_HOST="solo", GPUPROF_SPOOL_DIR=str(tmp_path / "spool"),
                     RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="local",
                     RAY_raylet_start_wait_time_s="180")  # fmt: skip
+    env["PYTHONPATH"] = _first_on_path(_lazy_imports(tmp_path / "imports"), env["PYTHONPATH"])
     cmd = gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", sys.executable, str(script))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -637,8 +696,8 @@ def test_local_ray_init_stays_on_the_watchers_node(tmp_path):
 
 
 def _node_env(simnvml_lib: Path, scenarios: Path, name: str) -> dict[str, str]:
-    env = {"GPUPROF_HOST": name, "PYTHONPATH": str(ROOT),
-           "GPUPROF_SPOOL_DIR": str(scenarios / "spool")}  # fmt: skip
+    path = _first_on_path(str(scenarios / "imports"), str(ROOT))  # see `cluster`
+    env = {"GPUPROF_HOST": name, "PYTHONPATH": path, "GPUPROF_SPOOL_DIR": str(scenarios / "spool")}
     if name in NODES:
         gpu, count, util, skew = NODES[name]
         gpus = [{"name": gpu, "series": {"util_gpu_pct": util}} for _ in range(count)]
@@ -672,12 +731,15 @@ def busy_cores():
 
 @pytest.fixture(scope="module")
 def cluster(simnvml_lib, tmp_path_factory):
+    cluster_utils = pytest.importorskip("ray.cluster_utils")
     scenarios = tmp_path_factory.mktemp("scenarios")
+    imports = _lazy_imports(scenarios / "imports")  # the nodes' environments name it
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):  # the raylets inherit this process's environment
             if name.startswith("GPUPROF_") or name == "RAY_ADDRESS":
                 mp.delenv(name)
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        mp.setenv("PYTHONPATH", _first_on_path(imports, os.environ.get("PYTHONPATH")))
         c = cluster_utils.Cluster(
             initialize_head=True,
             head_node_args={
@@ -712,7 +774,8 @@ def _watch(cluster, simnvml_lib, tmp_path, *options: str,
     script.write_text(JOB)
     run_dir = tmp_path / "run"
     job_env.setdefault("GPUPROF_RAY_FINISH_START_S", FINISH_START_S)
-    env = clean_env(JOB_RAY_ADDRESS=cluster.address, JOB_VERL="1" if VERL else "0", **job_env)
+    job_env.setdefault("JOB_VERL", "0")  # "1": node2's actor times its work with verl's timer
+    env = clean_env(JOB_RAY_ADDRESS=cluster.address, **job_env)
     env.update(_node_env(simnvml_lib, cluster.scenarios, "node0"))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     cmd = gpuprof_cmd("watch", "--interval", "0.1", *options, "-o", str(run_dir), "--",
@@ -778,9 +841,67 @@ def _node_state(path: Path, name: str) -> str | None:
         return None
 
 
-def test_whole_cluster_recorded_with_aligned_clocks(cluster, simnvml_lib, tmp_path):
-    proc, run_dir = _watch(cluster, simnvml_lib, tmp_path)
-    code, out, err = _finish(proc)
+def _scrape(port: int) -> dict[str, list[tuple[dict, float]]]:
+    """Sample name → [(labels, value)] of the endpoint's exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        text = response.read().decode()
+    out: dict[str, list[tuple[dict, float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def _metrics_ready(got: dict) -> bool:
+    """Whether a scrape holds every node: its GPUs, its actors' steps and its host."""
+    nodes = set(NODES)
+    stepped = {s["node"] for s, v in got.get("gpuprof_steps_total", []) if v >= 5}
+    sampled = {s["node"] for s, _ in got.get("gpuprof_gpu_utilization_ratio", [])}
+    # a node's host CPU figure comes with its second host reading (CPU use is a difference
+    # of two), which a loaded machine may ship a pull after its first GPU readings
+    hosted = {s["node"] for s, _ in got.get("gpuprof_host_cpu_utilization_ratio", [])}
+    return (stepped >= nodes and sampled >= nodes and hosted >= nodes
+            and "gpuprof_idle_gpu_seconds" in got)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster_run(cluster, simnvml_lib, tmp_path_factory):
+    """The job run once under ``gpuprof watch --metrics-port`` for the two tests that read
+    it (a watched job over three nodes takes a minute of CPU on two cores): its actors work
+    (10 steps each, node2's timed by verl's timer where verl imports), then the job holds
+    while the endpoint is scraped until it serves every node (`_metrics_ready`) and every
+    actor's work done (its 10 steps: no actor is between two phases), then times its calls
+    to each actor (the clock windows) and ends. Read-only for the tests."""
+    tmp = tmp_path_factory.mktemp("cluster_run")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    hold = tmp / "metrics-read"
+    proc, run_dir = _watch(cluster, simnvml_lib, tmp, "--metrics-port", str(port),
+                           JOB_HOLD_FILE=str(hold), JOB_VERL="1" if _verl() else "0")  # fmt: skip
+    got: dict = {}
+
+    def held(got: dict) -> bool:
+        done = {s["node"] for s, v in got.get("gpuprof_steps_total", []) if v >= 10}
+        return _metrics_ready(got) and done >= set(NODES)
+
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not held(got) and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                got = _scrape(port)
+            time.sleep(0.5)
+    finally:
+        hold.touch()
+        code, out, err = _finish(proc)
+    return types.SimpleNamespace(code=code, out=out, err=err, run_dir=run_dir, metrics=got)
+
+
+def test_whole_cluster_recorded_with_aligned_clocks(cluster_run):
+    code, out, err = cluster_run.code, cluster_run.out, cluster_run.err
+    run_dir = cluster_run.run_dir
     assert code == 0, err
     assert "Traceback" not in err, err
     assert "job nodes: ['node0', 'node1', 'node2']" in out
@@ -812,7 +933,7 @@ def test_whole_cluster_recorded_with_aligned_clocks(cluster, simnvml_lib, tmp_pa
     assert rollouts == {"node0": 10, "node1": 10, "node2": 10}, rollouts
     steps = spans[spans["name"] == "step"].groupby("host").size().to_dict()
     assert steps == {"node0": 10, "node1": 10, "node2": 10}
-    if VERL:  # verl's timer in an actor on another node, instrumented by the setup hook
+    if _verl():  # verl's timer in an actor on another node, instrumented by the setup hook
         timed = spans[(spans["name"] == "update_actor") & (spans["host"] == "node2")]
         assert len(timed) == 10
 
@@ -962,51 +1083,15 @@ def test_node_joining_without_nvml_then_lost(cluster, simnvml_lib, tmp_path):
             assert set(mine["pid"]) <= set(run.procs[run.procs["host"] == name]["pid"])
 
 
-def _scrape(port: int) -> dict[str, list[tuple[dict, float]]]:
-    """Sample name → [(labels, value)] of the endpoint's exposition."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-        text = response.read().decode()
-    out: dict[str, list[tuple[dict, float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return out
-
-
-def test_the_metrics_endpoint_serves_every_node_of_the_cluster(cluster, simnvml_lib, tmp_path):
+def test_the_metrics_endpoint_serves_every_node_of_the_cluster(cluster_run):
     # the watcher's node and the nodes the driver records: GPUs, phases and steps of actors on
-    # every node (the head's actors write files of their own: its raylet predates the watch)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    stop = tmp_path / "stop"
-    proc, run_dir = _watch(cluster, simnvml_lib, tmp_path, "--metrics-port", str(port),
-                           JOB_STOP_FILE=str(stop))  # fmt: skip
+    # every node (the head's actors write files of their own: its raylet predates the watch),
+    # scraped while the job ran (`cluster_run`)
+    got, code, err = cluster_run.metrics, cluster_run.code, cluster_run.err
+    run_dir = cluster_run.run_dir
     nodes = set(NODES)
-
-    def ready(got: dict) -> bool:
-        stepped = {s["node"] for s, v in got.get("gpuprof_steps_total", []) if v >= 5}
-        sampled = {s["node"] for s, _ in got.get("gpuprof_gpu_utilization_ratio", [])}
-        # a node's host CPU figure comes with its second host reading (CPU use is a difference
-        # of two), which a loaded machine may ship a pull after its first GPU readings
-        hosted = {s["node"] for s, _ in got.get("gpuprof_host_cpu_utilization_ratio", [])}
-        return (stepped >= nodes and sampled >= nodes and hosted >= nodes
-                and "gpuprof_idle_gpu_seconds" in got)  # fmt: skip
-
-    got: dict = {}
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not ready(got):
-            assert proc.poll() is None, proc.communicate()
-            with contextlib.suppress(OSError):
-                got = _scrape(port)
-            time.sleep(0.5)
-    finally:
-        stop.touch()
-        code, _, err = _finish(proc)
-    assert ready(got), sorted((k, v) for k, v in got.items() if "gpu_util" in k or "steps" in k)
+    served = sorted((k, v) for k, v in got.items() if "gpu_util" in k or "steps" in k)
+    assert _metrics_ready(got), (served, err[-3000:])  # read while the job ran (it held)
     assert code == 0, err
     for name, (gpu, count, util, _) in NODES.items():
         utils = [v for s, v in got["gpuprof_gpu_utilization_ratio"] if s["node"] == name]

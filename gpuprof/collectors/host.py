@@ -3,7 +3,8 @@
 `HostCollector.sample` is called about ten times a second by the watcher process, so it is
 kept cheap: `psutil.Process` objects are cached between calls, each process is read inside
 `Process.oneshot()`, and the tree (``children(recursive=True)``) plus every process's command
-line and role are refreshed only every ``tree_refresh_s`` seconds.
+line and role are refreshed only every ``tree_refresh_s`` seconds (a process caught between
+``exec`` and its arguments sooner: see the end of Roles).
 
 Roles
 -----
@@ -52,6 +53,15 @@ environment, which gpuprof neither stores nor depends on. The first rule that ma
    methods. A vLLM engine is such a process until it sets its title, so it reads
    ``dataloader`` until the next tree refresh after that.
 9. ``other`` — everything else (shells, reward sandboxes, compilers…).
+
+A process caught between ``exec`` and its new arguments has no command line yet: the kernel
+swaps in the new executable and closes the close-on-exec files (which is when the parent's
+``subprocess.Popen`` returns, its rank's pid in hand) before it lays out the arguments, and on
+a loaded machine the process may wait tens of milliseconds for a core in between. Such a
+process is classified from its executable alone (a Python rank of a launcher reads
+``trainer``, as it will with its arguments), and its command line, name and role are read
+again at every `HostCollector.sample` until the arguments are there, not only at the next
+tree refresh.
 
 Known limits: ``torch.multiprocessing.spawn`` ranks look exactly like spawned DataLoader
 workers and read ``dataloader``; Ray worker processes that are not descendants of the watched
@@ -291,6 +301,17 @@ def classify_role(
     return "other"
 
 
+def _exe_only(proc: psutil.Process) -> list[str]:
+    """The command line of a live process whose arguments are not laid out yet (it is
+    between ``exec`` and its new stack): its new executable alone, or nothing when it is
+    exiting (its memory, and with it the executable, already released)."""
+    try:
+        exe = proc.exe()
+    except psutil.Error:
+        return []
+    return [exe] if exe else []
+
+
 def _busy_and_total_s(times: Any) -> tuple[float, float]:
     """Busy and total CPU seconds summed over all cores since boot, psutil's convention:
     idle and iowait are idle; steal counts as busy; guest time is already inside user/nice."""
@@ -327,6 +348,9 @@ class _Tracked:
     thread_names: dict[int, str] | None = None
     """Thread id → ``comm``, read once per thread (and again every `THREAD_NAMES_S`)."""
     thread_names_s: float = 0.0
+    unread: bool = False
+    """Its command line was empty at the last reading (it is between ``exec`` and its new
+    arguments): read again at the next sample."""
 
 
 _HAS_IO_COUNTERS = hasattr(psutil.Process, "io_counters")
@@ -406,6 +430,10 @@ class HostCollector:
         self._tracked: dict[int, _Tracked] = {}
         self._next_refresh_s = float("-inf")
         self._root_is_launcher = False
+        self._cmdlines: dict[int, list[str]] = {}
+        """Pid → command line at the last reading, for the parents of processes read again."""
+        self._unread = False
+        """Some tracked process is `_Tracked.unread`."""
         try:
             self._root: psutil.Process | None = psutil.Process(root_pid)
         except psutil.NoSuchProcess:
@@ -452,6 +480,8 @@ class HostCollector:
         if now_s >= self._next_refresh_s:
             self._refresh_tree()
             self._next_refresh_s = now_s + self.tree_refresh_s
+        elif self._unread:
+            self._read_unread()
         host_sample = self._sample_host(t_ns)
         records: list[ProcSample] = []
         gone: list[int] = []
@@ -609,8 +639,9 @@ class HostCollector:
             else:
                 del self._tracked[pid]  # exited, or its pid now belongs to a new process
 
-        identities: dict[int, tuple[psutil.Process, int | None, str, list[str]]] = {}
+        identities: dict[int, tuple[psutil.Process, int | None, str, list[str], bool]] = {}
         for pid, proc in found.items():
+            unread = False
             try:
                 with proc.oneshot():
                     if proc.status() == psutil.STATUS_ZOMBIE:
@@ -619,13 +650,16 @@ class HostCollector:
                     name = proc.name()
                 try:
                     cmdline = proc.cmdline()
+                    if not cmdline:
+                        cmdline, unread = _exe_only(proc), True
                 except psutil.AccessDenied:
                     cmdline = []
             except psutil.NoSuchProcess:
                 continue
             except psutil.AccessDenied:
                 ppid, name, cmdline = None, "", []
-            identities[pid] = (proc, ppid, name[:NAME_MAX_CHARS], cmdline)
+            identities[pid] = (proc, ppid, name[:NAME_MAX_CHARS], cmdline, unread)
+        self._cmdlines = {pid: identity[3] for pid, identity in identities.items()}
 
         root_identity = identities.get(self.root_pid)
         if root_identity is not None:
@@ -633,26 +667,49 @@ class HostCollector:
             # its orphaned ranks.
             self._root_is_launcher = is_launcher(root_identity[3])
 
-        for pid, (proc, ppid, name, cmdline) in identities.items():
-            parent = identities.get(ppid) if ppid is not None else None
-            role = classify_role(
-                cmdline,
-                name,
-                parent[3] if parent is not None else None,
-                pid == self.root_pid,
-                self._root_is_launcher,
-            )
+        for pid, (proc, ppid, name, cmdline, unread) in identities.items():
             tracked = self._tracked.get(pid)
             if tracked is None:
                 try:
                     started = proc.create_time()  # cached by psutil: no system call
                 except psutil.Error:
                     started = 0.0
-                tracked = self._tracked[pid] = _Tracked(proc, ppid, name, role,
+                tracked = self._tracked[pid] = _Tracked(proc, ppid, name, "other",
                                                         start_s=started)  # fmt: skip
             else:
-                tracked.ppid, tracked.name, tracked.role = ppid, name, role
-            tracked.infra = role == "other" and _is_ray_infrastructure(cmdline, name,
-                                                                       _parse(cmdline))  # fmt: skip
+                tracked.ppid = ppid
+            self._identify(pid, tracked, name, cmdline)
+            tracked.unread = unread
         for pid in set(self._tracked) - set(identities):
             del self._tracked[pid]
+        self._unread = any(tracked.unread for tracked in self._tracked.values())
+
+    def _identify(self, pid: int, tracked: _Tracked, name: str, cmdline: list[str]) -> None:
+        """Set ``tracked``'s name, role and infra flag from its command line and its parent's."""
+        parent = self._cmdlines.get(tracked.ppid) if tracked.ppid is not None else None
+        role = classify_role(cmdline, name, parent, pid == self.root_pid, self._root_is_launcher)
+        tracked.name, tracked.role = name, role
+        tracked.infra = role == "other" and _is_ray_infrastructure(cmdline, name, _parse(cmdline))
+
+    def _read_unread(self) -> None:
+        """Read again the processes that were between ``exec`` and their arguments: their role
+        from the executable alone may not be the one their arguments give (``python -m vllm…``
+        under a launcher), and their name may have been the parent's still (when the kernel
+        renames the process during ``exec`` differs between versions)."""
+        for pid, tracked in self._tracked.items():
+            if not tracked.unread:
+                continue
+            try:
+                cmdline = tracked.proc.cmdline()
+                name = tracked.proc.name()[:NAME_MAX_CHARS]
+            except psutil.Error:  # gone, or denied: the next tree refresh settles it
+                tracked.unread = False
+                continue
+            if not cmdline:
+                continue
+            tracked.unread = False
+            self._cmdlines[pid] = cmdline
+            if pid == self.root_pid:
+                self._root_is_launcher = is_launcher(cmdline)
+            self._identify(pid, tracked, name, cmdline)
+        self._unread = any(tracked.unread for tracked in self._tracked.values())

@@ -72,8 +72,6 @@ def summary_renderable(run: Run, run_dir: str | None = None) -> Group:
     return Group(*parts)
 
 
-
-
 def phase_table_renderable(phases: list[dict[str, Any]], steps: int) -> Table:
     """The phases by self time (a phase nested in another counts once, in the innermost): count,
     time per process, per step, share of the steps' time (when the run records steps) and of

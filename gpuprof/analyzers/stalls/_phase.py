@@ -36,6 +36,7 @@ import pandas as pd
 
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
 from gpuprof.analyzers.grouping import (
+    _DENSE_SLACK,
     BinGroups,
     appearance_codes,
     dense_codes,
@@ -695,10 +696,60 @@ def _flag_counts(
 
 
 def _counts_of(s: pd.DataFrame, t0: int, period_ns: float, flags: dict) -> dict:
+    """Per flag, the time bins that hold flagged samples and how many (`bin_counts`)."""
     if not len(s):
         return {}
     bins = _bins(s, t0, period_ns)
-    return {name: np.bincount(bins[flag]) for name, flag in flags.items()}
+    return {name: bin_counts(bins[flag]) for name, flag in flags.items()}
+
+
+def bin_index(bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The time bins of ``bins``, ascending, and each value's place among them: every bin
+    from the first to the last where the values lie close together (as `dense_codes`
+    counts), else only the bins that hold one.
+
+    Not one entry per bin from the run's first sample: the samples of a run can lie far
+    apart (files of different days imported as one run: ~10^8 bins of a second, ~1 GB an
+    array, each written to every worker), and only bins that hold samples are ever read."""
+    bins = np.asarray(bins, dtype=np.int64)
+    if not len(bins):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lo, hi = int(bins.min()), int(bins.max())
+    if hi - lo <= 4 * len(bins) + _DENSE_SLACK:
+        return np.arange(lo, hi + 1, dtype=np.int64), bins - lo
+    keys, where = np.unique(bins, return_inverse=True)
+    return keys.astype(np.int64, copy=False), where.reshape(-1)
+
+
+def bin_counts(bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The time bins of ``bins`` (`bin_index`) and how many of ``bins`` fall in each."""
+    keys, where = bin_index(bins)
+    return keys, np.bincount(where, minlength=len(keys))
+
+
+def add_bin_counts(*counts: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """Counts per time bin of several parts (each its bins, `bin_index`, and one or more
+    count arrays) added up per bin: the bins, ascending, and the summed counts."""
+    merged, where = bin_index(np.concatenate([c[0] for c in counts]))
+    sums = []
+    for i in range(1, len(counts[0])):
+        total = np.zeros(len(merged), dtype=np.int64)
+        np.add.at(total, where, np.concatenate([c[i] for c in counts]).astype(np.int64))
+        sums.append(total)
+    return (merged, *sums)
+
+
+def count_in_bins(counts: tuple[np.ndarray, np.ndarray], bins: np.ndarray) -> np.ndarray:
+    """For each of ``bins``, its count in ``counts`` (`bin_counts`, `add_bin_counts`; 0 for
+    a bin not there)."""
+    keys, values = counts
+    if not len(keys):
+        return np.zeros(len(bins), dtype=np.int64)
+    if int(keys[-1]) - int(keys[0]) == len(keys) - 1:  # every bin from the first to the last
+        at = np.clip(bins - keys[0], 0, len(keys) - 1)
+    else:
+        at = np.minimum(np.searchsorted(keys, bins), len(keys) - 1)
+    return np.where(keys[at] == bins, values[at], 0)
 
 
 def _wait_grid(grid: list, counts: list) -> dict[str, Any]:
@@ -724,17 +775,9 @@ def _wait_totals(parts: Parts, th: Thresholds) -> dict[str, Any]:
     def compute() -> dict[str, Any]:
         grid = _wait_grid(parts.map(_grid_part), {})
         got = [c for c in parts.map(_flag_counts, grid["t0"], grid["period_ns"], th) if c]
-        totals: dict[str, np.ndarray] = {}
-        for counts in got:
-            for name, count in counts.items():
-                have = totals.get(name)
-                if have is None:
-                    totals[name] = count
-                else:
-                    n = max(len(have), len(count))
-                    totals[name] = np.pad(have, (0, n - len(have))) + np.pad(
-                        count, (0, n - len(count))
-                    )
+        totals: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name in dict.fromkeys(name for counts in got for name in counts):
+            totals[name] = add_bin_counts(*(c[name] for c in got if name in c))
         return {**grid, "totals": totals, "key": _claim_state(parts)}
 
     return _parts_memo(parts, f"wait_grid:{th.busy_util_pct}", compute)
@@ -778,7 +821,7 @@ def _wait_split(
             if total is None or not len(s):
                 return np.zeros(len(s), dtype=np.int64)
             own = np.bincount(pair[flags[name]], minlength=n_pairs)
-            return np.pad(total, (0, max(0, int(bins.max()) + 1 - len(total))))[bins] - own[pair]
+            return count_in_bins(total, bins) - own[pair]
 
         others_busy = others("busy")
         in_wait = ~flags["active"]

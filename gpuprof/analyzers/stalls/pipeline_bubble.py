@@ -18,6 +18,8 @@ from gpuprof.analyzers.stalls._phase import (
     _parts,
     _samples,
     _split_of,
+    add_bin_counts,
+    bin_index,
     wait_inputs,
 )
 from gpuprof.analyzers.texts import as_texts
@@ -62,10 +64,9 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     if share < th.min_share:
         return None
     bubble_gpu_s = float(per_step["bubble"].sum())
-    # per instant: share of the job's GPUs idle-waiting while others work
-    n_bins = max(len(g["in_bin"]) for g in got)
-    in_bin = sum(np.pad(g["in_bin"], (0, n_bins - len(g["in_bin"]))) for g in got)
-    bubbled = sum(np.pad(g["bubbled"], (0, n_bins - len(g["bubbled"]))) for g in got)
+    # per instant: share of the job's GPUs idle-waiting while others work (over the time
+    # bins, ascending, that hold samples)
+    _, in_bin, bubbled = add_bin_counts(*((g["bins"], g["in_bin"], g["bubbled"]) for g in got))
     seen = in_bin > 0
     frac = bubbled[seen] / in_bin[seen]
     in_bubble = frac[frac > 0]
@@ -127,13 +128,14 @@ def _bubbles(ctx: AnalysisContext, th: Thresholds, grid: dict, heads: bool) -> d
             "bubble": np.where(mask, idle, 0.0),
         }
     )
-    bins = split["bins"]
-    in_bin = np.bincount(bins) if len(bins) else np.zeros(0, np.int64)
+    # per time bin (`_phase.bin_index`: only those that hold samples, however far apart)
+    keys, where = bin_index(split["bins"])
     sub = s[mask]
     return {
         "per_gpu": keyed_sums(frame, ["step", "host", "g"], ["wall", "work", "bubble"]),
-        "in_bin": in_bin,
-        "bubbled": np.bincount(bins[mask], minlength=len(in_bin)),
+        "bins": keys,
+        "in_bin": np.bincount(where, minlength=len(keys)),
+        "bubbled": np.bincount(where[mask], minlength=len(keys)),
         "gpus": _gpu_pairs(sub),
         "phases": {str(p) for p in sub["phase"].unique()},
         "stretches": stretches(s["t_ns"].to_numpy(np.int64), dt, mask, idle),
