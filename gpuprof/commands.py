@@ -382,7 +382,7 @@ def summary(
 
     run = _load_or_exit(run_dir)
     console = Console()
-    console.print(summary_renderable(run, str(run_dir)))
+    console.print(summary_renderable(run, str(run_dir)), crop=False)  # the path stays whole
     figures = api.efficiency(run, gpu_hour_price=gpu_hour_price, model_params=model_params, gpu=gpu)
     console.print(efficiency_renderable(figures))
 

@@ -279,12 +279,16 @@ def _typed(table: str, frame: pd.DataFrame) -> pd.DataFrame:
     # or another tool's rows): dropped rather than let through as NaN keys
     keys = [name for name in _ROW_KEYS if name in typed]
     missing = typed[keys].isna().any(axis=1).to_numpy()
-    if "gpu" in typed:  # NVML indices count from 0
-        missing = missing | ~(typed["gpu"] >= 0).to_numpy()
+    if "gpu" in typed:  # NVML indices count from 0 and stay small (a node has a few GPUs)
+        index = typed["gpu"]
+        missing = missing | ~((index >= 0) & (index < _GPU_INDEX_LIMIT)).to_numpy()
     return typed[~missing].reset_index(drop=True) if missing.any() else typed
 
 
 _ROW_KEYS = ("host", "t_ns", "start_ns", "end_ns")
+_GPU_INDEX_LIMIT = 2**16
+"""A GPU index at or above this is no device's (a mistyped row: 2**63 - 1 once overflowed the
+report's per-GPU keys); such a row is dropped like one without its host."""
 
 
 def _text_column(col: pd.Series) -> pd.Series:

@@ -219,7 +219,8 @@ def _print_summary(run: Any, run_dir: Path) -> None:
 
     from gpuprof.reports.summary import summary_renderable
 
-    Console(stderr=True).print(summary_renderable(run, str(run_dir)))
+    # crop=False: the last line is a path, kept whole past the terminal's width to be copied
+    Console(stderr=True).print(summary_renderable(run, str(run_dir)), crop=False)
 
 
 TOP = 3

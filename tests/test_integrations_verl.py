@@ -168,7 +168,9 @@ def test_trainer_references_are_rebound_and_knobs_read_from_verls_config(verl_ru
 PPO_LOOP = textwrap.dedent(
     """
     # a PPO step shaped as verl's RayPPOTrainer.fit times it, with verl's own timers, metrics
-    # and console logger; the work in each phase is a busy wait of a known length
+    # and console logger; the work in each phase is a wait of a known length (a sleep: phases of
+    # a busy wait stretch by the scheduler's delays on shared cores, the shortest ones most,
+    # which moved the step's composition by 5 points with the cores busy)
     import time
 
     import torch
@@ -182,10 +184,8 @@ PPO_LOOP = textwrap.dedent(
             "adv": 0.004, "update_critic": 0.045, "update_actor": 0.030, "update_weights": 0.008}
 
 
-    def busy(seconds):
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
+    def work(seconds):
+        time.sleep(seconds)
 
 
     batch = DataProto.from_dict(tensors={
@@ -198,25 +198,25 @@ PPO_LOOP = textwrap.dedent(
         timing_raw = {}
         with marked_timer("step", timing_raw):
             with marked_timer("gen", timing_raw, color="red"):
-                busy(WORK["gen"])
+                work(WORK["gen"])
                 timing_raw.update({"generate_sequences": WORK["gen"] * 0.9})  # the workers' own
-            busy(0.003)  # batch bookkeeping between phases, as fit does
+            work(0.003)  # batch bookkeeping between phases, as fit does
             with marked_timer("reward", timing_raw, color="yellow"):
-                busy(WORK["reward"])
+                work(WORK["reward"])
             with marked_timer("old_log_prob", timing_raw, color="blue"):
-                busy(WORK["old_log_prob"])
+                work(WORK["old_log_prob"])
             with marked_timer(str(Role.RefPolicy), timing_raw, color="olive"):
-                busy(WORK["ref"])
+                work(WORK["ref"])
             with marked_timer("values", timing_raw, color="cyan"):
-                busy(WORK["values"])
+                work(WORK["values"])
             with marked_timer("adv", timing_raw, color="brown"):
-                busy(WORK["adv"])
+                work(WORK["adv"])
             with marked_timer("update_critic", timing_raw, color="pink"):
-                busy(WORK["update_critic"])
+                work(WORK["update_critic"])
             with marked_timer("update_actor", timing_raw, color="red"):
-                busy(WORK["update_actor"])
+                work(WORK["update_actor"])
             with marked_timer("update_weights", timing_raw, color="red"):
-                busy(WORK["update_weights"])
+                work(WORK["update_weights"])
         metrics = {"training/global_step": step}
         metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
         logger.log(data=metrics, step=step)

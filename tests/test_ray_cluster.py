@@ -745,6 +745,9 @@ def cluster(simnvml_lib, tmp_path_factory):
             head_node_args={
                 "num_cpus": 1,
                 "include_dashboard": False,  # gpuprof must not need it
+                # its agent on a free port: Ray's default (52365) is the default of every other
+                # Ray on this machine too (a test in another worker: a bind retried for seconds)
+                "dashboard_agent_listen_port": 0,
                 "env_vars": _node_env(simnvml_lib, scenarios, "node0"),
                 "_system_config": {
                     "health_check_period_ms": 1000,

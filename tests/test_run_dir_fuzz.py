@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from gpuprof import api
+from gpuprof import api, loader
 from gpuprof.cli import app
 
 COMMANDS = (
@@ -189,3 +189,20 @@ def test_mistyped_rows_in_the_sqlite_tables(base_run, tmp_path_factory, table, d
     out.mkdir()
     # one stray row must not cost the run: it is read, typed or dropped
     _run_all(run, out, base_run, readable=True)
+
+
+def test_a_gpu_index_no_device_has_is_dropped_not_overflowed(base_run, tmp_path):
+    """Found by the test above: a row whose GPU index is 2**63 - 1 overflowed the report's
+    per-GPU keys (an IndexError out of ``report``); such a row is no device's and is dropped."""
+    run = tmp_path / "run"
+    shutil.copytree(base_run, run)
+    db, _ = _files(run)
+    with sqlite3.connect(db) as conn:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(gpu)")]
+        row = {"host": "x", "gpu": 2**63 - 1, "t_ns": 330, "util_gpu_pct": 50.0}
+        conn.execute(f"INSERT INTO gpu VALUES ({', '.join('?' for _ in columns)})",
+                     [row.get(c) for c in columns])  # fmt: skip
+    out = tmp_path / "out"
+    out.mkdir()
+    _run_all(run, out, base_run, readable=True)
+    assert "x" not in set(loader.load_for_analysis(run).gpu["host"])

@@ -49,7 +49,9 @@ def _when_the_end_starts(watcher: subprocess.Popen, act) -> bool:
 def test_the_run_is_read_and_diagnosed_once_for_summary_headline_and_report(
     tmp_path, monkeypatch, capsys
 ):
-    run_dir = _saved(tmp_path)
+    # a path longer than the terminal is wide (as under pytest-xdist's directories, where the
+    # summary's last line was once cut at 80 columns): it is printed whole, to be copied
+    run_dir = _saved(tmp_path / ("a_long_directory_name_" * 4))
     want = json.loads(render_json(api.analyze(loader.load_for_analysis(run_dir)).to_dict()))
     loads, diagnoses = [], []
     real_load, real_analyze = loader.load_for_analysis, api.analyze

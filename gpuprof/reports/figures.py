@@ -211,7 +211,10 @@ class _GpuSeries:
             hosts.append("?")
         index = _col(gpu, "gpu")
         index = np.where(np.isfinite(index), index, -1).astype(np.int64)
-        key = host_codes.astype(np.int64) * (int(index.max()) + 2) + (index + 1)
+        # the indices by rank, so that the key stays small whatever a file says an index is
+        index_codes, index_values = pd.factorize(index, sort=True)
+        width = len(index_values)
+        key = host_codes.astype(np.int64) * width + index_codes
         code, keys = pd.factorize(key, sort=True)
         code = code.astype(np.int16 if len(keys) < 2**15 else np.int64)
         order = np.argsort(code, kind="stable")  # radix sort on int16: fast at 10^7 rows
@@ -224,10 +227,9 @@ class _GpuSeries:
             sorted_code = code[order]
         counts = np.bincount(sorted_code, minlength=len(keys))
         bounds = np.concatenate([[0], np.cumsum(counts)])
-        width = int(index.max()) + 2
         multi = len(hosts) > 1
         gpu_hosts = [hosts[k // width] for k in keys]
-        indices = [int(k % width) - 1 for k in keys]
+        indices = [int(index_values[k % width]) for k in keys]
         labels = [gpu_label(h, i, multi) for h, i in zip(gpu_hosts, indices)]
         return cls(labels, bounds, axis.of(t_ns), sorted_code.astype(np.int64), order,
                    gpu_hosts, indices)  # fmt: skip

@@ -144,5 +144,5 @@ def render_summary(run: Run, run_dir: str | None = None, width: int = 100) -> st
     """The summary as plain text (for tests and non-terminal output)."""
     console = Console(width=width, record=True, color_system=None, force_terminal=False)
     with console.capture() as capture:
-        console.print(summary_renderable(run, run_dir))
+        console.print(summary_renderable(run, run_dir), crop=False)
     return capture.get()
