@@ -6,13 +6,20 @@ import pytest
 
 pytest.importorskip("trl")
 
-from transformers import TrainerControl, TrainerState
-from trl import GRPOConfig
-from trl.extras import profiling
-
 from gpuprof import hooks
 from gpuprof.api import load_run
 from gpuprof.integrations import trl as adapter
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _trl_modules():
+    """TRL's and transformers' modules, imported when this module's tests run rather than
+    when it is collected: every pytest-xdist worker collects every module, and these
+    imports (torch, transformers' trainer) cost each of them about 6 s."""
+    global TrainerControl, TrainerState, GRPOConfig, profiling
+    from transformers import TrainerControl, TrainerState
+    from trl import GRPOConfig
+    from trl.extras import profiling
 
 
 @pytest.fixture

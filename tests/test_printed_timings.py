@@ -18,7 +18,7 @@ from gpuprof import printed_timings, store
 
 pytest_plugins = ["simnvml.fixtures"]
 
-GEN_S, TRAIN_S, SYNC_S = 0.9, 0.45, 0.15
+GEN_S, TRAIN_S, SYNC_S = 0.5, 0.3, 0.15  # each several samples of 0.1 s
 STEPS = 5
 
 NEMO = """
