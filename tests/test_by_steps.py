@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from conftest import SHARED_FIXTURES, clean_env, run_gpuprof
+from lazy_rfc3987 import defer_here
 
 from gpuprof import api, by_steps, cli, load_cache, step_window, store
 from gpuprof.analyzers.over_steps import combine
@@ -82,36 +83,8 @@ def test_the_document_does_not_depend_on_the_workers(run_dir):
     )
 
 
-def _lazy_rfc3987(directory, monkeypatch) -> None:
-    """Ray's processes here (the raylet's, the tasks' workers: they inherit this environment)
-    and this one import jsonschema, which imports rfc3987_syntax, which compiles a grammar at
-    import: 1-3 s of CPU each, most of the cost of starting Ray on two cores. The package put
-    first on their path defers that to the grammar's first use (never, here): same behaviour.
-    As tests/test_ray_cluster.py does for its Ray processes."""
-    import os
-
-    package = directory / "rfc3987_syntax"
-    package.mkdir()
-    (package / "__init__.py").write_text(
-        "import os, sys\n"
-        "__path__.extend(p for p in (os.path.join(e or '.', 'rfc3987_syntax') for e in sys.path)\n"
-        "                if os.path.isfile(os.path.join(p, 'syntax_helpers.py')))\n"
-        "if len(__path__) == 1:\n"
-        "    raise ImportError('rfc3987_syntax is not installed')\n"
-        "def is_valid_syntax(term, value):\n"
-        "    from .syntax_helpers import is_valid_syntax\n"
-        "    return is_valid_syntax(term, value)\n"
-        "def __getattr__(name):\n"
-        "    from . import syntax_helpers\n"
-        "    return getattr(syntax_helpers, name)\n"
-    )
-    path = os.environ.get("PYTHONPATH")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(directory), path])))
-    monkeypatch.syspath_prepend(str(directory))
-
-
 def test_stretches_as_ray_tasks_give_the_same_document(run_dir, monkeypatch, tmp_path):
-    _lazy_rfc3987(tmp_path, monkeypatch)
+    defer_here(tmp_path, monkeypatch)  # Ray's processes start seconds sooner
     ray = pytest.importorskip("ray")
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     tasks = _json(by_steps.diagnose(run_dir, 4, ray="local"))

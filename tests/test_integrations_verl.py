@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 
+import lazy_rfc3987
 import pytest
 from conftest import ROOT, clean_env
 
@@ -22,42 +23,12 @@ from gpuprof.integrations import bootstrap_dir
 if any(importlib.util.find_spec(name) is None for name in ("verl", "ray", "omegaconf")):
     pytest.skip("verl (with ray and omegaconf) is not installed", allow_module_level=True)
 
-LAZY_RFC3987 = textwrap.dedent(
-    '''
-    """rfc3987_syntax with its grammar built at its first use instead of at import."""
-    import os, sys
-
-    __path__.extend(p for p in (os.path.join(e or ".", "rfc3987_syntax") for e in sys.path)
-                    if os.path.isfile(os.path.join(p, "syntax_helpers.py")))
-    if len(__path__) == 1:
-        raise ImportError("rfc3987_syntax is not installed")
-
-    def is_valid_syntax(term, value):
-        from .syntax_helpers import is_valid_syntax
-
-        return is_valid_syntax(term, value)
-
-    def __getattr__(name):
-        from . import syntax_helpers
-
-        return getattr(syntax_helpers, name)
-    '''
-)
-
 
 @pytest.fixture(scope="module")
 def lazy_imports(tmp_path_factory) -> str:
-    """A directory to put first on the ``PYTHONPATH`` of the processes that import verl.
-
-    verl imports Ray, which imports jsonschema, which imports rfc3987_syntax where it is
-    installed (here, for Jupyter's sake), which compiles a grammar at import: 1-3 s of CPU in
-    each such process (each Ray worker and agent too). The package put there defers that to
-    the grammar's first use (never, in these processes): same behaviour, same module.
-    tests/test_ray_cluster.py does the same for its Ray processes."""
-    directory = tmp_path_factory.mktemp("imports")
-    (directory / "rfc3987_syntax").mkdir()
-    (directory / "rfc3987_syntax" / "__init__.py").write_text(LAZY_RFC3987)
-    return str(directory)
+    """A directory to put first on the ``PYTHONPATH`` of the processes that import verl (which
+    imports Ray): `lazy_rfc3987`."""
+    return lazy_rfc3987.lazy_imports(tmp_path_factory.mktemp("imports"))
 
 
 SCRIPT = textwrap.dedent(

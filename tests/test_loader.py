@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lazy_rfc3987 import defer_here
 
 from gpuprof import store
 from gpuprof.analyzers import resample
@@ -207,37 +208,9 @@ def test_the_gpu_parts_cover_the_stream_once_in_its_order(long_run):
     assert sorted(sizes) == [5, 5, 6]  # round-robin over the GPUs
 
 
-def _lazy_rfc3987(directory, monkeypatch) -> None:
-    """Ray's processes here (the raylet's, the tasks' workers: they inherit this environment)
-    and this one import jsonschema, which imports rfc3987_syntax, which compiles a grammar at
-    import: 1-3 s of CPU each, most of the cost of starting Ray on two cores. The package put
-    first on their path defers that to the grammar's first use (never, here): same behaviour.
-    As tests/test_ray_cluster.py does for its Ray processes."""
-    import os
-
-    package = directory / "rfc3987_syntax"
-    package.mkdir()
-    (package / "__init__.py").write_text(
-        "import os, sys\n"
-        "__path__.extend(p for p in (os.path.join(e or '.', 'rfc3987_syntax') for e in sys.path)\n"
-        "                if os.path.isfile(os.path.join(p, 'syntax_helpers.py')))\n"
-        "if len(__path__) == 1:\n"
-        "    raise ImportError('rfc3987_syntax is not installed')\n"
-        "def is_valid_syntax(term, value):\n"
-        "    from .syntax_helpers import is_valid_syntax\n"
-        "    return is_valid_syntax(term, value)\n"
-        "def __getattr__(name):\n"
-        "    from . import syntax_helpers\n"
-        "    return getattr(syntax_helpers, name)\n"
-    )
-    path = os.environ.get("PYTHONPATH")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(directory), path])))
-    monkeypatch.syspath_prepend(str(directory))
-
-
 def test_a_long_run_read_by_ray_tasks_is_the_same_row_for_row(long_run, monkeypatch, tmp_path):
     # `--ray`: the same partitions as tasks of a Ray cluster (here a local Ray of its own)
-    _lazy_rfc3987(tmp_path, monkeypatch)
+    defer_here(tmp_path, monkeypatch)  # Ray's processes start seconds sooner
     ray = pytest.importorskip("ray")
     import pandas.testing as pdt
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, clean_env, gpuprof_cmd
+from lazy_rfc3987 import first_on_path, lazy_imports
 from simnvml import simnvml_env, write_scenario
 
 from gpuprof import store
@@ -61,48 +62,6 @@ def _verl() -> bool:
     takes seconds)."""
     return subprocess.run([sys.executable, "-c", "import verl.utils.profiler.performance"],
                           capture_output=True).returncode == 0  # fmt: skip
-
-
-LAZY_RFC3987 = textwrap.dedent(
-    '''
-    """rfc3987_syntax with its grammar built at its first use instead of at import."""
-    import os, sys
-
-    __path__.extend(p for p in (os.path.join(e or ".", "rfc3987_syntax") for e in sys.path)
-                    if os.path.isfile(os.path.join(p, "syntax_helpers.py")))
-    if len(__path__) == 1:
-        raise ImportError("rfc3987_syntax is not installed")
-
-    def is_valid_syntax(term, value):
-        from .syntax_helpers import is_valid_syntax
-
-        return is_valid_syntax(term, value)
-
-    def __getattr__(name):
-        from . import syntax_helpers
-
-        return getattr(syntax_helpers, name)
-    '''
-)
-
-
-def _lazy_imports(directory: Path) -> str:
-    """A directory to put first on the ``PYTHONPATH`` of every process that imports Ray.
-
-    Ray imports jsonschema, which imports rfc3987_syntax where it is installed (here, for
-    Jupyter's sake), which compiles a grammar at import: 1-3 s of CPU in each of Ray's Python
-    processes (driver, agents, workers), most of the cost of starting Ray and its workers on
-    two cores, enough for Ray's fixed 30 s wait for a raylet to run out on a loaded machine.
-    The package put there defers that to the grammar's first use (never, in these processes):
-    same behaviour, same module."""
-    package = Path(directory) / "rfc3987_syntax"
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text(LAZY_RFC3987)
-    return str(directory)
-
-
-def _first_on_path(directory: str, path: str | None) -> str:
-    return os.pathsep.join(filter(None, [directory, path]))
 
 
 JOB = textwrap.dedent(
@@ -226,7 +185,7 @@ def test_runtime_env_is_merged_never_replaced(monkeypatch, tmp_path):
     assert renv.pickle_hook_by_value(ray)
     blob = ray.cloudpickle.dumps(merged["worker_process_setup_hook"])
     env = clean_env(GPUPROF_RUN_DIR="/runs/r1", GPUPROF_HOST="worker1")
-    env["PYTHONPATH"] = _first_on_path(_lazy_imports(tmp_path / "imports"), env["PYTHONPATH"])
+    env["PYTHONPATH"] = first_on_path(lazy_imports(tmp_path / "imports"), env["PYTHONPATH"])
     out = subprocess.run([sys.executable, "-c", NO_GPUPROF], input=blob, env=env,
                          capture_output=True, check=True)  # fmt: skip
     assert out.stdout == b"A\n\nB\n"
@@ -679,7 +638,7 @@ def test_local_ray_init_stays_on_the_watchers_node(tmp_path):
     env = clean_env(GPUPROF_HOST="solo", GPUPROF_SPOOL_DIR=str(tmp_path / "spool"),
                     RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="local",
                     RAY_raylet_start_wait_time_s="180")  # fmt: skip
-    env["PYTHONPATH"] = _first_on_path(_lazy_imports(tmp_path / "imports"), env["PYTHONPATH"])
+    env["PYTHONPATH"] = first_on_path(lazy_imports(tmp_path / "imports"), env["PYTHONPATH"])
     cmd = gpuprof_cmd("watch", "--no-nvml", "-o", str(run_dir), "--", sys.executable, str(script))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -696,7 +655,7 @@ def test_local_ray_init_stays_on_the_watchers_node(tmp_path):
 
 
 def _node_env(simnvml_lib: Path, scenarios: Path, name: str) -> dict[str, str]:
-    path = _first_on_path(str(scenarios / "imports"), str(ROOT))  # see `cluster`
+    path = first_on_path(str(scenarios / "imports"), str(ROOT))  # see `cluster`
     env = {"GPUPROF_HOST": name, "PYTHONPATH": path, "GPUPROF_SPOOL_DIR": str(scenarios / "spool")}
     if name in NODES:
         gpu, count, util, skew = NODES[name]
@@ -733,13 +692,13 @@ def busy_cores():
 def cluster(simnvml_lib, tmp_path_factory):
     cluster_utils = pytest.importorskip("ray.cluster_utils")
     scenarios = tmp_path_factory.mktemp("scenarios")
-    imports = _lazy_imports(scenarios / "imports")  # the nodes' environments name it
+    imports = lazy_imports(scenarios / "imports")  # the nodes' environments name it
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):  # the raylets inherit this process's environment
             if name.startswith("GPUPROF_") or name == "RAY_ADDRESS":
                 mp.delenv(name)
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        mp.setenv("PYTHONPATH", _first_on_path(imports, os.environ.get("PYTHONPATH")))
+        mp.setenv("PYTHONPATH", first_on_path(imports, os.environ.get("PYTHONPATH")))
         c = cluster_utils.Cluster(
             initialize_head=True,
             head_node_args={
