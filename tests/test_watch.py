@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -486,13 +487,16 @@ UNTIL_REMOVED_CHILD = textwrap.dedent(
 )
 
 
-def test_a_removed_run_directory_is_said_not_saved(tmp_path):
-    """The run directory deleted mid-run: the watcher and the hooks say so at the time, the
-    end says what was lost instead of "run saved", and the exit code is the command's."""
+def _watch_then_remove_the_run(
+    tmp_path: Path, child: str, settle_s: float
+) -> tuple[subprocess.Popen, str]:
+    """Watch ``python -c child RUN 600`` into ``tmp_path/run``, remove that directory
+    ``settle_s`` after the watcher's file appears, and wait for the end: the watcher and its
+    standard error. ``child`` runs until the directory is gone (or 600 s)."""
     run = tmp_path / "run"
     proc = subprocess.Popen(
         gpuprof_cmd("watch", "--no-nvml", "-o", str(run), "--",
-                    sys.executable, "-c", UNTIL_REMOVED_CHILD, str(run), "600"),
+                    sys.executable, "-c", child, str(run), "600"),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=clean_env(), text=True,
     )  # fmt: skip
     try:
@@ -501,9 +505,9 @@ def test_a_removed_run_directory_is_said_not_saved(tmp_path):
         deadline = time.monotonic() + 300
         while not any(run.glob("*.sqlite")) and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()[1]
-            time.sleep(0.1)
+            time.sleep(0.05)
         assert any(run.glob("*.sqlite")), "the watcher made no file in 300 s"
-        time.sleep(1.0)  # mid-run, most likely after the hooks' first write (either is covered)
+        time.sleep(settle_s)
         # moved away at once, then deleted: removing the tree file by file races a writer
         # that opens a file in it meanwhile (rmtree then fails with "Directory not empty")
         gone = tmp_path / "removed"
@@ -515,6 +519,14 @@ def test_a_removed_run_directory_is_said_not_saved(tmp_path):
             shutil.rmtree(run, ignore_errors=True)
             proc.kill()
             proc.communicate()
+    return proc, err
+
+
+def test_a_removed_run_directory_is_said_not_saved(tmp_path):
+    """The run directory deleted mid-run: the watcher and the hooks say so at the time, the
+    end says what was lost instead of "run saved", and the exit code is the command's."""
+    # mid-run, most likely after the hooks' first write (either is covered)
+    proc, err = _watch_then_remove_the_run(tmp_path, UNTIL_REMOVED_CHILD, settle_s=1.0)
     assert proc.returncode == 3, err
     assert "recording stopped at" in err and "run directory removed" in err, err
     assert "the command exited 3" in err
@@ -549,28 +561,7 @@ def test_a_run_directory_removed_before_the_first_span_is_not_made_again(tmp_pat
     # starts: gone at their first write, it was removed, and they say so rather than make it
     # again for one process's spans (a loaded machine got here in the test above)
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        gpuprof_cmd("watch", "--no-nvml", "-o", str(run), "--",
-                    sys.executable, "-c", LATE_CHILD, str(run), "600"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=clean_env(), text=True,
-    )  # fmt: skip
-    try:
-        # no deadline but a hang's: a loaded machine has taken more than 30 s to start the
-        # watcher, and the command records nothing before the directory is gone
-        deadline = time.monotonic() + 300
-        while not any(run.glob("*.sqlite")) and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()[1]
-            time.sleep(0.05)
-        assert any(run.glob("*.sqlite")), "the watcher made no file in 300 s"
-        gone = tmp_path / "removed"
-        run.rename(gone)  # at once (see the test above), then deleted
-        shutil.rmtree(gone, ignore_errors=True)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:  # a failed wait: the command starts once its directory goes
-            shutil.rmtree(run, ignore_errors=True)
-            proc.kill()
-            proc.communicate()
+    proc, err = _watch_then_remove_the_run(tmp_path, LATE_CHILD, settle_s=0.0)
     assert proc.returncode == 3, err
     assert not run.exists(), list(run.iterdir())
     hooks_lines = [line for line in err.splitlines() if "the training goes on" in line]
