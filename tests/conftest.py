@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import Phase, settings
+from zygote import Zygote
 
 # Hypothesis's "explain" phase traces every line of a failing example again and again (over
 # five minutes for one failure of tests/test_run_dir_fuzz.py); the shrunk example is what a
@@ -53,12 +55,33 @@ def wandb_offline(tmp: Path) -> dict[str, str]:
     }
 
 
-def run_gpuprof(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    env = kwargs.pop("env", None) or clean_env()
-    kwargs.setdefault("text", True)
+def run_gpuprof(
+    *args: str, timeout: float = 120, text: bool = True, cwd=None, env=None, **kwargs
+) -> subprocess.CompletedProcess:
+    """``python -m gpuprof ARGS`` to its end, output captured: forked from this worker's
+    zygote (``tests/zygote.py``, the same ``__main__`` in a process of its own without ~1 s of
+    imports), or a fresh process where the zygote cannot stand for one or
+    ``FRESH_GPUPROF_PROCESSES=1`` asks for it."""
+    env = env or clean_env()
+    args = tuple(map(str, args))
+    if not kwargs and os.environ.get("FRESH_GPUPROF_PROCESSES") != "1":
+        zygote = _zygote_for(env)
+        if zygote is not None:
+            return zygote.run(list(args), env, cwd, timeout, text)
     return subprocess.run(
-        gpuprof_cmd(*args), capture_output=True, timeout=timeout, env=env, **kwargs
-    )
+        gpuprof_cmd(*args), capture_output=True, timeout=timeout, env=env, text=text, cwd=cwd,
+        **kwargs,
+    )  # fmt: skip
+
+
+_ZYGOTE: list[Zygote] = []
+
+
+def _zygote_for(env: dict[str, str]) -> Zygote | None:
+    if not _ZYGOTE:
+        _ZYGOTE.append(Zygote(clean_env()))
+        atexit.register(_ZYGOTE[0].close)
+    return _ZYGOTE[0] if _ZYGOTE[0].serves(env) else None
 
 
 def pytest_configure(config: pytest.Config) -> None:
