@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import SHARED_FIXTURES, clean_env, run_gpuprof
+from conftest import SHARED_FIXTURES, run_gpuprof
 from lazy_rfc3987 import defer_here
 
 from gpuprof import api, by_steps, cli, load_cache, step_window, store
@@ -174,8 +172,7 @@ def test_combine_merges_recommendations_and_notes():
 
 
 def _gpuprof(*args):
-    return subprocess.run([sys.executable, "-m", "gpuprof", *map(str, args)], env=clean_env(),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return run_gpuprof(*args, timeout=300)
 
 
 def test_the_command_line(run_dir, tmp_path):

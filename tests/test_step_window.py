@@ -4,13 +4,11 @@ figures for those steps."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SHARED_FIXTURES, clean_env, run_gpuprof
+from conftest import SHARED_FIXTURES, run_gpuprof
 
 from gpuprof import api, step_window, store
 from gpuprof.analyzers.breakdown import phase_breakdown
@@ -107,8 +105,7 @@ def test_the_whole_run_is_still_kept_and_read_as_before(two_nodes, tmp_path, mon
 
 
 def _gpuprof(*args):
-    return subprocess.run([sys.executable, "-m", "gpuprof", *map(str, args)], env=clean_env(),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return run_gpuprof(*args, timeout=300)
 
 
 def test_the_command_line_says_what_is_wrong_in_one_line(two_nodes, tmp_path):
