@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers.grouping import appearance_codes, first_rows
+from gpuprof.analyzers.grouping import appearance_codes, first_rows, group_rows, inner_join_rows
 from gpuprof.analyzers.labelling import _samples
 from gpuprof.analyzers.ownership import _gpu_owner
 from gpuprof.analyzers.spans import NO_PHASE, _label, valid_spans
@@ -36,15 +36,20 @@ def _owner_wall(spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
     the innermost span is constant, so the boundaries themselves are looked up.
     """
     cols = ["owner_host", "pid", "phase", "step", "wall_s"]
-    by_proc = spans.groupby(["host", "pid"], sort=False).indices if len(spans) else {}
-    keys = owners.dropna(subset=["pid"])[["owner_host", "pid"]].drop_duplicates()
+    by_proc = group_rows([spans["host"], spans["pid"]]) if len(spans) else {}
+    # the owners with a pid, each once (as ``drop_duplicates``), from arrays: a few owner rows
+    # do not pay for a frame's selections
+    o_host = owners["owner_host"].to_numpy(object)
+    o_pid = owners["pid"].to_numpy(np.float64)
+    with_pid = np.flatnonzero(~np.isnan(o_pid))
+    keys = with_pid[first_rows(appearance_codes([o_host[with_pid], o_pid[with_pid]], True))]
     found: list[tuple[Any, float]] = []
     parts: list[tuple[np.ndarray, ...]] = []
     # the span columns the lookup reads, as arrays (row selections of a frame cost more)
     names = ("phase", "is_step", "depth", "start_ns", "end_ns", "step")
     columns = {c: spans[c].to_numpy() for c in names} if len(spans) else {}
-    for o_host, o_pid in zip(keys["owner_host"], keys["pid"]):
-        rows = by_proc.get((o_host, int(o_pid)))
+    for o_host_, o_pid_ in zip(o_host[keys], o_pid[keys].tolist()):
+        rows = by_proc.get((o_host_, int(o_pid_)))
         if rows is None:
             continue
         proc_spans = {c: values[rows] for c, values in columns.items()}
@@ -55,7 +60,7 @@ def _owner_wall(spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
         wall_s = np.diff(bounds) / 1e9
         owner = np.full(int(covered.sum()), len(found), dtype=np.int64)
         parts.append((owner, phase[covered], step[covered], wall_s[covered]))
-        found.append((o_host, float(o_pid)))
+        found.append((o_host_, float(o_pid_)))
     if not parts:
         return pd.DataFrame(
             {"owner_host": pd.Series([], dtype=object), "pid": pd.Series([], dtype=float),
@@ -63,18 +68,23 @@ def _owner_wall(spans: pd.DataFrame, owners: pd.DataFrame) -> pd.DataFrame:
              "wall_s": pd.Series([], dtype=float)}
         )  # fmt: skip
     # one group-by over every owner (each owner's rows together, so its groups come out in the
-    # order a group-by per owner gives)
-    frame = pd.DataFrame(
-        {name: np.concatenate([p[i] for p in parts])
-         for i, name in enumerate(["owner", "phase", "step", "wall_s"])}
-    )  # fmt: skip
-    out = frame.groupby(["owner", "phase", "step"], dropna=False, sort=False)["wall_s"].sum()
-    out = out.reset_index()
-    owner = out["owner"].to_numpy()
+    # order a group-by per owner gives): integer codes of (owner, phase, step), NaN a value
+    # like the others (``dropna=False``), summed by pandas as a group-by of the keys sums them
+    owner, phase, step, wall_s = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    group = appearance_codes([owner, phase, step], missing_is_value=True)
+    first = first_rows(group)
+    sums = pd.Series(wall_s, copy=False).groupby(group, sort=False).sum().to_numpy()
+    owner = owner[first]
     hosts = pd.Series([h for h, _ in found])  # the dtype a column of these hosts gets
-    out["owner_host"] = hosts.iloc[owner].reset_index(drop=True)
-    out["pid"] = np.array([p for _, p in found], dtype=np.float64)[owner]
-    return out[cols]
+    return pd.DataFrame(
+        {
+            "owner_host": hosts.iloc[owner].reset_index(drop=True),
+            "pid": np.array([p for _, p in found], dtype=np.float64)[owner],
+            "phase": phase[first],
+            "step": step[first],
+            "wall_s": sums,
+        }
+    )[cols]
 
 
 def phase_breakdown(
@@ -163,19 +173,20 @@ def partial_breakdown(
     }
     owner = appearance_codes([s["owner_host"], s["pid"]])
     owner[s["pid"].isna().to_numpy()] = -1  # no owner: not counted
-    table = pd.DataFrame({k: s[k].iloc[first].reset_index(drop=True) for k in by})
+    # the table's columns made first and put in a frame once (each column added to a frame
+    # costs more than its figures)
+    table: dict[str, Any] = {k: s[k].iloc[first].reset_index(drop=True) for k in by}
     table["_host"] = s["host"].iloc[first].to_numpy(object)
     table["ranks"] = _distinct_per_group(group, owner, n_groups)
     table["gpus"] = _distinct_per_group(group, appearance_codes([s["host"], s["gpu"]]), n_groups)
     table["samples"] = np.bincount(group, minlength=n_groups)
     for col, values in summed.items():
         table[col] = group_sums(group, n_groups, values)
-    mem = pd.Series(s["mem_used_bytes"].to_numpy(), copy=False)
-    table["mem_peak_bytes"] = mem.groupby(group, sort=True).max().to_numpy()
+    table["mem_peak_bytes"] = group_max(group, n_groups, s["mem_used_bytes"].to_numpy())
     for col in _MEASURED:  # NaN, not 0, when no sample of the group measured the quantity
         table[col] = group_sums(group, n_groups, s[col].to_numpy(), min_count=1)
     per_owner, outside = _wall_parts(by, spans, owners, s, owner_wall)
-    return {"groups": table, "owners": per_owner, "outside": outside,
+    return {"groups": pd.DataFrame(table), "owners": per_owner, "outside": outside,
             "gpu_s": host_sums(s, gpu_s=dt)["gpu_s"]}  # fmt: skip
 
 
@@ -190,34 +201,40 @@ def finish_breakdown(by: Sequence[str], partials: Sequence[dict[str, Any]]) -> p
              **{c: pd.Series([], dtype=float) for c in _BREAKDOWN_COLUMNS}}
         )  # fmt: skip
     joined = pd.concat(groups, ignore_index=True) if len(groups) > 1 else groups[0]
-    kept = {k: joined[k].dtype for k in by if len(groups) == 1}
-    joined = joined.assign(**{k: joined[k].astype(object) for k in by
-                              if isinstance(joined[k].dtype, pd.CategoricalDtype)})  # fmt: skip
     # each group's hosts in the order of their names (no host last), whatever the parts
     host = joined["_host"].to_numpy(object)
     order = np.lexsort((np.array([str(h) for h in host], dtype=object), pd.isna(host)))
-    joined = joined.iloc[order].reset_index(drop=True)
-    group = appearance_codes([joined[k] for k in by], missing_is_value=True)
+    keys = {k: joined[k].iloc[order] for k in by}
+    if len(groups) > 1:  # the parts' categories differ: their labels as they are
+        keys = {k: v.astype(object) if isinstance(v.dtype, pd.CategoricalDtype) else v
+                for k, v in keys.items()}  # fmt: skip
+    group = appearance_codes(list(keys.values()), missing_is_value=True)
     first = first_rows(group)
-    table = joined.loc[first, by].reset_index(drop=True)
+    n = len(first)
+    table: dict[str, Any] = {k: v.iloc[first].reset_index(drop=True) for k, v in keys.items()}
     for col in _SUMMED:
-        table[col] = group_sums(group, len(first), joined[col].to_numpy())
-    mem = pd.Series(joined["mem_peak_bytes"].to_numpy(), copy=False)
-    table["mem_peak_bytes"] = mem.groupby(group, sort=True).max().to_numpy()
+        table[col] = group_sums(group, n, joined[col].to_numpy()[order])
+    table["mem_peak_bytes"] = group_max(group, n, joined["mem_peak_bytes"].to_numpy()[order])
     for col in _MEASURED:
-        table[col] = group_sums(group, len(first), joined[col].to_numpy(), min_count=1)
-    for k, dtype in kept.items():  # one part: its keys as it typed them (categories)
-        table[k] = table[k].astype(dtype)
+        table[col] = group_sums(group, n, joined[col].to_numpy()[order], min_count=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         table["util_gpu_pct"] = np.where(table["util_dt"] > 0, table["util_w"] / table["util_dt"],
                                          np.nan)  # fmt: skip
         table["sm_active_pct"] = np.where(table["sm_dt"] > 0, table["sm_w"] / table["sm_dt"],
                                           np.nan)  # fmt: skip
     total = add_hosts([p["gpu_s"] for p in partials if p["groups"] is not None])
-    table["share"] = table["gpu_s"] / total if total > 0 else np.nan
-    table = table.merge(_wall_finish(by, partials), on=by, how="left")
-    table = _sort(table, by)
-    return table[[*by, *_BREAKDOWN_COLUMNS]].reset_index(drop=True)
+    table["share"] = table["gpu_s"] / total if total > 0 else np.full(n, np.nan)
+    # the wall seconds of each group, joined on the keys by pandas (the keys come out with the
+    # dtypes its join gives them), then the rows in the breakdown's order
+    rows = pd.DataFrame({**{k: table[k] for k in by}, "_row": np.arange(n)})
+    joined_wall = rows.merge(_wall_finish(by, partials), on=by, how="left")
+    row = joined_wall["_row"].to_numpy()
+    order = _sort_order({k: joined_wall[k] for k in by})
+    out = {k: joined_wall[k].iloc[order].reset_index(drop=True) for k in by}
+    for col in _BREAKDOWN_COLUMNS:
+        values = joined_wall[col].to_numpy() if col == "wall_s" else table[col][row]
+        out[col] = values[order]
+    return pd.DataFrame(out)
 
 
 def group_sums(
@@ -236,22 +253,29 @@ def group_sums(
     return out
 
 
+def group_max(group: np.ndarray, n_groups: int, values: np.ndarray) -> np.ndarray:
+    """Per group (codes ``0…n_groups-1``, every one used) the largest of ``values``, NaN
+    skipped (NaN where all are): a group-by's ``max``, without building one."""
+    out = np.full(n_groups, np.nan)
+    np.fmax.at(out, group, np.asarray(values, dtype=np.float64))
+    return out
+
+
 def keyed_sums(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
     """Per group of ``keys`` (rows with a missing key left out; groups in order of first
     appearance, indexed by their keys), the sums of ``columns`` in row order (`group_sums`):
     each group's sums depend on its own rows alone. pandas' group-by sums do not — the same
     rows of one GPU sum to another last bit inside a larger frame — so a part's sums would
     not be the whole run's."""
-    codes = frame.groupby(keys, sort=False, observed=True, dropna=True).ngroup().to_numpy()
+    # the group-by's codes (`appearance_codes`: -1 where a key is missing), found on arrays
+    codes = appearance_codes([frame[k] for k in keys])
+    first = first_rows(codes)
     ok = codes >= 0
-    if not ok.all():
-        frame, codes = frame[ok], codes[ok]
-    n = int(codes.max()) + 1 if len(codes) else 0
-    _, first = np.unique(codes, return_index=True)
-    index = pd.MultiIndex.from_frame(frame[keys].iloc[first]) if len(keys) > 1 else (
-        pd.Index(frame[keys[0]].iloc[first], name=keys[0]))  # fmt: skip
+    index = pd.MultiIndex.from_arrays([frame[k].iloc[first] for k in keys], names=keys) if (
+        len(keys) > 1) else pd.Index(frame[keys[0]].iloc[first], name=keys[0])  # fmt: skip
     return pd.DataFrame(
-        {c: group_sums(codes, n, frame[c].to_numpy(np.float64)) for c in columns}, index=index
+        {c: group_sums(codes[ok], len(first), frame[c].to_numpy(np.float64)[ok]) for c in columns},
+        index=index,
     )
 
 
@@ -272,34 +296,69 @@ def _wall_parts(
     owners: pd.DataFrame,
     samples: pd.DataFrame,
     wall: pd.DataFrame | None = None,
-) -> tuple[pd.Series, pd.DataFrame | None]:
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """One part's wall seconds (see `phase_breakdown`'s ``wall_s``) before averaging: per
-    group of ``by`` keys and owner, and, when ``phase`` is a key, the sampled seconds outside
-    every span per group and GPU (None when there are none); ``wall``: `_owner_wall`."""
+    group of ``by`` keys and owner (the keys, ``wall_s``), and, when ``phase`` is a key, the
+    sampled seconds outside every span per group and GPU (the keys, ``host``, ``gpu``,
+    ``dt_s``; None when there are none); ``wall``: `_owner_wall`.
+
+    Figured on integer codes of the keys, in the order and with the sums of the group-bys on
+    the owners joined to their wall rows (a handful of rows, where each frame operation cost
+    more than the figures)."""
     wall = _owner_wall(spans, owners) if wall is None else wall
-    per_gpu = owners.dropna(subset=["pid"])[["host", "gpu", "owner_host", "pid", "rank"]].merge(
-        wall, on=["owner_host", "pid"], how="inner"
+    # the owners with a pid joined to their wall rows, as an inner merge pairs them
+    with_pid = np.flatnonzero(owners["pid"].notna().to_numpy())
+    left, right = inner_join_rows(
+        [owners["owner_host"].to_numpy()[with_pid], owners["pid"].to_numpy()[with_pid]],
+        [wall["owner_host"], wall["pid"]],
     )
+    left = with_pid[left]
+
+    def column(name: str) -> pd.Series:  # a joined column, with the dtype the join gives it
+        return wall[name].iloc[right] if name in ("phase", "step") else owners[name].iloc[left]
+
     keys_gpu = list(dict.fromkeys([*by, "owner_host", "pid", "host", "gpu"]))
     keys_owner = list(dict.fromkeys([*by, "owner_host", "pid"]))
-    # one owner may drive several GPUs: sum per GPU, then count each owner once
-    agg = per_gpu.groupby(keys_gpu, dropna=False, sort=False)["wall_s"].sum()
-    agg = agg.groupby(keys_owner, dropna=False, sort=False).first()
+    # one owner may drive several GPUs: sum per GPU (pandas' sums, in row order), then count
+    # each owner once (its first GPU's sum)
+    per_gpu = appearance_codes([column(k) for k in keys_gpu], missing_is_value=True)
+    sums = wall["wall_s"].iloc[right].groupby(per_gpu, sort=False).sum().to_numpy()
+    first = first_rows(per_gpu)
+    owner = appearance_codes([column(k).iloc[first] for k in keys_owner], missing_is_value=True)
+    once = first_rows(owner)
+    rows = first[once]
+    agg = pd.DataFrame(
+        {**{k: column(k).iloc[rows].reset_index(drop=True) for k in by}, "wall_s": sums[once]}
+    )
     if "phase" not in by:
         return agg, None
     keys = list(dict.fromkeys([*by, "host", "gpu"]))
-    outside = samples.loc[(samples["phase"] == NO_PHASE).to_numpy(), [*keys, "dt_s"]]
-    if outside.empty:
+    outside = np.flatnonzero((samples["phase"] == NO_PHASE).to_numpy())
+    if not len(outside):
         return agg, None
-    return agg, outside.groupby(keys, dropna=False, sort=False)["dt_s"].sum().reset_index()
+    return agg, _keyed_totals(samples, outside, keys, "dt_s", "sum")
+
+
+def _keyed_totals(
+    frame: pd.DataFrame, rows: np.ndarray, keys: list[str], value: str, how: str
+) -> pd.DataFrame:
+    """``frame.iloc[rows].groupby(keys, dropna=False, sort=False)[value].agg(how)
+    .reset_index()`` (``how``: ``"sum"`` or ``"mean"``), the keys taken from their first
+    rows (their dtypes kept) and the group-by run on one integer code."""
+    group = appearance_codes([frame[k].iloc[rows] for k in keys], missing_is_value=True)
+    first = rows[first_rows(group)]
+    values = frame[value].iloc[rows].groupby(group, sort=False).agg(how).to_numpy()
+    return pd.DataFrame(
+        {**{k: frame[k].iloc[first].reset_index(drop=True) for k in keys}, value: values}
+    )
 
 
 def _wall_finish(by: list[str], partials: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """``wall_s`` per group of ``by`` keys: the parts' `_wall_parts` averaged over the owners
     (over the GPUs for ``"(none)"``)."""
     owners = [p["owners"] for p in partials if p["owners"] is not None]
-    agg = pd.concat(owners) if len(owners) > 1 else owners[0]
-    spans_wall = agg.groupby(by, dropna=False, sort=False).mean().reset_index()
+    agg = pd.concat(owners, ignore_index=True) if len(owners) > 1 else owners[0]
+    spans_wall = _keyed_totals(agg, np.arange(len(agg)), by, "wall_s", "mean")
     outside = [p["outside"] for p in partials if p["outside"] is not None]
     if not outside:
         return spans_wall
@@ -308,30 +367,40 @@ def _wall_finish(by: list[str], partials: Sequence[dict[str, Any]]) -> pd.DataFr
         for k in by:
             if isinstance(outside[k].dtype, pd.CategoricalDtype):
                 outside[k] = outside[k].astype(object)
-    none_wall = (
-        outside.groupby(by, dropna=False, sort=False)["dt_s"]
-        .mean()
-        .reset_index()
-        .rename(columns={"dt_s": "wall_s"})
-    )
-    return pd.concat([spans_wall, none_wall], ignore_index=True)
+    none_wall = _keyed_totals(outside, np.arange(len(outside)), by, "dt_s", "mean")
+    return pd.concat([spans_wall, none_wall.rename(columns={"dt_s": "wall_s"})],
+                     ignore_index=True)  # fmt: skip
 
 
-def _sort(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Sort by the keys; phases in canonical order, unknown names after, ``"(none)"`` last."""
-    if "phase" not in by:
-        return table.sort_values(by, kind="stable", na_position="last")
-    order = {name: i for i, name in enumerate(CANONICAL_PHASES)}
-    rank = table["phase"].map(
-        lambda p: len(order) + 1 if p == NO_PHASE else order.get(p, len(order))
-    )
-    keys = ["_phase_order" if k == "phase" else k for k in by]
-    table = table.assign(_phase_order=rank.to_numpy(), _phase_name=table["phase"].astype(str))
-    keys = [*keys[: keys.index("_phase_order") + 1], "_phase_name",
-            *keys[keys.index("_phase_order") + 1 :]]  # fmt: skip
-    return table.sort_values(keys, kind="stable", na_position="last").drop(
-        columns=["_phase_order", "_phase_name"]
-    )
+def _sort_order(keys: dict[str, pd.Series]) -> np.ndarray:
+    """The order that sorts rows by their ``keys`` (stable, missing values last); phases in
+    canonical order, unknown names after (by name), ``"(none)"`` last: what a stable
+    ``sort_values`` on the keys gives, from one ``np.lexsort`` of the keys' ranks."""
+    ranks = []
+    for name, column in keys.items():
+        if name == "phase":
+            order = {p: i for i, p in enumerate(CANONICAL_PHASES)}
+            values = column.to_numpy(object)
+            rank = np.array(
+                [len(order) + 1 if p == NO_PHASE else order.get(p, len(order)) for p in values],
+                dtype=np.int64,
+            )
+            ranks += [rank, _rank(column.astype(str))]
+        else:
+            ranks.append(_rank(column))
+    return np.lexsort(ranks[::-1]) if ranks else np.arange(0)
+
+
+def _rank(column: pd.Series) -> np.ndarray:
+    """Each value's place among the column's sorted distinct values, missing values after
+    every other (the ranks a sort of the column by value orders its rows by)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes = column.cat.codes.to_numpy(np.int64)
+        n = len(column.cat.categories)
+    else:
+        codes, uniques = pd.factorize(column, sort=True)
+        n = len(uniques)
+    return np.where(codes < 0, n, codes)
 
 
 def run_totals(

@@ -140,14 +140,14 @@ def _phase_gpus(ctx: AnalysisContext) -> dict[str, int]:
 def perf_values(spans: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The ``perf/*`` figures the step spans carry, per key: the processes (``host:pid``)
     and the finite values, in the spans' order (a part's share of `framework_metrics`)."""
-    steps = spans[spans["phase"] == "step"] if len(spans) else spans
-    if steps.empty:
+    rows = np.flatnonzero(spans["phase"].to_numpy(object) == "step") if len(spans) else []
+    if not len(rows):
         return {}
-    attrs = list(steps["attrs"])
+    attrs = list(spans["attrs"].to_numpy(object)[rows])
     keys = [k for k in attr_columns.key_names(attrs) if str(k).startswith("perf/")]
     if not keys:
         return {}
-    owners = process_keys(steps)
+    owners = process_keys(spans.iloc[rows])
     out = {}
     for key in keys:
         column = attr_columns.number(attrs, key)
@@ -330,20 +330,25 @@ def figures(ctx: AnalysisContext) -> _Figures:
     phases: list[dict[str, Any]] = []
     attention_counted = False
     total_flops = 0.0
+    # the walls' columns as arrays once: a phase's rows are then a mask, not a frame
+    wall_phase = walls["phase"].to_numpy(object) if len(walls) else np.zeros(0, dtype=object)
+    wall_step = walls["step"].to_numpy() if len(walls) else None
+    wall_tokens = walls["span_tokens"].to_numpy(float) if len(walls) else None
+    wall_s = walls["wall_s"].to_numpy(float) if len(walls) else None
     for phase, (kind, factor) in PHASE_WORK.items():
-        rows = walls[walls["phase"] == phase] if len(walls) else walls
-        if rows.empty:
+        rows = np.flatnonzero(wall_phase == phase)
+        if not len(rows):
             continue
         column = {"generated": "generated", "forward": "batch_tokens", "trained": "trained"}[kind]
-        tokens_by_step = rows["span_tokens"].to_numpy(float)
+        tokens_by_step = wall_tokens[rows]
         from_steps = (
-            per_step[column].reindex(rows["step"].to_numpy()).to_numpy(float)
+            per_step[column].reindex(wall_step[rows]).to_numpy(float)
             if len(per_step)
             else np.full(len(rows), np.nan)
         )
         source = "phase spans' tokens" if np.isfinite(tokens_by_step).any() else "step tokens"
         tokens = np.where(np.isfinite(tokens_by_step), tokens_by_step, from_steps)
-        wall = rows["wall_s"].to_numpy(float)
+        wall = wall_s[rows]
         ok = np.isfinite(tokens) & (wall > 0)
         entry: dict[str, Any] = {
             "phase": phase,

@@ -77,6 +77,56 @@ def appearance_codes(
     return out
 
 
+def group_rows(columns: Sequence[np.ndarray | pd.Series]) -> dict[tuple, np.ndarray]:
+    """For rows given as parallel key columns: each combination of values (a tuple) → the
+    positions of its rows, ascending; rows with a missing value are in none. What
+    ``DataFrame.groupby(columns, sort=False).indices`` gives, without building a group-by
+    (a few hundred microseconds each on a small run's spans)."""
+    codes = appearance_codes(columns)
+    first = first_rows(codes)
+    if not len(first):
+        return {}
+    valid = np.flatnonzero(codes >= 0)
+    order = valid[np.argsort(codes[valid], kind="stable")]
+    ends = np.cumsum(np.bincount(codes[valid], minlength=len(first)))
+    values = [(c.to_numpy() if isinstance(c, pd.Series) else np.asarray(c))[first] for c in columns]
+    return dict(zip(zip(*values), np.split(order, ends[:-1])))
+
+
+def inner_join_rows(
+    left: Sequence[np.ndarray | pd.Series], right: Sequence[np.ndarray | pd.Series]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The row pairs of an inner join on parallel key columns, as positions into the left and
+    the right rows: each left row in order, with its matching right rows in theirs, a missing
+    value matching a missing value — the rows ``left.merge(right, on=keys, how="inner")``
+    pairs, without building either frame."""
+    nl = len(left[0]) if len(left) else 0
+    columns = [_joined(_values(a), _values(b)) for a, b in zip(left, right)]
+    codes = appearance_codes(columns, missing_is_value=True)
+    lc, rc = codes[:nl], codes[nl:]
+    n = int(codes.max(initial=-1)) + 1
+    order = np.argsort(rc, kind="stable")
+    counts = np.bincount(rc, minlength=n)
+    starts = np.cumsum(counts) - counts
+    each = counts[lc]
+    left_rows = np.repeat(np.arange(nl), each)
+    # the k-th match of a left row is its key's k-th right row
+    k = np.arange(len(left_rows)) - np.repeat(np.cumsum(each) - each, each)
+    return left_rows, order[np.repeat(starts[lc], each) + k]
+
+
+def _values(column: np.ndarray | pd.Series) -> np.ndarray:
+    return column.to_numpy() if isinstance(column, pd.Series) else np.asarray(column)
+
+
+def _joined(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two key columns end to end: numbers as numbers (a value equals its equal whatever the
+    side's dtype), anything else as Python objects."""
+    if a.dtype.kind in "iuf" and b.dtype.kind in "iuf":
+        return np.concatenate([a, b])
+    return np.concatenate([a.astype(object), b.astype(object)])
+
+
 def _codes(column: np.ndarray | pd.Series) -> np.ndarray:
     """Codes of one column's values (-1: missing), categorical codes as they are."""
     if isinstance(column, pd.Series) and isinstance(column.dtype, pd.CategoricalDtype):

@@ -113,12 +113,7 @@ def partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
 
     run = ctx.run
     spans = ctx.spans
-    step_spans = spans[spans["phase"] == "step"] if len(spans) else spans
-    steps = (
-        step_spans.groupby("step").agg(start=("start_ns", "min"), end=("end_ns", "max"))
-        if len(step_spans)
-        else pd.DataFrame({"start": [], "end": []})
-    )
+    steps = _step_extents(spans)
     s = ctx.samples if len(run.gpu) else None
     t = s["t_ns"].to_numpy(np.int64) if s is not None and len(s) else None
     # the frames' first and last instants count only where the metadata has none
@@ -146,6 +141,26 @@ def partial_facts(ctx: AnalysisContext) -> dict[str, Any]:
         "extent": times,
         "phases": frozenset(str(p) for p in spans["phase"].unique()) if len(spans) else frozenset(),
     }
+
+
+def _step_extents(spans: pd.DataFrame) -> pd.DataFrame:
+    """Per recorded step of ``spans``' ``step`` spans (sorted, indexed by ``step``), the
+    earliest ``start`` and latest ``end``: ``groupby("step").agg(start=("start_ns", "min"),
+    end=("end_ns", "max"))``, found on arrays (a few steps do not pay for a group-by)."""
+    is_step = spans["phase"].to_numpy(object) == "step" if len(spans) else np.zeros(0, bool)
+    if not is_step.any():
+        return pd.DataFrame({"start": [], "end": []})
+    step = spans["step"].to_numpy()[is_step]
+    kept = ~pd.isna(step)
+    step = step[kept]
+    starts = spans["start_ns"].to_numpy()[is_step][kept]
+    ends = spans["end_ns"].to_numpy()[is_step][kept]
+    names, at = np.unique(step, return_inverse=True)
+    start = np.full(len(names), np.iinfo(starts.dtype).max, dtype=starts.dtype)
+    end = np.full(len(names), np.iinfo(ends.dtype).min, dtype=ends.dtype)
+    np.minimum.at(start, at, starts)
+    np.maximum.at(end, at, ends)
+    return pd.DataFrame({"start": start, "end": end}, index=pd.Index(names, name="step"))
 
 
 def combined_facts(meta: Any, partials: Sequence[dict[str, Any]]) -> Facts:

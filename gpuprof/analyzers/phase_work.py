@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from gpuprof.analyzers import attr_columns
-from gpuprof.analyzers.grouping import stable_order
+from gpuprof.analyzers.grouping import appearance_codes, first_rows, group_rows, stable_order
 from gpuprof.analyzers.model_size import ModelSize
 from gpuprof.analyzers.settings import num as _num
 from gpuprof.intervals import covered_ns
@@ -59,8 +59,8 @@ def step_rows(spans: pd.DataFrame, settings: Mapping[str, Any]) -> pd.DataFrame:
     """
     cols = ["step", "owner", "batch_tokens", "generated", "trained", "prompt_mean",
             "response_mean"]  # fmt: skip
-    steps = spans[spans["phase"] == "step"] if len(spans) else spans
-    if steps.empty:
+    rows = np.flatnonzero(spans["phase"].to_numpy(object) == "step") if len(spans) else []
+    if not len(rows):
         return pd.DataFrame(columns=cols)
     epochs = _num(settings.get("actor_rollout_ref.actor.ppo_epochs"))
     if epochs is None:
@@ -68,12 +68,14 @@ def step_rows(spans: pd.DataFrame, settings: Mapping[str, Any]) -> pd.DataFrame:
     epochs = epochs if epochs and epochs > 0 else 1.0
     batch = _num(settings.get("data.train_batch_size"))
     n = _num(settings.get("actor_rollout_ref.rollout.n", 1)) or 1.0
-    step = pd.to_numeric(steps["step"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
+    step = pd.to_numeric(pd.Series(spans["step"].to_numpy()[rows]), errors="coerce").to_numpy(
+        np.float64, na_value=np.nan
+    )
     keep = ~np.isnan(step)
     if not keep.any():
         return pd.DataFrame(columns=cols)
-    steps = steps[keep]
-    attrs = list(steps["attrs"])
+    rows = rows[keep]
+    attrs = list(spans["attrs"].to_numpy(object)[rows])
     tokens = attr_columns.number(attrs, "tokens")
     response = attr_columns.first_number(attrs, _RESPONSE_KEYS)
     prompt = attr_columns.first_number(attrs, _PROMPT_KEYS)
@@ -98,7 +100,7 @@ def step_rows(spans: pd.DataFrame, settings: Mapping[str, Any]) -> pd.DataFrame:
         batch_tokens = np.where(back, generated * (prompt + response) / response, batch_tokens)
     trained = attr_columns.number(attrs, "trained_tokens")
     trained = np.where(np.isnan(trained) & ~np.isnan(batch_tokens), batch_tokens * epochs, trained)
-    owner = process_keys(steps)
+    owner = _process_keys(spans["host"].to_numpy(object)[rows], spans["pid"].to_numpy()[rows])
     columns = (step[keep].astype(np.int64), owner, batch_tokens, generated, trained, prompt,
                response)  # fmt: skip
     return pd.DataFrame({c: _as_column(v) for c, v in zip(cols, columns)})
@@ -110,7 +112,13 @@ _TOKEN_COLUMNS = ("batch_tokens", "generated", "trained", "prompt_mean", "respon
 def process_keys(spans: pd.DataFrame) -> np.ndarray:
     """Each span's process as ``host:pid`` (object array): the key that figures over several
     processes order their rows by, so that any division of the processes gives one order."""
-    return np.array([f"{h}:{p}" for h, p in zip(spans["host"], spans["pid"])], dtype=object)
+    return _process_keys(spans["host"], spans["pid"])
+
+
+def _process_keys(host: Any, pid: Any) -> np.ndarray:
+    """`process_keys` of the spans' hosts and pids (columns or arrays: a value reads the same
+    from either)."""
+    return np.array([f"{h}:{p}" for h, p in zip(host, pid)], dtype=object)
 
 
 def _as_column(values: Any) -> Any:
@@ -141,45 +149,95 @@ def wall_sums(spans: pd.DataFrame, self_ns: np.ndarray | None = None) -> pd.Data
     when every value is a whole number, which any order sums exactly, else an exact
     `Fraction`), and the processes with tokens. ``self_ns``: the spans' `spans.self_ns` when
     the caller has them (the same rows), which are their working time when no span is a
-    collective. `combine_walls` adds those of disjoint processes into `phase_walls`."""
-    own_ns = work_self_ns(spans, self_ns) if len(spans) else np.zeros(0, dtype=np.int64)
-    keep = np.zeros(0, bool)
-    if len(spans):
-        keep = spans["phase"].isin(PHASE_WORK).to_numpy(bool) & spans["step"].notna().to_numpy(bool)
-    work = spans[keep] if len(spans) else spans
-    if work.empty:
+    collective. `combine_walls` adds those of disjoint processes into `phase_walls`.
+
+    Figured on arrays and integer group codes: the group-bys this takes on a frame cost more
+    than the figures for the few spans of a short run."""
+    if not len(spans):
         return pd.DataFrame(columns=_WALL_SUMS)
-    keys = ["phase", "step", "host", "pid"]
-    frame = pd.DataFrame(
-        {
-            "phase": work["phase"].astype(object).to_numpy(),
-            "step": work["step"].astype("int64").to_numpy(),
-            "host": work["host"].astype(object).to_numpy(),
-            "pid": pd.to_numeric(work["pid"]).astype("int64").to_numpy(),
-            "own": np.asarray(own_ns)[keep],
-            "depth": pd.to_numeric(work["depth"], errors="coerce").fillna(0).to_numpy(),
-            "tokens": attr_columns.number(work["attrs"], "tokens"),
-        }
-    )
-    frame["g"] = frame.groupby(keys, sort=False).ngroup()
+    own_ns = work_self_ns(spans, self_ns)
+    phase = spans["phase"].to_numpy(object)
+    step = spans["step"].to_numpy()
+    keep = np.isin(phase, list(PHASE_WORK)) & pd.notna(step)
+    if not keep.any():
+        return pd.DataFrame(columns=_WALL_SUMS)
+    work = np.flatnonzero(keep)
+    phase = phase[work]
+    step = _as_int64(step[work])
+    host = spans["host"].to_numpy(object)[work]
+    pid = pd.to_numeric(spans["pid"]).to_numpy()[work].astype(np.int64)
+    own = np.asarray(own_ns)[work]
+    depth = pd.to_numeric(spans["depth"], errors="coerce").to_numpy()[work]
+    depth = np.where(np.isnan(depth), 0, depth) if depth.dtype.kind == "f" else depth
+    tokens = attr_columns.number(spans["attrs"].to_numpy(object)[work], "tokens")
+    # per process and (phase, step), in order of first appearance
+    g = appearance_codes([phase, step, host, pid])
+    n = int(g.max()) + 1
+    first = first_rows(g)
     # a process's instants each belong to one innermost span: self times add up to the
     # phase's time without double counting nested or overlapping spans
-    covered = frame.groupby("g")["own"].sum()
-    outer = frame["depth"] == frame.groupby("g")["depth"].transform("min")
-    tokens = frame["tokens"].where(outer).groupby(frame["g"]).sum(min_count=1)
-    per_proc = frame.groupby("g")[["phase", "step"]].first()
-    per_proc["covered_ns"] = covered.astype(np.int64)
-    per_proc["tokens"] = tokens
-    grouped = per_proc.groupby(["phase", "step"], sort=True)
-    out = pd.DataFrame(
+    covered = np.zeros(n, dtype=np.int64)
+    np.add.at(covered, g, own.astype(np.int64, copy=False))
+    least = np.full(n, np.inf)
+    np.minimum.at(least, g, depth.astype(np.float64))
+    outer_tokens = np.where(depth == least[g], tokens, np.nan)
+    proc_tokens = _sums_min_count_1(g, n, outer_tokens)
+    # per (phase, step), sorted
+    p_codes, p_names = pd.factorize(phase[first], sort=True)
+    s_names, s_codes = np.unique(step[first], return_inverse=True)
+    keys, at = np.unique(p_codes * len(s_names) + s_codes, return_inverse=True)
+    m = len(keys)
+    covered_ns = np.zeros(m, dtype=np.int64)
+    np.add.at(covered_ns, at, covered)
+    has = ~np.isnan(proc_tokens)
+    return pd.DataFrame(
         {
-            "covered_ns": grouped["covered_ns"].sum(),
-            "processes": grouped["covered_ns"].size(),
-            "tokens": _exact_sums(per_proc["tokens"], grouped["tokens"]),
-            "token_processes": grouped["tokens"].count(),
+            "phase": pd.Series(np.asarray(p_names, dtype=object)[keys // len(s_names)]),
+            "step": s_names[keys % len(s_names)],
+            "covered_ns": covered_ns,
+            "processes": np.bincount(at, minlength=m),
+            "tokens": _exact_group_sums(at, m, proc_tokens),
+            "token_processes": np.bincount(at[has], minlength=m),
         }
     )
-    return out.reset_index()[_WALL_SUMS]
+
+
+def _as_int64(values: np.ndarray) -> np.ndarray:
+    """``values`` as int64, as ``Series.astype("int64")`` turns them."""
+    if values.dtype.kind in "iuf":
+        return values.astype(np.int64)
+    return pd.Series(values).astype("int64").to_numpy()
+
+
+def _sums_min_count_1(group: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """Per group (codes ``0…n-1``, each used) the sum of its values that are not NaN, NaN
+    when none is: ``groupby(group).sum(min_count=1)``, on one array when every value is a
+    whole number (token counts: any order sums those exactly, as the group-by does)."""
+    v = values[~np.isnan(values)]
+    if bool((v == np.floor(v)).all()) and float(np.abs(v).sum(initial=0.0)) < 2.0**53:
+        ok = ~np.isnan(values)
+        out = _weighted_counts(group[ok], values[ok], n)
+        out[np.bincount(group[ok], minlength=n) == 0] = np.nan
+        return out
+    return pd.Series(values, copy=False).groupby(group).sum(min_count=1).to_numpy()
+
+
+def _weighted_counts(group: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
+    """``np.bincount`` of ``group`` with ``weights``, float64 even when there are none."""
+    return np.bincount(group, weights=weights, minlength=n).astype(np.float64, copy=False)
+
+
+def _exact_group_sums(group: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """Per group (codes ``0…n-1``, each used), the sum of its finite values: float when
+    every value is a whole number (any order and any division of the values sums those
+    exactly), else an exact `Fraction` (an object array)."""
+    ok = np.isfinite(values)
+    v = values[ok]
+    if bool((v == np.floor(v)).all()) and float(np.abs(v).sum(initial=0.0)) < 2.0**53:
+        return _weighted_counts(group[ok], v, n)
+    from gpuprof.analyzers.parts import exact_sum
+
+    return pd.Series(values, copy=False).groupby(group).agg(exact_sum).to_numpy()
 
 
 TRANSPARENT_PHASES = frozenset({"collective"})
@@ -236,23 +294,47 @@ def combine_walls(sums: list[pd.DataFrame]) -> pd.DataFrame:
     if not sums:
         return pd.DataFrame(columns=cols)
     frame = pd.concat(sums, ignore_index=True) if len(sums) > 1 else sums[0]
-    grouped = frame.groupby(["phase", "step"], sort=True)
-    covered = grouped["covered_ns"].sum()
-    processes = grouped["processes"].sum()
-    token_processes = grouped["token_processes"].sum()
-    if frame["tokens"].dtype == object:  # exact fractions: added exactly, rounded once
-        tokens = grouped["tokens"].agg(lambda t: float(sum(t)))
-    else:
-        tokens = grouped["tokens"].sum()
-    out = pd.DataFrame(
-        {
-            "wall_s": covered.to_numpy(np.float64) / processes.to_numpy(np.float64) / 1e9,
-            "processes": processes.to_numpy(np.int64),
-            "span_tokens": np.where(token_processes > 0, tokens.to_numpy(np.float64), np.nan),
-        },
-        index=covered.index,
+    # per (phase, step), sorted, as a sorted group-by on them
+    phase, step = frame["phase"], frame["step"]
+    p_codes = pd.factorize(phase, sort=True)[0]
+    s_names, s_codes = np.unique(step.to_numpy(), return_inverse=True)
+    keys, at = np.unique(p_codes * len(s_names) + s_codes, return_inverse=True)
+    m = len(keys)
+    first = np.full(m, len(at), dtype=np.int64)
+    np.minimum.at(first, at, np.arange(len(at)))
+
+    def total(column: str) -> np.ndarray:  # integer sums: exact in any order
+        out = np.zeros(m, dtype=np.int64)
+        np.add.at(out, at, frame[column].to_numpy(np.int64))
+        return out
+
+    covered, processes, token_processes = (
+        total(c) for c in ("covered_ns", "processes", "token_processes")
     )
-    return out.reset_index()[cols]
+    tokens = frame["tokens"]
+    if tokens.dtype == object:  # exact fractions: added exactly, rounded once
+        tokens = tokens.groupby(at).agg(lambda t: float(sum(t))).to_numpy(np.float64)
+    else:
+        tokens = _float_group_sums(at, m, tokens.to_numpy(np.float64))
+    return pd.DataFrame(
+        {
+            "phase": phase.iloc[first].reset_index(drop=True),
+            "step": step.iloc[first].reset_index(drop=True),
+            "wall_s": covered.astype(np.float64) / processes.astype(np.float64) / 1e9,
+            "processes": processes,
+            "span_tokens": np.where(token_processes > 0, tokens, np.nan),
+        }
+    )
+
+
+def _float_group_sums(group: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """Per group (codes ``0…n-1``, each used) the sum of its values, NaN counted as 0, as a
+    group-by sums them: on one array when every value is a whole number (any order sums
+    those exactly)."""
+    v = values[~np.isnan(values)]
+    if bool((v == np.floor(v)).all()) and float(np.abs(v).sum(initial=0.0)) < 2.0**53:
+        return _weighted_counts(group, np.nan_to_num(values, nan=0.0), n)
+    return pd.Series(values, copy=False).groupby(group).sum().to_numpy()
 
 
 def _sum_min_count_1(values: pd.Series, grouped: Any) -> pd.Series:
@@ -271,11 +353,19 @@ def valid_spans(spans: pd.DataFrame) -> pd.DataFrame:
     """Spans with a host, a pid, a start and an end not before it (attrs kept)."""
     if spans.empty:
         return spans
-    start = pd.to_numeric(spans["start_ns"], errors="coerce")
-    end = pd.to_numeric(spans["end_ns"], errors="coerce")
+    start = _numbers(spans["start_ns"])
+    end = _numbers(spans["end_ns"])
     ok = start.notna() & end.notna() & (end >= start) & spans["host"].notna()
-    ok &= pd.to_numeric(spans["pid"], errors="coerce").notna()
-    return spans[ok.to_numpy(dtype=bool)]
+    ok &= _numbers(spans["pid"]).notna()
+    ok = ok.to_numpy(dtype=bool)
+    return spans if ok.all() else spans[ok]  # every span usable: the frame as it is
+
+
+def _numbers(column: pd.Series) -> pd.Series:
+    """`pd.to_numeric` with ``errors="coerce"`` (a numpy column of numbers as it is)."""
+    if isinstance(column.dtype, np.dtype) and column.dtype.kind in "iuf":
+        return column
+    return pd.to_numeric(column, errors="coerce")
 
 
 def steps_wall_s(spans: pd.DataFrame) -> float | None:
@@ -287,13 +377,14 @@ def steps_wall_s(spans: pd.DataFrame) -> float | None:
 def steps_wall_sums(spans: pd.DataFrame) -> tuple[int, int]:
     """`steps_wall_s`' partial figures of some processes' spans: their step spans' covered
     nanoseconds summed over the processes, and the processes."""
-    steps = spans[spans["phase"] == "step"] if len(spans) else spans
-    if steps.empty:
+    rows = np.flatnonzero(spans["phase"].to_numpy(object) == "step") if len(spans) else []
+    if not len(rows):
         return 0, 0
-    walls = [
-        covered_ns(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
-        for _, g in steps.groupby(["host", "pid"], sort=False)
-    ]
+    starts = spans["start_ns"].to_numpy()[rows].astype(np.int64)
+    ends = spans["end_ns"].to_numpy()[rows].astype(np.int64)
+    # each process's step spans (positions among the step spans), as a group-by on them
+    by_proc = group_rows([spans["host"].to_numpy(object)[rows], spans["pid"].to_numpy()[rows]])
+    walls = [covered_ns(starts[r], ends[r]) for r in by_proc.values()]
     return int(sum(walls)), len(walls)
 
 
