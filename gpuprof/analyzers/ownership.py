@@ -125,26 +125,59 @@ def _first_rows(
 
 def _span_processes(
     run: Run, spans: pd.DataFrame, events: pd.DataFrame | None = None
-) -> pd.DataFrame:
-    """One row per span-recording process: host, pid, rank, local_rank, CUDA_VISIBLE_DEVICES,
-    ppid and the seconds its spans cover (summed)."""
+) -> dict[str, np.ndarray]:
+    """One entry per span-recording process, sorted by host and pid, as arrays: ``host``,
+    ``pid``, ``rank`` and ``local_rank`` (the first its spans carry, else its process
+    event's), ``cvd`` (CUDA_VISIBLE_DEVICES, None = unset or no event), ``ppid`` and the
+    seconds its spans cover (``span_s``, summed). Arrays, not a frame: the rules read a few
+    values of each process, and a frame's selections cost more than the figures."""
     if spans.empty:
-        return pd.DataFrame(
-            columns=["host", "pid", "rank", "local_rank", "cvd", "ppid", "span_s"]
-        ).astype({"pid": np.int64})
-    dur_s = (spans["end_ns"] - spans["start_ns"]) / 1e9
-    procs = (
-        spans.assign(span_s=dur_s)
-        .groupby(["host", "pid"], sort=True)
-        .agg(rank=("rank", "first"), local_rank=("local_rank", "first"), span_s=("span_s", "sum"))
-        .reset_index()
-    )
+        return {"host": np.zeros(0, dtype=object), "pid": np.zeros(0, dtype=np.int64),
+                "rank": np.zeros(0), "local_rank": np.zeros(0), "cvd": np.zeros(0, dtype=object),
+                "ppid": np.zeros(0), "span_s": np.zeros(0)}  # fmt: skip
+    host = spans["host"].to_numpy(object)
+    pid = spans["pid"].to_numpy()
+    # processes sorted by host, then pid (a sorted group-by on them); missing keys in none
+    kept = np.flatnonzero(pd.notna(host) & pd.notna(pid))
+    h_code, h_names = pd.factorize(host[kept], sort=True)
+    p_names, p_code = np.unique(pid[kept], return_inverse=True)
+    keys, group = np.unique(h_code * len(p_names) + p_code, return_inverse=True)
+    n = len(keys)
+    dur_s = (spans["end_ns"].to_numpy()[kept] - spans["start_ns"].to_numpy()[kept]) / 1e9
+    span_s = pd.Series(dur_s, copy=False).groupby(group).sum().to_numpy(np.float64)
+    out = {
+        "host": np.asarray(h_names, dtype=object)[keys // len(p_names)],
+        "pid": p_names[keys % len(p_names)],
+        # the first rank a process's spans carry (a group-by's ``first``: NaN skipped)
+        "rank": _first_valid(group, n, spans["rank"].to_numpy(np.float64)[kept]),
+        "local_rank": _first_valid(group, n, spans["local_rank"].to_numpy(np.float64)[kept]),
+        "cvd": np.full(n, None, dtype=object),
+        "ppid": np.full(n, np.nan),
+        "span_s": span_s,
+    }
     info = events if events is not None else _process_events(run)
-    procs = procs.merge(info, on=["host", "pid"], how="left", suffixes=("", "_ev"))
-    for col in ("rank", "local_rank"):  # the spans' own value first, the process event's next
-        fill = pd.to_numeric(procs[f"{col}_ev"], errors="coerce").astype(np.float64)
-        procs[col] = procs[col].astype(np.float64).fillna(fill)
-    return procs[["host", "pid", "rank", "local_rank", "cvd", "ppid", "span_s"]]
+    if len(info):  # the process events (one per process): what the spans do not carry
+        at = {(h, int(p)): i for i, (h, p) in enumerate(zip(info["host"], info["pid"]))}
+        found = np.array([at.get((h, int(p)), -1) for h, p in zip(out["host"], out["pid"])])
+        hit = found >= 0
+        rows = found[hit]
+        for col in ("rank", "local_rank"):  # the spans' own value first, the event's next
+            value = pd.to_numeric(info[f"{col}_ev"], errors="coerce").to_numpy(np.float64)
+            missing = hit & np.isnan(out[col])
+            out[col][missing] = value[found[missing]]
+        out["cvd"][hit] = info["cvd"].to_numpy(object)[rows]
+        out["ppid"][hit] = pd.to_numeric(info["ppid"], errors="coerce").to_numpy(np.float64)[rows]
+    return out
+
+
+def _first_valid(group: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """Per group (codes ``0…n-1``) its first value that is not NaN, in row order (NaN when
+    none is): a group-by's ``first``."""
+    out = np.full(n, np.nan)
+    ok = np.flatnonzero(~np.isnan(values))
+    codes, first = np.unique(group[ok], return_index=True)
+    out[codes] = values[ok[first]]
+    return out
 
 
 def _process_events(run: Run) -> pd.DataFrame:
@@ -154,15 +187,23 @@ def _process_events(run: Run) -> pd.DataFrame:
     ev = run.events
     if ev is None or ev.empty or "kind" not in ev:
         return pd.DataFrame(columns=cols).astype({"pid": np.int64})
-    ev = ev[(ev["kind"] == "process") & ev["host"].notna() & ev["pid"].notna()]
-    if ev.empty:
+    rows = np.flatnonzero(
+        (ev["kind"].to_numpy(object) == "process") & ev["host"].notna().to_numpy(bool)
+        & ev["pid"].notna().to_numpy(bool)
+    )  # fmt: skip
+    if not len(rows):
         return pd.DataFrame(columns=cols).astype({"pid": np.int64})
-    attrs = [a if isinstance(a, dict) else {} for a in ev["attrs"]]  # one per process
-    info = pd.DataFrame(
+    host = ev["host"].astype(object).to_numpy()[rows]
+    pid = _num(ev, "pid", rows).astype(np.int64)
+    # one row per process: its last event (as ``drop_duplicates(keep="last")``)
+    last = np.sort(len(rows) - 1 - first_rows(appearance_codes([host[::-1], pid[::-1]])))
+    rows, host, pid = rows[last], host[last], pid[last]
+    attrs = [a if isinstance(a, dict) else {} for a in ev["attrs"].to_numpy(object)[rows]]
+    return pd.DataFrame(
         {
-            "host": ev["host"].astype(object).to_numpy(),
-            "pid": _num(ev, "pid").astype(np.int64),
-            "rank_ev": _num(ev, "rank"),
+            "host": host,
+            "pid": pid,
+            "rank_ev": _num(ev, "rank", rows),
             "local_rank_ev": pd.to_numeric(
                 pd.Series([a.get("local_rank") for a in attrs], dtype=object), errors="coerce"
             ).to_numpy(np.float64),
@@ -170,20 +211,21 @@ def _process_events(run: Run) -> pd.DataFrame:
             "ppid": pd.to_numeric(
                 pd.Series([a.get("ppid") for a in attrs], dtype=object), errors="coerce"
             ).to_numpy(np.float64),
-        }
+        },
+        index=last,
     )
-    return info.drop_duplicates(["host", "pid"], keep="last")
 
 
-def _visible_devices(cvd: Any, host_gpus: pd.DataFrame) -> list[int] | None:
+def _visible_devices(cvd: Any, uuids: np.ndarray, gpus: np.ndarray) -> list[int] | None:
     """GPU indices a ``CUDA_VISIBLE_DEVICES`` value exposes, in order; None when unset.
+    ``uuids``, ``gpus``: the host's GPUs (`_gpu_inventory` rows).
 
     Follows CUDA: entries are indices or (prefixes of) ``GPU-`` uuids, and enumeration stops
     at the first entry that names no GPU (so ``"-1"`` or ``""`` hide every GPU).
     """
     if cvd is None or (isinstance(cvd, float) and np.isnan(cvd)):
         return None
-    uuids = [(str(u), int(g)) for u, g in zip(host_gpus["uuid"], host_gpus["gpu"]) if u]
+    uuids = [(str(u), int(g)) for u, g in zip(uuids, gpus) if u]
     out: list[int] = []
     for token in str(cvd).split(","):
         token = token.strip()
@@ -217,8 +259,9 @@ def _gpu_owner(run: Run, spans: pd.DataFrame, host_code: np.ndarray | None = Non
     inv = _gpu_inventory(run, host_code)
     events = _process_events(run)
     procs = _span_processes(run, spans, events)
+    p_host, p_pid, p_rank = procs["host"], procs["pid"], procs["rank"]
     owner: dict[tuple[str, int], tuple[str, int, str]] = {}  # (host, gpu) → (host, pid, how)
-    recording = {(h, int(p)) for h, p in zip(procs["host"], procs["pid"])}
+    recording = {(h, int(p)) for h, p in zip(p_host, p_pid)}
     claimed: set[tuple[str, int]] = set()  # processes that already own a GPU by rules a/b/c
 
     # (a) NVML saw the process (or a child of it) on the GPU with memory
@@ -226,14 +269,25 @@ def _gpu_owner(run: Run, spans: pd.DataFrame, host_code: np.ndarray | None = Non
         owner[key] = (o_host, o_pid, how)
         claimed.add((o_host, o_pid))
 
-    for host, host_gpus in inv.groupby("host", sort=True):
-        gpus = [int(g) for g in host_gpus["gpu"]]
-        hp = procs[procs["host"] == host]
+    # each host's processes (in host, pid order) and GPUs (in gpu order), as positions
+    procs_of: dict[Any, list[int]] = {}
+    for i, h in enumerate(p_host):
+        procs_of.setdefault(h, []).append(i)
+    inv_host = inv["host"].to_numpy(object)
+    inv_gpu, inv_uuid = inv["gpu"].to_numpy(), inv["uuid"].to_numpy(object)
+    gpus_of: dict[Any, list[int]] = {}
+    for i, h in enumerate(inv_host):
+        gpus_of.setdefault(h, []).append(i)
+    for host in sorted(gpus_of):
+        rows = gpus_of[host]
+        gpus = [int(g) for g in inv_gpu[rows]]
+        hp = procs_of.get(host, [])
         # (b) local_rank → the local_rank-th GPU the process can see
-        for pid, local_rank, cvd in zip(hp["pid"], hp["local_rank"], hp["cvd"]):
-            if (host, int(pid)) in claimed or not np.isfinite(local_rank):
+        for i in hp:
+            pid, local_rank = int(p_pid[i]), procs["local_rank"][i]
+            if (host, pid) in claimed or not np.isfinite(local_rank):
                 continue
-            visible = _visible_devices(cvd, host_gpus)
+            visible = _visible_devices(procs["cvd"][i], inv_uuid[rows], inv_gpu[rows])
             lr = int(local_rank)
             if visible is None:
                 target = lr
@@ -242,32 +296,33 @@ def _gpu_owner(run: Run, spans: pd.DataFrame, host_code: np.ndarray | None = Non
             else:
                 continue  # CUDA would have refused this device: no evidence of a GPU
             if target in gpus and (host, target) not in owner:
-                owner[(host, target)] = (host, int(pid), "local_rank")
-                claimed.add((host, int(pid)))
+                owner[(host, target)] = (host, pid, "local_rank")
+                claimed.add((host, pid))
         # (c) remaining ranked processes take the remaining GPUs in rank order
-        ranked = hp[hp["rank"].notna()].sort_values(["rank", "pid"])
-        left_procs = [int(p) for p in ranked["pid"] if (host, int(p)) not in claimed]
+        ranked = sorted((i for i in hp if not np.isnan(p_rank[i])),
+                        key=lambda i: (p_rank[i], p_pid[i]))  # fmt: skip
+        left_procs = [int(p_pid[i]) for i in ranked if (host, int(p_pid[i])) not in claimed]
         left_gpus = [g for g in gpus if (host, g) not in owner]
         for pid, gpu in zip(left_procs, left_gpus):
             owner[(host, gpu)] = (host, pid, "rank_order")
             claimed.add((host, pid))
         # (d) a single controller on this host drives every GPU still unowned
-        controller = _controller(hp)
+        controller = _controller(procs, hp)
         if controller is not None:
             for gpu in gpus:
                 owner.setdefault((host, gpu), (*controller, "single_controller"))
 
     # (d') GPUs on hosts where nothing recorded spans: the run's single controller, if any
-    controller = _controller(procs)
+    controller = _controller(procs, range(len(p_host)))
     if controller is not None:
-        span_hosts = set(procs["host"])
-        for host, gpu in zip(inv["host"], inv["gpu"]):
+        span_hosts = set(p_host)
+        for host, gpu in zip(inv_host, inv_gpu):
             if host not in span_hosts:
                 owner.setdefault((host, int(gpu)), (*controller, "single_controller_remote"))
 
-    rank_of = {(h, int(p)): r for h, p, r in zip(procs["host"], procs["pid"], procs["rank"])}
+    rank_of = {(h, int(p)): r for h, p, r in zip(p_host, p_pid, p_rank.tolist())}
     rows = []
-    for host, gpu, uuid in zip(inv["host"], inv["gpu"], inv["uuid"]):
+    for host, gpu, uuid in zip(inv_host, inv_gpu.tolist(), inv_uuid):
         o = owner.get((host, int(gpu)))
         if o is None:
             rows.append((host, int(gpu), uuid, None, np.nan, np.nan, "none"))
@@ -278,15 +333,20 @@ def _gpu_owner(run: Run, spans: pd.DataFrame, host_code: np.ndarray | None = Non
     return out.astype({"gpu": np.int64, "pid": np.float64, "rank": np.float64})
 
 
-def _controller(procs: pd.DataFrame) -> tuple[str, int] | None:
-    """(host, pid) of the single controller among span-recording processes: the only one, or —
-    when none of them has a rank — the one whose spans cover the most time (a driver's spans
-    span the step; helper processes record short ones)."""
-    if procs.empty:
+def _controller(procs: dict[str, np.ndarray], among: Any) -> tuple[str, int] | None:
+    """(host, pid) of the single controller among the span-recording processes at positions
+    ``among`` (in host, pid order): the only one, or — when none of them has a rank — the
+    one whose spans cover the most time (a driver's spans span the step; helper processes
+    record short ones); of equal ones the lowest pid, then the first."""
+    among = list(among)
+    if not among:
         return None
-    if len(procs) == 1 or procs["rank"].isna().all():
-        best = procs.sort_values(["span_s", "pid"], ascending=[False, True]).iloc[0]
-        return str(best["host"]), int(best["pid"])
+    if len(among) == 1 or np.isnan(procs["rank"][among]).all():
+        span_s, pid = procs["span_s"], procs["pid"]
+        # most time first (NaN last), then lowest pid; ``min`` keeps the first of ties
+        best = min(among, key=lambda i: (-span_s[i] if span_s[i] == span_s[i] else np.inf,
+                                         pid[i]))  # fmt: skip
+        return str(procs["host"][best]), int(pid[best])
     return None
 
 
@@ -315,34 +375,27 @@ def _nvml_owners(
     first = rows[first_rows(group)]
     peak = np.full(len(first), np.nan)
     np.fmax.at(peak, group, mem[rows])  # NaN only where no listing had a reading
-    cand = pd.DataFrame(
-        {
-            "host": pd.Series(np.asarray(hosts, dtype=object)[host_code[first]], dtype=object),
-            "gpu": gpu[first],
-            "pid": pid[first],
-            "mem": peak,
-            "seen": np.bincount(group, minlength=len(first)),
-        }
-    )
+    cand_host = np.asarray(hosts, dtype=object)[host_code[first]]
+    cand_gpu, cand_pid = gpu[first], pid[first]
+    seen = np.bincount(group, minlength=len(first))
     parents = _parent_map(run, events)
-    resolved, direct = [], []
-    for host, pid in zip(cand["host"], cand["pid"]):  # one per (gpu, process), not per sample
-        found, is_direct = _recording_ancestor(host, int(pid), recording, parents)
-        resolved.append(found)
-        direct.append(is_direct)
-    cand["owner_pid"] = resolved
-    cand["direct"] = direct
-    cand = cand[cand["owner_pid"].notna()]
-    if cand.empty:
+    found = []  # (candidate, owner pid, direct): one per (gpu, process), not per sample
+    for i, (host, p) in enumerate(zip(cand_host, cand_pid.tolist())):
+        owner_pid, is_direct = _recording_ancestor(host, int(p), recording, parents)
+        if owner_pid == owner_pid:  # not NaN: a recording process
+            found.append((i, owner_pid, is_direct))
+    if not found:
         return {}
-    cand = cand.assign(mem_rank=cand["mem"].fillna(-1.0)).sort_values(
-        ["direct", "mem_rank", "seen", "owner_pid"], ascending=[False, False, False, True]
-    )
-    best = cand.drop_duplicates(["host", "gpu"], keep="first")
-    return {
-        (h, int(g)): (h, int(p), "nvml" if d else "nvml_ancestor")
-        for h, g, p, d in zip(best["host"], best["gpu"], best["owner_pid"], best["direct"])
-    }
+    mem_rank = np.where(np.isnan(peak), -1.0, peak)
+    # direct first, then the most memory, the most listings, the lowest pid (a stable sort:
+    # the first candidate of equal ones); the first of each GPU wins
+    found.sort(key=lambda c: (not c[2], -mem_rank[c[0]], -seen[c[0]], c[1]))
+    best: dict[tuple[str, int], tuple[str, int, str]] = {}
+    for i, owner_pid, is_direct in found:
+        key = (cand_host[i], cand_gpu[i])
+        if key not in best:
+            best[key] = (cand_host[i], int(owner_pid), "nvml" if is_direct else "nvml_ancestor")
+    return {(h, int(g)): value for (h, g), value in best.items()}
 
 
 def _parent_map(run: Run, events: pd.DataFrame | None = None) -> dict[tuple[str, int], int]:

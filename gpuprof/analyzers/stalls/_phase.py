@@ -41,6 +41,7 @@ from gpuprof.analyzers.grouping import (
     appearance_codes,
     dense_codes,
     first_rows,
+    group_rows,
     label_codes,
     per_frame,
     time_bins,
@@ -142,10 +143,15 @@ def _gpu_labels(frame: pd.DataFrame) -> list[str]:
     return _joined_labels([_gpu_pairs(frame)])
 
 
-def _gpu_pairs(frame: pd.DataFrame) -> list[tuple[str, int]]:
-    """The distinct (host, GPU) of a frame's samples: one part's share of `_joined_labels`."""
-    pairs = frame[["host", "gpu"]].drop_duplicates()
-    return [(str(h), int(g)) for h, g in zip(pairs["host"], pairs["gpu"])]
+def _gpu_pairs(frame: pd.DataFrame, rows: np.ndarray | None = None) -> list[tuple[str, int]]:
+    """The distinct (host, GPU) of a frame's samples (its ``rows``, positions, when given),
+    in order of first appearance: one part's share of `_joined_labels`."""
+    host, gpu = frame["host"], frame["gpu"]
+    if rows is not None:
+        host, gpu = host.iloc[rows], gpu.iloc[rows]
+    first = first_rows(appearance_codes([host, gpu], missing_is_value=True))
+    hosts, gpus = host.to_numpy(object)[first], gpu.to_numpy()[first]
+    return [(str(h), int(g)) for h, g in zip(hosts, gpus.tolist())]
 
 
 def _joined_labels(pairs: Iterable[list[tuple[str, int]]]) -> list[str]:
@@ -164,8 +170,8 @@ def _phase_intervals(ctx: AnalysisContext | Parts, phases: Iterable[str]) -> lis
 
 def _phase_union(ctx: AnalysisContext, phases: list[str]) -> tuple[np.ndarray, np.ndarray]:
     sp = _spans(ctx)
-    sp = sp[sp["phase"].isin(phases)]
-    return union(sp["start_ns"].to_numpy(np.int64), sp["end_ns"].to_numpy(np.int64))
+    rows = np.flatnonzero(sp["phase"].isin(phases).to_numpy())
+    return union(sp["start_ns"].to_numpy(np.int64)[rows], sp["end_ns"].to_numpy(np.int64)[rows])
 
 
 def _phase_gpu_s(ctx: AnalysisContext, s: pd.DataFrame, phase: str) -> float:
@@ -183,10 +189,11 @@ def _phase_gpu_s(ctx: AnalysisContext, s: pd.DataFrame, phase: str) -> float:
 
 def _phase_wall(ctx: AnalysisContext, phase: str) -> float:
     """The owners' mean wall seconds in ``phase`` (the run's ``by_phase``); NaN when none."""
-    row = ctx.by_phase[ctx.by_phase["phase"] == phase]
-    if row.empty:
+    table = ctx.by_phase
+    rows = np.flatnonzero(table["phase"].to_numpy(object) == phase)
+    if not len(rows):
         return np.nan
-    wall = float(row["wall_s"].iloc[0])
+    wall = float(table["wall_s"].to_numpy()[rows[0]])
     return wall if np.isfinite(wall) and wall > 0 else np.nan
 
 
@@ -195,8 +202,10 @@ def _owned_in_phase(ctx: AnalysisContext, s: pd.DataFrame, phase: str) -> int:
     sp = _spans(ctx)
     # distinct first: a set built over every span's row iterates pandas' text column in Python
     # (seconds over a cluster-day's spans); a usable span's pid is finite, so each is one key
-    owners = sp.loc[sp["phase"] == phase, ["host", "pid"]].drop_duplicates()
-    owners = {(h, float(p)) for h, p in zip(owners["host"].tolist(), owners["pid"].tolist())}
+    rows = np.flatnonzero(sp["phase"].to_numpy(object) == phase)
+    host, pid = sp["host"].to_numpy(object)[rows], sp["pid"].to_numpy()[rows]
+    first = first_rows(appearance_codes([host, pid], missing_is_value=True))
+    owners = {(h, float(p)) for h, p in zip(host[first].tolist(), pid[first].tolist())}
 
     # the (owner_host, pid) of each distinct (owner_host, pid, host, gpu) of the samples
     def owned() -> list[tuple[Any, float]]:
@@ -274,7 +283,7 @@ def _phase_idle_part(ctx: AnalysisContext, s: pd.DataFrame, phases: list[str]) -
     measured = np.union1d(measured[one[gpu[one] >= 0]], measured[gpu < 0])
     return {"meas_dt": exact_sum(dt[m]), "util_w": exact_sum(util[m] * dt[m]),
             "phases": per_phase,
-            "links": links, "gpus": _gpu_pairs(s.iloc[measured][["host", "gpu"]])}  # fmt: skip
+            "links": links, "gpus": _gpu_pairs(s, measured)}  # fmt: skip
 
 
 def _phase_idle_joined(lead: AnalysisContext, phases: list[str], got: list[dict]) -> dict | None:
@@ -370,10 +379,13 @@ def _conf(x: float) -> float:
     return float(min(0.95, max(0.05, x)))
 
 
-def _phase_where(ctx: AnalysisContext, phase: str) -> pd.DataFrame:
-    """The spans of ``phase`` as (host, start_ns, end_ns) intervals."""
+def _phase_where(ctx: AnalysisContext, phase: str) -> dict[str, np.ndarray]:
+    """The spans of ``phase`` as (host, start_ns, end_ns) intervals (arrays)."""
     sp = _spans(ctx)
-    return sp.loc[sp["phase"] == phase, ["host", "start_ns", "end_ns"]]
+    rows = np.flatnonzero(sp["phase"].to_numpy(object) == phase)
+    return {"host": sp["host"].to_numpy(object)[rows],
+            "start_ns": sp["start_ns"].to_numpy(np.int64)[rows],
+            "end_ns": sp["end_ns"].to_numpy(np.int64)[rows]}  # fmt: skip
 
 
 def _times(frame: pd.DataFrame) -> np.ndarray:
@@ -381,11 +393,11 @@ def _times(frame: pd.DataFrame) -> np.ndarray:
     return t.fillna(-1).to_numpy(np.int64)
 
 
-def _cpu_during(ctx: AnalysisContext, where: pd.DataFrame, roles: set[str] | None) -> dict:
-    """CPU while the intervals ``where`` (host, start_ns, end_ns) run on their host: the host's
-    system CPU (``host_cpu_pct``, % of all cores) and the busiest watched process among
-    ``roles`` (None: all) (``proc_cpu_pct``, % of one core). A key is absent when no sample
-    falls inside the intervals."""
+def _cpu_during(ctx: AnalysisContext, where: dict[str, np.ndarray], roles: set[str] | None) -> dict:
+    """CPU while the intervals ``where`` (host, start_ns, end_ns arrays) run on their host:
+    the host's system CPU (``host_cpu_pct``, % of all cores) and the busiest watched process
+    among ``roles`` (None: all) (``proc_cpu_pct``, % of one core). A key is absent when no
+    sample falls inside the intervals."""
     return _cpu_joined([_cpu_part(ctx, where, roles)])
 
 
@@ -399,41 +411,45 @@ def _cpu_in_phase(ctx: AnalysisContext, phase: str, roles: set[str] | None) -> d
     return _cpu_part(ctx, _phase_where(ctx, phase), roles)
 
 
-def _cpu_part(ctx: AnalysisContext, where: pd.DataFrame, roles: set[str] | None) -> dict:
+def _cpu_part(ctx: AnalysisContext, where: dict[str, np.ndarray], roles: set[str] | None) -> dict:
     """One part's CPU readings inside ``where``: the host readings per host (hosts in sorted
-    order) and the process readings (host, pid, cpu)."""
+    order) and the process readings per host (host, pids, cpu)."""
     out: dict[str, list] = {"host": [], "procs": []}
     host, procs = ctx.run.host, ctx.run.procs
     host_ok = host is not None and len(host) > 0 and {"cpu_pct", "t_ns", "host"} <= set(host)
     procs_ok = (
         procs is not None and len(procs) > 0 and {"cpu_pct", "t_ns", "host", "pid"} <= set(procs)
     )
-    if where.empty or not (host_ok or procs_ok):
+    if not len(where["host"]) or not (host_ok or procs_ok):
         return out
     host_t, host_cpu_all, host_rows = _memo(ctx, "host_cpu", lambda: _by_host(host, host_ok))
     proc_t, proc_cpu_all, proc_rows = _memo(ctx, "proc_cpu", lambda: _by_host(procs, procs_ok))
     roles_ok = None
     if procs_ok and roles is not None and "role" in procs:
         roles_ok = procs["role"].isin(list(roles)).to_numpy()
-    pids = pd.to_numeric(procs["pid"], errors="coerce").to_numpy(np.float64) if procs_ok else None
+    pids = _memo(ctx, "proc_pid", lambda: _pids(procs)) if procs_ok else None
     # hosts in sorted order: the readings of a run cut into parts by node come in that order
-    for h, w in where.groupby(where["host"].astype(str), sort=True):
-        starts = w["start_ns"].to_numpy(np.int64)
-        ends = w["end_ns"].to_numpy(np.int64)
-        rows = host_rows.get(str(h))
+    names = np.array([str(h) for h in where["host"]], dtype=object)
+    by_host = group_rows([names])
+    for (h,) in sorted(by_host):
+        at = by_host[(h,)]
+        starts, ends = where["start_ns"][at], where["end_ns"][at]
+        rows = host_rows.get(h)
         if rows is not None:
             cpu = host_cpu_all[rows]
             inside = in_union(host_t[rows], starts, ends) & np.isfinite(cpu)
             out["host"].append(cpu[inside])
-        rows = proc_rows.get(str(h))
+        rows = proc_rows.get(h)
         if rows is not None:
             if roles_ok is not None:
                 rows = rows[roles_ok[rows]]
             rows = rows[in_union(proc_t[rows], starts, ends)]
-            out["procs"].append(
-                pd.DataFrame({"host": str(h), "pid": pids[rows], "cpu": proc_cpu_all[rows]})
-            )
+            out["procs"].append((h, pids[rows], proc_cpu_all[rows]))
     return out
+
+
+def _pids(procs: pd.DataFrame) -> np.ndarray:
+    return pd.to_numeric(procs["pid"], errors="coerce").to_numpy(np.float64)
 
 
 def _cpu_joined(got: list[dict]) -> dict:
@@ -443,11 +459,18 @@ def _cpu_joined(got: list[dict]) -> dict:
     cpu = np.concatenate(host_cpu) if host_cpu else np.zeros(0)
     if len(cpu):
         out["host_cpu_pct"] = float(cpu.mean())
-    frames = [f for g in got for f in g["procs"]]
-    if frames:
-        pf = pd.concat(frames, ignore_index=True).dropna(subset=["cpu"])
-        if len(pf):
-            out["proc_cpu_pct"] = float(pf.groupby(["host", "pid"])["cpu"].mean().max())
+    procs = [p for g in got for p in g["procs"]]
+    if procs:
+        host = np.concatenate([np.full(len(p[1]), p[0], dtype=object) for p in procs])
+        pid, cpu = (np.concatenate([p[i] for p in procs]) for i in (1, 2))
+        read = ~np.isnan(cpu)
+        if read.any():
+            # the busiest process: the largest of the processes' mean readings (pandas'
+            # means, as a group-by on host and pid gives them; a reading without a pid in none)
+            group = appearance_codes([host[read], pid[read]])
+            ok = group >= 0
+            means = pd.Series(cpu[read][ok], copy=False).groupby(group[ok]).mean()
+            out["proc_cpu_pct"] = float(means.max())
     return out
 
 
@@ -510,10 +533,10 @@ def _step_head(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
     return _memo(ctx, "step_head", compute)
 
 
-def _head_where(s: pd.DataFrame, head: np.ndarray) -> pd.DataFrame:
+def _head_where(s: pd.DataFrame, head: np.ndarray) -> dict[str, np.ndarray]:
     t = s["t_ns"].to_numpy(np.int64)[head]
     end = t + (np.nan_to_num(s["dt_s"].to_numpy(np.float64)[head]) * 1e9).astype(np.int64)
-    return pd.DataFrame({"host": s["host"].to_numpy(object)[head], "start_ns": t, "end_ns": end})
+    return {"host": s["host"].to_numpy(object)[head], "start_ns": t, "end_ns": end}
 
 
 def _step_head_claim(ctx: AnalysisContext, s: pd.DataFrame, th: Thresholds) -> np.ndarray:
@@ -589,8 +612,8 @@ def _loader_cpu(ctx: AnalysisContext, head: bool) -> tuple[dict, dict]:
     return _cpu_part(ctx, where, {"dataloader"}), _cpu_part(ctx, where, {"main", "trainer"})
 
 
-_NO_WHERE = pd.DataFrame({"host": pd.Series([], dtype=object), "start_ns": np.zeros(0, np.int64),
-                          "end_ns": np.zeros(0, np.int64)})  # fmt: skip
+_NO_WHERE = {"host": np.zeros(0, dtype=object), "start_ns": np.zeros(0, np.int64),
+             "end_ns": np.zeros(0, np.int64)}  # fmt: skip
 
 
 def _loader_joined(
