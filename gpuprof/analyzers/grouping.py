@@ -127,6 +127,34 @@ def _joined(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.concatenate([a.astype(object), b.astype(object)])
 
 
+def first_valid(group: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """Per group (codes ``0…n-1``) its first value that is not NaN, in row order (NaN when
+    none is): a group-by's ``first``."""
+    out = np.full(n, np.nan)
+    ok = np.flatnonzero(~np.isnan(values))
+    codes, first = np.unique(group[ok], return_index=True)
+    out[codes] = values[ok[first]]
+    return out
+
+
+def group_medians(group: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """Per group (codes ``0…n-1``) the median of its values that are not NaN (NaN: none),
+    as a group-by's ``median``: the middle value, or the mean of the two middle ones."""
+    out = np.full(n, np.nan)
+    ok = np.flatnonzero(~np.isnan(values))
+    if not len(ok):
+        return out
+    order = ok[np.lexsort((values[ok], group[ok]))]
+    g, v = group[order], values[order]
+    counts = np.bincount(g, minlength=n)
+    starts = np.cumsum(counts) - counts
+    has = np.flatnonzero(counts)
+    lo = starts[has] + (counts[has] - 1) // 2
+    hi = starts[has] + counts[has] // 2
+    out[has] = np.where(lo == hi, v[lo], (v[lo] + v[hi]) / 2)
+    return out
+
+
 def _codes(column: np.ndarray | pd.Series) -> np.ndarray:
     """Codes of one column's values (-1: missing), categorical codes as they are."""
     if isinstance(column, pd.Series) and isinstance(column.dtype, pd.CategoricalDtype):

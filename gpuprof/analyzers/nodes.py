@@ -25,6 +25,7 @@ import pandas as pd
 from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.basic import finite_or_none, node_accounts
 from gpuprof.analyzers.findings import AnalysisContext, Thresholds
+from gpuprof.analyzers.grouping import appearance_codes, first_rows
 from gpuprof.analyzers.parts import Parts, exact_sum, sampled
 from gpuprof.nodes import natural_key
 
@@ -382,16 +383,26 @@ def _straggler_rows(spans: pd.DataFrame) -> pd.DataFrame:
     summed work-span nanoseconds (a node's processes are all among the spans given)."""
     if spans.empty or "step" not in spans:
         return pd.DataFrame(columns=_STRAGGLER_ROWS)
-    work = spans[~spans["phase"].isin(WORK_PHASES_EXCLUDED).to_numpy()
-                 & np.isfinite(spans["step"].to_numpy(np.float64))]  # fmt: skip
-    if work.empty:
+    work = np.flatnonzero(~spans["phase"].isin(WORK_PHASES_EXCLUDED).to_numpy()
+                          & np.isfinite(spans["step"].to_numpy(np.float64)))  # fmt: skip
+    if not len(work):
         return pd.DataFrame(columns=_STRAGGLER_ROWS)
-    d = work[["phase", "step", "host", "pid"]].assign(
-        dur_ns=(work["end_ns"] - work["start_ns"]).to_numpy(np.int64)
+    keys = [spans[k].iloc[work] for k in ("phase", "step", "host")]
+    dur = (spans["end_ns"].to_numpy() - spans["start_ns"].to_numpy())[work].astype(np.int64)
+    # per rank (process) its summed nanoseconds, then per node its slowest rank's: integer
+    # sums and maxima on group codes, in the order of first appearance a group-by gives
+    rank = appearance_codes([*keys, spans["pid"].iloc[work]])
+    ok = rank >= 0
+    per_rank = np.zeros(int(rank.max(initial=-1)) + 1, dtype=np.int64)
+    np.add.at(per_rank, rank[ok], dur[ok])
+    first = first_rows(rank)
+    node = appearance_codes([k.iloc[first] for k in keys])
+    per_node = np.full(int(node.max(initial=-1)) + 1, np.iinfo(np.int64).min)
+    np.maximum.at(per_node, node[node >= 0], per_rank[node >= 0])
+    at = first[first_rows(node)]
+    return pd.DataFrame(
+        {**{k.name: k.iloc[at].reset_index(drop=True) for k in keys}, "dur_ns": per_node}
     )
-    per_rank = d.groupby(["phase", "step", "host", "pid"], sort=False)["dur_ns"].sum()
-    per_node = per_rank.groupby(level=["phase", "step", "host"], sort=False).max()
-    return per_node.reset_index()[_STRAGGLER_ROWS]
 
 
 def _straggler_node(spans: pd.DataFrame, gpus: pd.Series, th: Thresholds) -> dict | None:
@@ -412,6 +423,8 @@ def _straggler_of(rows: list[pd.DataFrame], gpus: pd.Series, th: Thresholds) -> 
     if not rows:
         return None
     per_node = pd.concat(rows, ignore_index=True) if len(rows) > 1 else rows[0]
+    if per_node["host"].nunique(dropna=False) < 2:
+        return None  # one node: no phase-step has another to compare with
     per_node = per_node.sort_values(["phase", "step", "host"], kind="stable", ignore_index=True)
     per_node["dur"] = per_node["dur_ns"].to_numpy(np.float64) / 1e9
     nodes_in = per_node.groupby(["phase", "step"])["host"].transform("size")

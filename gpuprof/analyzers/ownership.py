@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpuprof.analyzers.grouping import appearance_codes, dense_codes, first_rows
+from gpuprof.analyzers.grouping import appearance_codes, dense_codes, first_rows, first_valid
 from gpuprof.analyzers.spans import _num, valid_spans
 from gpuprof.model import Run
 
@@ -149,8 +149,8 @@ def _span_processes(
         "host": np.asarray(h_names, dtype=object)[keys // len(p_names)],
         "pid": p_names[keys % len(p_names)],
         # the first rank a process's spans carry (a group-by's ``first``: NaN skipped)
-        "rank": _first_valid(group, n, spans["rank"].to_numpy(np.float64)[kept]),
-        "local_rank": _first_valid(group, n, spans["local_rank"].to_numpy(np.float64)[kept]),
+        "rank": first_valid(group, n, spans["rank"].to_numpy(np.float64)[kept]),
+        "local_rank": first_valid(group, n, spans["local_rank"].to_numpy(np.float64)[kept]),
         "cvd": np.full(n, None, dtype=object),
         "ppid": np.full(n, np.nan),
         "span_s": span_s,
@@ -167,16 +167,6 @@ def _span_processes(
             out[col][missing] = value[found[missing]]
         out["cvd"][hit] = info["cvd"].to_numpy(object)[rows]
         out["ppid"][hit] = pd.to_numeric(info["ppid"], errors="coerce").to_numpy(np.float64)[rows]
-    return out
-
-
-def _first_valid(group: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
-    """Per group (codes ``0…n-1``) its first value that is not NaN, in row order (NaN when
-    none is): a group-by's ``first``."""
-    out = np.full(n, np.nan)
-    ok = np.flatnonzero(~np.isnan(values))
-    codes, first = np.unique(group[ok], return_index=True)
-    out[codes] = values[ok[first]]
     return out
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers.grouping import appearance_codes, first_rows
 from gpuprof.analyzers.hardware import GpuSpec
 from gpuprof.analyzers.model_size import ModelSize
 from gpuprof.analyzers.settings import num
@@ -107,7 +108,7 @@ def token_ratios(
     """
     if walls.empty:
         return None
-    table = walls.pivot_table(index="step", columns="phase", values="wall_s", aggfunc="sum")
+    index, table = _by_step(walls)
     forward = [p for p in FORWARD_PHASES if p in table and (table[p] > 0).any()]
     if not forward:
         return None
@@ -115,7 +116,7 @@ def token_ratios(
     # reads slower than the actor); both process the same tokens, so seconds compare directly
     medians = {p: float(np.nanmedian(np.where(table[p] > 0, table[p], np.nan))) for p in forward}
     fwd_phase = min(medians, key=lambda p: medians[p])
-    fwd = table[fwd_phase].to_numpy(float)
+    fwd = table[fwd_phase]
     fwd = np.where((fwd > 0) & (fwd >= min_forward_s), fwd, np.nan)
     if not np.isfinite(fwd).any():
         return None
@@ -127,10 +128,10 @@ def token_ratios(
 
     update, n_update = (None, 0)
     if "update_actor" in table:  # the same tokens as the forward pass, once per epoch
-        update, n_update = median_ratio(table["update_actor"].to_numpy(float) / fwd / epochs)
+        update, n_update = median_ratio(table["update_actor"] / fwd / epochs)
     generation, n_gen = (None, 0)
     lengths = (
-        steps.groupby("step")[["prompt_mean", "response_mean"]].mean().reindex(table.index)
+        steps.groupby("step")[["prompt_mean", "response_mean"]].mean().reindex(index)
         if len(steps)
         else None
     )
@@ -139,7 +140,7 @@ def token_ratios(
         response = lengths["response_mean"].to_numpy(float)
         response = np.where(response > 0, response, np.nan)
         # seconds per generated token over seconds per forward token (prompt + response)
-        per_gen = table["rollout"].to_numpy(float) / response
+        per_gen = table["rollout"] / response
         generation, n_gen = median_ratio(per_gen / (fwd / (prompt + response)))
     if update is None and generation is None:
         return None
@@ -151,6 +152,28 @@ def token_ratios(
         steps=max(n_update, n_gen),
         source="phase times" + (" and the steps' mean prompt / response lengths" if n_gen else ""),
     )
+
+
+def _by_step(walls: pd.DataFrame) -> tuple[pd.Index, dict[str, np.ndarray]]:
+    """``walls.pivot_table(index="step", columns="phase", values="wall_s", aggfunc="sum")``
+    as its index and a column per phase. `phase_work.phase_walls` has one row per (phase,
+    step): each cell is then that row's seconds (a sum of one, NaN as 0), put in place
+    without the pivot's group-by."""
+    phase, step = walls["phase"].to_numpy(object), walls["step"].to_numpy()
+    codes = appearance_codes([phase, step])  # -1: a missing phase or step
+    if (codes < 0).any() or len(first_rows(codes)) < len(codes):
+        table = walls.pivot_table(index="step", columns="phase", values="wall_s", aggfunc="sum")
+        return table.index, {p: table[p].to_numpy(float) for p in table.columns}
+    steps, at = np.unique(step, return_inverse=True)
+    wall = walls["wall_s"].to_numpy(np.float64)
+    wall = np.where(np.isnan(wall), 0.0, wall)
+    columns: dict[str, np.ndarray] = {}
+    for name in sorted(set(phase.tolist())):
+        rows = np.flatnonzero(phase == name)
+        column = np.full(len(steps), np.nan)
+        column[at[rows]] = wall[rows]
+        columns[name] = column
+    return pd.Index(steps, name="step"), columns
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,7 +29,13 @@ import pandas as pd
 from gpuprof.analyzers import attr_columns
 from gpuprof.analyzers.evidence import Evidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.grouping import appearance_codes, first_rows, label_codes, per_frame
+from gpuprof.analyzers.grouping import (
+    appearance_codes,
+    first_rows,
+    group_medians,
+    label_codes,
+    per_frame,
+)
 from gpuprof.analyzers.stalls._phase import _gpu_key, _memo, _minutes
 from gpuprof.analyzers.texts import as_texts
 
@@ -255,14 +261,33 @@ def _per_gpu(
     ``groupby(["host", "gpu"]).agg(...).reset_index()`` over those samples, grouped by GPU
     number instead of hashing host strings."""
     code, gpus = _gpu_codes(ctx, s)
-    keep = np.asarray(mask, dtype=bool) & (code >= 0)
-    frame = pd.DataFrame({name: np.asarray(v)[keep] for name, (v, _) in columns.items()})
-    grouped = frame.groupby(code[keep], sort=True)
-    out = pd.DataFrame({name: getattr(grouped[name], how)() for name, (_, how) in columns.items()})
-    number = out.index.to_numpy()
-    out.insert(0, "host", gpus["host"].to_numpy()[number])
-    out.insert(1, "gpu", gpus["gpu"].to_numpy()[number])
-    return out.sort_values(["host", "gpu"], kind="stable", ignore_index=True)
+    keep = np.flatnonzero(np.asarray(mask, dtype=bool) & (code >= 0))
+    number, group = np.unique(code[keep], return_inverse=True)  # the GPUs with samples
+    n = len(number)
+    out: dict[str, Any] = {}
+    for name, (values, how) in columns.items():
+        v = np.asarray(values)[keep]
+        if v.dtype.kind == "f" and how in ("max", "median"):  # exact on arrays (NaN skipped)
+            if how == "max":
+                out[name] = np.full(n, np.nan)
+                np.fmax.at(out[name], group, v)
+            else:
+                out[name] = group_medians(group, n, v)
+        else:  # sums and means: pandas' own, in row order
+            out[name] = getattr(pd.Series(v, copy=False).groupby(group, sort=True), how)()
+            out[name] = out[name].to_numpy()
+    host, gpu = gpus["host"].to_numpy()[number], gpus["gpu"].to_numpy()[number]
+    order = np.lexsort((_rank(gpu), _rank(host)))  # as a stable sort on host, then GPU
+    return pd.DataFrame(
+        {"host": host[order], "gpu": gpu[order], **{k: v[order] for k, v in out.items()}}
+    )
+
+
+def _rank(values: np.ndarray) -> np.ndarray:
+    """Each value's place among the sorted distinct values, missing ones last (the ranks a
+    sort by the values orders rows by)."""
+    codes, uniques = pd.factorize(values, sort=True)
+    return np.where(codes < 0, len(uniques), codes)
 
 
 def _sample_frame(ctx: AnalysisContext, s: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:

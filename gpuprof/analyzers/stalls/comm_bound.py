@@ -17,6 +17,7 @@ import pandas as pd
 from gpuprof.analyzers.breakdown import keyed_sums
 from gpuprof.analyzers.evidence import CommBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.grouping import asof_backward
 from gpuprof.analyzers.nodes import link_figures, run_collectives, run_ranks_per_node
 from gpuprof.analyzers.parts import Parts, exact_sum
 from gpuprof.analyzers.stalls._phase import _gpu_pairs, _memo, _parts
@@ -133,28 +134,41 @@ def _find_update_collectives(ctx: AnalysisContext) -> tuple[pd.DataFrame, pd.Dat
     spans = _spans(ctx)
     if s.empty or spans.empty:
         return None
-    upd = spans[spans["phase"].isin(UPDATE_PHASES).to_numpy()]
-    coll = spans[_collectives(ctx) & ~spans["wait"].to_numpy()]
-    if upd.empty or coll.empty:
+    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    upd_rows = np.flatnonzero(spans["phase"].isin(UPDATE_PHASES).to_numpy())
+    coll_rows = np.flatnonzero(_collectives(ctx) & ~spans["wait"].to_numpy())
+    if not len(upd_rows) or not len(coll_rows):
         return None
-    upd = upd.sort_values("start_ns", kind="stable").reset_index(drop=True)
-    m = pd.merge_asof(
-        coll[["host", "pid", "start_ns", "end_ns"]].sort_values("start_ns", kind="stable"),
-        upd[["host", "pid", "start_ns"]]
-        .assign(u_row=np.arange(len(upd), dtype=np.float64))
-        .rename(columns={"start_ns": "u_start"}),
-        left_on="start_ns",
-        right_on="u_start",
-        by=_KEYS,
-        direction="backward",
-    ).dropna(subset=["u_row"])
+    upd_rows = upd_rows[np.argsort(start[upd_rows], kind="stable")]
+    upd = spans.iloc[upd_rows].reset_index(drop=True)
+    # each collective (by start) with the owner's last update span starting at or before it:
+    # a backward ``merge_asof`` by host and pid (`asof_backward`), the collectives that have
+    # none left out
+    left = coll_rows[np.argsort(start[coll_rows], kind="stable")]
+    host, pid = spans["host"].to_numpy(object), spans["pid"].to_numpy()
+    found = asof_backward(
+        start[left], start[upd_rows], np.iinfo(np.int64).max,
+        [host[left], pid[left]], [host[upd_rows], pid[upd_rows]],
+    )  # fmt: skip
+    hit = np.flatnonzero(found >= 0)
+    if not len(hit):
+        return None
+    rows, u = left[hit], found[hit]
     # the update span's times taken as integers: a column merged with gaps is float64, whose
     # 256 ns steps at epoch nanoseconds would make the overlaps depend on the other hosts
     # merged alongside (a run diagnosed node by node has none, and no gap)
-    rows = m.pop("u_row").to_numpy(np.int64)
-    m = m.assign(u_start=upd["start_ns"].to_numpy(np.int64)[rows],
-                 u_end=upd["end_ns"].to_numpy(np.int64)[rows])  # fmt: skip
-    return (upd, m) if not m.empty else None
+    m = pd.DataFrame(
+        {
+            "host": spans["host"].iloc[rows].to_numpy(),
+            "pid": pid[rows],
+            "start_ns": start[rows],
+            "end_ns": end[rows],
+            "u_start": start[upd_rows][u],
+            "u_end": end[upd_rows][u],
+        },
+        index=hit,
+    )
+    return upd, m
 
 
 def _overlap(m: pd.DataFrame) -> pd.Series:

@@ -7,7 +7,7 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import PHASE_TIMING, GenerationTailEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.grouping import first_rows, label_codes, per_frame
+from gpuprof.analyzers.grouping import first_rows, first_valid, label_codes, per_frame
 from gpuprof.analyzers.parts import Parts
 from gpuprof.analyzers.stalls._phase import (
     _TAIL_MIN_SAMPLES,
@@ -114,46 +114,59 @@ def _rollouts(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame | None:
     roll = (phase == rollout) & np.isfinite(s["busy_frac"].to_numpy(np.float64))
     if not roll.any():
         return None
-    r = pd.DataFrame(
-        {
-            "inst": inst[roll],
-            "busy": s["busy_frac"].to_numpy(np.float64)[roll],
-            "dt": s["dt_s"].to_numpy(np.float64)[roll],
-            "t": s["t_ns"].to_numpy(np.int64)[roll],
-            "step": s["step"].to_numpy(np.float64)[roll],
-        }
-    )
+    rows = np.flatnonzero(roll)
+    busy = s["busy_frac"].to_numpy(np.float64)[rows]
+    dt = s["dt_s"].to_numpy(np.float64)[rows]
+    t = s["t_ns"].to_numpy(np.int64)[rows]
+    step = s["step"].to_numpy(np.float64)[rows]
+    # one rollout per stretch of one GPU's samples: its rows are consecutive, so its figures
+    # are segment reductions (min, max, first) and pandas' sums on one integer code
+    of = inst[rows]
+    starts = np.flatnonzero(np.r_[True, of[1:] != of[:-1]])
+    size = np.diff(np.r_[starts, len(rows)])
+    seg = np.repeat(np.arange(len(starts)), size)
     # position of each sample's midpoint within its rollout (0–1), by time rather than by
     # sample count, so samples of unequal length (merged long runs) weigh what they cover
-    g = r.groupby("inst", sort=False)
-    t0 = g["t"].transform("min").to_numpy(np.int64)
-    end = (r["t"] + (r["dt"] * 1e9).round()).groupby(r["inst"], sort=False).transform("max")
-    span_ns = np.maximum(end.to_numpy(np.float64) - t0, 1.0)
-    mid = ((r["t"].to_numpy(np.int64) - t0) + r["dt"].to_numpy() * 0.5e9) / span_ns
+    t0 = np.minimum.reduceat(t, starts)
+    t1 = np.maximum.reduceat(t, starts)
+    end = np.maximum.reduceat(t + (dt * 1e9).round(), starts)
+    t0_row = t0[seg]
+    span_ns = np.maximum(end[seg] - t0_row, 1.0)
+    mid = ((t - t0_row) + dt * 0.5e9) / span_ns
     first = mid < th.tail_head_frac
     last = mid >= 1.0 - th.tail_end_frac
     after = ~first
-    w = r["dt"].to_numpy(np.float64)
-    r["first_w"] = np.where(first, w, 0.0)
-    r["first_b"] = np.where(first, r["busy"] * w, 0.0)
-    r["last_w"] = np.where(last, w, 0.0)
-    r["last_b"] = np.where(last, r["busy"] * w, 0.0)
-    sums = g[["first_w", "first_b", "last_w", "last_b"]].sum()
-    per = pd.DataFrame(
-        {"n": g["busy"].size(), **{c: sums[c] for c in sums.columns},
-         "step": g["step"].first(), "t0": g["t"].min(), "t1": g["t"].max()}
-    )  # fmt: skip
+    weighted = pd.DataFrame(
+        {
+            "first_w": np.where(first, dt, 0.0),
+            "first_b": np.where(first, busy * dt, 0.0),
+            "last_w": np.where(last, dt, 0.0),
+            "last_b": np.where(last, busy * dt, 0.0),
+        },
+        copy=False,
+    )
+    sums = {c: v.to_numpy() for c, v in weighted.groupby(seg, sort=False).sum().items()}
     with np.errstate(invalid="ignore", divide="ignore"):
-        per["first"] = np.where(per["first_w"] > 0, per["first_b"] / per["first_w"], np.nan)
-        per["last"] = np.where(per["last_w"] > 0, per["last_b"] / per["last_w"], np.nan)
-    base = per["first"].reindex(r["inst"]).to_numpy()
+        head = np.where(sums["first_w"] > 0, sums["first_b"] / sums["first_w"], np.nan)
+        tail = np.where(sums["last_w"] > 0, sums["last_b"] / sums["last_w"], np.nan)
     # lost: the signed shortfall below the span's steady level after its first third
-    r["deficit"] = np.where(after, (base - r["busy"].to_numpy()) * r["dt"].to_numpy(), 0.0)
-    per["deficit"] = r.groupby("inst", sort=False)["deficit"].sum().clip(lower=0.0)
-    at = first_rows(inst)[per.index.to_numpy() - 1]  # inst counts from 1
-    per["host"] = as_texts(s["host"].iloc[at])
-    per["gpu"] = s["gpu"].to_numpy()[at].astype(np.int64)
-    return per.reset_index(drop=True)
+    deficit = np.where(after, (head[seg] - busy) * dt, 0.0)
+    deficit = pd.Series(deficit, copy=False).groupby(seg, sort=False).sum().to_numpy()
+    at = first_rows(inst)[of[starts] - 1]  # inst counts from 1
+    return pd.DataFrame(
+        {
+            "n": size,
+            **sums,
+            "step": first_valid(seg, len(starts), step),
+            "t0": t0,
+            "t1": t1,
+            "first": head,
+            "last": tail,
+            "deficit": pd.Series(deficit, copy=False).clip(lower=0.0).to_numpy(),
+            "host": as_texts(s["host"].iloc[at]),
+            "gpu": s["gpu"].to_numpy()[at].astype(np.int64),
+        }
+    )
 
 
 _WORKER_KEYS = {

@@ -74,20 +74,26 @@ def _hot_gpus(ctx: AnalysisContext, th: Thresholds) -> pd.DataFrame:
     if not busy.any():
         return pd.DataFrame(columns=cols)
     per = _per_gpu(ctx, s, busy, {"temp_c": (temp, "median"), "util": (util, "mean")})
+    hosts = per["host"].to_numpy(object)
+    numbers = per["gpu"].to_numpy()
+    temps, utils = per["temp_c"].to_numpy(np.float64), per["util"].to_numpy(np.float64)
     rows = []
-    for host, group in per.groupby("host", sort=True):
-        if len(group) < 2:
+    # per host (sorted), its GPUs in the table's order; a node has a handful of GPUs: a
+    # loop over them, on arrays
+    for host in sorted(set(hosts.tolist())):
+        mine = np.flatnonzero(hosts == host)
+        if len(mine) < 2:
             continue
-        for i, row in group.iterrows():  # a node has a handful of GPUs: loop over GPUs
-            peers = group.drop(index=i)
-            comparable = peers[(peers["util"] - row["util"]).abs() <= th.hot_gpu_util_gap_pct]
-            if comparable.empty:
+        for i in mine:
+            peers = mine[mine != i]
+            comparable = peers[np.abs(utils[peers] - utils[i]) <= th.hot_gpu_util_gap_pct]
+            if not len(comparable):
                 continue
-            peer_temp = float(comparable["temp_c"].median())
-            if row["temp_c"] - peer_temp >= th.hot_gpu_delta_c:
-                peer_util = float(comparable["util"].mean())
-                gpu = int(row["gpu"])
-                temp, util = float(row["temp_c"]), float(row["util"])
+            peer_temp = float(np.median(temps[comparable]))
+            if temps[i] - peer_temp >= th.hot_gpu_delta_c:
+                peer_util = float(np.mean(utils[comparable]))
+                gpu = int(numbers[i])
+                temp, util = float(temps[i]), float(utils[i])
                 rows.append((host, gpu, temp, util, peer_temp, peer_util, len(comparable)))
     return pd.DataFrame(rows, columns=cols)
 

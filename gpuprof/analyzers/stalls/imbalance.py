@@ -15,7 +15,13 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import ImbalanceEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.grouping import appearance_codes, first_rows, label_codes
+from gpuprof.analyzers.grouping import (
+    appearance_codes,
+    dense_codes,
+    first_rows,
+    group_medians,
+    label_codes,
+)
 from gpuprof.analyzers.parts import Parts, deal
 from gpuprof.analyzers.stalls._phase import _memo, _parts
 from gpuprof.analyzers.stalls._resource import (
@@ -152,21 +158,27 @@ def _spread(ctx: AnalysisContext) -> dict:
     return out
 
 
-def _paces(per: pd.DataFrame) -> pd.DataFrame:
-    """``per`` (rank-steps: ``phase``, ``step``, ``hot``, ``dur`` s, ``n_gpu``) with, per
+def _paces(per: pd.DataFrame) -> dict[str, np.ndarray]:
+    """``per``'s rank-steps (``phase``, ``step``, ``hot``, ``dur`` s, ``n_gpu``) with, per
     (phase, step, throttled or not), its ``ranks``, the slowest's ``mx`` s and ``med`` s, the
-    pace the others kept; and ``all_gpus``, the GPUs of each (phase, step)."""
+    pace the others kept; and ``all_gpus``, the GPUs of each (phase, step): one value per
+    row, as the group-bys' transforms give them, figured on the rows' group codes."""
     phase_step, subgroup = _group_keys(per)
-    by = per["dur"].groupby(subgroup, sort=False)
-    per["ranks"] = by.transform("size")
-    per["mx"] = by.transform("max")
+    dur = per["dur"].to_numpy(np.float64)
+    n_gpu = per["n_gpu"].to_numpy()
+    sub, n_sub = dense_codes(subgroup)
+    ranks = np.bincount(sub, minlength=n_sub)
+    mx = np.full(n_sub, np.nan)
+    np.fmax.at(mx, sub, dur)
+    mx = mx[sub]
     # the pace the others kept: the median of every rank but the slowest (with two ranks the
     # median of both would hide half the delay)
-    others = per["dur"].where(per["dur"] < per["mx"])
-    per["med"] = others.groupby(subgroup, sort=False).transform("median")
-    per["med"] = per["med"].fillna(per["mx"])
-    per["all_gpus"] = per["n_gpu"].groupby(phase_step, sort=False).transform("sum")
-    return per
+    med = group_medians(sub, n_sub, np.where(dur < mx, dur, np.nan))[sub]
+    med = np.where(np.isnan(med), mx, med)
+    ps, n_ps = dense_codes(phase_step)
+    all_gpus = np.zeros(n_ps, dtype=n_gpu.dtype)
+    np.add.at(all_gpus, ps, n_gpu)  # GPU counts: whole numbers, any order sums them exactly
+    return {"ranks": ranks[sub], "mx": mx, "med": med, "all_gpus": all_gpus[ps]}
 
 
 def _group_keys(per: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -198,13 +210,15 @@ def _straggler_rows(
                 owners.setdefault(i, g["gpu_of"])
         per = [g["per"].assign(part=i) for i, g in enumerate(got) if g is not None]
         if per:
-            found.append(_slowest(pd.concat(per, ignore_index=True), th))
+            found.append(_slowest(pd.concat(per, ignore_index=True) if len(per) > 1 else per[0],
+                                  th))  # fmt: skip
         del got, per
     if not owners:
         return None
     stragglers = pd.concat(found, ignore_index=True) if found else pd.DataFrame()
     if stragglers.empty:
         return None
+    owners = {i: _gpu_of(o) for i, o in owners.items()}
     stragglers = stragglers.sort_values(["part", "first"], kind="stable")
     stragglers = stragglers.drop(columns=["part", "first"]).reset_index(drop=True)
     return stragglers, pd.concat([owners[i] for i in sorted(owners)])
@@ -258,13 +272,16 @@ def _work_steps(ctx: AnalysisContext) -> pd.Series | None:
 def _slowest(per: pd.DataFrame, th: Thresholds) -> pd.DataFrame:
     """The rank-steps of ``per`` (every rank of each of its phase-steps) that straggle: the
     slowest of a phase-step that runs longer than the pace the others kept."""
-    per = per[np.isfinite(per["n_gpu"].to_numpy(np.float64))]
+    known = np.isfinite(per["n_gpu"].to_numpy(np.float64))
+    if not known.all():
+        per = per[known]
     if per.empty:
         return per
-    per = _paces(per)
-    per = per[per["ranks"] >= 2]
-    slow = (per["mx"] > per["med"] * (1 + th.imbalance_spread_frac)) & (per["mx"] > 0)
-    return per[slow & (per["dur"] >= per["mx"])]
+    paces = _paces(per)
+    mx, med = paces["mx"], paces["med"]
+    slow = (paces["ranks"] >= 2) & (mx > med * (1 + th.imbalance_spread_frac)) & (mx > 0)
+    rows = np.flatnonzero(slow & (per["dur"].to_numpy(np.float64) >= mx))
+    return per.iloc[rows].assign(**{k: v[rows] for k, v in paces.items()})
 
 
 def _rank_work(
@@ -279,44 +296,69 @@ def _rank_work(
     s = ctx.unclaimed_samples
     if spans.empty or s is None or s.empty:
         return None
-    work = spans[_work_mask(ctx)]
-    if work.empty:
-        return None
-    work = work.assign(first=np.arange(len(work)))
+    work = np.flatnonzero(_work_mask(ctx))
+    first = np.arange(len(work))  # the place of each among the part's work spans
     if window is not None:
-        step = work["step"].to_numpy(np.float64)
-        work = work[(step >= window[0]) & (step <= window[1])]
-        if work.empty:
-            return None
+        step = spans["step"].to_numpy(np.float64)[work]
+        inside = (step >= window[0]) & (step <= window[1])
+        work, first = work[inside], first[inside]
+    if not len(work):
+        return None
     # GPUs per owner process (a controller may drive several): each GPU's first sample that
     # has an owner, in sample order (as dropna + drop_duplicates on host and gpu)
     gpu, _ = _gpu_codes(ctx, s)
     with_owner = np.flatnonzero(s["pid"].notna().to_numpy() & (gpu >= 0))
     owners = s.iloc[np.sort(with_owner[np.unique(gpu[with_owner], return_index=True)[1]])]
-    n_gpu = owners.groupby(["owner_host", "pid"]).size()
-    gpu_of = owners.groupby(["owner_host", "pid"])[["host", "gpu"]].first()
-    d = work.assign(dur=(work["end_ns"] - work["start_ns"]) / 1e9)
-    g = d.groupby(["phase", "step", "host", "pid"], sort=False)
+    owner_keys = list(zip(owners["owner_host"].to_numpy(object), owners["pid"].to_numpy()))
+    n_gpu: dict[tuple, int] = {}
+    for key in owner_keys:
+        n_gpu[key] = n_gpu.get(key, 0) + 1
+    # per (phase, step, host, pid), in order of first appearance: pandas' sums of the spans'
+    # seconds, their first start and last end, on one integer code
+    keys = [spans[k].iloc[work] for k in ("phase", "step", "host", "pid")]
+    group = appearance_codes(keys)
+    at = first_rows(group)
+    start = spans["start_ns"].to_numpy(np.int64)[work]
+    end = spans["end_ns"].to_numpy(np.int64)[work]
+    dur = (spans["end_ns"].to_numpy() - spans["start_ns"].to_numpy())[work] / 1e9
+    starts = np.full(len(at), np.iinfo(np.int64).max)
+    ends = np.full(len(at), np.iinfo(np.int64).min)
+    np.minimum.at(starts, group, start)
+    np.maximum.at(ends, group, end)
+    host, pid = keys[2].to_numpy(object)[at], keys[3].to_numpy()[at]
+    counts = [n_gpu.get(key, np.nan) for key in zip(host, pid)]
     per = pd.DataFrame(
-        {"dur": g["dur"].sum(), "start_ns": g["start_ns"].min(), "end_ns": g["end_ns"].max(),
-         "first": g["first"].min()}
-    ).reset_index()  # fmt: skip
-    idx = pd.MultiIndex.from_arrays([per["host"], per["pid"]])
-    per["n_gpu"] = n_gpu.reindex(idx).to_numpy()
+        {
+            **{k.name: k.iloc[at].reset_index(drop=True) for k in keys},
+            "dur": pd.Series(dur, copy=False).groupby(group, sort=False).sum().to_numpy(),
+            "start_ns": starts,
+            "end_ns": ends,
+            "first": first[at],
+            # a reindex leaves NaN (a float column) where an owner has no GPU
+            "n_gpu": np.array(counts, dtype=np.float64 if np.nan in counts else np.int64),
+        }
+    )
     # ranks on throttled GPUs are compared with each other only: their common slowdown is
     # ``throttling``'s, a straggler among them is still imbalance
     if throttled:
-        where = gpu_of.reindex(idx)
+        where = _gpu_of(owners)
+        gpu_at = dict(zip(where.index, zip(where["host"], where["gpu"])))
         per["hot"] = [
             isinstance(h, str) and x == x and (h, int(x)) in throttled
-            for h, x in zip(where["host"], where["gpu"])
+            for h, x in (gpu_at.get(key, (np.nan, np.nan)) for key in zip(host, pid))
         ]
     else:  # no throttled GPU: no rank is on one
         per["hot"] = np.zeros(len(per), dtype=bool)
     return {
         "per": per,
-        "gpu_of": gpu_of,
+        "gpu_of": owners,
     }
+
+
+def _gpu_of(owners: pd.DataFrame) -> pd.DataFrame:
+    """Per owner process (``owner_host``, ``pid``) of the part's GPUs' first samples with an
+    owner: its first GPU's ``host`` and ``gpu``."""
+    return owners.groupby(["owner_host", "pid"])[["host", "gpu"]].first()
 
 
 def _low_gpus(parts: Parts, th: Thresholds) -> Finding | None:

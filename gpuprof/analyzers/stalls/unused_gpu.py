@@ -30,7 +30,7 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     if parts.total_gpu_s <= 0:
         return None
     got = [g for g in parts.map(_measure, th) if g is not None]
-    if not got:
+    if not got or not any(_unused(g[0], th).any() for g in got):
         return None
     per = pd.concat([g[0] for g in got]).sort_index()
     unused = _unused(per, th)
@@ -95,20 +95,21 @@ def _measure(ctx: AnalysisContext, th: Thresholds) -> tuple[pd.DataFrame, tuple]
     code, gpus = _gpu_codes(ctx, s)
     ok = code >= 0
     dt = s["dt_s"].to_numpy(np.float64)
-    grouped = pd.DataFrame(
-        {"busy": busy[ok], "measured": np.isfinite(busy)[ok], "dt": dt[ok],
-         "mem": s["mem_used_bytes"].to_numpy(np.float64)[ok]},
-        copy=False,
-    ).groupby(code[ok], sort=True)  # fmt: skip
+    # the group-by's figures on the GPU numbers (every number has samples): maxima and counts
+    # on arrays, the seconds summed by pandas as the group-by sums them
+    n, group = len(gpus), code[ok]
+    busy_max, mem_max = np.full(n, np.nan), np.full(n, np.nan)
+    np.fmax.at(busy_max, group, busy[ok])
+    np.fmax.at(mem_max, group, s["mem_used_bytes"].to_numpy(np.float64)[ok])
+    gpu_s = pd.Series(dt[ok], copy=False).groupby(group, sort=True).sum().to_numpy()
+    host, number = gpus["host"].to_numpy(), gpus["gpu"].to_numpy()
+    order = np.lexsort((number, pd.factorize(host, sort=True)[0]))  # as ``sort_index``
     per = pd.DataFrame(
-        {"busy_max": grouped["busy"].max(), "measured": grouped["measured"].sum(),
-         "gpu_s": grouped["dt"].sum(), "mem_max": grouped["mem"].max()}
+        {"busy_max": busy_max[order],
+         "measured": np.bincount(group[np.isfinite(busy[ok])], minlength=n)[order],
+         "gpu_s": gpu_s[order], "mem_max": mem_max[order]},
+        index=pd.MultiIndex.from_arrays([host[order], number[order]], names=["host", "gpu"]),
     )  # fmt: skip
-    per.index = pd.MultiIndex.from_arrays(
-        [gpus["host"].to_numpy()[per.index], gpus["gpu"].to_numpy()[per.index]],
-        names=["host", "gpu"],
-    )
-    per = per.sort_index()
     unused = per[_unused(per, th)]
     if len(unused):
         hosts, numbers = zip(*unused.index)
