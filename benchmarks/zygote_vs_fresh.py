@@ -24,10 +24,7 @@ import conftest  # the tests' run_gpuprof and its zygote
 
 
 def timed(args: list[str], fresh: bool) -> float:
-    if fresh:
-        os.environ["FRESH_GPUPROF_PROCESSES"] = "1"
-    else:
-        os.environ.pop("FRESH_GPUPROF_PROCESSES", None)
+    os.environ["ZYGOTE_GPUPROF_PROCESSES"] = "0" if fresh else "1"
     started = time.perf_counter()
     result = conftest.run_gpuprof(*args)
     elapsed = time.perf_counter() - started

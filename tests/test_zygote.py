@@ -102,6 +102,7 @@ def test_fresh_processes_when_asked_for_or_fed_stdin(monkeypatch):
         raise AssertionError("the zygote was asked")
 
     monkeypatch.setattr(conftest, "_zygote_for", no_zygote)
+    monkeypatch.setenv("ZYGOTE_GPUPROF_PROCESSES", "1")
     assert run_gpuprof("--help", input="").returncode == 0
     monkeypatch.setenv("FRESH_GPUPROF_PROCESSES", "1")
     assert run_gpuprof("--help").returncode == 0
