@@ -115,6 +115,18 @@ def inner_join_rows(
     return left_rows, order[np.repeat(starts[lc], each) + k]
 
 
+def isin_rows(
+    left: Sequence[np.ndarray | pd.Series], right: Sequence[np.ndarray | pd.Series]
+) -> np.ndarray:
+    """Per left row (parallel key columns): whether its combination of values is one of the
+    right rows' — ``MultiIndex.from_arrays(left).isin(MultiIndex.from_arrays(right))`` — on
+    integer codes of both."""
+    n = len(left[0]) if len(left) else 0
+    columns = [_joined(_values(a), _values(b)) for a, b in zip(left, right)]
+    codes = appearance_codes(columns, missing_is_value=True)
+    return np.isin(codes[:n], codes[n:])
+
+
 def _values(column: np.ndarray | pd.Series) -> np.ndarray:
     return column.to_numpy() if isinstance(column, pd.Series) else np.asarray(column)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers.grouping import group_rows
 from gpuprof.analyzers.ownership import _gpu_owner
 from gpuprof.analyzers.spans import (
     NO_PHASE,
@@ -125,17 +126,33 @@ def _samples(
     block = np.cumsum(new_gpu) - 1
     dt = _block_durations(t, block, len(starts), run.meta.interval_s)
 
-    # owners per GPU (a left join on a few rows, then spread over each GPU's samples)
-    keys = pd.DataFrame(
-        {"host": host_names.to_numpy(object)[host_code[starts]], "gpu": number[starts]}
-    )
-    cols = ["host", "gpu", "owner_host", "pid", "rank"]
-    per_gpu = keys.merge(owners[cols], on=["host", "gpu"], how="left")
-    if len(per_gpu) != len(keys):  # several owner rows for one GPU: join row by row
-        return _samples_joined(run, spans, owners)
-    owner_host = per_gpu["owner_host"].to_numpy()
-    pid = per_gpu["pid"].to_numpy()
-    phase_code, phase_names, step, in_span = _label_blocks(spans, per_gpu, starts, t)
+    # owners per GPU (a left join on a few rows, then spread over each GPU's samples), looked
+    # up in a dict of the owners' rows: a frame's join costs more than the few GPUs
+    of_gpu: dict[tuple, int] = {}
+    several = False
+    for i, key in enumerate(zip(owners["host"].to_numpy(object), owners["gpu"].to_numpy())):
+        several |= key in of_gpu
+        of_gpu.setdefault(key, i)
+    at = np.array(
+        [of_gpu.get(key, -1)
+         for key in zip(host_names.to_numpy(object)[host_code[starts]], number[starts])],
+        dtype=np.int64,
+    )  # fmt: skip
+    if several:  # a GPU with several owner rows: the samples joined row by row
+        counts: dict[tuple, int] = {}
+        for key in zip(owners["host"].to_numpy(object), owners["gpu"].to_numpy()):
+            counts[key] = counts.get(key, 0) + 1
+        keys = zip(host_names.to_numpy(object)[host_code[starts]], number[starts])
+        if any(counts.get(key, 0) > 1 for key in keys):
+            return _samples_joined(run, spans, owners)
+    found = at >= 0
+
+    def owner_column(name: str) -> np.ndarray:  # the owners' values, NaN where none
+        values = owners[name].to_numpy(object if name == "owner_host" else np.float64)
+        return np.where(found, values[np.maximum(at, 0)], np.nan)
+
+    owner_host, pid, rank = (owner_column(c) for c in ("owner_host", "pid", "rank"))
+    phase_code, phase_names, step, in_span = _label_blocks(spans, owner_host, pid, starts, t)
 
     frame = {
         "host": pd.Categorical.from_codes(host_code, categories=host_names),
@@ -144,7 +161,7 @@ def _samples(
         "dt_s": dt,
         "owner_host": _categorical(owner_host, block),
         "pid": pid[block],
-        "rank": per_gpu["rank"].to_numpy()[block],
+        "rank": rank[block],
         "phase": _categorical(phase_names, phase_code),
         "step": step,
         "in_span": in_span,
@@ -253,11 +270,12 @@ def _block_durations(
 
 
 def _label_blocks(
-    spans: pd.DataFrame, per_gpu: pd.DataFrame, starts: np.ndarray, t: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    spans: pd.DataFrame, owner_host: np.ndarray, pid: np.ndarray, starts: np.ndarray,
+    t: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """Phase (codes into the returned names, ``"(none)"`` outside spans), step and in-span flag
-    of each sample, from the spans of the owner of its GPU (``per_gpu``: one row per block of
-    samples starting at ``starts``)."""
+    of each sample, from the spans of the owner of its GPU (``owner_host``, ``pid``: one per
+    block of samples starting at ``starts``, NaN pid without an owner)."""
     n = len(t)
     span_phase, names = pd.factorize(spans["phase"].to_numpy(object)) if len(spans) else (
         np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object))  # fmt: skip
@@ -269,15 +287,15 @@ def _label_blocks(
     if not len(spans):
         return phase, names, step, in_span
     ends = np.append(starts[1:], n)
-    by_proc = spans.groupby(["host", "pid"], sort=False).indices
+    by_proc = group_rows([spans["host"], spans["pid"]])
     # the span columns the lookup reads, as arrays (row selections of a frame cost more)
     columns = {c: spans[c].to_numpy() for c in ("is_step", "depth", "start_ns", "end_ns", "step")}
-    owned = per_gpu[per_gpu["pid"].notna()]
-    for (o_host, o_pid), blocks in owned.groupby(["owner_host", "pid"], sort=False).indices.items():
+    owned = np.flatnonzero(~np.isnan(pid))
+    for (o_host, o_pid), blocks in group_rows([owner_host[owned], pid[owned]]).items():
         span_rows = by_proc.get((o_host, int(o_pid)))
         if span_rows is None:
             continue
-        b = owned.index.to_numpy()[blocks]
+        b = owned[blocks]
         where = np.concatenate([np.arange(starts[i], ends[i]) for i in b])
         proc_spans = {c: values[span_rows] for c, values in columns.items()}
         inner = _innermost(proc_spans, t[where], False)

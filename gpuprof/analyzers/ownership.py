@@ -50,23 +50,43 @@ def _gpu_inventory(run: Run, host_code: np.ndarray | None = None) -> pd.DataFram
         for g in (run.meta.gpus or [])
         if isinstance(g, dict) and g.get("host") is not None and g.get("index") is not None
     ]
-    meta = pd.DataFrame(rows, columns=["host", "gpu", "uuid"])
     gpu = run.gpu
-    if gpu is not None and len(gpu):
-        host, number = gpu["host"].astype(object), _num(gpu, "gpu")
-        uuid = gpu["uuid"].astype(object) if "uuid" in gpu else None
-        # only two samples per GPU can matter below: its first, and its first with a uuid
-        first = _first_rows(host, number, uuid, host_code)
-        seen = pd.DataFrame(
-            {
-                "host": pd.Series(host.to_numpy(object)[first], dtype=object),
-                "gpu": number[first],
-                "uuid": pd.Series(uuid.to_numpy(object)[first], dtype=object)
-                if uuid is not None
-                else None,
-            }
-        )
-        meta = pd.concat([meta.astype({"gpu": np.float64}), seen], ignore_index=True)
+    if gpu is None or not len(gpu):
+        return _inventory(pd.DataFrame(rows, columns=["host", "gpu", "uuid"]))
+    host, number = gpu["host"].astype(object), _num(gpu, "gpu")
+    uuid = gpu["uuid"].astype(object) if "uuid" in gpu else None
+    # only two samples per GPU can matter below: its first, and its first with a uuid
+    first = _first_rows(host, number, uuid, host_code)
+    # the metadata's GPUs, then the samples' (as one frame of them would read): hosts as
+    # text, GPU numbers through float64, the first uuid that is not missing per GPU; a few
+    # rows, so in Python rather than a frame's group-by
+    meta_gpu = pd.Series([r[1] for r in rows], dtype=object).astype(np.float64).to_numpy()
+    hosts = pd.Series([*(r[0] for r in rows), *host.to_numpy(object)[first]], dtype=object)
+    hosts = hosts.astype(str)
+    numbers = np.concatenate([meta_gpu, number[first]]).astype(np.int64)
+    seen = uuid.to_numpy(object)[first] if uuid is not None else [None] * len(first)
+    uuids = [*(r[2] for r in rows), *seen]
+    found: dict[tuple[Any, int], Any] = {}
+    for h, g, u in zip(hosts.to_numpy(object), numbers.tolist(), uuids):
+        if pd.isna(h):  # no host: in no group
+            continue
+        if found.get((h, g)) is None:
+            found[(h, g)] = None if pd.isna(u) else u
+    if not found:
+        return _inventory(pd.DataFrame({"host": hosts, "gpu": numbers, "uuid": uuids}))
+    keys = sorted(found)
+    return pd.DataFrame(
+        {
+            "host": pd.Series([h for h, _ in keys], dtype=hosts.dtype),
+            "gpu": np.array([g for _, g in keys], dtype=np.int64),
+            # a GPU with no uuid reads None (the group-by's ``first`` of an object column)
+            "uuid": pd.Series([found[k] for k in keys], dtype=object),
+        }
+    )
+
+
+def _inventory(meta: pd.DataFrame) -> pd.DataFrame:
+    """`_gpu_inventory` of the GPUs of ``meta`` (host, gpu, uuid rows) by a group-by."""
     if meta.empty:
         return pd.DataFrame(
             {"host": pd.Series([], dtype=object), "gpu": pd.Series([], dtype=np.int64),
@@ -173,16 +193,15 @@ def _span_processes(
 def _process_events(run: Run) -> pd.DataFrame:
     """The ``process``/``start`` events hooks write once per process: rank, local_rank,
     CUDA_VISIBLE_DEVICES (None = unset) and ppid."""
-    cols = ["host", "pid", "rank_ev", "local_rank_ev", "cvd", "ppid"]
     ev = run.events
     if ev is None or ev.empty or "kind" not in ev:
-        return pd.DataFrame(columns=cols).astype({"pid": np.int64})
+        return _no_process_events()
     rows = np.flatnonzero(
         (ev["kind"].to_numpy(object) == "process") & ev["host"].notna().to_numpy(bool)
         & ev["pid"].notna().to_numpy(bool)
     )  # fmt: skip
     if not len(rows):
-        return pd.DataFrame(columns=cols).astype({"pid": np.int64})
+        return _no_process_events()
     host = ev["host"].astype(object).to_numpy()[rows]
     pid = _num(ev, "pid", rows).astype(np.int64)
     # one row per process: its last event (as ``drop_duplicates(keep="last")``)
@@ -204,6 +223,13 @@ def _process_events(run: Run) -> pd.DataFrame:
         },
         index=last,
     )
+
+
+def _no_process_events() -> pd.DataFrame:
+    """`_process_events` of a run without any: its columns, empty (pid int64, the others
+    object), made column by column (an ``astype`` of an empty frame costs milliseconds)."""
+    cols = ["host", "pid", "rank_ev", "local_rank_ev", "cvd", "ppid"]
+    return pd.DataFrame({c: np.zeros(0, dtype=np.int64 if c == "pid" else object) for c in cols})
 
 
 def _visible_devices(cvd: Any, uuids: np.ndarray, gpus: np.ndarray) -> list[int] | None:
@@ -320,7 +346,10 @@ def _gpu_owner(run: Run, spans: pd.DataFrame, host_code: np.ndarray | None = Non
             rank = rank_of.get((o[0], o[1]), np.nan)
             rows.append((host, int(gpu), uuid, o[0], float(o[1]), float(rank), o[2]))
     out = pd.DataFrame(rows, columns=_OWNER_COLUMNS)
-    return out.astype({"gpu": np.int64, "pid": np.float64, "rank": np.float64})
+    typed = {"gpu": np.int64, "pid": np.float64, "rank": np.float64}
+    if all(out[c].dtype == t for c, t in typed.items()):  # as built (an astype would copy)
+        return out
+    return out.astype(typed)
 
 
 def _controller(procs: dict[str, np.ndarray], among: Any) -> tuple[str, int] | None:

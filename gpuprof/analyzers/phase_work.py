@@ -346,7 +346,34 @@ def _sum_min_count_1(values: pd.Series, grouped: Any) -> pd.Series:
         v = v[np.isfinite(v)]
         if bool((v == np.floor(v)).all()) and float(np.abs(v).sum(initial=0.0)) < 2.0**53:
             return grouped.sum(min_count=1)
+    if values.dtype == np.float64:
+        return _series_sums(values, grouped)
+    if values.dtype == object and values.isna().all():  # a column of None: no group has one
+        return pd.Series(np.nan, index=grouped.size().index, name=values.name)
     return grouped.agg(lambda s: s.sum(min_count=1))
+
+
+def _series_sums(values: pd.Series, grouped: Any) -> pd.Series:
+    """``grouped.agg(lambda s: s.sum(min_count=1))`` of float64 ``values``: each group's
+    values summed as ``Series.sum`` sums them (NaN as 0, then numpy's sum of the group's
+    values in row order; NaN when none is a number), one numpy sum per group of several rows
+    instead of a Series and a Python call per group."""
+    group = grouped.ngroup().to_numpy()
+    index = grouped.size().index
+    v = values.to_numpy(np.float64)
+    read = ~np.isnan(v)
+    out = np.where(np.bincount(group[read], minlength=len(index)) > 0, 0.0, np.nan)
+    order = np.argsort(group, kind="stable")
+    counts = np.bincount(group, minlength=len(index))
+    ends = np.cumsum(counts)
+    one = np.flatnonzero(counts == 1)
+    only = v[order[ends[one] - 1]]
+    out[one] = np.where(np.isnan(only), out[one], only + 0.0)  # numpy's sum starts from 0.0
+    for g in np.flatnonzero(counts > 1):  # a step several processes logged
+        rows = order[ends[g] - counts[g] : ends[g]]
+        if read[rows].any():
+            out[g] = np.where(read[rows], v[rows], 0.0).sum()
+    return pd.Series(out, index=index, name=values.name)
 
 
 def valid_spans(spans: pd.DataFrame) -> pd.DataFrame:

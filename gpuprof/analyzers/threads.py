@@ -16,6 +16,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from gpuprof.analyzers.grouping import appearance_codes, first_rows, isin_rows
 from gpuprof.analyzers.texts import as_texts
 from gpuprof.model import Run
 
@@ -49,16 +50,19 @@ def python_tids(run: Run) -> dict[tuple[str, int], set[int]]:
     if samples is not None and len(samples):
         tid = pd.to_numeric(samples["tid"], errors="coerce")
         ok = tid.notna().to_numpy()
-        keys = pd.DataFrame({"host": as_texts(samples["host"])[ok],
-                             "pid": samples["pid"].to_numpy()[ok].astype(np.int64),
-                             "tid": tid.to_numpy()[ok].astype(np.int64)})  # fmt: skip
-        keys = keys.drop_duplicates()
-        for host, pid, t in keys.itertuples(index=False):
-            out.setdefault((host, int(pid)), set()).add(int(t))
+        host = as_texts(samples["host"])[ok]
+        pid = samples["pid"].to_numpy()[ok].astype(np.int64)
+        tid = tid.to_numpy()[ok].astype(np.int64)
+        # each (host, pid, tid) once, in order of first appearance (``drop_duplicates``)
+        first = first_rows(appearance_codes([host, pid, tid], missing_is_value=True))
+        for h, p, t in zip(host[first], pid[first].tolist(), tid[first].tolist()):
+            out.setdefault((h, int(p)), set()).add(int(t))
     threads = run.threads
     if threads is not None and len(threads):
-        for host, pid in threads[["host", "pid"]].drop_duplicates().itertuples(index=False):
-            out.setdefault((str(host), int(pid)), set()).add(int(pid))
+        host, pid = threads["host"].to_numpy(object), threads["pid"].to_numpy()
+        first = first_rows(appearance_codes([host, pid], missing_is_value=True))
+        for h, p in zip(host[first], pid[first].tolist()):
+            out.setdefault((str(h), int(p)), set()).add(int(p))
     return out
 
 
@@ -72,9 +76,13 @@ def thread_table(run: Run) -> pd.DataFrame | None:
     host = as_texts(threads["host"])
     pid = threads["pid"].to_numpy().astype(np.int64)
     tid = threads["tid"].to_numpy().astype(np.int64)
-    known = pd.MultiIndex.from_tuples([(h, p, t) for (h, p), ts in py.items() for t in ts],
-                                      names=["host", "pid", "tid"])  # fmt: skip
-    is_py = pd.MultiIndex.from_arrays([host, pid, tid]).isin(known)
+    known = [(h, p, t) for (h, p), ts in py.items() for t in ts]
+    is_py = isin_rows(
+        [host, pid, tid],
+        [np.array([k[0] for k in known], dtype=object),
+         np.array([k[1] for k in known], dtype=np.int64),
+         np.array([k[2] for k in known], dtype=np.int64)],
+    )  # fmt: skip
     names = as_texts(threads["name"])
     kinds = {n: thread_kind(n) for n in pd.unique(names)}
     return pd.DataFrame({

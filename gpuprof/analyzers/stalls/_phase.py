@@ -154,6 +154,14 @@ def _gpu_pairs(frame: pd.DataFrame, rows: np.ndarray | None = None) -> list[tupl
     return [(str(h), int(g)) for h, g in zip(hosts, gpus.tolist())]
 
 
+def _phases_of(frame: pd.DataFrame, rows: np.ndarray) -> set[str]:
+    """The phases of a frame's ``rows`` (positions) as text: what ``{str(p) for p in
+    frame["phase"].iloc[rows].unique()}`` gives, read off the column's codes."""
+    codes, names = label_codes(frame["phase"])
+    used = np.unique(codes[rows])
+    return {str(names[c]) if c >= 0 else str(np.nan) for c in used}
+
+
 def _joined_labels(pairs: Iterable[list[tuple[str, int]]]) -> list[str]:
     """``host:gpu`` of the parts' `_gpu_pairs`, sorted, the first `_MAX_GPUS`."""
     joined = sorted({pair for part in pairs for pair in part})

@@ -97,10 +97,10 @@ def _heads(ctx: AnalysisContext) -> tuple | None:
     head = None if s is None else _step_head(ctx, s)
     if head is None or not head.any():
         return None
-    sub = s[head]
-    t = sub["t_ns"].to_numpy(np.int64)
-    a, b = union(t, t + (sub["dt_s"].to_numpy(np.float64) * 1e9).astype(np.int64))
-    return exact_sum(sub["idle_gpu_s"].to_numpy()), _gpu_pairs(sub), a, b
+    rows = np.flatnonzero(head)
+    t = s["t_ns"].to_numpy(np.int64)[rows]
+    a, b = union(t, t + (s["dt_s"].to_numpy(np.float64)[rows] * 1e9).astype(np.int64))
+    return exact_sum(s["idle_gpu_s"].to_numpy()[rows]), _gpu_pairs(s, rows), a, b
 
 
 def _from_timing(ctx: AnalysisContext, th: Thresholds) -> Finding | None:

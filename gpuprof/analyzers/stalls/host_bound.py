@@ -10,7 +10,7 @@ import pandas as pd
 
 from gpuprof.analyzers.evidence import HostBoundEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
-from gpuprof.analyzers.grouping import appearance_codes, asof_backward, first_rows
+from gpuprof.analyzers.grouping import appearance_codes, asof_backward, first_rows, isin_rows
 from gpuprof.analyzers.parts import Parts, exact_sum
 from gpuprof.analyzers.stalls._phase import _gpu_pairs, _memo, _parts
 from gpuprof.analyzers.stalls._resource import (
@@ -267,19 +267,24 @@ def _by_python_thread(p: pd.DataFrame, threads: pd.DataFrame) -> pd.DataFrame:
     """Process samples with ``cpu`` replaced, for processes whose threads were recorded, by
     their busiest Python thread's CPU at the same reading (0 when none was busy: the
     process's threads are read at its own samples); ``by_thread`` marks those rows."""
-    measured = threads[["host", "pid"]].drop_duplicates()
-    py = threads[threads["python"]]
-    busiest = py.groupby(["host", "pid", "t_ns"], sort=False)["cpu"].max()
-    keys = pd.MultiIndex.from_arrays([p["host"].to_numpy(object), p["pid"].astype(np.int64),
-                                      p["t_ns"].to_numpy(np.int64)])  # fmt: skip
-    own = pd.MultiIndex.from_frame(measured.astype({"pid": np.int64}))
-    mine = pd.MultiIndex.from_arrays([keys.get_level_values(0), keys.get_level_values(1)])
-    by_thread = mine.isin(own)
-    got = busiest.reindex(keys).to_numpy(np.float64)
-    out = p.copy()
-    out["cpu"] = np.where(by_thread, np.nan_to_num(got, nan=0.0), p["cpu"].to_numpy())
-    out["by_thread"] = by_thread
-    return out
+    host = p["host"].to_numpy(object)
+    pid = p["pid"].to_numpy().astype(np.int64)
+    t = p["t_ns"].to_numpy(np.int64)
+    t_host = threads["host"].to_numpy(object)
+    t_pid = threads["pid"].to_numpy().astype(np.int64)
+    by_thread = isin_rows([host, pid], [t_host, t_pid])
+    # the busiest Python thread at each process reading: the largest CPU of the Python
+    # threads' readings of the same process and instant (NaN: none), on codes of both
+    py = np.flatnonzero(threads["python"].to_numpy(bool))
+    codes = appearance_codes(
+        [np.concatenate([host, t_host[py]]), np.concatenate([pid, t_pid[py]]),
+         np.concatenate([t, threads["t_ns"].to_numpy(np.int64)[py]])],
+    )  # fmt: skip
+    busiest = np.full(int(codes.max(initial=-1)) + 1, np.nan)
+    np.fmax.at(busiest, codes[len(p) :], threads["cpu"].to_numpy(np.float64)[py])
+    got = busiest[codes[: len(p)]]
+    return p.assign(cpu=np.where(by_thread, np.nan_to_num(got, nan=0.0), p["cpu"].to_numpy()),
+                    by_thread=by_thread)  # fmt: skip
 
 
 def _thread_evidence(evidence: HostBoundEvidence, parts: Parts,
@@ -372,6 +377,6 @@ def _runtime_idle(ctx: AnalysisContext) -> dict | None:
     return {
         "idle": exact_sum(idle[inside]),
         "runs": _runs(s, inside, idle),
-        "gpus": _gpu_pairs(s[inside]),
+        "gpus": _gpu_pairs(s, np.flatnonzero(inside)),
         "calls": spans.loc[spans["phase"].isin(RUNTIME_PHASES), ["phase", "start_ns", "end_ns"]],
     }

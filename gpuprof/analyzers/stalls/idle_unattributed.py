@@ -17,6 +17,7 @@ from gpuprof.analyzers.stalls._phase import (
     _minutes,
     _num,
     _parts,
+    _phases_of,
     _split_of,
     wait_inputs,
 )
@@ -75,14 +76,14 @@ def _alone(ctx: AnalysisContext, th: Thresholds, grid: dict, heads: bool) -> dic
     # idle samples only: the gaps between kernels of a busy stretch are not idle time
     mask, idle = split["alone"] & _is_idle(s, th), split["idle"]
     measured_dt = s["dt_s"].to_numpy(np.float64)[np.isfinite(s["busy_frac"].to_numpy(np.float64))]
-    sub = s[mask]
+    rows = np.flatnonzero(mask)
     t, dt = s["t_ns"].to_numpy(np.int64), s["dt_s"].to_numpy(np.float64)
     return {
         "lost": exact_sum(idle[mask]),
         "outside": exact_sum(idle[mask & (s["phase"] == NO_PHASE).to_numpy()]),
         "run_idle": exact_sum(idle),
         "measured": exact_sum(measured_dt),
-        "gpus": _gpu_pairs(sub),
-        "phases": {str(p) for p in sub["phase"].unique()},
+        "gpus": _gpu_pairs(s, rows),
+        "phases": _phases_of(s, rows),
         "stretches": stretches(t, dt, mask, idle),
     }

@@ -14,6 +14,7 @@ from gpuprof.analyzers.stalls._resource import (
     UPDATE_PHASES,
     _finding,
     _fmt_gpu_s,
+    _gpu_codes,
     _intervals,
     _num,
     _offload_mask,
@@ -92,6 +93,25 @@ def _memory_state(ctx: AnalysisContext) -> tuple[bool, bool] | None:
     return bool(np.isfinite(_num(s, "mem_used_bytes")).any()), rollout
 
 
+def _listed_totals(ctx: AnalysisContext, s: pd.DataFrame) -> np.ndarray:
+    """Per sample of ``s``: its GPU's memory in the run's inventory (``meta.gpus``; the first
+    listing of a GPU; NaN when unlisted), looked up once per GPU (a join of the samples on
+    host and GPU number would look it up once per sample)."""
+    listed = [g for g in ctx.run.meta.gpus or [] if isinstance(g, dict)]
+    gpu = pd.to_numeric(pd.Series([g.get("index") for g in listed], dtype=object),
+                        errors="coerce").to_numpy(np.float64)  # fmt: skip
+    total = pd.to_numeric(pd.Series([g.get("mem_total_bytes") for g in listed], dtype=object),
+                          errors="coerce").to_numpy(np.float64)  # fmt: skip
+    of_gpu: dict[tuple[str, float], float] = {}
+    for g, number, value in zip(listed, gpu.tolist(), total.tolist()):
+        if number == number:  # a GPU number (not NaN): its first listing counts
+            of_gpu.setdefault((str(g.get("host")), number), value)
+    code, gpus = _gpu_codes(ctx, s)
+    hosts = as_texts(gpus["host"])
+    per_gpu = [of_gpu.get((h, float(n)), np.nan) for h, n in zip(hosts, gpus["gpu"].tolist())]
+    return np.array([*per_gpu, np.nan], dtype=np.float64)[code]  # code -1 takes the NaN
+
+
 def _headroom(ctx: AnalysisContext, th: Thresholds, rollout: bool) -> dict | None:
     """One part's GPUs in rollout (``rollout``) or else update samples: per GPU the peak
     share of memory used, GPU-seconds, peak and total bytes; the update phases seen; the runs
@@ -102,19 +122,7 @@ def _headroom(ctx: AnalysisContext, th: Thresholds, rollout: bool) -> dict | Non
     used, total = _num(s, "mem_used_bytes"), _num(s, "mem_total_bytes")
     # total from the inventory when samples lack it
     if not np.isfinite(total).all():
-        listed = [g for g in ctx.run.meta.gpus or [] if isinstance(g, dict)]
-        inv = pd.DataFrame(
-            [(str(g.get("host")), g.get("index"), g.get("mem_total_bytes")) for g in listed],
-            columns=["host", "gpu", "total"],
-        )
-        inv["gpu"] = pd.to_numeric(inv["gpu"], errors="coerce")
-        inv["total"] = pd.to_numeric(inv["total"], errors="coerce").astype(np.float64)
-        inv = inv.dropna(subset=["gpu"]).drop_duplicates(["host", "gpu"])
-        keys = pd.DataFrame({"host": as_texts(s["host"]),
-                             "gpu": s["gpu"].to_numpy(np.float64)})  # fmt: skip
-        fill = keys.merge(inv.astype({"gpu": np.float64}), on=["host", "gpu"], how="left")
-        fill = fill["total"].to_numpy(np.float64)
-        total = np.where(np.isfinite(total), total, fill)
+        total = np.where(np.isfinite(total), total, _listed_totals(ctx, s))
     phase, names = label_codes(s["phase"])  # compared as codes, not strings
     code_of = {name: i for i, name in enumerate(names)}
     if rollout:

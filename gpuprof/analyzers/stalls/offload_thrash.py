@@ -121,7 +121,7 @@ def _heavy_rows(ctx: AnalysisContext, th: Thresholds) -> dict | None:
     }  # fmt: skip
     out["lost_s"] = exact_sum(lost)  # over every sample, as the whole run's sum is taken
     out["runs"] = _runs(s, heavy, lost)
-    out["gpus"] = _gpu_pairs(s[heavy])
+    out["gpus"] = _gpu_pairs(s, np.flatnonzero(heavy))
     return out
 
 

@@ -8,6 +8,7 @@ import pandas as pd
 from gpuprof.analyzers.breakdown import group_sums, keyed_sums
 from gpuprof.analyzers.evidence import PipelineBubbleEvidence
 from gpuprof.analyzers.findings import AnalysisContext, Finding, Thresholds
+from gpuprof.analyzers.grouping import appearance_codes, first_rows
 from gpuprof.analyzers.parts import Parts, stretches, top_stretches
 from gpuprof.analyzers.stalls._phase import (
     _conf,
@@ -16,6 +17,7 @@ from gpuprof.analyzers.stalls._phase import (
     _minutes,
     _num,
     _parts,
+    _phases_of,
     _samples,
     _split_of,
     add_bin_counts,
@@ -99,7 +101,10 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
 
 def _n_gpus(ctx: AnalysisContext) -> int:
     s = _samples(ctx)
-    return 0 if s is None else int(s[["host", "gpu"]].drop_duplicates().shape[0])
+    if s is None:
+        return 0
+    # distinct (host, gpu) pairs, a missing value one like the others (``drop_duplicates``)
+    return len(first_rows(appearance_codes([s["host"], s["gpu"]], missing_is_value=True)))
 
 
 def _bubbles(ctx: AnalysisContext, th: Thresholds, grid: dict, heads: bool) -> dict | None:
@@ -130,13 +135,13 @@ def _bubbles(ctx: AnalysisContext, th: Thresholds, grid: dict, heads: bool) -> d
     )
     # per time bin (`_phase.bin_index`: only those that hold samples, however far apart)
     keys, where = bin_index(split["bins"])
-    sub = s[mask]
+    rows = np.flatnonzero(mask)
     return {
         "per_gpu": keyed_sums(frame, ["step", "host", "g"], ["wall", "work", "bubble"]),
         "bins": keys,
         "in_bin": np.bincount(where, minlength=len(keys)),
         "bubbled": np.bincount(where[mask], minlength=len(keys)),
-        "gpus": _gpu_pairs(sub),
-        "phases": {str(p) for p in sub["phase"].unique()},
+        "gpus": _gpu_pairs(s, rows),
+        "phases": _phases_of(s, rows),
         "stretches": stretches(s["t_ns"].to_numpy(np.int64), dt, mask, idle),
     }

@@ -70,13 +70,16 @@ def detect(ctx: AnalysisContext | Parts, th: Thresholds) -> Finding | None:
     )
 
 
-def _unused(per: pd.DataFrame, th: Thresholds) -> pd.Series:
-    return (
-        (per["measured"] > 0)
-        & (per["busy_max"] <= th.unused_util_pct)
-        & (per["gpu_s"] >= th.unused_min_s)
-        & ~(per["mem_max"] > th.unused_mem_bytes)  # NaN memory (not reported) passes
-    )
+def _unused(per: pd.DataFrame, th: Thresholds) -> np.ndarray:
+    """Which GPUs of ``per`` look unused (a mask, row by row)."""
+    with np.errstate(invalid="ignore"):
+        return (
+            (per["measured"].to_numpy() > 0)
+            & (per["busy_max"].to_numpy(np.float64) <= th.unused_util_pct)
+            & (per["gpu_s"].to_numpy(np.float64) >= th.unused_min_s)
+            # NaN memory (not reported) passes
+            & ~(per["mem_max"].to_numpy(np.float64) > th.unused_mem_bytes)
+        )
 
 
 def _measure(ctx: AnalysisContext, th: Thresholds) -> tuple[pd.DataFrame, tuple] | None:
