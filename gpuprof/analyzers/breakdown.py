@@ -314,22 +314,37 @@ def _wall_parts(
     )
     left = with_pid[left]
 
-    def column(name: str) -> pd.Series:  # a joined column, with the dtype the join gives it
-        return wall[name].iloc[right] if name in ("phase", "step") else owners[name].iloc[left]
+    def side(name: str) -> tuple[pd.DataFrame, np.ndarray]:  # the joined rows' source
+        return (wall, right) if name in ("phase", "step") else (owners, left)
+
+    def values(name: str) -> Any:  # a joined column as a group-by compares it
+        frame, rows = side(name)
+        column = frame[name]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            return column.iloc[rows]
+        return column.to_numpy()[rows]
 
     keys_gpu = list(dict.fromkeys([*by, "owner_host", "pid", "host", "gpu"]))
     keys_owner = list(dict.fromkeys([*by, "owner_host", "pid"]))
     # one owner may drive several GPUs: sum per GPU (pandas' sums, in row order), then count
     # each owner once (its first GPU's sum)
-    per_gpu = appearance_codes([column(k) for k in keys_gpu], missing_is_value=True)
+    columns = {k: values(k) for k in keys_gpu}
+    per_gpu = appearance_codes(list(columns.values()), missing_is_value=True)
     sums = wall["wall_s"].iloc[right].groupby(per_gpu, sort=False).sum().to_numpy()
     first = first_rows(per_gpu)
-    owner = appearance_codes([column(k).iloc[first] for k in keys_owner], missing_is_value=True)
+    owner = appearance_codes(
+        [c.iloc[first] if isinstance(c, pd.Series) else c[first]
+         for c in (columns[k] for k in keys_owner)],
+        missing_is_value=True,
+    )  # fmt: skip
     once = first_rows(owner)
     rows = first[once]
-    agg = pd.DataFrame(
-        {**{k: column(k).iloc[rows].reset_index(drop=True) for k in by}, "wall_s": sums[once]}
-    )
+
+    def joined(name: str) -> pd.Series:  # the key of the chosen rows, as the join types it
+        frame, at = side(name)
+        return frame[name].iloc[at[rows]].reset_index(drop=True)
+
+    agg = pd.DataFrame({**{k: joined(k) for k in by}, "wall_s": sums[once]})
     if "phase" not in by:
         return agg, None
     keys = list(dict.fromkeys([*by, "host", "gpu"]))

@@ -93,13 +93,12 @@ def _node_spans(ctx: AnalysisContext) -> dict[str, Any]:
         return out
     out["hosts"] = set(spans["host"].dropna().unique().tolist())
     if "rank" in spans:
-        known = spans.dropna(subset=["rank"])
-        out["ranks"] = pd.DataFrame(
-            {
-                "host": known["host"].to_numpy(object),
-                "rank": known["rank"].to_numpy(np.float64).astype(np.int64),
-            }
-        ).drop_duplicates()
+        rank = spans["rank"].to_numpy(np.float64)
+        known = np.flatnonzero(~np.isnan(rank))
+        host, rank = spans["host"].to_numpy(object)[known], rank[known].astype(np.int64)
+        # each (host, rank) once, where first seen (``drop_duplicates``)
+        first = first_rows(appearance_codes([host, rank], missing_is_value=True))
+        out["ranks"] = pd.DataFrame({"host": host[first], "rank": rank[first]}, index=first)
     return out
 
 
@@ -328,8 +327,14 @@ def ranks_per_node(spans: pd.DataFrame) -> int:
     """The most ranks any node runs (1 without rank information)."""
     if spans.empty or "rank" not in spans:
         return 1
-    per_node = spans.dropna(subset=["rank"]).groupby("host")["rank"].nunique()
-    return int(per_node.max()) if len(per_node) else 1
+    rank = spans["rank"]
+    if rank.dtype.kind not in "iuf":  # ranks of another kind: pandas counts them
+        per_node = spans.dropna(subset=["rank"]).groupby("host")["rank"].nunique()
+        return int(per_node.max()) if len(per_node) else 1
+    # distinct ranks per host (a rank or a host missing: counted nowhere), on codes
+    pairs = appearance_codes([spans["host"], rank.to_numpy(np.float64, na_value=np.nan)])
+    hosts = appearance_codes([spans["host"]])[first_rows(pairs)]
+    return int(np.bincount(hosts).max()) if len(hosts) else 1
 
 
 def is_multi_node(spans: pd.DataFrame) -> bool:
@@ -387,21 +392,22 @@ def _straggler_rows(spans: pd.DataFrame) -> pd.DataFrame:
                           & np.isfinite(spans["step"].to_numpy(np.float64)))  # fmt: skip
     if not len(work):
         return pd.DataFrame(columns=_STRAGGLER_ROWS)
-    keys = [spans[k].iloc[work] for k in ("phase", "step", "host")]
+    names = ("phase", "step", "host")
+    keys = [spans[k].to_numpy()[work] for k in names]
     dur = (spans["end_ns"].to_numpy() - spans["start_ns"].to_numpy())[work].astype(np.int64)
     # per rank (process) its summed nanoseconds, then per node its slowest rank's: integer
     # sums and maxima on group codes, in the order of first appearance a group-by gives
-    rank = appearance_codes([*keys, spans["pid"].iloc[work]])
+    rank = appearance_codes([*keys, spans["pid"].to_numpy()[work]])
     ok = rank >= 0
     per_rank = np.zeros(int(rank.max(initial=-1)) + 1, dtype=np.int64)
     np.add.at(per_rank, rank[ok], dur[ok])
     first = first_rows(rank)
-    node = appearance_codes([k.iloc[first] for k in keys])
+    node = appearance_codes([k[first] for k in keys])
     per_node = np.full(int(node.max(initial=-1)) + 1, np.iinfo(np.int64).min)
     np.maximum.at(per_node, node[node >= 0], per_rank[node >= 0])
-    at = first[first_rows(node)]
+    at = work[first[first_rows(node)]]
     return pd.DataFrame(
-        {**{k.name: k.iloc[at].reset_index(drop=True) for k in keys}, "dur_ns": per_node}
+        {**{k: spans[k].iloc[at].reset_index(drop=True) for k in names}, "dur_ns": per_node}
     )
 
 

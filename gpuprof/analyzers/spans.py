@@ -42,7 +42,9 @@ def _num(
     column = frame[name]
     if rows is not None and column.dtype in (np.float64, np.int64):  # no coercion needed
         return column.to_numpy().take(rows).astype(dtype, copy=False)
-    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=dtype, na_value=np.nan)
+    if not (isinstance(column.dtype, np.dtype) and column.dtype.kind in "iuf"):
+        column = pd.to_numeric(column, errors="coerce")  # numbers already: as they are
+    values = column.to_numpy(dtype=dtype, na_value=np.nan)
     return values if rows is None else values[rows]
 
 

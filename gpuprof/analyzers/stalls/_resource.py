@@ -94,7 +94,10 @@ _MAX_INTERVALS = 20
 def _num(frame: pd.DataFrame, name: str) -> np.ndarray:
     if frame is None or name not in frame:
         return np.full(0 if frame is None else len(frame), np.nan)
-    return pd.to_numeric(frame[name], errors="coerce").to_numpy(np.float64, na_value=np.nan)
+    column = frame[name]
+    if not (isinstance(column.dtype, np.dtype) and column.dtype.kind in "iuf"):
+        column = pd.to_numeric(column, errors="coerce")  # numbers already: as they are
+    return column.to_numpy(np.float64, na_value=np.nan)
 
 
 def _gpu_label(host: Any, gpu: Any) -> str:
