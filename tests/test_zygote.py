@@ -11,7 +11,11 @@ import sys
 import conftest
 import pytest
 from conftest import ROOT, clean_env, gpuprof_cmd, run_gpuprof
+from simnvml import simnvml_env, write_scenario
+from simnvml.fixtures import simnvml_build, simnvml_lib  # noqa: F401
 from zygote import Zygote
+
+from gpuprof import store
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +99,22 @@ def test_requests_the_zygote_cannot_reproduce_run_fresh(zygote):
     assert not zygote.serves(clean_env(PYTHONPATH="/elsewhere"))
     assert not zygote.serves(clean_env(PYTHONIOENCODING="latin-1"))
     assert not zygote.serves(clean_env(OMP_NUM_THREADS="7"))
+    assert not zygote.serves(clean_env(LD_LIBRARY_PATH="/opt/simulated-nvml"))
+
+
+def test_a_watch_given_a_library_path_finds_the_library(monkeypatch, tmp_path, simnvml_lib):
+    """The loader reads LD_LIBRARY_PATH once, when a process starts: a watch whose environment
+    points at the simulated NVML library samples its GPU even with the zygote on."""
+    monkeypatch.setenv("ZYGOTE_GPUPROF_PROCESSES", "1")
+    monkeypatch.delenv("FRESH_GPUPROF_PROCESSES", raising=False)
+    scenario = write_scenario(tmp_path / "scenario.txt", {"gpus": [{"name": "NVIDIA H100"}]})
+    env = simnvml_env(simnvml_lib, scenario, base=clean_env())
+    run_dir = tmp_path / "run"
+    script = "import time; time.sleep(0.6)"
+    watched = run_gpuprof("watch", "-o", str(run_dir), "--interval", "0.1", "--no-auto", "--",
+                          sys.executable, "-c", script, env=env, timeout=120)  # fmt: skip
+    assert watched.returncode == 0, watched.stderr
+    assert len(store.load_run(run_dir).gpu) > 0
 
 
 def test_fresh_processes_when_asked_for_or_fed_stdin(monkeypatch):

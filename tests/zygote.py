@@ -54,9 +54,13 @@ PRELOAD = (
 its start on. gpuprof's own modules follow (`_preload_gpuprof`); none reads the environment or
 the working directory when imported (``tests/test_zygote.py`` holds them to that)."""
 
-_SAME_AS_ZYGOTE = ("PYTHON", "LC_", "LANG", "OMP_", "OPENBLAS_", "MKL_", "ARROW_", "PANDAS_")
-"""Environment variables read when the interpreter or a preloaded module starts: a request
-whose values differ from the zygote's runs as a fresh process instead."""
+_SAME_AS_ZYGOTE = (
+    "PYTHON", "LC_", "LANG", "OMP_", "OPENBLAS_", "MKL_", "ARROW_", "PANDAS_", "LD_",
+)  # fmt: skip
+"""Environment variables read when the interpreter, the dynamic loader or a preloaded module
+starts: a request whose values differ from the zygote's runs as a fresh process instead.
+``LD_LIBRARY_PATH`` is one: the loader reads it once, so a forked child given the simulated
+NVML library's directory would still not find the library."""
 
 _FRESH_ONLY = ("PYTHONIOENCODING", "PYTHONWARNINGS", "PYTHONDEVMODE")
 """Settings of the standard streams and warnings a child would have to rebuild: a request
