@@ -445,10 +445,9 @@ def test_an_experiment_the_training_makes_late_is_left_to_it(tmp_path, simnvml_l
     # which would make the training's create_experiment fail ("already exists")
     pytest.importorskip("mlflow")
     env = tracker_env(tmp_path, simnvml_lib, MLFLOW_EXPERIMENT_NAME="grpo")
-    # the wait is six points: 3 s points give the child (which imports MLflow, seconds on a
-    # loaded machine, then sleeps) 18 s to make its experiment, as a minute would at 10 s
-    result, _ = watch(tmp_path, env, "--log-to", "mlflow", child=LATE_EXPERIMENT_CHILD,
-                      log_interval="3")  # fmt: skip
+    # the wait is a minute of the watch, whatever the points' interval: the child (which
+    # imports MLflow, seconds on a loaded machine, then sleeps) makes its experiment well within
+    result, _ = watch(tmp_path, env, "--log-to", "mlflow", child=LATE_EXPERIMENT_CHILD)
     assert result.returncode == 0, result.stderr
     assert "already exists" not in result.stderr
     client = mlflow_client(tmp_path)
@@ -458,6 +457,35 @@ def test_an_experiment_the_training_makes_late_is_left_to_it(tmp_path, simnvml_l
     (own,) = [r for r in runs if r.data.tags.get("gpuprof.role") == "profiler"]
     assert own.info.status == "FINISHED" and own.data.metrics["gpuprof/steps"] == 4
     assert own.data.tags["mlflow.parentRunId"] in {r.info.run_id for r in runs}
+
+
+def test_an_experiment_nobody_makes_is_made_after_a_minute_of_the_watch(tmp_path):
+    """The wait for the training's experiment is a minute of the watch's clock, whatever the
+    points' interval: points before it are kept, the one after it makes the experiment and
+    the run, and every kept point lands in it."""
+    pytest.importorskip("mlflow")
+    from gpuprof.reports.tracker_sink import EXPERIMENT_WAIT_S, MlflowWriter
+
+    client = mlflow_client(tmp_path)
+    start = 1_700_000_000.0
+    writer = MlflowWriter({"tracking_uri": (tmp_path / "mlruns").as_uri(), "start_s": start,
+                           "experiment_name": "grpo", "gpuprof_run_dir": str(tmp_path / "run"),
+                           "gpuprof_run_id": "r1"})  # fmt: skip
+    writer.open()
+
+    def point(step: int, t: float) -> dict:
+        return {"op": "log", "step": step, "t": t, "metrics": {"gpuprof/steps": step},
+                "texts": {}}  # fmt: skip
+
+    for step, t in enumerate((1.0, 20.0, EXPERIMENT_WAIT_S - 1)):  # 0.1 s points or 10 s
+        writer.log(point(step, start + t))
+    assert client.get_experiment_by_name("grpo") is None and writer.run_id is None
+    writer.log(point(3, start + EXPERIMENT_WAIT_S))
+    experiment = client.get_experiment_by_name("grpo").experiment_id
+    (own,) = client.search_runs([experiment])
+    history = client.get_metric_history(own.info.run_id, "gpuprof/steps")
+    assert [m.step for m in history] == [0, 1, 2, 3]
+    writer.close()
 
 
 # ----- trackers that fail: one line each, the command untouched

@@ -32,9 +32,11 @@ from typing import Any, TextIO
 INSTALL_HINT = "pip install 'gpuprof[trackers]'"
 DISCOVER_TRIES = 30
 """Times (one per point) the training's own run is looked for to link to it."""
-EXPERIMENT_WAIT_POINTS = 6
-"""Live points (a minute at the default interval) kept while a named MLflow experiment does
-not exist yet, for the training to create it; then gpuprof creates it."""
+EXPERIMENT_WAIT_S = 60.0
+"""Seconds of the watch (on its clock, from its start) during which a named MLflow experiment
+that does not exist yet is left for the training to create, its live points kept; then gpuprof
+creates it. In seconds, not points: a training that loads a model before it makes its
+experiment takes as long whatever ``--log-interval`` is."""
 
 
 class SinkError(Exception):
@@ -263,7 +265,7 @@ class MlflowWriter(Writer):
     def _start_own(self, create: bool) -> None:
         """gpuprof's own run, once its experiment exists. A named experiment that does not
         exist yet is left for the training to create (its own get-or-create would fail if
-        gpuprof made it in between) for `EXPERIMENT_WAIT_POINTS` points, then made here."""
+        gpuprof made it in between) for `EXPERIMENT_WAIT_S` of the watch, then made here."""
         spec, client = self.spec, self.client
         experiment = self._experiment(create)
         if experiment is None:
@@ -299,9 +301,12 @@ class MlflowWriter(Writer):
                 raise
             return found.experiment_id
 
-    def _ready(self, force: bool = False) -> bool:
+    def _ready(self, force: bool = False, t: float | None = None) -> bool:
+        """Whether gpuprof's run exists (made now if its experiment does); ``t`` is the time
+        (s since the epoch) of the point at hand."""
         if self.run_id is None:
-            self._start_own(create=force or len(self.waiting) >= EXPERIMENT_WAIT_POINTS)
+            waited = t is not None and t - float(self.spec["start_s"]) >= EXPERIMENT_WAIT_S
+            self._start_own(create=force or waited)
         return self.run_id is not None
 
     def _link(self) -> None:
@@ -325,7 +330,7 @@ class MlflowWriter(Writer):
                 return
 
     def log(self, message: dict[str, Any]) -> None:
-        if not self._ready():
+        if not self._ready(t=float(message["t"])):
             self.waiting.append(message)
             return
         self._log(message)
