@@ -12,10 +12,11 @@ import conftest
 import pytest
 from conftest import ROOT, clean_env, gpuprof_cmd, run_gpuprof
 from simnvml import simnvml_env, write_scenario
-from simnvml.fixtures import simnvml_build, simnvml_lib  # noqa: F401
 from zygote import Zygote
 
 from gpuprof import store
+
+pytest_plugins = ["simnvml.fixtures"]
 
 
 @pytest.fixture(scope="module")
