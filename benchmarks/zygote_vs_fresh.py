@@ -24,7 +24,7 @@ import conftest  # the tests' run_gpuprof and its zygote
 
 
 def timed(args: list[str], fresh: bool) -> float:
-    os.environ["ZYGOTE_GPUPROF_PROCESSES"] = "0" if fresh else "1"
+    os.environ["FRESH_GPUPROF_PROCESSES"] = "1" if fresh else "0"
     started = time.perf_counter()
     result = conftest.run_gpuprof(*args)
     elapsed = time.perf_counter() - started

@@ -58,17 +58,15 @@ def wandb_offline(tmp: Path) -> dict[str, str]:
 def run_gpuprof(
     *args: str, timeout: float = 120, text: bool = True, cwd=None, env=None, **kwargs
 ) -> subprocess.CompletedProcess:
-    """``python -m gpuprof ARGS`` to its end, output captured, in a fresh process; with
-    ``ZYGOTE_GPUPROF_PROCESSES=1``, forked from this worker's zygote (``tests/zygote.py``, the
-    same ``__main__`` without ~1 s of imports) where it can stand for a fresh process.
+    """``python -m gpuprof ARGS`` to its end, output captured: forked from this worker's zygote
+    (``tests/zygote.py``, the same ``__main__`` without ~1 s of imports) where it can stand for
+    a fresh process, else in a fresh process (always with ``FRESH_GPUPROF_PROCESSES=1``).
 
-    The zygote is off by default: one test (``test_printed_timings.py``'s watched runs, whose
-    GPU samples read back empty after a forked ``analyze``) tells the two apart, for a reason
-    not yet found."""
+    A request with other ``LD_*`` variables (the simulated NVML library's directory) is
+    forked from a zygote started with them: the dynamic loader reads them once, at start."""
     env = env or clean_env()
     args = tuple(map(str, args))
-    wanted = os.environ.get("ZYGOTE_GPUPROF_PROCESSES") == "1"
-    if wanted and not kwargs and os.environ.get("FRESH_GPUPROF_PROCESSES") != "1":
+    if not kwargs and os.environ.get("FRESH_GPUPROF_PROCESSES") != "1":
         zygote = _zygote_for(env)
         if zygote is not None:
             return zygote.run(list(args), env, cwd, timeout, text)
@@ -78,14 +76,22 @@ def run_gpuprof(
     )  # fmt: skip
 
 
-_ZYGOTE: list[Zygote] = []
+_ZYGOTES: dict[tuple[tuple[str, str], ...], Zygote] = {}
+_MOST_ZYGOTES = 3
+"""Zygotes a worker keeps: one per set of the dynamic loader's variables (``LD_*``, read
+once when a process starts), such as the simulated NVML library's directory."""
 
 
 def _zygote_for(env: dict[str, str]) -> Zygote | None:
-    if not _ZYGOTE:
-        _ZYGOTE.append(Zygote(clean_env()))
-        atexit.register(_ZYGOTE[0].close)
-    return _ZYGOTE[0] if _ZYGOTE[0].serves(env) else None
+    loader = tuple(sorted((k, v) for k, v in env.items() if k.startswith("LD_")))
+    zygote = _ZYGOTES.get(loader)
+    if zygote is None:
+        if len(_ZYGOTES) >= _MOST_ZYGOTES:
+            return None
+        base = {k: v for k, v in clean_env().items() if not k.startswith("LD_")}
+        zygote = _ZYGOTES[loader] = Zygote({**base, **dict(loader)})
+        atexit.register(zygote.close)
+    return zygote if zygote.serves(env) else None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -102,6 +108,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
     for folder in (ROOT / "gpuprof", ROOT / "tests", ROOT / "examples"):
         compileall.compile_dir(folder, quiet=2, workers=1)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Workers for ``-n auto``: one more than the cores this process may run on. On two cores
+    with one worker each, the suite kept them 148 % busy of 200 %: much of its time is spent
+    waiting for watched programs, their sleeps and the processes they start. A third worker
+    fills that (179 %, docs/PERFORMANCE.md)."""
+    return len(os.sched_getaffinity(0)) + 1
 
 
 SLOWEST_FIRST = (

@@ -105,8 +105,8 @@ def test_requests_the_zygote_cannot_reproduce_run_fresh(zygote):
 
 def test_a_watch_given_a_library_path_finds_the_library(monkeypatch, tmp_path, simnvml_lib):
     """The loader reads LD_LIBRARY_PATH once, when a process starts: a watch whose environment
-    points at the simulated NVML library samples its GPU even with the zygote on."""
-    monkeypatch.setenv("ZYGOTE_GPUPROF_PROCESSES", "1")
+    points at the simulated NVML library is forked from a zygote started with that path, and
+    samples its GPU."""
     monkeypatch.delenv("FRESH_GPUPROF_PROCESSES", raising=False)
     scenario = write_scenario(tmp_path / "scenario.txt", {"gpus": [{"name": "NVIDIA H100"}]})
     env = simnvml_env(simnvml_lib, scenario, base=clean_env())
@@ -116,6 +116,9 @@ def test_a_watch_given_a_library_path_finds_the_library(monkeypatch, tmp_path, s
                           sys.executable, "-c", script, env=env, timeout=120)  # fmt: skip
     assert watched.returncode == 0, watched.stderr
     assert len(store.load_run(run_dir).gpu) > 0
+    # forked, from a zygote of its own that started with that library path
+    loaders = [dict(key).get("LD_LIBRARY_PATH") for key in conftest._ZYGOTES]
+    assert env["LD_LIBRARY_PATH"] in loaders
 
 
 def test_fresh_processes_when_asked_for_or_fed_stdin(monkeypatch):
@@ -123,7 +126,7 @@ def test_fresh_processes_when_asked_for_or_fed_stdin(monkeypatch):
         raise AssertionError("the zygote was asked")
 
     monkeypatch.setattr(conftest, "_zygote_for", no_zygote)
-    monkeypatch.setenv("ZYGOTE_GPUPROF_PROCESSES", "1")
+    monkeypatch.delenv("FRESH_GPUPROF_PROCESSES", raising=False)
     assert run_gpuprof("--help", input="").returncode == 0
     monkeypatch.setenv("FRESH_GPUPROF_PROCESSES", "1")
     assert run_gpuprof("--help").returncode == 0
