@@ -515,8 +515,44 @@ def plain_call(argv: list[str]) -> tuple[Callable[..., None], dict[str, Any]] | 
     return body, kwargs
 
 
+PROFILE_ENV = "GPUPROF_PROFILE"
+"""``GPUPROF_PROFILE=FILE gpuprof COMMAND ...`` profiles the command (cProfile, the main
+thread, from argument parsing to the end) and writes the statistics to FILE when it ends
+(``python -m pstats FILE``, snakeviz). ``python -m cProfile`` cannot: `_exit` ends the process
+without the interpreter's teardown, where cProfile would write."""
+
+_PROFILING: list[tuple[Any, str]] = []
+"""The profiler running for `PROFILE_ENV` and the file it goes to (at most one)."""
+
+
+def _start_profile() -> None:
+    path = os.environ.get(PROFILE_ENV)
+    if not path:
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    _PROFILING.append((profiler, path))
+    profiler.enable()
+
+
+def _write_profile() -> None:
+    """Stop the profiler of `PROFILE_ENV` and write its statistics, said in one line."""
+    if not _PROFILING:
+        return
+    profiler, path = _PROFILING.pop()
+    profiler.disable()
+    try:
+        profiler.dump_stats(path)
+    except OSError as exc:
+        _err(f"{PROFILE_ENV}: the profile could not be written to {path}: {exc.strerror}")
+        return
+    print(f"gpuprof: profile written to {path} (python -m pstats {path})", file=sys.stderr)
+
+
 def main() -> None:
     """Console-script entry point: runs the command and ends the process."""
+    _start_profile()
     try:
         call = plain_call(sys.argv[1:])
         if call is not None:
@@ -530,6 +566,8 @@ def main() -> None:
     except KeyboardInterrupt:  # Ctrl-C outside a watched command: no traceback
         print("gpuprof: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        _write_profile()
 
 
 def _exit(code: int) -> None:
@@ -537,6 +575,7 @@ def _exit(code: int) -> None:
     run's frames and pandas' modules object by object costs a user waiting for ``analyze``
     about a tenth of a second, and the OS reclaims the memory at once anyway. When a flush
     fails (a closed pipe), the normal exit reports it instead."""
+    _write_profile()
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -170,3 +170,39 @@ def test_summary_and_analyze_report_the_same_tokens_per_second(demo_runs):
     assert tokens_per_s(steps) == pytest.approx(expected)
     assert run_summary(run)["tokens_per_s"] == pytest.approx(expected)
     assert diagnose(run).summary["tokens_per_s"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("command", [["analyze", "{run}", "--json"], ["summary", "{run}"]])
+def test_gpuprof_profile_writes_the_commands_profile(demo_runs, tmp_path, command):
+    """GPUPROF_PROFILE=FILE profiles the command, on the fast path that ends the process
+    without teardown (analyze) as on typer's (summary): the same output, plus one line on
+    stderr naming the profile, which holds the analyzers' functions."""
+    import pstats
+
+    from conftest import clean_env
+
+    run_dir, _ = demo_runs["default"]
+    args = [a.format(run=run_dir) for a in command]
+    plain = run_gpuprof(*args)
+    path = tmp_path / "analyze.prof"
+    profiled = run_gpuprof(*args, env=clean_env(GPUPROF_PROFILE=str(path)))
+    assert profiled.returncode == plain.returncode == 0, profiled.stderr
+    assert profiled.stdout == plain.stdout
+    assert profiled.stderr.splitlines()[-1] == (
+        f"gpuprof: profile written to {path} (python -m pstats {path})")  # fmt: skip
+    files = {file for file, _, _ in pstats.Stats(str(path)).stats}
+    assert any("gpuprof/analyzers/" in file for file in files)
+
+
+def test_a_profile_that_cannot_be_written_is_one_line(demo_runs, tmp_path):
+    from conftest import clean_env
+
+    run_dir, _ = demo_runs["default"]
+    path = tmp_path / "no-such-dir" / "p.prof"
+    result = run_gpuprof(
+        "analyze", str(run_dir), "--json", env=clean_env(GPUPROF_PROFILE=str(path))
+    )
+    assert result.returncode == 0 and json.loads(result.stdout)
+    assert result.stderr.strip() == (
+        f"gpuprof: error: GPUPROF_PROFILE: the profile could not be written to {path}: "
+        "No such file or directory")  # fmt: skip
