@@ -122,6 +122,7 @@ SLOWEST_FIRST = (
     "test_run_dir_fuzz.py",
     "test_parts.py",
     "test_ray_cluster.py",
+    "test_budget.py",
     "test_labelled_runs.py",
     "test_by_steps.py",
     "test_stacks_watch.py",
