@@ -21,8 +21,10 @@ fails, with the figures. A budget moves only with ``--update --why TEXT`` (the r
 versions measured are kept in the file; say it in docs/PERFORMANCE.md too). ``--prelude FILE``
 runs a Python file in the measured process after the imports' region, before the others (the
 tests slow a detector this way to show the check fails). Instruction counts depend on the
-Python, NumPy, pandas and Arrow builds and on the CPU's vector extensions; the versions are
-printed beside the figures.
+Python, NumPy, pandas and Arrow builds (the versions are printed beside the figures) and on the
+vector extensions their code picks at run time; valgrind's virtual CPU offers at most AVX2 (no
+AVX-512), so a host with AVX-512 counts as an AVX2 host does (NumPy picks its X86_V3 paths
+under valgrind on both).
 """
 
 from __future__ import annotations
