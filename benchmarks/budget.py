@@ -132,13 +132,26 @@ def measure(run_dir: Path, prelude: Path | None = None) -> dict[str, float]:
                str(run_dir), str(prelude or ""), str(PAIRS)]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=tmp)
         if done.returncode != 0:
-            raise SystemExit(f"budget: the measured process failed: {done.stderr.strip()[-500:]}")
+            said = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith("==")]
+            last = said[-1] if said else f"exit {done.returncode}"
+            raise SystemExit(f"budget: the measured process failed: {last}")
         totals = _totals(out)
     if len(totals) != len(REGIONS) or not all(totals):
         raise SystemExit(f"budget: expected {len(REGIONS)} regions with instructions, got "
                          f"{totals} (a Python without the sys_call_tracing symbol?)")  # fmt: skip
     imports, pairs, analyze = totals
     return {"imports": imports, "hooks_per_pair": pairs / PAIRS, "analyze": analyze}
+
+
+def _budget() -> dict:
+    """The committed budget; one line and exit 1 when it is missing or not a budget."""
+    try:
+        recorded = json.loads(BUDGET.read_text())
+        if not all(isinstance(recorded.get(r), int | float) for r in REGIONS):
+            raise ValueError(f"it lacks a number for one of {', '.join(REGIONS)}")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SystemExit(f"budget: {BUDGET.relative_to(ROOT)} cannot be read: {exc}") from None
+    return recorded
 
 
 def versions() -> dict[str, str]:
@@ -183,6 +196,7 @@ def main() -> int:
         return 0
     if args.update and not args.why:
         parser.error("--update needs --why: the reason the budget moves")
+    recorded = {} if args.update else _budget()  # before a minute of measuring, not after
     with tempfile.TemporaryDirectory(prefix="gpuprof-budget-run-") as tmp:
         run_dir = make_run(args.run_dir or Path(tmp) / "run")
         measured = measure(run_dir, args.prelude)
@@ -192,7 +206,6 @@ def main() -> int:
                                      indent=2) + "\n")  # fmt: skip
         print(f"budget written to {BUDGET.relative_to(ROOT)}")
         return 0
-    recorded = json.loads(BUDGET.read_text())
     lines, ok = compare(measured, recorded)
     print("\n".join(lines))
     print(f"measured with {now}; budget set with {recorded.get('versions')} "
